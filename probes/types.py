@@ -1,0 +1,202 @@
+"""Frozen observation records: what each probe saw at one poll.
+
+Probes observe and never decide; the watchdog reads these records and nothing else. Every
+timestamp is a reading of the supervisor's injected monotonic clock (seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["main", "scheduler", "detokenizer", "controller", "other"]
+
+Phase = Literal[
+    "spawning",  # launched; nothing parsed from the log yet
+    "initializing",  # distributed init, before weights
+    "loading_weights",  # target model weights
+    "loading_draft",  # the EAGLE draft model's weights
+    "allocating_kv",  # KV cache and memory pool
+    "capturing_graphs",  # CUDA graph capture
+    "warming_up",  # HTTP server up, warm-up request in flight
+    "serving",  # the ready line was seen
+]
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of the server's output; a carriage-return progress update is a line of its own."""
+
+    seq: int  # 1, 2, 3, ... since the launch
+    at: float  # monotonic clock when it was read
+    stream: Literal["stdout", "stderr"]
+    text: str  # decoded with errors="replace", without the line terminator, possibly truncated
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    tid: int
+    name: str
+    state: str  # one letter from /proc/<pid>/task/<tid>/stat: R, S, D, Z, T, t, I
+    wchan: str  # kernel wait channel ("futex_wait_queue", "0" when running, "" unreadable)
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    title: str  # cmdline joined (setproctitle names such as "sglang::scheduler_TP0" show here)
+    status: str  # psutil status: "running", "sleeping", "disk-sleep", "zombie", "stopped", ...
+    role: Role
+    rank: int | None  # tensor-parallel rank for schedulers, else None
+    cpu_time_s: float  # user + system, this process only
+    rss_bytes: int
+    read_chars: int  # /proc/<pid>/io rchar: every read() incl. page cache (0 when unreadable)
+    write_chars: int  # /proc/<pid>/io wchar
+    num_threads: int
+    threads: tuple[ThreadInfo, ...] = ()
+    sid: int = 0
+    pgid: int = 0
+
+
+@dataclass(frozen=True)
+class TreeObservation:
+    root_pid: int | None
+    root_alive: bool
+    root_exit: int | None  # exit code of the main process once reaped; -N for signal N
+    processes: tuple[ProcInfo, ...]
+    cpu_time_s: float  # summed over processes
+    rss_bytes: int
+    read_chars: int
+    write_chars: int
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self.processes)
+
+    def by_role(self, role: Role) -> tuple[ProcInfo, ...]:
+        return tuple(p for p in self.processes if p.role == role)
+
+
+@dataclass(frozen=True)
+class ListenSocket:
+    pid: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class PortsObservation:
+    listening: tuple[ListenSocket, ...]  # sockets in LISTEN owned by the tree
+    server_port_accepts: bool  # a TCP connect to (host, port) succeeded
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    unit: str  # "shards", "batches"
+    label: str  # e.g. "Loading safetensors checkpoint shards"
+    rate: float | None = None  # items per second as the bar shows it
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """The scheduler's periodic `Decode batch, ...` line."""
+
+    at: float
+    running_reqs: int
+    queue_reqs: int
+    gen_throughput: float
+    accept_len: float | None
+
+
+@dataclass(frozen=True)
+class LogObservation:
+    lines_total: int  # monotonic count of lines (CR updates count) since launch
+    last_line_at: float | None
+    phase: Phase
+    progress: Progress | None  # the current progress bar, if any
+    ready_line_seen: bool
+    errors: tuple[str, ...] = ()  # recent error lines (traceback tail, CUDA OOM, NCCL), newest last
+    decode_lines_total: int = 0
+    last_decode: DecodeStats | None = None
+    health_failed_lines: int = 0  # "Health check failed." lines seen
+
+
+GpuStatus = Literal["ok", "unavailable"]
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    uuid: str
+    name: str
+    util_percent: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+    power_w: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    gpu_index: int
+    uuid: str
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuObservation:
+    status: GpuStatus
+    reason: str  # why unavailable ("" when ok)
+    devices: tuple[GpuDevice, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()  # only processes of the supervised tree
+
+    @property
+    def tree_mem_bytes(self) -> int:
+        return sum(p.used_bytes for p in self.processes)
+
+    @property
+    def max_util_percent(self) -> float:
+        return max((d.util_percent for d in self.devices), default=0.0)
+
+
+@dataclass(frozen=True)
+class HealthObservation:
+    at: float  # when the probe finished
+    ok: bool
+    status_code: int | None
+    latency_s: float
+    error: str  # "" on success; "timeout", "connection refused", "HTTP 503", ...
+
+
+@dataclass(frozen=True)
+class ServingObservation:
+    """SGLang's own /metrics (with --enable-metrics), scraped with a client timeout."""
+
+    at: float
+    available: bool
+    error: str = ""
+    running_reqs: float | None = None
+    queue_reqs: float | None = None
+    generation_tokens_total: float | None = None
+    decode_tokens_total: float | None = None  # sglang:realtime_tokens_total{mode="decode"}
+    num_requests_total: float | None = None
+    gen_throughput: float | None = None
+    spec_accept_length: float | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    at: float
+    tree: TreeObservation
+    ports: PortsObservation
+    logs: LogObservation
+    gpu: GpuObservation
+    health: HealthObservation | None = None  # None when no probe finished this poll
+    serving: ServingObservation | None = None

@@ -1,0 +1,107 @@
+"""What the supervisor publishes after every poll: the API and metrics read only this.
+
+These are the JSON shapes of `GET /status` (DESIGN.md's contract: `state`, `phase`, `progress`,
+`rung`, `pid`, `restarts`, `last_progress_s`, `last_incident`), frozen and replaced whole.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProgressView(_Frozen):
+    done: int
+    total: int
+    unit: str
+    label: str
+    rate: float | None = None
+    fraction: float
+
+
+class IncidentView(_Frozen):
+    id: str
+    cause: str  # one of config.CAUSES
+    hang_class: str | None = None  # one of config.HANG_CLASSES, once evidence classified it
+    at: str  # ISO 8601 UTC
+    rung: str
+    detail: str = ""
+    bundle: str | None = None  # diagnostics bundle id
+
+
+class ServingView(_Frozen):
+    health_ok: bool | None = None
+    health_status: int | None = None
+    health_latency_s: float | None = None
+    health_error: str = ""
+    health_failures_in_row: int = 0
+    running_reqs: float | None = None
+    queue_reqs: float | None = None
+    token_rate: float | None = None  # generated tokens per second, from counters or the log
+    spec_accept_length: float | None = None  # windowed mean
+    metrics_available: bool = False
+
+
+class GpuDeviceView(_Frozen):
+    index: int
+    uuid: str
+    name: str
+    util_percent: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+    tree_mem_bytes: int = 0  # held by the supervised tree on this GPU
+
+
+class GpuView(_Frozen):
+    status: str  # "ok" | "unavailable"
+    reason: str = ""
+    devices: tuple[GpuDeviceView, ...] = ()
+    tree_mem_bytes: int = 0
+
+
+class ToolCheck(_Frozen):
+    name: str  # "py-spy", "ptrace", "gdb", "cuda-gdb"
+    ok: bool
+    detail: str = ""
+
+
+class ProcessView(_Frozen):
+    pid: int
+    role: str
+    rank: int | None = None
+    title: str
+    status: str
+    cpu_percent: float | None = None
+    rss_bytes: int
+
+
+class StatusSnapshot(_Frozen):
+    state: str  # State value
+    phase: str | None = None  # probes.types.Phase while starting
+    progress: ProgressView | None = None
+    rung: str | None = None
+    rung_index: int | None = None
+    last_good_rung: str | None = None
+    pid: int | None = None
+    restarts: int = 0  # relaunches since the daemon started
+    restarts_last_hour: int = 0
+    last_progress_s: float | None = None  # seconds since any progress channel last moved
+    channels_moved: tuple[str, ...] = ()  # channels that moved within the last poll window
+    reason: str = ""  # why the state is what it is, in words
+    since: str | None = None  # ISO time of the last state change
+    state_age_s: float = 0.0
+    started_at: str | None = None  # when the current server was launched
+    time_to_ready_s: float | None = None  # of the current server, once ready
+    next_attempt_in_s: float | None = None  # backoff remaining while restarting
+    last_incident: IncidentView | None = None
+    incidents: int = 0
+    serving: ServingView = ServingView()
+    gpu: GpuView = GpuView(status="unavailable", reason="not probed yet")
+    processes: tuple[ProcessView, ...] = ()
+    selfcheck: tuple[ToolCheck, ...] = ()
+    diagnosing: bool = False
+    ladder: tuple[str, ...] = ()
+    version: str = ""

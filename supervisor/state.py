@@ -1,0 +1,71 @@
+"""The supervisor's lifecycle: one enum, one table of legal transitions, one place that changes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class State(str, Enum):
+    STOPPED = "stopped"  # not running, by request
+    STARTING = "starting"  # launched, not yet ready
+    READY = "ready"  # serving and healthy
+    DEGRADED = "degraded"  # serving, but health failures below threshold or acceptance under its floor
+    HUNG = "hung"  # a verdict of no progress; evidence capture follows at once
+    DIAGNOSING = "diagnosing"  # capturing evidence
+    RESTARTING = "restarting"  # stopping the tree, verifying release, backing off, relaunching
+    FAILED = "failed"  # restart budget or ladder exhausted; waits for an operator
+
+
+_S = State
+LEGAL: dict[State, frozenset[State]] = {
+    _S.STOPPED: frozenset({_S.STARTING, _S.STOPPED}),
+    _S.STARTING: frozenset({_S.READY, _S.HUNG, _S.RESTARTING, _S.STOPPED, _S.DIAGNOSING, _S.FAILED}),
+    _S.READY: frozenset({_S.DEGRADED, _S.HUNG, _S.RESTARTING, _S.STOPPED, _S.DIAGNOSING, _S.FAILED}),
+    _S.DEGRADED: frozenset({_S.READY, _S.HUNG, _S.RESTARTING, _S.STOPPED, _S.DIAGNOSING, _S.FAILED}),
+    _S.HUNG: frozenset({_S.DIAGNOSING, _S.RESTARTING, _S.STOPPED, _S.FAILED}),
+    # A manual /diagnose of a live server returns to where it was.
+    _S.DIAGNOSING: frozenset({_S.RESTARTING, _S.STOPPED, _S.STARTING, _S.READY, _S.DEGRADED, _S.FAILED}),
+    _S.RESTARTING: frozenset({_S.STARTING, _S.STOPPED, _S.FAILED, _S.RESTARTING}),
+    _S.FAILED: frozenset({_S.STARTING, _S.RESTARTING, _S.STOPPED, _S.FAILED}),
+}
+
+SERVING = frozenset({State.READY, State.DEGRADED})
+RUNNING = frozenset({State.STARTING, State.READY, State.DEGRADED})
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Transition:
+    old: State
+    new: State
+    at: float
+    reason: str
+
+
+class Lifecycle:
+    """Holds the current state; `move` is the only way to change it and refuses illegal moves."""
+
+    def __init__(self, initial: State = State.STOPPED, at: float = 0.0) -> None:
+        self._state = initial
+        self._since = at
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def since(self) -> float:
+        return self._since
+
+    def move(self, new: State, at: float, reason: str = "") -> Transition:
+        old = self._state
+        if new not in LEGAL[old]:
+            raise IllegalTransition(f"{old.value} -> {new.value} ({reason})")
+        self._state = new
+        if new != old:
+            self._since = at
+        return Transition(old, new, at, reason)
