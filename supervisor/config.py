@@ -261,7 +261,6 @@ def settings_from_mapping(data: Mapping[str, Any]) -> Settings:
         raise ConfigError(_format_errors(err)) from None
 
 
-
 def load_settings(path: str | Path) -> Settings:
     """Read and validate a TOML config; raise ConfigError naming the file and the bad keys."""
     p = Path(path)

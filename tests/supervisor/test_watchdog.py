@@ -1,0 +1,281 @@
+"""Table tests of the pure watchdog: every channel alone, stalls, serving verdicts, with a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from probes.types import (
+    DecodeStats,
+    GpuDevice,
+    GpuObservation,
+    GpuProcess,
+    HealthObservation,
+    ListenSocket,
+    LogObservation,
+    Observation,
+    PortsObservation,
+    ProcInfo,
+    Progress,
+    ServingObservation,
+    TreeObservation,
+)
+from supervisor.config import WatchdogSettings
+from supervisor.watchdog import History, assess, new_history
+
+S = WatchdogSettings(poll_interval_s=2, startup_stall_s=60, startup_timeout_s=3600, cpu_only_stall_s=300)
+MB = 1024 * 1024
+
+
+def proc(pid: int, role: str = "main", status: str = "sleeping") -> ProcInfo:
+    return ProcInfo(
+        pid=pid, ppid=1, title=role, status=status, role=role,  # type: ignore[arg-type]
+        rank=None, cpu_time_s=0, rss_bytes=0, read_chars=0, write_chars=0, num_threads=1,
+    )
+
+
+def obs(
+    at: float,
+    *,
+    lines: int = 10,
+    phase: str = "loading_weights",
+    progress: Progress | None = None,
+    cpu: float = 1.0,
+    io: int = 0,
+    rss: int = 100 * MB,
+    gpu_mem: int = 0,
+    gpu_util: float = 0.0,
+    ports: tuple[int, ...] = (),
+    accepts: bool = False,
+    ready: bool = False,
+    alive: bool = True,
+    exit_code: int | None = None,
+    procs: tuple[ProcInfo, ...] = (),
+    health: HealthObservation | None = None,
+    serving: ServingObservation | None = None,
+    decode: DecodeStats | None = None,
+) -> Observation:
+    tree = TreeObservation(
+        root_pid=100, root_alive=alive, root_exit=exit_code, processes=procs or (proc(100),),
+        cpu_time_s=cpu, rss_bytes=rss, read_chars=io, write_chars=0,
+    )
+    gpu = GpuObservation(
+        status="ok", reason="",
+        devices=(GpuDevice(0, "GPU-0", "H200", gpu_util, gpu_mem, 140 * 1024 * MB),),
+        processes=(GpuProcess(100, 0, "GPU-0", gpu_mem),) if gpu_mem else (),
+    )
+    logs = LogObservation(
+        lines_total=lines, last_line_at=None, phase=phase, progress=progress,  # type: ignore[arg-type]
+        ready_line_seen=ready, last_decode=decode,
+    )
+    return Observation(
+        at=at, tree=tree, ports=PortsObservation(tuple(ListenSocket(100, "127.0.0.1", p) for p in ports), accepts),
+        logs=logs, gpu=gpu, health=health, serving=serving,
+    )
+
+
+def run(history: History, observations: list[Observation], mode: str = "starting", **kw: bool):  # type: ignore[no-untyped-def]
+    verdict = None
+    for o in observations:
+        verdict, history = assess(history, o, o.at, S, mode=mode, **kw)  # type: ignore[arg-type]
+        if verdict.is_incident:
+            break
+    assert verdict is not None
+    return verdict, history
+
+
+def still(t0: float, t1: float, step: float = 2.0, **kw: object) -> list[Observation]:
+    out = []
+    t = t0
+    while t <= t1 + 1e-9:
+        out.append(obs(t, **kw))  # type: ignore[arg-type]
+        t += step
+    return out
+
+
+def test_nothing_moves_is_a_stall_within_window_plus_a_poll() -> None:
+    verdict, _ = run(new_history(0.0), still(2.0, 200.0))
+    assert verdict.cause == "startup_stall"
+    assert verdict.stall_class == "idle"
+    assert 60.0 <= verdict.figures[0][1] <= 62.0
+
+
+def test_background_noise_cpu_below_threshold_does_not_count() -> None:
+    # 5 % of a core of heartbeat threads: not progress.
+    seq = [obs(2.0 * i, cpu=1.0 + 0.1 * i) for i in range(1, 100)]
+    verdict, _ = run(new_history(0.0), seq)
+    assert verdict.cause == "startup_stall"
+
+
+@pytest.mark.parametrize(
+    "channel,make",
+    [
+        ("log", lambda i: {"lines": 10 + i}),
+        ("progress", lambda i: {"progress": Progress(i // 20, 80, "shards", "Loading safetensors checkpoint shards")}),
+        ("io", lambda i: {"io": i * 4 * MB}),
+        ("rss", lambda i: {"rss": 100 * MB + i * 40 * MB}),
+        ("gpu_mem", lambda i: {"gpu_mem": i * 300 * MB}),
+        ("port", lambda i: {"ports": tuple(range(40000, 40000 + i // 20))}),
+    ],
+)
+def test_each_channel_alone_keeps_a_long_start_alive(channel: str, make) -> None:  # type: ignore[no-untyped-def]
+    # 20 minutes of polls, far beyond the 60 s window, with only this channel moving.
+    seq = [obs(2.0 * i, **make(i)) for i in range(1, 600)]
+    verdict, hist = run(new_history(0.0), seq)
+    assert verdict.status == "starting", verdict
+    assert channel in hist.moved_at
+
+
+def test_phase_change_alone_is_progress() -> None:
+    phases = ["initializing", "loading_weights", "loading_draft", "allocating_kv", "capturing_graphs"]
+    seq = [obs(50.0 * i + 2, phase=phases[i]) for i in range(5)]
+    verdict, _ = run(new_history(0.0), seq)
+    assert verdict.status == "starting"
+
+
+def test_cpu_alone_postpones_but_a_spin_is_caught_at_cpu_only_window() -> None:
+    seq = [obs(2.0 * i, cpu=2.0 * i * 1.0, phase="allocating_kv") for i in range(1, 400)]
+    verdict, _ = run(new_history(0.0), seq)
+    assert verdict.cause == "startup_stall"
+    assert verdict.stall_class == "busy"
+    assert 300 <= verdict.figures[0][1] <= 302
+
+
+def test_busy_gpu_classifies_busy_even_with_idle_cpu() -> None:
+    verdict, _ = run(new_history(0.0), still(2.0, 200.0, gpu_util=100.0, gpu_mem=50 * 1024 * MB))
+    assert verdict.cause == "startup_stall" and verdict.stall_class == "busy"
+
+
+def test_progress_bar_regress_is_not_progress_but_new_bar_is() -> None:
+    bar = "Loading safetensors checkpoint shards"
+    seq = [obs(2, progress=Progress(5, 8, "shards", bar))]
+    seq += [obs(2 + 2 * i, progress=Progress(5, 8, "shards", bar)) for i in range(1, 40)]
+    verdict, _ = run(new_history(0.0), seq)
+    assert verdict.cause == "startup_stall"
+    cap = Progress(1, 23, "batches", "Capturing batches")
+    verdict, h = run(new_history(0.0), [obs(2, progress=Progress(8, 8, "shards", bar)), obs(50, progress=cap)])
+    assert "progress" in h.moved_at and h.moved_at["progress"] == 50
+
+
+def test_timeout_is_a_backstop_even_while_moving() -> None:
+    s = S.model_copy(update={"startup_timeout_s": 100.0})
+    h = new_history(0.0)
+    for i in range(1, 60):
+        v, h = assess(h, obs(2.0 * i, lines=10 + i), 2.0 * i, s, mode="starting")
+        if v.is_incident:
+            break
+    assert v.cause == "startup_timeout"
+
+
+def test_exit_while_starting_and_serving() -> None:
+    v, _ = run(new_history(0.0), [obs(2, alive=False, exit_code=-9)])
+    assert v.cause == "exited" and "signal 9" in v.reason
+    v, _ = run(new_history(0.0), [obs(2, alive=False, exit_code=1)], mode="serving")
+    assert v.cause == "exited"
+
+
+def test_ready_line_makes_ready() -> None:
+    v, h = run(new_history(0.0), [obs(2, ready=True, phase="serving")])
+    assert v.status == "ready" and h.ready_at == 2
+
+
+def test_health_ok_and_port_accepting_makes_ready_without_the_line() -> None:
+    ok = HealthObservation(at=2, ok=True, status_code=200, latency_s=1.0, error="")
+    v, _ = run(new_history(0.0), [obs(2, accepts=True, health=ok)])
+    assert v.status == "ready"
+
+
+# ---- serving -------------------------------------------------------------------------------
+
+
+def health(at: float, ok: bool, latency: float = 1.0) -> HealthObservation:
+    return HealthObservation(at=at, ok=ok, status_code=200 if ok else 503, latency_s=latency, error="" if ok else "HTTP 503")
+
+
+def sv(at: float, running: float, tokens: float, accept: float | None = None) -> ServingObservation:
+    return ServingObservation(
+        at=at, available=True, running_reqs=running, queue_reqs=0, decode_tokens_total=tokens, spec_accept_length=accept
+    )
+
+
+def test_health_failures_degrade_then_unhealthy() -> None:
+    h = new_history(0.0)
+    v, h = assess(h, obs(2, health=health(2, False)), 2, S, mode="serving")
+    assert v.status == "degraded"
+    v, h = assess(h, obs(4, health=health(4, False)), 4, S, mode="serving")
+    assert v.status == "degraded"
+    v, h = assess(h, obs(6), 6, S, mode="serving")  # no probe finished this poll: unchanged
+    assert v.status == "degraded"
+    v, h = assess(h, obs(8, health=health(8, False)), 8, S, mode="serving")
+    assert v.cause == "unhealthy"
+
+
+def test_slow_successful_health_is_healthy_and_recovers() -> None:
+    h = new_history(0.0)
+    v, h = assess(h, obs(2, health=health(2, False)), 2, S, mode="serving")
+    v, h = assess(h, obs(4, health=health(4, True, latency=1.4)), 4, S, mode="serving")
+    assert v.status == "ready"
+
+
+def test_serving_stall_with_health_ok() -> None:
+    h = new_history(0.0)
+    seq = [obs(2.0 * i, health=health(2.0 * i, True), serving=sv(2.0 * i, 4, 1000)) for i in range(1, 60)]
+    v, _ = run(h, seq, mode="serving")
+    assert v.cause == "serving_stall"
+
+
+def test_steady_traffic_is_never_a_stall() -> None:
+    seq = [obs(2.0 * i, serving=sv(2.0 * i, 4, 100.0 * i)) for i in range(1, 300)]
+    v, _ = run(new_history(0.0), seq, mode="serving")
+    assert v.status == "ready"
+
+
+def test_idle_server_with_frozen_gauges_is_not_a_stall() -> None:
+    seq = [obs(2.0 * i, serving=sv(2.0 * i, 0, 5000)) for i in range(1, 300)]
+    v, _ = run(new_history(0.0), seq, mode="serving")
+    assert v.status == "ready"
+
+
+def test_rank_death_at_next_poll() -> None:
+    procs = (proc(100), proc(101, "scheduler"), proc(102, "scheduler"), proc(103, "detokenizer"))
+    h = new_history(0.0)
+    v, h = assess(h, obs(2, procs=procs), 2, S, mode="serving")
+    assert v.status == "ready"
+    v, h = assess(h, obs(4, procs=procs[:2] + procs[3:]), 4, S, mode="serving")
+    assert v.cause == "rank_died" and "102" in v.reason
+    zombie = (proc(100), proc(101, "scheduler", status="zombie"), proc(103, "detokenizer"))
+    v, _ = assess(new_history(0.0), obs(2, procs=procs[:2] + procs[3:]), 2, S, mode="serving")
+    v, _ = assess(_, obs(4, procs=zombie), 4, S, mode="serving")
+    assert v.cause == "rank_died"
+
+
+def test_low_acceptance_under_traffic_is_spec_regression() -> None:
+    seq = [obs(2.0 * i, serving=sv(2.0 * i, 4, 100.0 * i, accept=1.15)) for i in range(1, 100)]
+    v, _ = run(new_history(0.0), seq, mode="serving", speculative=True)
+    assert v.status == "degraded" and v.cause == "spec_regression"
+
+
+def test_good_acceptance_or_idle_or_no_speculation_is_not_regression() -> None:
+    good = [obs(2.0 * i, serving=sv(2.0 * i, 4, 100.0 * i, accept=3.1)) for i in range(1, 100)]
+    assert run(new_history(0.0), good, mode="serving", speculative=True)[0].status == "ready"
+    idle = [obs(2.0 * i, serving=sv(2.0 * i, 0, 100.0, accept=1.0)) for i in range(1, 100)]
+    assert run(new_history(0.0), idle, mode="serving", speculative=True)[0].status == "ready"
+    low = [obs(2.0 * i, serving=sv(2.0 * i, 4, 100.0 * i, accept=1.1)) for i in range(1, 100)]
+    assert run(new_history(0.0), low, mode="serving", speculative=False)[0].status == "ready"
+
+
+def test_acceptance_from_decode_lines_without_metrics() -> None:
+    seq = [
+        obs(2.0 * i, decode=DecodeStats(at=2.0 * i, running_reqs=3, queue_reqs=0, gen_throughput=50, accept_len=1.1))
+        for i in range(1, 100)
+    ]
+    v, _ = run(new_history(0.0), seq, mode="serving", speculative=True)
+    assert v.cause == "spec_regression"
+
+
+def test_history_is_not_mutated() -> None:
+    h = new_history(0.0)
+    before = replace(h)
+    assess(h, obs(2, lines=50), 2, S, mode="starting")
+    assert h == before
