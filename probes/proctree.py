@@ -1,0 +1,294 @@
+"""The server's process tree, read straight from /proc: who belongs to it and what each member does.
+
+Membership is the root and its descendants, plus any process whose environment carries the
+supervisor's marker variable: a scheduler that called setsid, left the process group, or was
+re-parented to init after the main process died is still ours. Every read tolerates a process
+vanishing under it. `proc_root` is injectable so the parsing can be tested on a fixture tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from probes.types import ProcInfo, Role, ThreadInfo, TreeObservation
+
+MARKER_ENV = "SGLANG_SUPERVISOR_MARKER"
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_RANK = re.compile(r"_TP(\d+)")
+
+# psutil's names for the state letters of /proc/<pid>/stat.
+_STATUS = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk-sleep",
+    "T": "stopped",
+    "t": "tracing-stop",
+    "Z": "zombie",
+    "X": "dead",
+    "x": "dead",
+    "K": "wake-kill",
+    "W": "waking",
+    "I": "idle",
+    "P": "parked",
+}
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat the supervisor uses; `starttime` plus `pid` is an identity."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    utime_ticks: int
+    stime_ticks: int
+    num_threads: int
+    starttime: int  # clock ticks after boot: tells a reused pid from the process we saw
+    rss_pages: int
+
+    @property
+    def cpu_time_s(self) -> float:
+        return (self.utime_ticks + self.stime_ticks) / _CLK_TCK
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:  # vanished, a kernel thread, or not ours to read
+        return None
+
+
+def _read_text(path: str) -> str | None:
+    data = _read_bytes(path)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def parse_stat(pid: int, text: str) -> ProcStat | None:
+    # comm sits in parentheses and may itself contain spaces and parentheses.
+    open_paren, close_paren = text.find("("), text.rfind(")")
+    if open_paren < 0 or close_paren < open_paren:
+        return None
+    fields = text[close_paren + 2 :].split()
+    try:
+        return ProcStat(
+            pid=pid,
+            comm=text[open_paren + 1 : close_paren],
+            state=fields[0],
+            ppid=int(fields[1]),
+            pgid=int(fields[2]),
+            sid=int(fields[3]),
+            utime_ticks=int(fields[11]),
+            stime_ticks=int(fields[12]),
+            num_threads=int(fields[17]),
+            starttime=int(fields[19]),
+            rss_pages=int(fields[21]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
+    """The process's stat line, or None when it is gone."""
+    text = _read_text(f"{proc_root}/{pid}/stat")
+    return None if text is None else parse_stat(pid, text)
+
+
+def carries_marker(pid: int, marker: str, proc_root: str = "/proc") -> bool:
+    environ = _read_bytes(f"{proc_root}/{pid}/environ")
+    if not environ:
+        return False
+    return b"\0" + f"{MARKER_ENV}={marker}".encode() + b"\0" in b"\0" + environ + b"\0"
+
+
+def _all_pids(proc_root: str) -> list[int]:
+    try:
+        return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+    except OSError:
+        return []
+
+
+def scan_tree(
+    root_pid: int | None,
+    marker: str | None,
+    proc_root: str = "/proc",
+    *,
+    known: Mapping[int, int] | None = None,
+) -> dict[int, ProcStat]:
+    """Members of the tree by pid, zombies included; the calling process and its ancestors excluded.
+
+    `known` maps pids seen as members earlier to their `starttime`: those still alive with the same
+    start time stay members even if their environment no longer shows the marker. One pass over
+    /proc/*/stat builds the parent map; /proc/<pid>/environ is read only for processes that are
+    not already members, so the scan costs a few milliseconds.
+    """
+    stats: dict[int, ProcStat] = {}
+    children: dict[int, list[int]] = {}
+    for pid in _all_pids(proc_root):
+        st = read_stat(pid, proc_root)
+        if st is None:
+            continue
+        stats[pid] = st
+        children.setdefault(st.ppid, []).append(pid)
+
+    seeds = [pid for pid, start in (known or {}).items() if pid in stats and stats[pid].starttime == start]
+    if root_pid is not None and root_pid in stats:
+        seeds.append(root_pid)
+    members = _descendants(seeds, children)
+    if marker:
+        marked = [
+            pid
+            for pid, st in stats.items()
+            if pid not in members and st.ppid != 2 and pid != 2 and carries_marker(pid, marker, proc_root)
+        ]
+        members |= _descendants(marked, children)
+    members -= _self_and_ancestors(stats)
+    return {pid: stats[pid] for pid in sorted(members)}
+
+
+def _self_and_ancestors(stats: Mapping[int, ProcStat]) -> set[int]:
+    chain: set[int] = set()
+    pid = os.getpid()
+    while pid > 0 and pid not in chain:
+        chain.add(pid)
+        st = stats.get(pid)
+        pid = st.ppid if st is not None else 0
+    return chain
+
+
+def _descendants(seeds: Iterable[int], children: dict[int, list[int]]) -> set[int]:
+    found: set[int] = set()
+    stack = list(seeds)
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def find_tree(root_pid: int | None, marker: str | None, proc_root: str = "/proc") -> list[int]:
+    """Pids of the root, its descendants and every process carrying the marker (zombies included)."""
+    return list(scan_tree(root_pid, marker, proc_root))
+
+
+def title_of(pid: int, comm: str, proc_root: str = "/proc") -> str:
+    raw = _read_bytes(f"{proc_root}/{pid}/cmdline")
+    # setproctitle pads the argv area with NULs: drop the empty pieces.
+    parts = [p for p in (raw or b"").split(b"\0") if p]
+    return b" ".join(parts).decode("utf-8", "replace") if parts else comm
+
+
+def role_of(title: str, is_root: bool) -> tuple[Role, int | None]:
+    if is_root:
+        return "main", None
+    if title.startswith("sglang::scheduler"):
+        match = _RANK.search(title)
+        return "scheduler", int(match.group(1)) if match else None
+    if title.startswith("sglang::detokenizer"):
+        return "detokenizer", None
+    if title.startswith("sglang::data_parallel_controller"):
+        return "controller", None
+    return "other", None
+
+
+def parse_io(text: str) -> tuple[int, int]:
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        try:
+            values[key.strip()] = int(value)
+        except ValueError:
+            continue
+    return values.get("rchar", 0), values.get("wchar", 0)
+
+
+class ProcessTreeProbe:
+    """Observes the tree: per process and summed CPU time, RSS, bytes read, threads and wait channels.
+
+    Blocking (a few ms, more with many threads): call it from a worker thread.
+    """
+
+    def __init__(self, proc_root: str = "/proc", *, with_threads: bool = True) -> None:
+        self._proc = proc_root
+        self._with_threads = with_threads
+
+    def observe(self, root_pid: int | None, marker: str | None, root_exit: int | None = None) -> TreeObservation:
+        infos = [
+            info
+            for st in scan_tree(root_pid, marker, self._proc).values()
+            if (info := self._proc_info(st, root_pid)) is not None
+        ]
+        root = next((p for p in infos if p.pid == root_pid), None)
+        return TreeObservation(
+            root_pid=root_pid,
+            root_alive=root is not None and root.status not in ("zombie", "dead"),
+            root_exit=root_exit,
+            processes=tuple(infos),
+            cpu_time_s=sum(p.cpu_time_s for p in infos),
+            rss_bytes=sum(p.rss_bytes for p in infos),
+            read_chars=sum(p.read_chars for p in infos),
+            write_chars=sum(p.write_chars for p in infos),
+        )
+
+    def _proc_info(self, st: ProcStat, root_pid: int | None) -> ProcInfo | None:
+        # Re-read stat: the scan's copy may be a few milliseconds old and the process gone.
+        fresh = read_stat(st.pid, self._proc)
+        if fresh is None or fresh.starttime != st.starttime:
+            return None
+        title = title_of(fresh.pid, fresh.comm, self._proc)
+        role, rank = role_of(title, fresh.pid == root_pid)
+        io_text = _read_text(f"{self._proc}/{fresh.pid}/io")
+        read_chars, write_chars = parse_io(io_text) if io_text else (0, 0)
+        return ProcInfo(
+            pid=fresh.pid,
+            ppid=fresh.ppid,
+            title=title,
+            status=_STATUS.get(fresh.state, fresh.state),
+            role=role,
+            rank=rank,
+            cpu_time_s=fresh.cpu_time_s,
+            rss_bytes=fresh.rss_pages * _PAGE_SIZE,
+            read_chars=read_chars,
+            write_chars=write_chars,
+            num_threads=fresh.num_threads,
+            threads=self._threads(fresh.pid) if self._with_threads else (),
+            sid=fresh.sid,
+            pgid=fresh.pgid,
+        )
+
+    def _threads(self, pid: int) -> tuple[ThreadInfo, ...]:
+        task_dir = f"{self._proc}/{pid}/task"
+        try:
+            tids = sorted(int(t) for t in os.listdir(task_dir) if t.isdigit())
+        except OSError:
+            return ()
+        threads: list[ThreadInfo] = []
+        for tid in tids:
+            st = read_stat(tid, task_dir)
+            if st is None:
+                continue
+            name = _read_text(f"{task_dir}/{tid}/comm")
+            wchan = _read_text(f"{task_dir}/{tid}/wchan")
+            threads.append(
+                ThreadInfo(
+                    tid=tid,
+                    name=(name or st.comm).rstrip("\n"),
+                    state=st.state,
+                    wchan=(wchan or "").strip(),
+                )
+            )
+        return tuple(threads)

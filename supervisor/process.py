@@ -1,0 +1,383 @@
+"""The one module that starts processes and sends signals.
+
+The server runs in a session of its own (SGLang may killpg its own group and must not take the
+daemon with it), with a marker variable that every descendant inherits, so a member that escaped
+the group or outlived its parent is still found and stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from probes.ports import port_holders, port_is_free
+from probes.proctree import MARKER_ENV, ProcStat, find_tree, read_stat, scan_tree
+
+__all__ = [
+    "MARKER_ENV",
+    "ServerProcess",
+    "SpawnError",
+    "StopReport",
+    "find_tree",
+    "kill_marked",
+    "port_holders",
+    "port_is_free",
+    "resume_stopped",
+    "send_signal",
+    "stop_tree",
+]
+
+POLL_S = 0.05
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+class SpawnError(Exception):
+    """The server could not be started; the message names the program and what to check."""
+
+
+def _has_ambient_caps() -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapAmb:"):
+                    return int(line.split()[1], 16) != 0
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _ambient_dropper() -> Callable[[], None] | None:
+    """A pre-exec hook clearing ambient capabilities (CAP_SYS_PTRACE is for the dump tools only).
+
+    Only built when the daemon has ambient capabilities: a pre-exec hook forces fork instead of
+    vfork and runs Python code in the child of a threaded process, so it is avoided when useless.
+    """
+    if not _has_ambient_caps():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+
+    def drop() -> None:
+        prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # failure ignored: best effort
+
+    return drop
+
+
+class ServerProcess:
+    """The launched main process of the server. Only `poll()` reaps it; nothing else may wait on it."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], argv: tuple[str, ...], marker: str, started_at: float):
+        self._popen = popen
+        self.argv = argv
+        self.marker = marker
+        self.started_at = started_at
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        marker: str,
+        cwd: str | None = None,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> ServerProcess:
+        """Start `argv` in a new session with `env` plus the marker; stdout and stderr are pipes.
+
+        `SPT_NOENV=1` and `PYTHONUNBUFFERED=1` are added unless `env` sets them: setproctitle
+        would otherwise overwrite the environment block, hiding the marker in
+        /proc/<pid>/environ, and a block-buffered stdout would hide progress from the log probe.
+        """
+        args = tuple(argv)
+        if not args or not args[0]:
+            raise SpawnError("cannot start the server: the command is empty (set [server] command)")
+        if not marker:
+            raise SpawnError("cannot start the server: the marker must not be empty")
+        child_env = dict(env)
+        child_env[MARKER_ENV] = marker
+        child_env.setdefault("SPT_NOENV", "1")
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            popen = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=child_env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_ambient_dropper(),
+                bufsize=0,
+            )
+        except OSError as e:
+            raise SpawnError(_spawn_error_message(args[0], cwd, e)) from e
+        return cls(popen, args, marker, monotonic())
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self._popen.stdout is not None
+        return self._popen.stdout
+
+    @property
+    def stderr(self) -> IO[bytes]:
+        assert self._popen.stderr is not None
+        return self._popen.stderr
+
+    def poll(self) -> int | None:
+        """The exit code once the main process ended (reaping it), -N when killed by signal N."""
+        return self._popen.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _spawn_error_message(program: str, cwd: str | None, e: OSError) -> str:
+    if cwd is not None and e.filename == cwd:
+        return f"cannot start the server: working directory {cwd!r}: {e.strerror} (check [server] cwd)"
+    if isinstance(e, FileNotFoundError):
+        return f"cannot start the server: program {program!r} not found (check [server] command and PATH)"
+    if isinstance(e, PermissionError):
+        return f"cannot start the server: program {program!r} is not executable ({e.strerror})"
+    return f"cannot start the server: program {program!r}: {e.strerror or e}"
+
+
+def send_signal(pid: int, sig: int) -> bool:
+    """Signal a pid; False when it no longer exists or is not ours to signal."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _signal_member(member: ProcStat, sig: int, proc_root: str) -> bool:
+    """Signal a process seen earlier, only if that pid is still the same process (start time).
+
+    A pidfd pins the process between the identity check and the signal, so a pid that was
+    reused by an unrelated process in between is never signalled.
+    """
+    try:
+        pidfd: int | None = os.pidfd_open(member.pid)
+    except ProcessLookupError:
+        return False
+    except OSError:  # kernel without pidfd: the check-then-kill window is microseconds
+        pidfd = None
+    try:
+        now = read_stat(member.pid, proc_root)
+        if now is None or now.starttime != member.starttime:
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(member.pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def resume_stopped(pids: Iterable[int], proc_root: str = "/proc") -> list[int]:
+    """SIGCONT to those of `pids` left stopped (state T or t), e.g. after py-spy or gdb; returns them."""
+    resumed = []
+    for pid in pids:
+        st = read_stat(pid, proc_root)
+        if st is not None and st.state in ("T", "t") and _signal_member(st, signal.SIGCONT, proc_root):
+            resumed.append(pid)
+    return resumed
+
+
+@dataclass(frozen=True)
+class StopReport:
+    pids_found: tuple[int, ...]  # every member seen during the stop, zombies included
+    termed: tuple[int, ...]  # members sent SIGTERM
+    killed: tuple[int, ...]  # members still alive after the grace, sent SIGKILL
+    survivors: tuple[int, ...]  # alive at the end: should be empty
+    port_free: bool  # True when no port was to be checked
+    port_holders: tuple[int, ...]  # pids still listening on the port at the end
+    exit_code: int | None  # the main process's, once reaped; -N for signal N
+    duration_s: float
+    grace_expired: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.survivors and self.port_free
+
+
+class _Stop:
+    """One stop: TERM, grace, KILL, verify. Re-finds the tree at every step (members fork)."""
+
+    def __init__(
+        self,
+        root: ServerProcess | None,
+        marker: str,
+        proc_root: str,
+        sleep: Callable[[float], None],
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.root = root
+        self.marker = marker
+        self.proc_root = proc_root
+        self.sleep = sleep
+        self.monotonic = monotonic
+        self.seen: dict[int, ProcStat] = {}
+        self.termed: set[int] = set()
+        self.killed: set[int] = set()
+
+    def live(self) -> dict[int, ProcStat]:
+        # Once reaped, the root's pid may be reused: only an unreaped root seeds the scan.
+        seed = self.root.pid if self.root is not None and self.root.poll() is None else None
+        known = {pid: st.starttime for pid, st in self.seen.items()}
+        members = scan_tree(seed, self.marker, self.proc_root, known=known)
+        self.seen.update(members)
+        return {pid: st for pid, st in members.items() if not st.zombie}
+
+    def signal_all(self, live: Mapping[int, ProcStat], sig: int, sent: set[int], *, group: bool = True) -> None:
+        if group:
+            self._signal_group(live, sig)
+        for st in live.values():
+            if _signal_member(st, sig, self.proc_root):
+                sent.add(st.pid)
+
+    def _signal_group(self, live: Mapping[int, ProcStat], sig: int) -> None:
+        # The group id is the root's pid: safe to use while the root is unreaped, or while a
+        # member we just saw still belongs to that group (the kernel keeps the id reserved).
+        if self.root is None:
+            return
+        pgid = self.root.pid
+        if self.root.poll() is not None and not any(st.pgid == pgid for st in live.values()):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def wait_terminated(self, live: dict[int, ProcStat], until: float) -> dict[int, ProcStat]:
+        """Poll until all exited or `until`; a member forked meanwhile gets its own SIGTERM (once)."""
+        while live and self.monotonic() < until:
+            self.sleep(POLL_S)
+            live = self.live()
+            new = {pid: st for pid, st in live.items() if pid not in self.termed}
+            if new:
+                self.signal_all(new, signal.SIGTERM, self.termed, group=False)
+        return live
+
+    def wait_killed(self, live: dict[int, ProcStat], until: float) -> dict[int, ProcStat]:
+        while live and self.monotonic() < until:
+            self.sleep(POLL_S)
+            live = self.live()
+            if live:
+                self.signal_all(live, signal.SIGKILL, self.killed)
+        return live
+
+
+def _stop(
+    root: ServerProcess | None,
+    marker: str,
+    endpoint: tuple[str, int] | None,
+    grace_s: float,
+    kill_wait_s: float,
+    port_wait_s: float,
+    sleep: Callable[[float], None],
+    monotonic: Callable[[], float],
+    proc_root: str,
+) -> StopReport:
+    start = monotonic()
+    stop = _Stop(root, marker, proc_root, sleep, monotonic)
+    live = stop.live()
+    stop.signal_all(live, signal.SIGTERM, stop.termed)
+    live = stop.wait_terminated(live, start + grace_s)
+    grace_expired = bool(live)
+    if live:
+        stop.signal_all(live, signal.SIGKILL, stop.killed)
+        live = stop.wait_killed(live, monotonic() + kill_wait_s)
+    port_free: bool = True
+    holders: tuple[int, ...] = ()
+    if endpoint is not None:
+        port_free, holders = _wait_port(*endpoint, monotonic() + port_wait_s, sleep, monotonic)
+    return StopReport(
+        pids_found=tuple(sorted(stop.seen)),
+        termed=tuple(sorted(stop.termed)),
+        killed=tuple(sorted(stop.killed)),
+        survivors=tuple(sorted(live)),
+        port_free=port_free,
+        port_holders=holders,
+        exit_code=root.poll() if root is not None else None,
+        duration_s=monotonic() - start,
+        grace_expired=grace_expired,
+    )
+
+
+def _wait_port(
+    host: str, port: int, until: float, sleep: Callable[[float], None], monotonic: Callable[[], float]
+) -> tuple[bool, tuple[int, ...]]:
+    while True:
+        if port_is_free(host, port):
+            return True, ()
+        if monotonic() >= until:
+            return False, port_holders(port) or ()
+        sleep(POLL_S)
+
+
+def stop_tree(
+    root: ServerProcess | None,
+    marker: str,
+    host: str,
+    port: int,
+    grace_s: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    port_wait_s: float = 5.0,
+    kill_wait_s: float = 10.0,
+    proc_root: str = "/proc",
+) -> StopReport:
+    """Stop the whole tree and verify it is gone and the port free. Blocking: run it in a thread.
+
+    SIGTERM goes to the root's group and to every member (members may sit in other groups);
+    SGLang's own SIGTERM handling has no upper bound, so after `grace_s` whatever is left gets
+    SIGKILL, then up to `kill_wait_s` for the kernel to tear it down (GPU contexts take seconds).
+    """
+    if not marker:
+        raise ValueError("stop_tree needs the marker the tree was launched with")
+    return _stop(root, marker, (host, port), grace_s, kill_wait_s, port_wait_s, sleep, monotonic, proc_root)
+
+
+def kill_marked(
+    marker: str,
+    *,
+    grace_s: float = 2.0,
+    host: str | None = None,
+    port: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    port_wait_s: float = 5.0,
+    kill_wait_s: float = 10.0,
+    proc_root: str = "/proc",
+) -> StopReport:
+    """Stop whatever a previous daemon instance left running with `marker` (at daemon start).
+
+    The port is verified only when both `host` and `port` are given.
+    """
+    if not marker:
+        raise ValueError("kill_marked needs a non-empty marker")
+    endpoint = (host, port) if host is not None and port is not None else None
+    return _stop(None, marker, endpoint, grace_s, kill_wait_s, port_wait_s, sleep, monotonic, proc_root)
