@@ -1,0 +1,178 @@
+"""Prometheus metrics: gauges read from the status snapshot at scrape time, counters and
+histograms fed by the supervisor's events. docs/METRICS.md describes every family.
+
+Everything is registered on the `CollectorRegistry` passed in, so each test uses a fresh one.
+Per-GPU series carry `gpu` (the NVML index) and `uuid` labels, as DCGM's exporter does, so the
+two can be joined in PromQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from supervisor.config import CAUSES
+from supervisor.snapshot import StatusSnapshot
+from supervisor.state import SERVING, State
+
+PREFIX = "sglang_supervisor_"
+# SGLang's /health takes about a second when healthy; the watchdog gives up at 30 s by default.
+HEALTH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
+# py-spy over a tree of a dozen processes takes seconds; gdb on a hung tree up to a minute or two.
+DIAGNOSTIC_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Loading a multi-hundred-GB model takes minutes; anything past an hour has hit the backstop.
+READY_BUCKETS = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
+GPU_LABELS = ("gpu", "uuid")
+
+log = structlog.get_logger("metrics")
+
+
+def _epoch(iso: str) -> float | None:
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class _SnapshotCollector(Collector):
+    """The gauges: one read of the snapshot per scrape, so a scrape is one consistent picture."""
+
+    def __init__(self, snapshot: Callable[[], StatusSnapshot], last_ready: Callable[[], float | None]) -> None:
+        self._snapshot = snapshot
+        self._last_ready = last_ready
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            snap = self._snapshot()
+        except Exception:  # a scrape must not fail because the snapshot did
+            log.exception("metrics_snapshot_failed")
+            return []
+        return list(self._families(snap))
+
+    def _families(self, s: StatusSnapshot | None) -> Iterator[Metric]:
+        def gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+
+        state = gauge("state", "1 for the supervisor's current state, 0 for the others", ["state"])
+        rung = gauge("rung", "Index in the ladder of the rung now in use (0 = base configuration)")
+        rung_info = gauge("rung_info", "1 for the rung now in use, 0 for the other rungs of the ladder", ["rung"])
+        up = gauge("server_up", "1 while the server is serving (state ready or degraded), else 0")
+        ttr = gauge("last_time_to_ready_seconds", "Launch-to-ready time of the current or last server")
+        load = gauge("load_progress_ratio", "Start-up progress 0..1 where the log shows it; 1 while serving")
+        since = gauge("seconds_since_progress", "Seconds since any progress channel last moved")
+        hour = gauge("restarts_last_hour", "Relaunches within the last hour (the restart budget's window)")
+        last_inc = gauge("incident_last_timestamp_seconds", "Unix time of the last incident")
+        spec = gauge("spec_accept_length", "Speculative decoding's mean accepted length, scraped from SGLang")
+        running = gauge("running_requests", "Requests the server is running, scraped from SGLang")
+        queued = gauge("queued_requests", "Requests waiting in the server's queue, scraped from SGLang")
+        gpu_ok = gauge("gpu_probe_up", "1 when NVML answered on the last poll, else 0")
+        util = gauge("gpu_utilization_ratio", "GPU utilisation 0..1", GPU_LABELS)
+        used = gauge("gpu_memory_used_bytes", "GPU memory in use by anything", GPU_LABELS)
+        total = gauge("gpu_memory_total_bytes", "GPU memory installed", GPU_LABELS)
+        held = gauge("server_gpu_memory_bytes", "GPU memory held by the supervised process tree", GPU_LABELS)
+        if s is not None:
+            for st in State:
+                state.add_metric([st.value], 1.0 if s.state == st.value else 0.0)
+            if s.rung_index is not None:
+                rung.add_metric([], float(s.rung_index))
+            for name in s.ladder or ((s.rung,) if s.rung else ()):
+                rung_info.add_metric([name], 1.0 if name == s.rung else 0.0)
+            serving = s.state in {x.value for x in SERVING}
+            up.add_metric([], 1.0 if serving else 0.0)
+            ready_s = s.time_to_ready_s if s.time_to_ready_s is not None else self._last_ready()
+            if ready_s is not None:
+                ttr.add_metric([], ready_s)
+            load.add_metric([], s.progress.fraction if s.progress else (1.0 if serving else 0.0))
+            if s.last_progress_s is not None:
+                since.add_metric([], s.last_progress_s)
+            hour.add_metric([], float(s.restarts_last_hour))
+            at = _epoch(s.last_incident.at) if s.last_incident else None
+            if at is not None:
+                last_inc.add_metric([], at)
+            for family, value in (
+                (spec, s.serving.spec_accept_length),
+                (running, s.serving.running_reqs),
+                (queued, s.serving.queue_reqs),
+            ):
+                if value is not None:
+                    family.add_metric([], value)
+            gpu_ok.add_metric([], 1.0 if s.gpu.status == "ok" else 0.0)
+            for d in s.gpu.devices:
+                labels = [str(d.index), d.uuid]
+                util.add_metric(labels, d.util_percent / 100.0)
+                used.add_metric(labels, float(d.mem_used_bytes))
+                total.add_metric(labels, float(d.mem_total_bytes))
+                held.add_metric(labels, float(d.tree_mem_bytes))
+        yield from (state, rung, rung_info, up, ttr, load, since, hour, last_inc, spec, running, queued)
+        yield from (gpu_ok, util, used, total, held)
+
+
+class SupervisorMetrics:
+    """The daemon's metrics on `registry`; the daemon calls the event methods as things happen."""
+
+    def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], StatusSnapshot]) -> None:
+        self._last_ready: float | None = None
+        self._restarts = Counter(
+            PREFIX + "restarts", "Server relaunches, by the incident cause", ["cause"], registry=registry
+        )
+        for cause in CAUSES:
+            self._restarts.labels(cause=cause)
+        self._incidents = Counter(
+            PREFIX + "incidents",
+            "Incidents, by cause and the hang class the evidence showed",
+            ["cause", "hang_class"],
+            registry=registry,
+        )
+        self._health_latency = Histogram(
+            PREFIX + "health_latency_seconds",
+            "Latency of the server's health endpoint, successful or not",
+            buckets=HEALTH_BUCKETS,
+            registry=registry,
+        )
+        self._health_checks = Counter(
+            PREFIX + "health_checks", "Health checks of the server, by result", ["result"], registry=registry
+        )
+        for result in ("ok", "failed"):
+            self._health_checks.labels(result=result)
+        self._diagnostics = Counter(
+            PREFIX + "diagnostics", "Diagnostic captures, by outcome", ["outcome"], registry=registry
+        )
+        self._diagnostic_duration = Histogram(
+            PREFIX + "diagnostic_duration_seconds",
+            "Wall time of a diagnostic capture",
+            buckets=DIAGNOSTIC_BUCKETS,
+            registry=registry,
+        )
+        self._time_to_ready = Histogram(
+            PREFIX + "time_to_ready_seconds",
+            "Launch-to-ready time of each server start",
+            buckets=READY_BUCKETS,
+            registry=registry,
+        )
+        registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
+
+    def restart(self, cause: str) -> None:
+        self._restarts.labels(cause=cause).inc()
+
+    def incident(self, cause: str, hang_class: str) -> None:
+        self._incidents.labels(cause=cause, hang_class=hang_class or "unknown").inc()
+
+    def diagnostic(self, duration_s: float, outcome: str) -> None:
+        self._diagnostics.labels(outcome=outcome).inc()
+        self._diagnostic_duration.observe(max(0.0, duration_s))
+
+    def health(self, latency_s: float, ok: bool) -> None:
+        self._health_checks.labels(result="ok" if ok else "failed").inc()
+        self._health_latency.observe(max(0.0, latency_s))
+
+    def ready(self, time_to_ready_s: float) -> None:
+        self._last_ready = max(0.0, time_to_ready_s)
+        self._time_to_ready.observe(self._last_ready)

@@ -1,0 +1,94 @@
+"""Fixtures: the real app over a fake supervisor, a bundle directory and a journal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from api.app import create_app
+from api.testing import FakeSupervisor
+from supervisor.journal import Journal
+from supervisor.metrics import SupervisorMetrics
+
+TOKEN = "s3cret-token-value-0123456789"
+BUNDLE = "20250101T000000Z-startup_stall"
+
+
+def make_bundle(diag_dir: Path, bundle_id: str, summary: dict[str, object] | None = None) -> Path:
+    d = diag_dir / bundle_id
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps(summary if summary is not None else {"id": bundle_id}))
+    (d / "summary.txt").write_text(f"bundle {bundle_id}\n")
+    (d / "py-spy-4242.txt").write_text("Thread 0x1 (idle)\n")
+    return d
+
+
+def client_for(app: FastAPI, token: str | None = None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers)
+
+
+@pytest.fixture
+def token() -> str:
+    return TOKEN
+
+
+@pytest.fixture
+def handle() -> FakeSupervisor:
+    return FakeSupervisor()
+
+
+@pytest.fixture
+def diag_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "diagnostics"
+    d.mkdir()
+    make_bundle(d, BUNDLE, {"cause": "startup_stall", "hang_class": "idle_deadlock"})
+    return d
+
+
+@pytest.fixture
+def bundle_maker() -> Callable[..., Path]:
+    return make_bundle
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    j = Journal(tmp_path / "events.jsonl")
+    j.append("state_changed", old="starting", new="ready")
+    return j
+
+
+@pytest.fixture
+def make_app(handle: FakeSupervisor, diag_dir: Path, journal: Journal) -> Callable[..., FastAPI]:
+    def factory(token: str | None = None, max_body_bytes: int = 4096, **kwargs: Any) -> FastAPI:
+        registry = CollectorRegistry()
+        SupervisorMetrics(registry, handle.snapshot)
+        return create_app(
+            handle,
+            token=token,
+            diag_dir=diag_dir,
+            journal=journal,
+            registry=registry,
+            max_body_bytes=max_body_bytes,
+            **kwargs,
+        )
+
+    return factory
+
+
+@pytest.fixture
+def make_client() -> Callable[..., httpx.AsyncClient]:
+    return client_for
+
+
+@pytest.fixture
+async def client(make_app: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(make_app()) as c:
+        yield c
