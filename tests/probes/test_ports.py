@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from probes.ports import PortsProbe, bind_free, connect_host, port_accepts, port_holders, port_is_free
+from probes.proctree import find_tree
+from probes.types import ListenSocket
+from supervisor.process import ServerProcess
+
+SpawnFn = Callable[..., ServerProcess]
+WaitFn = Callable[..., bool]
+
+# The main process binds the server port only after a moment ("loading"); a child holds another.
+LATE_LISTENER = """
+import os, socket, sys, time
+port, side_port, go = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if os.fork() == 0:
+    s = socket.socket()
+    s.bind(("127.0.0.1", side_port))
+    s.listen()
+    time.sleep(60)
+    os._exit(0)
+while not os.path.exists(go):
+    time.sleep(0.02)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen()
+time.sleep(60)
+"""
+
+
+def _another_free_port(not_this: int) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port != not_this:
+            return port
+
+
+def test_listen_sockets_attributed_and_port_accepts_later(
+    spawn: SpawnFn, marker: str, free_port: int, tmp_path: Path, wait_until: WaitFn
+) -> None:
+    side_port = _another_free_port(free_port)
+    go = tmp_path / "go"
+    proc = spawn([sys.executable, "-c", LATE_LISTENER, str(free_port), str(side_port), str(go)])
+    probe = PortsProbe("127.0.0.1", free_port)
+
+    def tree() -> list[int]:
+        return find_tree(proc.pid, marker)
+
+    assert wait_until(lambda: len(probe.observe(tree()).listening) == 1)
+    before = probe.observe(tree())
+    child = next(pid for pid in tree() if pid != proc.pid)
+    assert before.listening == (ListenSocket(pid=child, host="127.0.0.1", port=side_port),)
+    assert not before.server_port_accepts
+
+    go.touch()
+    assert wait_until(lambda: probe.observe(tree()).server_port_accepts)
+    after = probe.observe(tree())
+    assert ListenSocket(pid=proc.pid, host="127.0.0.1", port=free_port) in after.listening
+    assert ListenSocket(pid=child, host="127.0.0.1", port=side_port) in after.listening
+    assert port_holders(free_port) == (proc.pid,)
+    assert not port_is_free("127.0.0.1", free_port)
+
+
+def test_sockets_of_other_processes_are_not_reported(free_port: int) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port))
+        s.listen()
+        obs = PortsProbe("127.0.0.1", free_port).observe([])
+        assert obs.listening == ()
+        assert obs.server_port_accepts  # the connect test looks at the port, whoever holds it
+        assert PortsProbe("127.0.0.1", free_port).observe([os.getpid()]).listening == (
+            ListenSocket(pid=os.getpid(), host="127.0.0.1", port=free_port),
+        )
+
+
+def test_vanished_pids_are_skipped(free_port: int) -> None:
+    obs = PortsProbe("127.0.0.1", free_port).observe([2**30])
+    assert obs.listening == () and not obs.server_port_accepts
+
+
+def test_port_is_free_ignores_time_wait_and_sees_any_listener(free_port: int) -> None:
+    assert port_is_free("127.0.0.1", free_port)
+    assert port_holders(free_port) is None
+    # A connection closed by the server side leaves TIME_WAIT: the port is still free for a new server.
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", free_port))
+        srv.listen()
+        cli = socket.create_connection(("127.0.0.1", free_port))
+        conn, _ = srv.accept()
+        conn.close()
+        cli.close()
+    assert port_is_free("127.0.0.1", free_port)
+    # A listener on the wildcard address blocks a server on loopback.
+    with socket.socket() as wild:
+        wild.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        wild.bind(("0.0.0.0", free_port))
+        wild.listen()
+        assert not bind_free("127.0.0.1", free_port)
+        assert not port_is_free("127.0.0.1", free_port)
+        assert port_accepts("0.0.0.0", free_port)
+
+
+def test_connect_host() -> None:
+    assert connect_host("0.0.0.0") == "127.0.0.1"
+    assert connect_host("::") == "::1"
+    assert connect_host("10.0.0.5") == "10.0.0.5"
