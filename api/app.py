@@ -60,6 +60,9 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
     429: {"model": ErrorBody, "description": "the supervisor is busy with the same work; retry later"},
 }
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "no such bundle or file"}}
+_NO_RUNG: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "no such rung; `rungs` lists the ladder"}
+}
 
 
 def _refusal(result: CommandResult, snapshot: StatusSnapshot) -> JSONResponse | None:
@@ -82,6 +85,12 @@ def _refusal(result: CommandResult, snapshot: StatusSnapshot) -> JSONResponse | 
             400, "invalid", result.message or "refused", state=state, rungs=list(snapshot.ladder) or None
         )
     return error_response(503, "failed", result.message or "the supervisor could not carry it out", state=state)
+
+
+def _unknown_rung(rung: str, ladder: tuple[str, ...], message: str = "") -> JSONResponse:
+    known = f"the ladder has: {', '.join(ladder)}" if ladder else "the ladder is not loaded yet"
+    detail = f"{message or f'no rung named {rung!r}'}; {known}"
+    return error_response(404, "unknown_rung", detail, rungs=list(ladder))
 
 
 def create_app(
@@ -123,7 +132,7 @@ def create_app(
         "/restart",
         status_code=202,
         response_model=RestartAccepted,
-        responses={**_ERR, **_CONFLICT},
+        responses={**_ERR, **_CONFLICT, **_NO_RUNG},
         tags=["commands"],
     )
     async def restart(body: Annotated[RestartRequest | None, Body()] = None) -> Any:
@@ -131,13 +140,10 @@ def create_app(
         req = body or RestartRequest()
         ladder = handle.snapshot().ladder
         if req.rung is not None and ladder and req.rung not in ladder:
-            return error_response(
-                400,
-                "unknown_rung",
-                f"no rung named {req.rung!r}; the ladder has: {', '.join(ladder)}",
-                rungs=list(ladder),
-            )
+            return _unknown_rung(req.rung, ladder)
         result, refusal = await submit(Command(kind="restart", rung=req.rung, reason=req.reason, diagnose=req.diagnose))
+        if result.outcome == "invalid" and req.rung is not None:
+            return _unknown_rung(req.rung, handle.snapshot().ladder, result.message)
         if refusal is not None:
             return refusal
         return RestartAccepted(incident_id=result.incident_id, state=result.state, message=result.message)

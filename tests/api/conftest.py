@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -33,6 +35,69 @@ def make_bundle(diag_dir: Path, bundle_id: str, summary: dict[str, object] | Non
 def client_for(app: FastAPI, token: str | None = None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers)
+
+
+class RawResponse(NamedTuple):
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+async def raw_call(
+    app: FastAPI,
+    method: str,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    body: bytes = b"",
+) -> RawResponse:
+    """Send a request target exactly as given, decoded the way uvicorn decodes it.
+
+    httpx normalises `..` and some escapes away before sending; a client on a socket need not.
+    """
+    raw_path, _, query = target.partition(b"?")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": urllib.parse.unquote(raw_path.decode("latin-1")),
+        "raw_path": raw_path,
+        "query_string": query,
+        "root_path": "",
+        "headers": [(b"host", b"test"), *(headers or [])],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8900),
+    }
+    sent_body = False
+    finished = asyncio.Event()
+    out: dict[str, Any] = {"status": 0, "headers": {}, "body": b""}
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+            out["headers"] = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
+        elif message["type"] == "http.response.body":
+            out["body"] += message.get("body", b"")
+            if not message.get("more_body", False):
+                finished.set()
+
+    await app(scope, receive, send)
+    finished.set()
+    return RawResponse(out["status"], out["headers"], out["body"])
+
+
+@pytest.fixture
+def raw() -> Callable[..., Any]:
+    return raw_call
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ async def test_restart_without_a_body(client: httpx.AsyncClient, handle: FakeSup
 
 async def test_unknown_rung_names_the_ladder(client: httpx.AsyncClient, handle: FakeSupervisor) -> None:
     r = await client.post("/restart", json={"rung": "no-such-rung"})
-    assert r.status_code == 400
+    assert r.status_code == 404
     body = r.json()
     assert body["error"] == "unknown_rung"
     assert body["rungs"] == list(SAMPLE_LADDER)
@@ -62,8 +62,10 @@ async def test_unknown_rung_names_the_ladder(client: httpx.AsyncClient, handle: 
 async def test_unknown_rung_from_the_supervisor(client: httpx.AsyncClient, handle: FakeSupervisor) -> None:
     handle.snap = handle.snap.model_copy(update={"ladder": ()})  # no ladder published yet
     r = await client.post("/restart", json={"rung": "nope"})
-    assert r.status_code == 400
+    assert r.status_code == 404
+    assert r.json()["error"] == "unknown_rung"
     assert "nope" in r.json()["detail"]
+    assert "not loaded" in r.json()["detail"]
 
 
 async def test_failed_command_is_503_not_500(client: httpx.AsyncClient, handle: FakeSupervisor) -> None:
