@@ -1,0 +1,45 @@
+"""Evidence before anything is killed: py-spy and gdb of every process, /proc, NVML, one bundle.
+
+The daemon calls `capture` on a hung verdict or a `POST /diagnose`, `self_check` at start, and the
+API reads bundles through `list_bundles`, `bundle_summary` and `bundle_file`.
+"""
+
+from __future__ import annotations
+
+from supervisor.diagnostics.bundle import bundle_file, bundle_summary, list_bundles
+from supervisor.diagnostics.capture import capture
+from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.model import (
+    BundleResult,
+    CaptureRequest,
+    Classification,
+    Evidence,
+    Frame,
+    HangClass,
+    ProcEvidence,
+    StackThread,
+    ToolOutcome,
+    new_incident_id,
+)
+from supervisor.diagnostics.redact import Redactor
+from supervisor.diagnostics.selfcheck import self_check
+
+__all__ = [
+    "BundleResult",
+    "CaptureRequest",
+    "Classification",
+    "Evidence",
+    "Frame",
+    "HangClass",
+    "ProcEvidence",
+    "Redactor",
+    "StackThread",
+    "ToolOutcome",
+    "bundle_file",
+    "bundle_summary",
+    "capture",
+    "classify",
+    "list_bundles",
+    "new_incident_id",
+    "self_check",
+]

@@ -1,0 +1,291 @@
+"""One capture: every process of the tree in parallel, then classify, then one bundle on disk.
+
+Nothing here sends a signal: a tool that leaves a process stopped is undone by the `resume`
+callable the daemon passes (supervisor.process.resume_stopped), called after every tool run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probes.types import ProcInfo, ThreadInfo
+from supervisor.diagnostics import tools
+from supervisor.diagnostics.bundle import enforce_retention, unique_id, write_bundle
+from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.model import (
+    BundleResult,
+    CaptureRequest,
+    Evidence,
+    Outcome,
+    ProcEvidence,
+    StackThread,
+    ToolName,
+    ToolOutcome,
+)
+from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
+from supervisor.diagnostics.redact import Redactor
+from supervisor.diagnostics.runner import RunResult, run_tool
+from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
+
+Resume = Callable[[Sequence[int]], object]
+_FILE_PREFIX: dict[ToolName, str] = {
+    "py-spy": "pyspy",
+    "py-spy-native": "pyspy-native",
+    "gdb": "gdb",
+    "cuda-gdb": "gdb",
+}
+
+
+@dataclass
+class _ProcRun:
+    info: ProcInfo
+    outcomes: list[ToolOutcome] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)  # file name -> raw text, redacted on write
+    python: tuple[StackThread, ...] = ()
+    native: tuple[StackThread, ...] = ()
+    kernels: tuple[str, ...] = ()
+    errors: list[str] = field(default_factory=list)
+
+
+async def _call_resume(resume: Resume | None, pid: int, run: _ProcRun) -> None:
+    if resume is None:
+        return
+    try:
+        result = resume([pid])
+        if inspect.isawaitable(result):
+            await result
+    except Exception as err:  # the daemon's callable failing must not lose the evidence
+        run.errors.append(f"pid {pid}: resume failed: {err}")
+
+
+def _outcome(pid: int, tool: ToolName, res: RunResult) -> ToolOutcome:
+    if res.missing:
+        return ToolOutcome(pid, tool, "missing", res.duration_s, detail=res.stderr.strip())
+    outcome: Outcome = (
+        "timeout" if res.timed_out else tools.judge(tool, res.exit_code, res.stdout, res.stderr)
+    )
+    tail = res.stderr.strip().splitlines()[-3:]
+    return ToolOutcome(
+        pid=pid,
+        tool=tool,
+        outcome=outcome,
+        duration_s=round(res.duration_s, 4),
+        bytes=res.bytes,
+        exit_code=res.exit_code,
+        file=f"{_FILE_PREFIX[tool]}-{pid}.txt",
+        detail="" if outcome == "ok" else " | ".join(tail)[:500],
+        truncated=res.truncated,
+    )
+
+
+def _file_text(res: RunResult, argv: tuple[str, ...], outcome: ToolOutcome) -> str:
+    head = f"# {' '.join(argv)}\n# outcome {outcome.outcome}, exit {res.exit_code}, {res.duration_s:.2f} s\n"
+    if res.truncated:
+        head += f"# output truncated to the first {len(res.stdout.encode())} of {res.bytes} bytes\n"
+    body = res.stdout
+    if res.stderr.strip():
+        body += f"\n== stderr ==\n{res.stderr}"
+    return head + body
+
+
+async def _run(
+    run: _ProcRun,
+    tool: ToolName,
+    argv: tuple[str, ...],
+    timeout_s: float,
+    env: dict[str, str],
+    resume: Resume | None,
+) -> RunResult:
+    res = await run_tool(argv, timeout_s, env=env)
+    out = _outcome(run.info.pid, tool, res)
+    if out.outcome == "missing":
+        run.outcomes.append(ToolOutcome(run.info.pid, tool, "missing", out.duration_s, detail=out.detail))
+        return res
+    await _call_resume(resume, run.info.pid, run)
+    run.outcomes.append(out)
+    assert out.file is not None
+    run.outputs[out.file] = _file_text(res, argv, out)
+    return res
+
+
+def _missing(pid: int, tool: ToolName, what: str) -> ToolOutcome:
+    return ToolOutcome(
+        pid, tool, "missing", 0.0, detail=f"{what} not found (install it, or set [diagnostics] path)"
+    )
+
+
+async def _capture_one(
+    info: ProcInfo, req: CaptureRequest, paths: tools.ToolPaths, env: dict[str, str], resume: Resume | None
+) -> _ProcRun:
+    """py-spy, then py-spy --native, then gdb: in turn, as two tracers cannot attach at once."""
+    run = _ProcRun(info)
+    pid = info.pid
+    if req.py_spy:
+        if paths.py_spy is None:
+            run.outcomes.append(_missing(pid, "py-spy", "py-spy"))
+        else:
+            argv = tools.py_spy_argv(paths.py_spy, pid, native=False, nonblocking=req.nonblocking)
+            res = await _run(run, "py-spy", argv, req.py_spy_timeout_s, env, resume)
+            run.python = tools.parse_py_spy(res.stdout)
+            if req.native and req.nonblocking:
+                why = "py-spy cannot read native frames without pausing the process (--nonblocking asked)"
+                run.outcomes.append(ToolOutcome(pid, "py-spy-native", "skipped", 0.0, detail=why))
+            elif req.native:
+                argv = tools.py_spy_argv(paths.py_spy, pid, native=True, nonblocking=False)
+                res = await _run(run, "py-spy-native", argv, req.py_spy_timeout_s, env, resume)
+                native_threads = tools.parse_py_spy(res.stdout)
+                if native_threads:
+                    run.python = native_threads
+    if req.gdb:
+        if paths.gdb is None:
+            run.outcomes.append(_missing(pid, "gdb", "gdb (or cuda-gdb)"))
+        else:
+            argv = tools.gdb_argv(paths.gdb, pid, paths.gdb_kind)
+            res = await _run(run, paths.gdb_kind, argv, req.gdb_timeout_s, env, resume)
+            run.native = tools.parse_gdb(res.stdout)
+            run.kernels = tools.parse_cuda_kernels(res.stdout) if paths.gdb_kind == "cuda-gdb" else ()
+    return run
+
+
+def _evidence(
+    req: CaptureRequest,
+    runs: Sequence[_ProcRun],
+    before: Sequence[ProcSnapshot],
+    after: Sequence[tuple[ThreadInfo, ...]],
+) -> Evidence:
+    procs = []
+    for run, snap, late in zip(runs, before, after, strict=True):
+        samples = tuple(s for s in (run.info.threads, snap.threads, late) if s)
+        procs.append(
+            ProcEvidence(
+                run.info.pid,
+                run.info.role,
+                run.info.rank,
+                run.info.title,
+                samples,
+                run.python,
+                run.native,
+                run.kernels,
+            )
+        )
+    gpu_util = req.gpu_util_percent
+    if gpu_util is None and req.gpu is not None and req.gpu.status == "ok" and req.gpu.devices:
+        gpu_util = req.gpu.max_util_percent
+    return Evidence(
+        tuple(procs), req.phase, req.tree_cpu_cores, gpu_util, req.busy_cpu_cores, req.busy_gpu_percent
+    )
+
+
+def _json(obj: object) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode()
+
+
+async def capture(
+    req: CaptureRequest,
+    diag_dir: Path,
+    *,
+    keep: int,
+    max_bytes: int,
+    py_spy_path: str | None = None,
+    gdb_path: str | None = None,
+    resume: Resume | None = None,
+) -> BundleResult:
+    """Capture evidence of every process in `req`, classify it, write one bundle; never raises for
+    a missing tool, a refused ptrace, a timeout or a failed write: those are in the result."""
+    start = time.monotonic()
+    created = req.created_at if req.created_at is not None else time.time()
+    paths = tools.resolve(py_spy_path, gdb_path)
+    env = tools.tool_env(dict(os.environ))
+    pids = [p.pid for p in req.processes]
+
+    before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
+    redactor = Redactor.from_envs([req.env, *(dict(s.environ) for s in before)])
+    proc_s = time.monotonic() - start
+    runs = await asyncio.gather(*(_capture_one(p, req, paths, env, resume) for p in req.processes))
+    tools_s = time.monotonic() - start - proc_s
+    after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
+
+    evidence = _evidence(req, runs, before, after)
+    classification = classify(evidence)
+    outcomes = tuple(o for r in runs for o in r.outcomes)
+    errors = [e for r in runs for e in r.errors] + [f"pid {s.pid}: {e}" for s in before for e in s.errors]
+
+    texts: dict[str, str] = {}
+    for run, snap in zip(runs, before, strict=True):
+        texts.update(run.outputs)
+        texts[f"proc-{snap.pid}.txt"] = render_proc(snap, redactor)
+    texts["log-tail.txt"] = "\n".join(req.log_tail) + ("\n" if req.log_tail else "")
+    blobs = {name: redactor.text(text).encode() for name, text in texts.items()}
+    blobs["env.json"] = _json(redactor.env(req.env))
+    blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu)))
+    blobs["verdict.json"] = _json(redactor.obj(dict(req.verdict)))
+    names = [*blobs, "summary.json", "summary.txt"]
+
+    bundle_id = unique_id(Path(diag_dir), req.incident_id)
+    records = [
+        ProcRecord(
+            r.info,
+            s.alive,
+            s.listening,
+            tuple(n for n in names if n.endswith(f"-{r.info.pid}.txt")),
+            len(s.threads),
+        )
+        for r, s in zip(runs, before, strict=True)
+    ]
+    durations = {
+        "proc_s": round(proc_s, 4),
+        "tools_s": round(tools_s, 4),
+        "capture_s": round(time.monotonic() - start, 4),
+    }
+    summary = build_summary(
+        req,
+        bundle_id,
+        created,
+        evidence,
+        classification,
+        records,
+        outcomes,
+        durations,
+        errors,
+        names,
+        redactor,
+    )
+    blobs["summary.json"] = _json(summary)
+    blobs["summary.txt"] = render_text(summary, evidence, redactor).encode()
+
+    path: Path | None = None
+    error: str | None = None
+    removed: list[str] = []
+    try:
+        path = await asyncio.to_thread(write_bundle, Path(diag_dir), bundle_id, blobs)
+    except (OSError, ValueError) as err:
+        error = f"cannot write bundle {bundle_id} under {diag_dir}: {err}"
+    if path is not None:
+        removed, retention_errors = await asyncio.to_thread(
+            enforce_retention, Path(diag_dir), keep, max_bytes, bundle_id
+        )
+        errors += retention_errors
+    total = time.monotonic() - start
+    final = dict(summary)
+    final["durations"] = {**durations, "total_s": round(total, 4)}
+    final["errors"] = [*errors, *([error] if error else [])]
+    final["path"] = str(path) if path else None
+    final["removed"] = removed
+    return BundleResult(
+        bundle_id,
+        path,
+        classification.hang_class,
+        classification,
+        total,
+        outcomes,
+        error,
+        final,
+        tuple(removed),
+    )

@@ -1,0 +1,102 @@
+"""Run one dump tool as an asyncio subprocess: bounded in time and in output size."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_CAP_BYTES = 2 * 1024 * 1024
+_KILL_GRACE_S = 2.0  # after kill(): how long to wait for the exit and the pipes to close
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int | None  # None: could not start, or killed at the timeout
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    missing: bool = False  # the executable was not there (or not executable)
+    bytes: int = 0  # stdout bytes the tool wrote, including any beyond the cap
+    truncated: bool = False
+
+
+async def _drain(stream: asyncio.StreamReader | None, buf: bytearray, cap: int, seen: list[int]) -> None:
+    """Read to EOF, keeping the first `cap` bytes: a tool blocked on a full pipe would never exit."""
+    if stream is None:
+        return
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return
+        seen[0] += len(chunk)
+        room = cap - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+
+
+def _text(buf: bytearray) -> str:
+    return bytes(buf).decode("utf-8", errors="replace")
+
+
+async def run_tool(
+    argv: tuple[str, ...],
+    timeout_s: float,
+    *,
+    env: Mapping[str, str] | None = None,
+    cap_bytes: int = DEFAULT_CAP_BYTES,
+) -> RunResult:
+    """Run `argv` to completion or `timeout_s`; on timeout kill it and keep what it had printed."""
+    start = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as err:
+        return RunResult(
+            None, "", f"{argv[0]}: {err.strerror or err}", time.monotonic() - start, missing=True
+        )
+    out, errs = bytearray(), bytearray()
+    seen_out, seen_err = [0], [0]
+    readers = asyncio.gather(
+        _drain(proc.stdout, out, cap_bytes, seen_out), _drain(proc.stderr, errs, 65536, seen_err)
+    )
+    timed_out = False
+
+    async def finish() -> int:
+        await asyncio.shield(readers)  # shielded: after a kill the rest of the output is still read
+        return await proc.wait()
+
+    try:
+        code: int | None = await asyncio.wait_for(finish(), timeout_s)
+    except asyncio.TimeoutError:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # our own child; the tracee it attached to is detached by the kernel
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), _KILL_GRACE_S)
+        with contextlib.suppress(asyncio.TimeoutError):
+            # A grandchild holding the pipe open must not hold the capture.
+            await asyncio.wait_for(asyncio.shield(readers), _KILL_GRACE_S)
+        code = None
+    finally:
+        if not readers.done():
+            readers.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await readers
+    return RunResult(
+        exit_code=code,
+        stdout=_text(out),
+        stderr=_text(errs),
+        duration_s=time.monotonic() - start,
+        timed_out=timed_out,
+        bytes=seen_out[0],
+        truncated=seen_out[0] > cap_bytes,
+    )

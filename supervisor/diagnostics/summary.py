@@ -1,0 +1,191 @@
+"""summary.json (the documented schema, docs/DIAGNOSTICS.md) and summary.txt (for a person)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from probes.types import GpuObservation, ProcInfo
+from supervisor.diagnostics.model import CaptureRequest, Classification, Evidence, ToolOutcome
+from supervisor.diagnostics.redact import Redactor
+from supervisor.diagnostics.waits import ThreadView, thread_views
+
+SCHEMA_VERSION = 1
+_MAX_LINES_PER_PROCESS = 40
+_ORDER = {"lock": 0, "disk": 1, "gpu": 2, "running": 3, "io": 4, "other": 5, "sleep": 6}
+
+
+def iso(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+
+
+@dataclass(frozen=True)
+class ProcRecord:
+    info: ProcInfo
+    alive: bool
+    listening: tuple[str, ...]
+    files: tuple[str, ...]
+    threads: int  # seen in /proc at capture time
+
+
+def _shown(views: Sequence[ThreadView]) -> list[ThreadView]:
+    """Threads with a stack first by how telling their wait is; bare /proc threads only if nothing else."""
+    with_stack = [v for v in views if v.python is not None or v.native is not None]
+    chosen = with_stack or list(views)
+    return sorted(chosen, key=lambda v: (v.background, _ORDER.get(v.kind, 9)))
+
+
+def _wait_record(v: ThreadView) -> dict[str, object]:
+    site = v.site
+    return {
+        "pid": v.pid,
+        "tid": v.tid,
+        "thread": v.name,
+        "kind": v.kind,
+        "waits_in": v.label,
+        "state": v.state,
+        "wchan": v.wchan,
+        "function": site.function if site else None,
+        "file": site.file if site else None,
+        "line": site.line if site else None,
+        "caller": f"{v.caller.where} ({v.caller.function})" if v.caller else None,
+        "text": v.sentence(),
+    }
+
+
+def gpu_doc(gpu: GpuObservation | None) -> dict[str, object]:
+    if gpu is None:
+        return {"status": "unavailable", "reason": "no NVML snapshot was given"}
+    return asdict(gpu)
+
+
+def build_summary(
+    req: CaptureRequest,
+    bundle_id: str,
+    created_at: float,
+    evidence: Evidence,
+    classification: Classification,
+    procs: Sequence[ProcRecord],
+    tools: Sequence[ToolOutcome],
+    durations: dict[str, float],
+    errors: Sequence[str],
+    files: Sequence[str],
+    redactor: Redactor,
+) -> dict[str, object]:
+    waits = [_wait_record(v) for p in evidence.processes for v in _shown(thread_views(p))]
+    gpu = gpu_doc(req.gpu)
+    summary: dict[str, object] = {
+        "schema": SCHEMA_VERSION,
+        "id": bundle_id,
+        "created_at": iso(created_at),
+        "trigger": req.trigger,
+        "cause": req.cause,
+        "hang_class": classification.hang_class,
+        "reasons": list(classification.reasons),
+        "frames": list(classification.frames),
+        "candidates": list(classification.candidates),
+        "rung": req.rung,
+        "phase": req.phase,
+        "argv": list(redactor.argv(req.argv)),
+        "requested": {
+            "py_spy": req.py_spy,
+            "native": req.native,
+            "gdb": req.gdb,
+            "nonblocking": req.nonblocking,
+        },
+        "figures": {"tree_cpu_cores": evidence.tree_cpu_cores, "gpu_util_percent": evidence.gpu_util_percent},
+        "pids": [
+            {
+                "pid": r.info.pid,
+                "ppid": r.info.ppid,
+                "role": r.info.role,
+                "rank": r.info.rank,
+                "title": r.info.title,
+                "status": r.info.status,
+                "alive": r.alive,
+                "threads": r.threads or r.info.num_threads,
+                "listening": list(r.listening),
+                "files": list(r.files),
+            }
+            for r in procs
+        ],
+        "tools": [asdict(t) for t in tools],
+        "waits": waits,
+        "durations": durations,
+        "nvml": {k: gpu[k] for k in ("status", "reason") if k in gpu}
+        | {
+            "devices": len(req.gpu.devices) if req.gpu else 0,
+            "tree_mem_bytes": req.gpu.tree_mem_bytes if req.gpu else 0,
+        },
+        "errors": list(errors),
+        "files": sorted(files),
+    }
+    redacted = redactor.obj(summary)
+    assert isinstance(redacted, dict)
+    return redacted
+
+
+def _size(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} kB" if n < 1024 * 1024 else f"{n / 1048576:.1f} MB"
+
+
+def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redactor) -> str:
+    """One page that says which process, which thread, which line, then what was run and kept."""
+    s = summary
+    lines = [
+        f"Incident {s['id']}: {s['trigger']} (cause {s['cause'] or 'manual'}) at {s['created_at']}",
+        f"Hang class: {s['hang_class']}",
+        *[f"  - {r}" for r in _strs(s["reasons"])],
+        f"Rung: {s['rung'] or '?'}   Phase: {s['phase'] or '?'}",
+        f"Command: {' '.join(_strs(s['argv'])) or '?'}",
+        "",
+        "Where each thread is (waits first; full stacks in pyspy-*/gdb-* files):",
+    ]
+    for proc in evidence.processes:
+        views = thread_views(proc)
+        shown = _shown(views)
+        lines += [v.sentence() for v in shown[:_MAX_LINES_PER_PROCESS]]
+        hidden = len(views) - min(len(shown), _MAX_LINES_PER_PROCESS)
+        if hidden > 0:
+            lines.append(f"{proc.label}: +{hidden} more threads (proc-{proc.pid}.txt)")
+        if not views:
+            lines.append(f"{proc.label}: no thread seen (process gone, or no tool could read it)")
+    if s["frames"]:
+        lines += ["", "Frames supporting the class:", *[f"  {f}" for f in _strs(s["frames"])]]
+    lines += ["", "Processes:"]
+    for p in _dicts(s["pids"]):
+        rank = f" TP{p['rank']}" if p["rank"] is not None else ""
+        listen = ", ".join(_strs(p["listening"])) or "no port"
+        lines.append(
+            f"  pid {p['pid']} {p['role']}{rank} '{p['title']}' {p['status']},"
+            f" {p['threads']} threads, {listen}"
+        )
+    lines += ["", "Tools:"]
+    for t in _dicts(s["tools"]):
+        out = f" -> {t['file']}" if t["file"] else ""
+        detail = f" ({t['detail']})" if t["detail"] and t["outcome"] != "ok" else ""
+        lines.append(
+            f"  pid {t['pid']} {t['tool']}: {t['outcome']} in {float(str(t['duration_s'])):.2f} s,"
+            f" {_size(int(str(t['bytes'])))}{out}{detail}"
+        )
+    if not s["tools"]:
+        lines.append("  none run")
+    nvml = s["nvml"]
+    assert isinstance(nvml, dict)
+    lines += ["", f"GPU (nvml.json): {nvml.get('status')} {nvml.get('reason') or ''}".rstrip()]
+    dur = s["durations"]
+    assert isinstance(dur, dict)
+    lines.append("Durations: " + ", ".join(f"{k} {float(v):.2f} s" for k, v in dur.items()))
+    errs = _strs(s["errors"])
+    lines += ["", "Errors:" if errs else "Errors: none", *[f"  {e}" for e in errs]]
+    lines += ["", "Files: " + ", ".join(_strs(s["files"]))]
+    return redactor.text("\n".join(lines)) + "\n"
+
+
+def _strs(v: object) -> list[str]:
+    return [str(x) for x in v] if isinstance(v, list) else []
+
+
+def _dicts(v: object) -> list[dict[str, object]]:
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
