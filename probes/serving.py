@@ -1,0 +1,147 @@
+"""SGLang's own Prometheus metrics (`--enable-metrics`): requests, token counters, acceptance.
+
+How series are combined: the scheduler publishes gauges with labels such as `tp_rank`, `dp_rank`,
+`model_name` (and `pid` under Prometheus' multiprocess mode). Tensor-parallel ranks of one
+scheduler group run the same batch, so their series repeat one number: take the largest over
+`tp_rank` and `pid`. Any other label set (a data-parallel rank, another model) is a different
+batch, so those add up. Acceptance length is a per-step mean, so it is averaged, never added.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from probes.http import describe_error, fetch, join_url, make_client
+from probes.types import ServingObservation
+
+MAX_METRICS_BYTES = 4 * 1024 * 1024  # SGLang with TP8 and histograms is a few hundred KB
+_REPLICA_LABELS = frozenset({"tp_rank", "pid"})
+
+RUNNING = "sglang:num_running_reqs"
+QUEUED = "sglang:num_queue_reqs"
+GENERATION_TOKENS = "sglang:generation_tokens_total"
+REALTIME_TOKENS = "sglang:realtime_tokens_total"
+NUM_REQUESTS = "sglang:num_requests_total"
+GEN_THROUGHPUT = "sglang:gen_throughput"
+SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+_WANTED = frozenset(
+    {RUNNING, QUEUED, GENERATION_TOKENS, REALTIME_TOKENS, NUM_REQUESTS, GEN_THROUGHPUT, SPEC_ACCEPT_LENGTH}
+)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    name: str  # the sample's own name: counters keep `_total` here, unlike their family's name
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+def parse_metrics(text: str, at: float) -> ServingObservation:
+    """The serving view from a Prometheus text body; unavailable (never an exception) on garbage."""
+    try:
+        samples = _wanted_samples(text)
+    except Exception as err:  # the parser raises ValueError, IndexError, ... on a malformed line
+        return ServingObservation(at=at, available=False, error=f"unparseable metrics: {describe_error(err)}")
+    decode = [s for s in samples.get(REALTIME_TOKENS, []) if dict(s.labels).get("mode") == "decode"]
+    return ServingObservation(
+        at=at,
+        available=True,
+        running_reqs=_combine(samples.get(RUNNING)),
+        queue_reqs=_combine(samples.get(QUEUED)),
+        generation_tokens_total=_combine(samples.get(GENERATION_TOKENS)),
+        decode_tokens_total=_combine(decode),
+        num_requests_total=_combine(samples.get(NUM_REQUESTS)),
+        gen_throughput=_combine(samples.get(GEN_THROUGHPUT)),
+        spec_accept_length=_mean(samples.get(SPEC_ACCEPT_LENGTH)),
+    )
+
+
+def _wanted_samples(text: str) -> dict[str, list[_Sample]]:
+    found: dict[str, list[_Sample]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            value = float(sample.value)
+            if sample.name in _WANTED and math.isfinite(value):
+                labels = tuple(sorted((str(k), str(v)) for k, v in sample.labels.items()))
+                found.setdefault(sample.name, []).append(_Sample(sample.name, labels, value))
+    return found
+
+
+def _combine(samples: Iterable[_Sample] | None) -> float | None:
+    """Largest over replica labels (tp_rank, pid), summed over everything else (module docstring)."""
+    groups: dict[tuple[tuple[str, str], ...], float] = {}
+    for s in samples or ():
+        key = tuple(kv for kv in s.labels if kv[0] not in _REPLICA_LABELS)
+        groups[key] = max(groups.get(key, s.value), s.value)
+    return sum(groups.values()) if groups else None
+
+
+def _mean(samples: Iterable[_Sample] | None) -> float | None:
+    values = [s.value for s in samples or ()]
+    return sum(values) / len(values) if values else None
+
+
+def accept_length_from_server_info(data: object) -> float | None:
+    """Mean `avg_spec_accept_length` over `/get_server_info`'s `internal_states[i]`, tolerating any
+    shape (older builds put it at the top level); None when absent or 0 (no speculative step yet)."""
+    if not isinstance(data, dict):
+        return None
+    values: list[float] = []
+    states = data.get("internal_states")
+    if isinstance(states, list):
+        found = (_number(s.get("avg_spec_accept_length")) for s in states if isinstance(s, dict))
+        values = [v for v in found if v is not None and v > 0]  # 0: no speculative step measured
+    if not values:
+        top = _number(data.get("avg_spec_accept_length"))
+        values = [top] if top is not None and top > 0 else []
+    return sum(values) / len(values) if values else None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+class ServingProbe:
+    """Scrapes SGLang's `/metrics` with a client timeout and a body cap; never raises."""
+
+    def __init__(
+        self,
+        base_url: str,
+        metrics_path: str,
+        timeout_s: float,
+        client: httpx.AsyncClient | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        max_bytes: int = MAX_METRICS_BYTES,
+    ) -> None:
+        self.url = join_url(base_url, metrics_path)
+        self._timeout_s = timeout_s
+        self._client = client or make_client()
+        self._owns_client = client is None
+        self._monotonic = monotonic
+        self._max_bytes = max_bytes
+
+    async def observe(self) -> ServingObservation:
+        got = await fetch(self._client, self.url, self._timeout_s, self._max_bytes, self._monotonic)
+        at = self._monotonic()
+        if got.error:
+            return ServingObservation(at=at, available=False, error=got.error)
+        if got.status_code == 404:
+            return ServingObservation(at=at, available=False, error="metrics not enabled")
+        if got.status_code != 200:
+            return ServingObservation(at=at, available=False, error=f"HTTP {got.status_code}")
+        text = got.body.decode("utf-8", "replace")
+        # parsing a few hundred KB takes milliseconds of pure Python: off the event loop
+        return await asyncio.to_thread(parse_metrics, text, at)
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
