@@ -2,12 +2,13 @@
 
 Configured in code (`FakeNvml(devices=[FakeDevice(...)])`, then `set_process`, `set_util`, ...) or
 from a JSON file: when the environment variable `SGLANG_SUPERVISOR_FAKE_NVML` names a file,
-`make_nvml` returns `FakeNvml.from_file(path)`, which re-reads the file whenever its mtime, size or
-inode changes (checked on `nvmlInit` and on each `nvmlDeviceGetCount`, i.e. once per probe), so a
-test can change utilisation, memory and process attribution while the daemon runs. Write the file
-atomically (temp file, then rename): a half-written file is ignored and the last good one stays.
-A file that is missing or invalid from the start makes `nvmlInit` fail, so the probe reports
-`unavailable` with the file's name in the reason.
+`make_nvml` (defined in probes.gpu, re-exported here) returns `FakeNvml.from_file(path)`, which
+re-reads the file whenever its mtime, size or inode changes (checked on `nvmlInit` and on each
+`nvmlDeviceGetCount`, i.e. once per probe), so a test can change utilisation, memory and process
+attribution while the daemon runs. Write the file atomically (temp file, then rename): a
+half-written file is ignored and the last good one stays. A file that is missing or invalid from
+the start makes `nvmlInit` fail, so the probe reports `unavailable` with the file's name in the
+reason.
 
 The JSON file:
 
@@ -34,14 +35,14 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
-from probes.gpu import NvmlLike
+from probes.gpu import FAKE_NVML_ENV, make_nvml
 
-FAKE_NVML_ENV = "SGLANG_SUPERVISOR_FAKE_NVML"
+__all__ = ["FAKE_NVML_ENV", "FakeDevice", "FakeNvml", "NVMLError", "make_nvml"]
+
 H200_BYTES = 143771 * 1024 * 1024
 
 NVML_ERROR_UNINITIALIZED = 1
@@ -275,15 +276,3 @@ def _pid_map(raw: object) -> dict[int, int | None]:
     if not isinstance(raw, dict):
         raise ValueError("processes must be an object of pid -> bytes")
     return {int(pid): None if used is None else int(used) for pid, used in raw.items()}
-
-
-def make_nvml(env: Mapping[str, str]) -> NvmlLike | None:
-    """What the daemon hands GpuProbe: the fake when the variable names a file, else pynvml, else None."""
-    path = env.get(FAKE_NVML_ENV)
-    if path:
-        return FakeNvml.from_file(path)
-    try:
-        import pynvml
-    except Exception:
-        return None
-    return cast(NvmlLike, pynvml)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from probes.types import GpuDevice, GpuObservation, GpuProcess
 
+FAKE_NVML_ENV = "SGLANG_SUPERVISOR_FAKE_NVML"  # names a JSON file: see probes/fake_nvml.py
 INIT_RETRY_S = 60.0  # a failed nvmlInit is retried no more often: it can take seconds per attempt
 _NOT_AVAILABLE = 2**63  # older pynvml passes NVML_VALUE_NOT_AVAILABLE (2**64 - 1) through
 
@@ -69,6 +70,21 @@ class NvmlLike(Protocol):
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[ProcessLike]: ...
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Sequence[ProcessLike]: ...
+
+
+def make_nvml(env: Mapping[str, str]) -> NvmlLike | None:
+    """What the daemon hands GpuProbe: the fake NVML when `FAKE_NVML_ENV` names a file (tests),
+    else the pynvml module, else None (GpuProbe then reports `unavailable`)."""
+    path = env.get(FAKE_NVML_ENV)
+    if path:
+        from probes.fake_nvml import FakeNvml
+
+        return FakeNvml.from_file(path)
+    try:
+        import pynvml
+    except Exception:  # ImportError, or a broken install failing on import
+        return None
+    return cast(NvmlLike, pynvml)
 
 
 def describe_error(err: BaseException) -> str:

@@ -306,3 +306,9 @@ def test_real_nvml() -> None:
         assert set(probe.held_by([os.getpid()])) <= {os.getpid()}
     finally:
         probe.close()
+
+
+def test_make_nvml_is_one_function() -> None:
+    from probes import gpu
+
+    assert gpu.make_nvml is make_nvml
