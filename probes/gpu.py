@@ -123,7 +123,7 @@ class GpuProbe:
         self._init_retry_s = init_retry_s
         self._lock = threading.Lock()
         self._initialized = False
-        self._last_attempt: float | None = None
+        self._failed_at: float | None = None  # when nvmlInit last failed
         self._reason = ""
         self._nvml: NvmlLike | None = nvml
         if nvml is None:
@@ -168,15 +168,16 @@ class GpuProbe:
             if self._initialized:
                 return ""
             now = self._monotonic()
-            if self._last_attempt is not None and now - self._last_attempt < self._init_retry_s:
+            if self._failed_at is not None and now - self._failed_at < self._init_retry_s:
                 return self._reason
-            self._last_attempt = now
             try:
                 self._nvml.nvmlInit()
             except Exception as err:
+                self._failed_at = now
                 self._reason = f"nvmlInit failed: {describe_error(err)}"
                 return self._reason
             self._initialized = True
+            self._failed_at = None
             self._reason = ""
             return ""
 

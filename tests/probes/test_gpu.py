@@ -170,6 +170,10 @@ def test_close_shuts_nvml_down_once() -> None:
     probe.close()
     probe.close()
     assert fake.shutdown_calls == 1
+    assert probe.observe([]).status == "ok"  # a closed probe initialises again when used
+    assert fake.init_calls == 2
+    probe.close()
+    assert fake.shutdown_calls == 2
 
 
 def test_missing_pynvml_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
