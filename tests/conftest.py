@@ -6,13 +6,17 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from probes.proctree import scan_tree
+from supervisor.logcapture import LogCapture
 from supervisor.process import ServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,3 +97,39 @@ def spawn(marker: str) -> Iterator[SpawnFn]:
 @pytest.fixture
 def repo_root() -> str:
     return ROOT
+
+
+@dataclass
+class Simulated:
+    proc: ServerProcess
+    logs: LogCapture
+    port: int
+
+
+SimFn = Callable[..., Simulated]
+
+
+@pytest.fixture
+def simulator(spawn: SpawnFn, marker: str, free_port: int, tmp_path: Path) -> Iterator[SimFn]:
+    """`simulator(scenario, tp_size=4, env=None, *extra_args)`: the SGLang simulator on `free_port`.
+
+    Its output is drained into a LogCapture under tmp_path/sim-logs. Skips while the simulator is absent.
+    """
+    if not os.path.exists(os.path.join(ROOT, "supervisor", "simulator", "__main__.py")):
+        pytest.skip("supervisor/simulator is not there yet")
+    captures: list[LogCapture] = []
+
+    def _start(scenario: str, tp_size: int = 4, env: dict[str, str] | None = None, *extra: str) -> Simulated:
+        argv = [sys.executable, "-m", "supervisor.simulator", "--model-path", "/models/sim-model"]
+        argv += ["--tp-size", str(tp_size), "--host", "127.0.0.1", "--port", str(free_port), *extra]
+        proc = spawn(argv, {"SGLANG_SIM_SCENARIO": scenario, "SGLANG_SIM_PACE": "0.2", **(env or {})})
+        logs = LogCapture(tmp_path / "sim-logs", max_file_bytes=50 << 20, backups=1, memory_lines=5000)
+        logs.attach(proc.stdout, "stdout")
+        logs.attach(proc.stderr, "stderr")
+        captures.append(logs)
+        return Simulated(proc, logs, free_port)
+
+    yield _start
+    _kill_marked(marker)  # first, so the readers see EOF and close the pipes themselves
+    for logs in captures:
+        logs.close(timeout=5)

@@ -5,6 +5,9 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from probes.ports import PortsProbe, bind_free, connect_host, port_accepts, port_holders, port_is_free
 from probes.proctree import find_tree
@@ -113,3 +116,14 @@ def test_connect_host() -> None:
     assert connect_host("0.0.0.0") == "127.0.0.1"
     assert connect_host("::") == "::1"
     assert connect_host("10.0.0.5") == "10.0.0.5"
+
+
+@pytest.mark.integration
+def test_simulator_binds_the_port_once_loaded(simulator: Callable[..., Any], marker: str, wait_until: WaitFn) -> None:
+    sim = simulator("ok", 2)
+    probe = PortsProbe("127.0.0.1", sim.port)
+    first = probe.observe(find_tree(sim.proc.pid, marker))
+    assert not first.server_port_accepts  # still "loading"
+    assert wait_until(lambda: probe.observe(find_tree(sim.proc.pid, marker)).server_port_accepts, timeout=30)
+    obs = probe.observe(find_tree(sim.proc.pid, marker))
+    assert any(s.port == sim.port and s.pid == sim.proc.pid for s in obs.listening), obs

@@ -5,6 +5,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -301,3 +302,17 @@ def test_idle_child_cpu_time_stays_flat(spawn: SpawnFn, marker: str, wait_until:
     second = probe.observe(proc.pid, marker)
     assert second.cpu_time_s - first.cpu_time_s < 0.05
     assert second.processes[0].threads[0].state == "S"
+
+
+@pytest.mark.integration
+def test_simulator_roles_and_ranks(simulator: Callable[..., Any], marker: str, wait_until: WaitFn) -> None:
+    sim = simulator("ok", 4)
+    probe = ProcessTreeProbe()
+    assert wait_until(lambda: len(probe.observe(sim.proc.pid, marker).by_role("scheduler")) == 4, timeout=30)
+    obs = probe.observe(sim.proc.pid, marker)
+    assert [p.pid for p in obs.by_role("main")] == [sim.proc.pid]
+    assert sorted(p.rank for p in obs.by_role("scheduler")) == [0, 1, 2, 3]  # type: ignore[type-var]
+    assert len(obs.by_role("detokenizer")) == 1
+    assert all(p.title.startswith("sglang::") for p in obs.processes if p.role in ("scheduler", "detokenizer"))
+    assert obs.cpu_time_s > 0 and obs.rss_bytes > 0 and obs.read_chars > 0
+    assert all(t.state for p in obs.processes for t in p.threads)

@@ -320,3 +320,31 @@ def test_flood_of_220_mb_never_blocks_and_memory_stays_bounded(
     print(f"flood: {elapsed:.1f} s, peak RSS growth {growth_mb:.0f} MB, {stats.lines} lines")
     assert growth_mb < 150
     assert elapsed < 60
+
+
+@pytest.mark.integration
+def test_simulator_log_flood(simulator: Callable[..., Any], wait_until: Callable[..., bool]) -> None:
+    me = psutil.Process()
+    before = me.memory_info().rss
+    peak = [before]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], me.memory_info().rss)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        sim = simulator("log_flood", 1, {"SGLANG_SIM_FLOOD_MB": "220"})
+        assert wait_until(lambda: sim.logs.stats.bytes >= 220 << 20, timeout=60), sim.logs.stats
+    finally:
+        stop.set()
+        watcher.join()
+    assert sim.proc.poll() is None or sim.proc.poll() == 0  # never blocked, never died of it
+    growth_mb = (peak[0] - before) / 2**20
+    assert growth_mb < 150, growth_mb
+    assert wait_until(lambda: any("\ufffd" in line.text for line in sim.logs.lines_since(0)), timeout=10)
+    stats = sim.logs.stats
+    assert stats.lines > 0 and stats.write_errors == 0

@@ -9,11 +9,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from probes.ports import port_accepts, port_is_free
-from probes.proctree import find_tree, read_stat, title_of
+from probes.proctree import ProcessTreeProbe, find_tree, read_stat, title_of
 from supervisor import process
 from supervisor.process import MARKER_ENV, ServerProcess, SpawnError, kill_marked, resume_stopped, stop_tree
 
@@ -315,3 +316,62 @@ def test_send_signal() -> None:
     assert process.send_signal(child.pid, signal.SIGTERM)
     assert child.wait(5) == -signal.SIGTERM
     assert not process.send_signal(2**30, signal.SIGTERM)  # above any pid_max: no such process
+
+
+# --- with the SGLang simulator ---------------------------------------------------
+
+SimFn = Callable[..., Any]
+
+
+def _sim_up(sim: Any, marker: str, schedulers: int) -> bool:
+    obs = ProcessTreeProbe().observe(sim.proc.pid, marker)
+    return len(obs.by_role("scheduler")) == schedulers and port_accepts("127.0.0.1", sim.port)
+
+
+@pytest.mark.integration
+def test_simulator_tp4_stops_within_grace(simulator: SimFn, marker: str, wait_until: WaitFn) -> None:
+    sim = simulator("ok", 4)
+    assert wait_until(lambda: _sim_up(sim, marker, 4), timeout=30), sim.logs.tail(20)
+    members = find_tree(sim.proc.pid, marker)
+    assert len(members) >= 6  # main, 4 schedulers, detokenizer
+
+    grace = 5.0
+    report = stop_tree(sim.proc, marker, "127.0.0.1", sim.port, grace)
+
+    assert report.ok, report
+    assert report.duration_s <= grace + 1.0
+    assert set(report.pids_found) >= set(members)
+    assert find_tree(None, marker) == []
+    assert port_is_free("127.0.0.1", sim.port)
+
+
+@pytest.mark.integration
+def test_simulator_ignoring_sigterm_is_killed_after_grace(simulator: SimFn, marker: str, wait_until: WaitFn) -> None:
+    sim = simulator("ignore_sigterm", 2)
+    assert wait_until(lambda: _sim_up(sim, marker, 2), timeout=30), sim.logs.tail(20)
+    grace = 1.0
+    report = stop_tree(sim.proc, marker, "127.0.0.1", sim.port, grace)
+    assert report.ok, report
+    assert report.grace_expired and report.killed
+    assert report.exit_code == -signal.SIGKILL
+    assert grace <= report.duration_s <= grace + 1.0
+    assert find_tree(None, marker) == []
+
+
+@pytest.mark.integration
+def test_simulator_escaped_helper_holding_the_port_is_killed(simulator: SimFn, marker: str, wait_until: WaitFn) -> None:
+    sim = simulator("escape_group", 2)
+
+    def escapees() -> list[int]:
+        obs = ProcessTreeProbe().observe(sim.proc.pid, marker)
+        return [p.pid for p in obs.processes if p.sid != sim.proc.pid and p.status != "zombie"]
+
+    assert wait_until(lambda: escapees() and port_accepts("127.0.0.1", sim.port), timeout=30), sim.logs.tail(20)
+    escaped = escapees()  # left the session: SIGTERM to the main process's group misses them
+
+    report = stop_tree(sim.proc, marker, "127.0.0.1", sim.port, 2.0)
+
+    assert report.ok, report
+    assert set(escaped) <= set(report.termed) | set(report.killed)
+    assert not any(_alive(pid) for pid in escaped)
+    assert port_is_free("127.0.0.1", sim.port)
