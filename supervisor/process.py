@@ -15,13 +15,14 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
 from probes.ports import port_holders, port_is_free
 from probes.proctree import MARKER_ENV, ProcStat, find_tree, read_stat, scan_tree
 
 __all__ = [
     "MARKER_ENV",
+    "ChildHandle",
     "ServerProcess",
     "SpawnError",
     "StopReport",
@@ -73,6 +74,15 @@ def _ambient_dropper() -> Callable[[], None] | None:
         prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # failure ignored: best effort
 
     return drop
+
+
+class ChildHandle(Protocol):
+    """What a stop needs of the main process: its pid, and a non-blocking reap. ServerProcess is one."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
 
 
 class ServerProcess:
@@ -229,7 +239,7 @@ class _Stop:
 
     def __init__(
         self,
-        root: ServerProcess | None,
+        root: ChildHandle | None,
         marker: str,
         proc_root: str,
         sleep: Callable[[float], None],
@@ -290,7 +300,7 @@ class _Stop:
 
 
 def _stop(
-    root: ServerProcess | None,
+    root: ChildHandle | None,
     marker: str,
     endpoint: tuple[str, int] | None,
     grace_s: float,
@@ -338,7 +348,7 @@ def _wait_port(
 
 
 def stop_tree(
-    root: ServerProcess | None,
+    root: ChildHandle | None,
     marker: str,
     host: str,
     port: int,
