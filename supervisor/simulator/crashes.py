@@ -1,0 +1,107 @@
+"""Tracebacks as SGLang's processes print them when they fail (paths of a pip-installed SGLang)."""
+
+from __future__ import annotations
+
+_PKG = "/usr/local/lib/python3.12/dist-packages"
+_SRT = f"{_PKG}/sglang/srt"
+
+
+def _frames(frames: list[tuple[str, int, str, str]]) -> str:
+    return "".join(f'  File "{path}", line {line}, in {func}\n    {code}\n' for path, line, func, code in frames)
+
+
+def load_oom_traceback(rank: int, pid: int) -> str:
+    """A scheduler's `Scheduler hit an exception:` record for a CUDA OOM while loading weights."""
+    frames = _frames(
+        [
+            (f"{_SRT}/managers/scheduler.py", 2912, "run_scheduler_process", "scheduler = Scheduler("),
+            (f"{_SRT}/managers/scheduler.py", 318, "__init__", "self.tp_worker = TpWorkerClass("),
+            (f"{_SRT}/managers/tp_worker.py", 84, "__init__", "self.model_runner = ModelRunner("),
+            (f"{_SRT}/model_executor/model_runner.py", 242, "__init__", "self.initialize(min_per_gpu_memory)"),
+            (f"{_SRT}/model_executor/model_runner.py", 318, "initialize", "self.load_model()"),
+            (f"{_SRT}/model_executor/model_runner.py", 731, "load_model", "self.model = get_model("),
+            (f"{_SRT}/model_loader/__init__.py", 28, "get_model", "return loader.load_model("),
+            (f"{_SRT}/model_loader/loader.py", 594, "load_model", "self.load_weights_and_postprocess("),
+            (f"{_SRT}/model_loader/loader.py", 602, "load_weights_and_postprocess", "model.load_weights(weights)"),
+            (f"{_SRT}/models/deepseek_v2.py", 2791, "load_weights", "weight_loader(param, loaded_weight)"),
+            (
+                f"{_SRT}/layers/moe/fused_moe_triton/layer.py",
+                640,
+                "weight_loader",
+                "loaded_weight = loaded_weight.to(param.device)",
+            ),
+        ]
+    )
+    return (
+        "Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames
+        + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. "
+        f"GPU {rank} has a total capacity of 139.72 GiB of which 1.21 GiB is free. "
+        f"Process {pid} has 138.50 GiB memory in use. Of the allocated memory 136.90 GiB is allocated "
+        "by PyTorch, and 512.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated "
+        "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+        "fragmentation.  See documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n"
+    )
+
+
+def forward_crash_traceback() -> str:
+    """A scheduler's record for an illegal memory access in a forward pass, after ready."""
+    frames = _frames(
+        [
+            (f"{_SRT}/managers/scheduler.py", 2930, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+            (f"{_PKG}/torch/utils/_contextlib.py", 116, "decorate_context", "return func(*args, **kwargs)"),
+            (
+                f"{_SRT}/managers/scheduler.py",
+                1016,
+                "event_loop_overlap",
+                "self.process_batch_result(tmp_batch, tmp_result)",
+            ),
+            (
+                f"{_SRT}/managers/scheduler.py",
+                2105,
+                "process_batch_result",
+                "self.process_batch_result_decode(batch, result)",
+            ),
+            (
+                f"{_SRT}/managers/scheduler_output_processor_mixin.py",
+                262,
+                "process_batch_result_decode",
+                "result.copy_done.synchronize()",
+            ),
+            (f"{_PKG}/torch/cuda/streams.py", 231, "synchronize", "super().synchronize()"),
+        ]
+    )
+    return (
+        "Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames
+        + "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+        "below might be incorrect.\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n\n"
+    )
+
+
+def launch_eof_traceback() -> str:
+    """The main process's own traceback when a scheduler dies before reporting ready."""
+    frames = _frames(
+        [
+            (f"{_PKG}/sglang/launch_server.py", 29, "<module>", "launch_server(server_args)"),
+            (
+                f"{_SRT}/entrypoints/http_server.py",
+                1421,
+                "launch_server",
+                "tokenizer_manager, template_manager, scheduler_info, *_ = (",
+            ),
+            (f"{_SRT}/entrypoints/engine.py", 939, "_launch_subprocesses", "data = scheduler_pipe_readers[i].recv()"),
+            ("/usr/lib/python3.12/multiprocessing/connection.py", 250, "recv", "buf = self._recv_bytes()"),
+            ("/usr/lib/python3.12/multiprocessing/connection.py", 430, "_recv_bytes", "buf = self._recv(4)"),
+            ("/usr/lib/python3.12/multiprocessing/connection.py", 399, "_recv", "raise EOFError"),
+        ]
+    )
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '  File "<frozen runpy>", line 88, in _run_code\n' + frames + "EOFError\n"
+    )

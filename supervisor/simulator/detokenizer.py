@@ -1,0 +1,39 @@
+"""`sglang::detokenizer`: turns rank 0's token counts into text and passes everything on to main."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from multiprocessing.connection import Connection
+
+from supervisor.simulator.messages import TokenOut
+from supervisor.simulator.procutil import become_child, sleep_forever, start_heartbeat
+
+_WORDS = (
+    " Paris", " is", " the", " capital", " of", " France", ".", " It", " has", " a", " population",
+    " of", " about", " two", " million", " people", ",", " and", " is", " known", " for", " its",
+    " museums", " and", " cafes",
+)
+
+
+def run_detokenizer_process(ignore_sigterm: bool, inbox: Connection, outbox: Connection) -> None:
+    become_child("sglang::detokenizer", ignore_sigterm)
+    start_heartbeat("detokenizer-heartbeat")
+    rng = random.Random(0)
+    position = 0
+    while True:
+        try:
+            message = inbox.recv()
+        except (EOFError, OSError):
+            sleep_forever()  # rank 0 is gone; a ZMQ socket would just never deliver again
+        if isinstance(message, TokenOut):
+            texts = []
+            for n in message.new_tokens:
+                words = [_WORDS[(position + i) % len(_WORDS)] for i in range(n)]
+                position += n + rng.randrange(2)
+                texts.append("".join(words))
+            message = replace(message, texts=tuple(texts))
+        try:
+            outbox.send(message)
+        except OSError:
+            sleep_forever()

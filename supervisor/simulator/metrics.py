@@ -1,0 +1,86 @@
+"""SGLang's Prometheus exposition, rendered at scrape time from the tokenizer manager's snapshot.
+
+Scheduler gauges carry `model_name, engine_type, tp_rank, pp_rank` and exist only once rank 0 has
+published them (after the first prefill or decode log); they freeze while the scheduler hangs,
+because nothing new arrives. Tokenizer counters and histograms carry `model_name`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from supervisor.simulator.tokenizer import MetricsSnapshot
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_GAUGES = (
+    ("num_running_reqs", "The number of running requests."),
+    ("num_used_tokens", "The number of used tokens."),
+    ("token_usage", "The token usage."),
+    ("gen_throughput", "The generation throughput (token/s)."),
+    ("num_queue_reqs", "The number of requests in the waiting queue."),
+    ("cache_hit_rate", "The prefix cache hit rate."),
+    ("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+    ("spec_accept_length", "The average acceptance length of speculative decoding."),
+    (
+        "spec_accept_rate",
+        "The average acceptance rate of speculative decoding (`accepted tokens / total draft tokens` in batch).",
+    ),
+    ("is_cuda_graph", "Whether the batch is using CUDA graph."),
+)
+
+
+class SGLangCollector(Collector):
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot], model_name: str) -> None:
+        self._snapshot = snapshot
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        name = [self._model_name]
+        if snap.stats is not None:
+            labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
+            values = [self._model_name, "unified", "0", "0"]
+            for field, doc in _GAUGES:
+                gauge = GaugeMetricFamily(f"sglang:{field}", doc, labels=labels)
+                gauge.add_metric(values, float(getattr(snap.stats, field)))
+                yield gauge
+        counters = (
+            ("prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens_total),
+            ("generation_tokens", "Number of generation tokens processed.", snap.generation_tokens_total),
+            ("num_requests", "Number of requests processed.", snap.num_requests_total),
+        )
+        for field, doc, value in counters:
+            counter = CounterMetricFamily(f"sglang:{field}", doc, labels=["model_name"])
+            counter.add_metric(name, float(value))
+            yield counter
+        realtime = CounterMetricFamily(
+            "sglang:realtime_tokens", "Total number of tokens processed (updated on each log interval).",
+            labels=["model_name", "mode"],
+        )
+        realtime.add_metric([*name, "prefill_compute"], float(snap.realtime_prefill_tokens_total))
+        realtime.add_metric([*name, "decode"], float(snap.realtime_decode_tokens_total))
+        yield realtime
+        ttft = HistogramMetricFamily(
+            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            labels=["model_name"],
+        )
+        ttft.add_metric(name, snap.ttft, snap.ttft_sum)
+        yield ttft
+        e2e = HistogramMetricFamily(
+            "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+            labels=["model_name"],
+        )
+        e2e.add_metric(name, snap.e2e, snap.e2e_sum)
+        yield e2e
+
+
+def render(snapshot: Callable[[], MetricsSnapshot], model_name: str) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SGLangCollector(snapshot, model_name))
+    return generate_latest(registry)

@@ -1,0 +1,66 @@
+"""A scheduler child (`sglang::scheduler_TPn`): start-up, then rank 0 serves and the others follow it."""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import NoReturn
+
+from supervisor.simulator import hangs
+from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.messages import Ack, FiredUp, Step
+from supervisor.simulator.procutil import become_child, start_heartbeat
+from supervisor.simulator.segfault import die_of_segfault, victim_rank
+from supervisor.simulator.serving import ServingLoop
+from supervisor.simulator.settings import Scenario
+from supervisor.simulator.startup import RankContext, Startup
+
+
+def follow(ctx: RankContext, log: LogWriter, leader: Connection) -> NoReturn:
+    """Ranks 1..n: take part in every forward rank 0 starts; nothing else to do, as in TP."""
+    fault_at: float | None = None
+    is_victim = ctx.settings.scenario is Scenario.RANK_DIES and ctx.rank == victim_rank(ctx.args.tp_size)
+    while True:
+        timeout = None if fault_at is None else max(0.0, fault_at - time.monotonic())
+        try:
+            if leader.poll(timeout):
+                message = leader.recv()
+                if isinstance(message, Step):
+                    leader.send(Ack(ctx.rank))
+                elif isinstance(message, FiredUp) and is_victim:
+                    fault_at = time.monotonic() + ctx.settings.fault_after_s
+        except (EOFError, OSError):
+            hangs.wait_for_collective()  # rank 0 is gone; NCCL would not notice either
+        if fault_at is not None and time.monotonic() >= fault_at:
+            die_of_segfault(ctx, log)
+
+
+def run_scheduler_process(
+    ctx: RankContext,
+    ready: Connection,
+    inbox: Connection | None,
+    outbox: Connection | None,
+    peers: list[Connection],
+) -> None:
+    """Entry point of `sglang::scheduler_TP{rank}`; rank 0 gets the request and output pipes."""
+    become_child(f"sglang::scheduler_TP{ctx.rank}", ctx.settings.scenario is Scenario.IGNORE_SIGTERM)
+    log = LogWriter(f" TP{ctx.rank}")
+    start_heartbeat("ProcessGroupNCCL-watchdog")
+    try:
+        weights = Startup(ctx, log).run()
+        ready.send(
+            {
+                "status": "ready",
+                "max_total_num_tokens": ctx.facts.kv_tokens,
+                "max_req_input_len": ctx.facts.context_len - 1,
+            }
+        )
+        if ctx.rank == 0 and inbox is not None and outbox is not None:
+            ServingLoop(ctx, log, inbox, outbox, peers).run()
+        else:
+            follow(ctx, log, peers[0])
+        del weights
+    except KeyboardInterrupt:
+        os._exit(1)
+

@@ -1,0 +1,122 @@
+"""What the simulator is asked to do: read once from the environment, then passed down.
+
+Behaviour is chosen by environment variables only, so nothing about the scenario appears on the
+command line or in the output: the supervisor sees a server, not a test double.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+class Scenario(str, enum.Enum):
+    OK = "ok"  # starts and serves
+    SLOW_LOAD = "slow_load"  # shards crawl in while the weights file keeps being read
+    QUIET_LOAD = "quiet_load"  # a long silence after `Load weight begin.`, then a normal start
+    DEADLOCK_AFTER_LOAD = "deadlock_after_load"  # two threads, two locks, opposite order: idle hang
+    BUSY_HANG_AFTER_LOAD = "busy_hang_after_load"  # a thread spins on a flag nobody sets
+    CRASH_ON_LOAD = "crash_on_load"  # CUDA OOM traceback during the weight load, exit 1
+    CRASH_AFTER_READY = "crash_after_ready"  # a scheduler exception after ready takes the tree down
+    RANK_DIES = "rank_dies"  # one scheduler segfaults; the front stays up, generation hangs
+    HEALTH_HANGS = "health_hangs"  # the scheduler stops answering; /health 503 after the timeout
+    SERVING_STALL = "serving_stall"  # requests admitted, decode makes no progress, /health 200
+    LOW_ACCEPT = "low_accept"  # speculative acceptance ~1.15 tokens per verify step
+    IGNORE_SIGTERM = "ignore_sigterm"  # every process ignores SIGTERM
+    ESCAPE_GROUP = "escape_group"  # a helper leaves the session and keeps the port
+    LOG_FLOOD = "log_flood"  # hundreds of MB of output, some of it not UTF-8
+
+
+#: Faults that begin a while after the server is ready (SGLANG_SIM_FAULT_AFTER_S).
+AFTER_READY = frozenset(
+    {Scenario.CRASH_AFTER_READY, Scenario.RANK_DIES, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL}
+)
+
+
+class SettingsError(ValueError):
+    """A simulator variable has a value it cannot use; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    scenario: Scenario  # what runs: `requested`, or OK when an SGLANG_SIM_UNLESS flag was given
+    requested: Scenario
+    pace: float = 1.0
+    shard_s: float | None = None  # None: 0.5 s per shard times pace (33 s in slow_load)
+    quiet_s: float | None = None  # None: 60 s times pace
+    fault_after_s: float = 3.0
+    health_latency_s: float = 1.0
+    health_check_timeout_s: float = 20.0
+    flood_mb: float = 256.0
+    onset_file: str | None = None
+    mem_mb: float = 16.0
+    decode_step_s: float = 0.02
+    idle_metrics_s: float = 30.0
+
+    @property
+    def shard_seconds(self) -> float:
+        if self.shard_s is not None:
+            return self.shard_s
+        if self.scenario is Scenario.SLOW_LOAD:
+            return 33.0
+        return 0.5 * self.pace
+
+    @property
+    def quiet_seconds(self) -> float:
+        return self.quiet_s if self.quiet_s is not None else 60.0 * self.pace
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number; set it to e.g. {default:g}") from None
+    if value != value or value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be a number >= {minimum:g}")
+    return value
+
+
+def _optional_float(env: Mapping[str, str], name: str) -> float | None:
+    return _float(env, name, -1.0) if env.get(name, "").strip() else None
+
+
+def flag_given(argv: Sequence[str], name: str) -> bool:
+    """Whether `--name` appears in argv, bare (`--name`) or with a value (`--name v`, `--name=v`)."""
+    flag = "--" + name.strip().lstrip("-")
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+
+
+def effective_scenario(requested: Scenario, unless: str, argv: Sequence[str]) -> Scenario:
+    names = [n for n in (part.strip() for part in unless.split(",")) if n]
+    if any(flag_given(argv, name) for name in names):
+        return Scenario.OK
+    return requested
+
+
+def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
+    raw = env.get("SGLANG_SIM_SCENARIO", "").strip() or Scenario.OK.value
+    try:
+        requested = Scenario(raw)
+    except ValueError:
+        choices = ", ".join(s.value for s in Scenario)
+        raise SettingsError(f"SGLANG_SIM_SCENARIO={raw!r} is unknown; use one of: {choices}") from None
+    pace = _float(env, "SGLANG_SIM_PACE", 1.0)
+    return SimSettings(
+        scenario=effective_scenario(requested, env.get("SGLANG_SIM_UNLESS", ""), argv),
+        requested=requested,
+        pace=pace,
+        shard_s=_optional_float(env, "SGLANG_SIM_SHARD_S"),
+        quiet_s=_optional_float(env, "SGLANG_SIM_QUIET_S"),
+        fault_after_s=_float(env, "SGLANG_SIM_FAULT_AFTER_S", 3.0),
+        health_latency_s=_float(env, "SGLANG_SIM_HEALTH_LATENCY_S", 1.0, minimum=0.001),
+        health_check_timeout_s=_float(env, "SGLANG_HEALTH_CHECK_TIMEOUT", 20.0),
+        flood_mb=_float(env, "SGLANG_SIM_FLOOD_MB", 256.0),
+        onset_file=env.get("SGLANG_SIM_ONSET_FILE", "").strip() or None,
+        mem_mb=_float(env, "SGLANG_SIM_MEM_MB", 16.0),
+        decode_step_s=_float(env, "SGLANG_SIM_DECODE_STEP_S", 0.02, minimum=0.001),
+        idle_metrics_s=_float(env, "SGLANG_SIM_IDLE_METRICS_S", 30.0, minimum=0.1),
+    )

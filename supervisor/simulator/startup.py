@@ -1,0 +1,176 @@
+"""A scheduler's start-up, line by line as SGLang's rank prints it, with the start-up faults.
+
+Every rank prints its own lines (prefix `TPn`); only rank 0 draws the progress bars, as in SGLang.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import NoReturn
+
+from supervisor.simulator import crashes, hangs
+from supervisor.simulator.bars import SHARDS_FORMAT, Bar
+from supervisor.simulator.cli import SimArgs
+from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.model import DIST_INIT_GB, ModelFacts, shard_files
+from supervisor.simulator.onset import write_onset
+from supervisor.simulator.settings import Scenario, SimSettings
+from supervisor.simulator.weights import WeightReader
+
+MB = 1024 * 1024
+LOAD_RATE = 64 * MB  # bytes/s while loading normally (page cache or a fast disk)
+SLOW_RATE = 2 * MB  # a slow network filesystem
+QUIET_RATE = 8 * MB
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    args: SimArgs
+    settings: SimSettings
+    facts: ModelFacts
+    main_pid: int
+
+
+def _dtype(arg: str) -> str:
+    return {"float16": "torch.float16", "half": "torch.float16", "float32": "torch.float32"}.get(
+        arg, "torch.bfloat16"
+    )
+
+
+class Startup:
+    def __init__(self, ctx: RankContext, log: LogWriter) -> None:
+        self.ctx = ctx
+        self.log = log
+        self.pace = ctx.settings.pace
+        self.scenario = ctx.settings.scenario
+        self.reader = WeightReader(shard_files(ctx.args.model_path), ctx.args.model_path)
+
+    def run(self) -> WeightReader:
+        """The whole start-up; returns the loaded "weights" (keep them alive). May never return."""
+        self._init_distributed()
+        self._load_target()
+        if self.ctx.args.speculative:
+            self._load_draft()
+        self._allocate_kv()
+        if self.ctx.args.cuda_graph:
+            self._capture_graphs()
+        facts = self.ctx.facts
+        self.log.info(
+            f"max_total_num_tokens={facts.kv_tokens}, chunked_prefill_size={facts.chunked_prefill_size}, "
+            f"max_prefill_tokens={facts.max_prefill_tokens}, max_running_requests={facts.max_running_requests}, "
+            f"context_len={facts.context_len}, available_gpu_mem={facts.avail_after_graphs:.2f} GB"
+        )
+        return self.reader
+
+    def _bar_writer(self, text: str) -> None:
+        self.log.raw(text)
+
+    def _onset(self) -> None:
+        if self.ctx.rank == 0:
+            s = self.ctx.settings
+            flags = self.ctx.args.unknown_flags
+            write_onset(s.onset_file, s.scenario.value, s.requested.value, self.ctx.main_pid, flags)
+
+    def _init_distributed(self) -> None:
+        self.log.info("Init torch distributed begin.")
+        time.sleep(0.5 * self.pace)
+        self.log.info(f"Init torch distributed ends. mem usage={DIST_INIT_GB:.2f} GB")
+
+    def _load_target(self) -> None:
+        facts = self.ctx.facts
+        settings = self.ctx.settings
+        self.log.info(f"Load weight begin. avail mem={facts.avail_after_dist:.2f} GB")
+        if self.scenario is Scenario.SLOW_LOAD:
+            self._onset()
+        if self.scenario is Scenario.QUIET_LOAD:
+            self._onset()
+            self.reader.read_for(settings.quiet_seconds, QUIET_RATE, busy_fraction=0.4)
+        slow = self.scenario is Scenario.SLOW_LOAD
+        per_shard = int(settings.mem_mb * MB * 0.9 / facts.num_shards)
+        bar = self._shard_bar(facts.num_shards)
+        crash_at = max(1, facts.num_shards // 2)
+        for shard in range(facts.num_shards):
+            if self.scenario is Scenario.CRASH_ON_LOAD and self.ctx.rank == 0 and shard == crash_at:
+                self._crash_oom()
+            self.reader.read_for(settings.shard_seconds, SLOW_RATE if slow else LOAD_RATE, per_shard)
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+        self.log.info(
+            f"Load weight end. type={facts.architecture}, dtype={_dtype(self.ctx.args.dtype)}, "
+            f"avail mem={facts.avail_after_weights:.2f} GB, mem usage={facts.weight_gb:.2f} GB."
+        )
+
+    def _shard_bar(self, total: int) -> Bar | None:
+        if self.ctx.rank != 0:
+            return None
+        return Bar(total, self._bar_writer, desc="Loading safetensors checkpoint shards", bar_format=SHARDS_FORMAT)
+
+    def _load_draft(self) -> None:
+        facts = self.ctx.facts
+        self.log.info(f"Load weight begin. avail mem={facts.avail_after_weights:.2f} GB")
+        bar = self._shard_bar(1)
+        self.reader.read_for(1.0 * self.pace, LOAD_RATE, int(self.ctx.settings.mem_mb * MB * 0.1))
+        if bar is not None:
+            bar.update()
+            bar.close()
+        self.log.info(
+            f"Load weight end. type={facts.draft_architecture}, dtype={_dtype(self.ctx.args.dtype)}, "
+            f"avail mem={facts.avail_after_draft:.2f} GB, mem usage={facts.draft_gb:.2f} GB."
+        )
+
+    def _allocate_kv(self) -> None:
+        facts = self.ctx.facts
+        time.sleep(0.25 * self.pace)
+        self.log.info(
+            f"KV Cache is allocated. #tokens: {facts.kv_tokens}, K size: {facts.kv_k_gb:.2f} GB, "
+            f"V size: {facts.kv_k_gb:.2f} GB"
+        )
+        if self.scenario is Scenario.DEADLOCK_AFTER_LOAD:
+            self._onset()
+            hangs.deadlock_forever()
+        if self.scenario is Scenario.BUSY_HANG_AFTER_LOAD:
+            self._onset()
+            hangs.spin_forever()
+        time.sleep(0.25 * self.pace)
+        self.log.info(f"Memory pool end. avail mem={facts.avail_after_kv:.2f} GB")
+
+    def _capture_graphs(self) -> None:
+        facts = self.ctx.facts
+        target_gb = facts.graph_gb - (0.38 if self.ctx.args.speculative else 0.0)
+        avail = facts.avail_after_kv
+        avail = self._capture("", avail, target_gb, 2.0 * self.pace, facts.capture_bs)
+        if self.ctx.args.speculative:
+            draft_bs = tuple(bs for bs in facts.capture_bs if bs <= 64) or (1,)
+            self._capture("draft ", avail, facts.graph_gb - target_gb, 0.5 * self.pace, draft_bs)
+
+    def _capture(self, kind: str, avail: float, mem_gb: float, seconds: float, sizes: tuple[int, ...]) -> float:
+        self.log.info(f"Capture {kind}cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
+        tic = time.monotonic()
+        bar = Bar(len(sizes), self._bar_writer) if self.ctx.rank == 0 else None
+        for i, bs in enumerate(sizes):
+            now_avail = avail - mem_gb * i / len(sizes)
+            if bar is not None:
+                bar.set_description(f"Capturing batches ({bs=} avail_mem={now_avail:.2f} GB)")
+            time.sleep(seconds / len(sizes))
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+        after = avail - mem_gb
+        self.log.info(
+            f"Capture {kind}cuda graph end. Time elapsed: {time.monotonic() - tic:.2f} s. "
+            f"mem usage={mem_gb:.2f} GB. avail mem={after:.2f} GB."
+        )
+        return after
+
+    def _crash_oom(self) -> NoReturn:
+        self.log.error(crashes.load_oom_traceback(self.ctx.rank, os.getpid()).rstrip("\n"))
+        self._onset()
+        sys.stdout.flush()
+        os._exit(1)
