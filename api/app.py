@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Query
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry, generate_latest
@@ -87,6 +87,18 @@ def _refusal(result: CommandResult, snapshot: StatusSnapshot) -> JSONResponse | 
     return error_response(503, "failed", result.message or "the supervisor could not carry it out", state=state)
 
 
+async def _no_unknown_query(request: Request) -> None:
+    """A misspelt query parameter (`?limt=5`) is an error, as an unknown body field is."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    allowed = {p.alias for p in dependant.query_params} if dependant is not None else set()
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise RequestValidationError(
+            [{"type": "extra_forbidden", "loc": ("query", name), "msg": "unknown query parameter"} for name in unknown]
+        )
+
+
 def _unknown_rung(rung: str, ladder: tuple[str, ...], message: str = "") -> JSONResponse:
     known = f"the ladder has: {', '.join(ladder)}" if ladder else "the ladder is not loaded yet"
     detail = f"{message or f'no rung named {rung!r}'}; {known}"
@@ -112,6 +124,7 @@ def create_app(
         description="Supervises an SGLang server: status, restarts, diagnostics, events, metrics.",
         responses={401: {"model": ErrorBody, "description": "missing or invalid bearer token"}} if token else {},
         strict_content_type=False,
+        dependencies=[Depends(_no_unknown_query)],
     )
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
