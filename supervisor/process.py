@@ -7,7 +7,6 @@ the group or outlived its parent is still found and stopped.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
@@ -263,22 +262,26 @@ class _Stop:
         return {pid: st for pid, st in members.items() if not st.zombie}
 
     def signal_all(self, live: Mapping[int, ProcStat], sig: int, sent: set[int], *, group: bool = True) -> None:
-        if group:
-            self._signal_group(live, sig)
+        pgid = self._signal_group(live, sig) if group else None
         for st in live.values():
-            if _signal_member(st, sig, self.proc_root):
+            # A member the group signal reached may be gone before its own signal: it was still sent one.
+            if _signal_member(st, sig, self.proc_root) or st.pgid == pgid:
                 sent.add(st.pid)
 
-    def _signal_group(self, live: Mapping[int, ProcStat], sig: int) -> None:
+    def _signal_group(self, live: Mapping[int, ProcStat], sig: int) -> int | None:
+        """Signal the root's group; returns its id when the signal went out."""
         # The group id is the root's pid: safe to use while the root is unreaped, or while a
         # member we just saw still belongs to that group (the kernel keeps the id reserved).
         if self.root is None:
-            return
+            return None
         pgid = self.root.pid
         if self.root.poll() is not None and not any(st.pgid == pgid for st in live.values()):
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+            return None
+        try:
             os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return None
+        return pgid
 
     def wait_terminated(self, live: dict[int, ProcStat], until: float) -> dict[int, ProcStat]:
         """Poll until all exited or `until`; a member forked meanwhile gets its own SIGTERM (once)."""

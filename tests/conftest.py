@@ -122,7 +122,7 @@ def simulator(spawn: SpawnFn, marker: str, free_port: int, tmp_path: Path) -> It
     def _start(scenario: str, tp_size: int = 4, env: dict[str, str] | None = None, *extra: str) -> Simulated:
         argv = [sys.executable, "-m", "supervisor.simulator", "--model-path", "/models/sim-model"]
         argv += ["--tp-size", str(tp_size), "--host", "127.0.0.1", "--port", str(free_port), *extra]
-        proc = spawn(argv, {"SGLANG_SIM_SCENARIO": scenario, "SGLANG_SIM_PACE": "0.2", **(env or {})})
+        proc = spawn(argv, {"SGLANG_SIM_SCENARIO": scenario, "SGLANG_SIM_PACE": "0.1", **(env or {})})
         logs = LogCapture(tmp_path / "sim-logs", max_file_bytes=50 << 20, backups=1, memory_lines=5000)
         logs.attach(proc.stdout, "stdout")
         logs.attach(proc.stderr, "stderr")
