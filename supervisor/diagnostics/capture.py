@@ -30,7 +30,7 @@ from supervisor.diagnostics.model import (
     ToolOutcome,
 )
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
-from supervisor.diagnostics.redact import Redactor
+from supervisor.diagnostics.redact import Redactor, argv_secrets
 from supervisor.diagnostics.runner import RunResult, run_tool
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
 
@@ -206,7 +206,10 @@ async def capture(
     pids = [p.pid for p in req.processes]
 
     before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
-    redactor = Redactor.from_envs([req.env, *(dict(s.environ) for s in before)])
+    argvs = [req.argv, *(s.cmdline for s in before)]
+    redactor = Redactor.from_envs(
+        [req.env, *(dict(s.environ) for s in before)], extra=[v for a in argvs for v in argv_secrets(a)]
+    )
     proc_s = time.monotonic() - start
     runs = await asyncio.gather(*(_capture_one(p, req, paths, env, resume) for p in req.processes))
     tools_s = time.monotonic() - start - proc_s

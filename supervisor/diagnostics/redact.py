@@ -43,7 +43,7 @@ _URL_CRED = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s/:@\"']+):([^\s/@\"'
 _AUTH_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)[^\r\n\"']+")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{4,}")
 _FLAG = re.compile(r"(--?[A-Za-z0-9][A-Za-z0-9_-]*)(=|\s+)(\"[^\"]*\"|'[^']*'|[^\s\"']+)")
-_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_.-]*)(\s*=\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&)\"']+)")
+_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_.-]*)(\s*=\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&()=\"']+)")
 _JSON_PAIR = re.compile(r"([\"'])([A-Za-z0-9_.-]+)\1(\s*:\s*)([\"'])(.*?)(?<!\\)\4")
 
 # Literal values shorter than this, or these words, would wreck the text if scrubbed everywhere.
@@ -63,6 +63,22 @@ def secret_name(name: str) -> bool:
 
 def url_passwords(text: str) -> list[str]:
     return [m.group(3) for m in _URL_CRED.finditer(text)]
+
+
+def argv_secrets(argv: Sequence[str]) -> list[str]:
+    """Values given to secret-named flags (`--api-key X`, `--hf-token=X`) and URL passwords."""
+    found: list[str] = []
+    for i, arg in enumerate(argv):
+        found += url_passwords(arg)
+        if not arg.startswith("-"):
+            continue
+        name, eq, value = arg.partition("=")
+        if secret_name(name):
+            if eq:
+                found.append(value)
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                found.append(argv[i + 1])
+    return found
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ def tool_env(base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-_DENIED = re.compile(r"Operation not permitted|Permission denied|os error 1\b|os error 13\b")
+_DENIED = re.compile(r"Operation not permitted|Permission denied|os error 1\b|os error 13\b", re.I)
 _GONE = re.compile(
     r"No such process|os error 3\b|Failed to get process executable name|process .* not found", re.I
 )

@@ -1,0 +1,269 @@
+"""Captures against real process trees from deadlock_prog.py: py-spy, gdb and /proc for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+import pytest
+
+from probes.types import GpuDevice, GpuObservation
+from supervisor.diagnostics import CaptureRequest, capture
+
+if TYPE_CHECKING:  # fixtures from conftest.py (import mode importlib: not importable at run time)
+    from conftest import InfoFn, Launcher, ResumeLog
+
+pytestmark = pytest.mark.integration
+needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
+PY_SPY = str(Path(sys.executable).parent / "py-spy")
+KEEP = {"keep": 10, "max_bytes": 10**9}
+
+
+def request(processes: tuple[object, ...], **kw: object) -> CaptureRequest:
+    base: dict[str, object] = {
+        "incident_id": "20261129T144501Z-startup_stall",
+        "trigger": "hung",
+        "cause": "startup_stall",
+        "processes": processes,
+        "py_spy_timeout_s": 10.0,
+        "gdb_timeout_s": 20.0,
+        "rung": "base",
+        "argv": ("python3", "-m", "sglang.launch_server", "--tp-size", "2"),
+        "tree_cpu_cores": 0.0,
+        "gpu_util_percent": 0.0,
+    }
+    base.update(kw)
+    return CaptureRequest(**base)  # type: ignore[arg-type]
+
+
+def tool(result: object, pid: int, name: str) -> str:
+    outcomes = {(t.pid, t.tool): t.outcome for t in result.tools}  # type: ignore[attr-defined]
+    return outcomes.get((pid, name), "absent")
+
+
+@needs_gdb
+async def test_deadlocked_tree_bundle_names_every_deadlocked_thread(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    tree = launch("deadlock", 2)
+    req = request(tree.infos(), native=True, gdb=True, phase="allocating_kv")
+    result = await capture(req, tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
+
+    assert result.error is None and result.path == tmp_path / req.incident_id
+    assert result.hang_class == "idle_deadlock"
+    text = (result.path / "summary.txt").read_text()
+    for rank, pid in enumerate(tree.children):
+        who = f"scheduler TP{rank} pid {pid}: thread"
+        assert f"{who} 'weights-sync' waits in acquire at deadlock_prog.py:25 (take_a_then_b)" in text
+        assert f"{who} 'graph-pool' waits in acquire at deadlock_prog.py:31 (take_b_then_a)" in text
+        assert f"{who} 'heartbeat' sleeps" in text
+    assert "Hang class: idle_deadlock" in text
+
+    for pid in tree.pids:
+        for name in ("py-spy", "py-spy-native", "gdb"):
+            assert tool(result, pid, name) == "ok", (pid, name, result.tools)
+        for f in (f"pyspy-{pid}.txt", f"pyspy-native-{pid}.txt", f"gdb-{pid}.txt", f"proc-{pid}.txt"):
+            assert (result.path / f).stat().st_size > 0
+        assert psutil.Process(pid).status() != psutil.STATUS_STOPPED
+    for f in ("summary.json", "log-tail.txt", "env.json", "nvml.json", "verdict.json"):
+        assert (result.path / f).is_file()
+    # Every tool run is followed by a resume of its process.
+    assert sorted(resume.calls) == sorted([(pid,) for pid in tree.pids for _ in range(3)])
+
+    # In parallel: the capture took less than the tools' durations added up.
+    tool_sum = sum(t.duration_s for t in result.tools)
+    durations = result.summary["durations"]
+    assert isinstance(durations, dict)
+    assert durations["tools_s"] < tool_sum
+    assert result.duration_s < 15
+
+    doc = json.loads((result.path / "summary.json").read_text())
+    for key in ("id", "created_at", "trigger", "cause", "hang_class", "reasons", "frames", "rung", "phase",
+                "argv", "pids", "tools", "durations", "nvml", "errors"):  # fmt: skip
+        assert key in doc
+    assert {p["pid"]: p["role"] for p in doc["pids"]} == {
+        tree.parent.pid: "main",
+        tree.children[0]: "scheduler",
+        tree.children[1]: "scheduler",
+    }
+    assert doc["phase"] == "allocating_kv" and doc["created_at"].endswith("Z")
+
+
+@needs_gdb
+async def test_busy_spin_tree(launch: Launcher, resume: ResumeLog, tmp_path: Path) -> None:
+    tree = launch("busy", 1)
+    req = request(tree.infos(), native=True, gdb=True, tree_cpu_cores=None, gpu_util_percent=None)
+    result = await capture(req, tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
+    assert result.hang_class == "busy_spin", result.classification.reasons
+    assert any("spin_forever" in f for f in result.classification.frames)
+    assert result.path is not None
+    assert "runs in spin_forever at deadlock_prog.py:" in (result.path / "summary.txt").read_text()
+
+
+@needs_gdb
+async def test_secrets_appear_nowhere_in_the_bundle(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    secrets = {
+        "HF_TOKEN": "hf_secret123",
+        "MY_API_KEY": "sk-mykey-98765",
+        "DB_PASSWORD": "pw-db-777777",
+        "DATABASE_URL": "postgres://bob:urlpass5555@db:5432/x",
+    }
+    env = {**os.environ, **secrets}
+    tree = launch("deadlock", 1, env=env, extra=("--api-key", "sk-argv-4242"))
+    req = request(
+        tree.infos(),
+        native=True,
+        gdb=True,
+        env=env,
+        argv=("python3", "-m", "sglang.launch_server", "--api-key", "sk-argv-4242"),
+        log_tail=(
+            "server_args=ServerArgs(api_key='sk-argv-4242', hf_token=None)",
+            "GET /v1/models Authorization: Bearer tok_header_31337",
+            "loaded from postgres://bob:urlpass5555@db:5432/x",
+            "echo hf_secret123",
+        ),
+        verdict={"reason": "stall", "env": {"DB_PASSWORD": "pw-db-777777"}},
+    )
+    result = await capture(req, tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
+    assert result.path is not None
+    needles = [*(v.encode() for v in secrets.values()), b"urlpass5555", b"sk-argv-4242", b"tok_header_31337"]
+    files = [p for p in result.path.iterdir() if p.is_file()]
+    assert len(files) >= 10
+    for f in files:
+        data = f.read_bytes()
+        for needle in needles:
+            assert needle not in data, f"{needle!r} leaked into {f.name}"
+    assert b"[redacted]" in (result.path / "env.json").read_bytes()
+    assert json.dumps(result.summary).find("sk-argv-4242") < 0
+
+
+async def test_missing_tools_are_recorded_and_the_bundle_still_written(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    tree = launch("deadlock", 1)
+    req = request(tree.infos(), native=True, gdb=True)
+    result = await capture(
+        req, tmp_path, py_spy_path=str(tmp_path / "no-py-spy"), gdb_path=str(tmp_path / "no-gdb"), **KEEP
+    )
+    assert result.path is not None and result.error is None
+    for pid in tree.pids:
+        assert tool(result, pid, "py-spy") == "missing"
+        assert tool(result, pid, "gdb") == "missing"
+    # /proc alone still shows threads parked on futexes.
+    assert result.hang_class == "idle_deadlock"
+    assert "py-spy: missing" in (result.path / "summary.txt").read_text()
+
+
+def fake_tool(path: Path, body: str) -> str:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+async def test_a_tool_timeout_is_recorded_and_the_rest_goes_on(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    tree = launch("deadlock", 1)
+    hanging = fake_tool(tmp_path / "py-spy", "echo 'Thread 1 (idle): \"partial\"'\nexec sleep 30")
+    req = request(tree.infos(), native=False, gdb=False, py_spy_timeout_s=0.5)
+    diag = tmp_path / "diag"
+    result = await capture(req, diag, py_spy_path=hanging, resume=resume, **KEEP)
+    assert [tool(result, pid, "py-spy") for pid in tree.pids] == ["timeout", "timeout"]
+    assert result.duration_s < 5 and result.path is not None
+    assert "partial" in (result.path / f"pyspy-{tree.children[0]}.txt").read_text()
+    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "sleep"]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv")
+async def test_ptrace_refusal_is_recorded_as_denied(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    tree = launch("deadlock", 1)
+    drop = "setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all"
+    spy = fake_tool(tmp_path / "py-spy", f'exec {drop} {PY_SPY} "$@"')
+    gdb = fake_tool(tmp_path / "gdb", f'exec {drop} {shutil.which("gdb") or "gdb"} "$@"')
+    req = request(tree.infos(), gdb=True)
+    result = await capture(req, tmp_path / "diag", py_spy_path=spy, gdb_path=gdb, resume=resume, **KEEP)
+    assert tool(result, tree.parent.pid, "py-spy") == "denied"
+    if shutil.which("gdb"):
+        assert tool(result, tree.parent.pid, "gdb") == "denied"
+    assert result.path is not None
+
+
+async def test_cuda_gdb_serves_where_gdb_is_missing(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = launch("deadlock", 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fixture = Path(__file__).parent / "fixtures" / "synthetic-collective-cuda-gdb.txt"
+    # Prints the synthetic trace only when asked for the kernels, as cuda-gdb would.
+    fake_tool(
+        bin_dir / "cuda-gdb", f'case "$*" in *"info cuda kernels"*) exec /bin/cat {fixture};; esac\nexit 1'
+    )
+    monkeypatch.setenv("PATH", str(bin_dir))
+    req = request(tree.infos()[1:], py_spy=False, gdb=True, gpu_util_percent=100.0)
+    result = await capture(req, tmp_path / "diag", resume=resume, **KEEP)
+    assert [t.tool for t in result.tools] == ["cuda-gdb"]
+    assert result.hang_class == "collective"
+    assert any("ncclDevKernel_AllReduce" in f for f in result.classification.frames)
+
+
+async def test_manual_nonblocking_dump_pauses_nothing(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    tree = launch("deadlock", 1)
+    gpu = GpuObservation("ok", "", (GpuDevice(0, "GPU-1", "H200", 3.0, 10, 100),))
+    req = request(
+        tree.infos(), trigger="manual", cause=None, native=True, gdb=False, nonblocking=True, gpu=gpu
+    )
+    result = await capture(req, tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
+    child = tree.children[0]
+    assert tool(result, child, "py-spy") == "ok"
+    assert tool(result, child, "py-spy-native") == "skipped"
+    assert tool(result, child, "gdb") == "absent"
+    assert result.path is not None
+    assert "--nonblocking" in (result.path / f"pyspy-{child}.txt").read_text().splitlines()[0]
+    assert json.loads((result.path / "nvml.json").read_text())["devices"][0]["name"] == "H200"
+
+
+async def test_a_process_that_is_gone(tmp_path: Path, proc_info: InfoFn) -> None:
+    proc = psutil.Popen([sys.executable, "-c", "pass"])
+    info = proc_info(proc.pid, "scheduler", 0)
+    proc.wait()
+    result = await capture(request((info,)), tmp_path, py_spy_path=PY_SPY, **KEEP)
+    assert tool(result, proc.pid, "py-spy") in ("gone", "failed")
+    assert result.path is not None and "gone" in (result.path / f"proc-{proc.pid}.txt").read_text()
+
+
+async def test_write_failure_is_returned_not_raised(tmp_path: Path, proc_info: InfoFn) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    req = request((proc_info(os.getpid(), "main", None),), py_spy=False)
+    result = await capture(req, blocker / "diagnostics", **KEEP)
+    assert result.path is None and result.error and "cannot write bundle" in result.error
+    assert result.hang_class in ("idle_deadlock", "unknown", "busy_spin")
+    assert result.summary["id"] == req.incident_id and result.error in str(result.summary["errors"])
+
+
+async def test_retention_runs_after_each_capture(tmp_path: Path, proc_info: InfoFn) -> None:
+    info = proc_info(os.getpid(), "main", None)
+    ids = []
+    for i in range(3):
+        req = request((info,), py_spy=False, incident_id=f"20261129T14450{i}Z-manual")
+        result = await capture(req, tmp_path, keep=2, max_bytes=10**9)
+        ids.append(result.id)
+    assert result.removed == (ids[0],)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ids[1:]
+    again = await capture(
+        request((info,), py_spy=False, incident_id=ids[2]), tmp_path, keep=5, max_bytes=10**9
+    )
+    assert again.id == f"{ids[2]}-2"

@@ -1,0 +1,208 @@
+"""Table tests of the pure classifier on real dumps (deadlock-*, busy-*) and synthetic SGLang shapes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from probes.types import ThreadInfo
+from supervisor.diagnostics import Evidence, Frame, ProcEvidence, StackThread, classify
+from supervisor.diagnostics.tools import parse_cuda_kernels, parse_gdb, parse_py_spy
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def read(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+# /proc samples as they were when the real fixtures were captured (tids from the dumps).
+DEADLOCK_SAMPLE = (
+    ThreadInfo(6698, "python", "S", "futex_do_wait"),
+    ThreadInfo(6700, "python", "S", "hrtimer_nanosleep"),
+    ThreadInfo(6702, "python", "S", "futex_do_wait"),
+    ThreadInfo(6703, "python", "S", "futex_do_wait"),
+)
+BUSY_SAMPLE = (ThreadInfo(6876, "python", "R", "0"),)
+
+
+def deadlock(**kw: object) -> ProcEvidence:
+    base = ProcEvidence(
+        6698,
+        "scheduler",
+        0,
+        "sglang::scheduler_TP0",
+        (DEADLOCK_SAMPLE, DEADLOCK_SAMPLE),
+        python=parse_py_spy(read("deadlock-pyspy.txt")),
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def busy(**kw: object) -> ProcEvidence:
+    base = ProcEvidence(
+        6876, "scheduler", 1, "", (BUSY_SAMPLE, BUSY_SAMPLE), python=parse_py_spy(read("busy-pyspy.txt"))
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def collective_pyspy() -> ProcEvidence:
+    return ProcEvidence(
+        4242, "scheduler", 1, python=parse_py_spy(read("synthetic-collective-pyspy-native.txt"))
+    )
+
+
+def collective_gdb() -> ProcEvidence:
+    text = read("synthetic-collective-cuda-gdb.txt")
+    return ProcEvidence(4242, "scheduler", 1, native=parse_gdb(text), gpu_kernels=parse_cuda_kernels(text))
+
+
+def graph_capture() -> ProcEvidence:
+    return ProcEvidence(5151, "scheduler", 0, python=parse_py_spy(read("synthetic-graph-capture-pyspy.txt")))
+
+
+def nccl_helpers_only() -> tuple[StackThread, ...]:
+    return tuple(t for t in collective_gdb().native if t.tid != 4242)
+
+
+def one_thread(frames: tuple[Frame, ...], state: str, status: str = "idle", wchan: str = "0") -> ProcEvidence:
+    info = ThreadInfo(10, "python", state, wchan)
+    return ProcEvidence(
+        10,
+        "scheduler",
+        0,
+        samples=((info,), (info,)),
+        python=(StackThread(10, "MainThread", frames, status),),
+    )
+
+
+IO_SAMPLES = (
+    (ThreadInfo(20, "python", "D", "folio_wait_bit"), ThreadInfo(21, "python", "S", "futex_do_wait")),
+    (ThreadInfo(20, "python", "D", "folio_wait_bit"), ThreadInfo(21, "python", "S", "futex_do_wait")),
+)
+REPLAY = (
+    Frame("CudaGraphRunner.replay", "sglang/srt/model_executor/cuda_graph_runner.py", 812),
+    Frame("ModelRunner.forward_decode", "sglang/srt/model_executor/model_runner.py", 1577),
+)
+THREADING_BARRIER = (Frame("Barrier.wait", "threading.py", 707), Frame("worker", "app.py", 3))
+TORCH_BARRIER = (Frame("barrier", "torch/distributed/distributed_c10d.py", 4170), Frame("init", "app.py", 9))
+EPOLL = (Frame("EpollSelector.select", "selectors.py", 468), Frame("serve", "app.py", 5))
+
+CASES: list[tuple[str, Evidence, str]] = [
+    (
+        "real deadlock, py-spy + /proc",
+        Evidence((deadlock(),), tree_cpu_cores=0.0, gpu_util_percent=0.0),
+        "idle_deadlock",
+    ),
+    (
+        "real deadlock, py-spy --native only",
+        Evidence((deadlock(samples=(), python=parse_py_spy(read("deadlock-pyspy-native.txt"))),)),
+        "idle_deadlock",
+    ),
+    (
+        "real deadlock, gdb only",
+        Evidence((deadlock(samples=(), python=(), native=parse_gdb(read("deadlock-gdb.txt"))),)),
+        "idle_deadlock",
+    ),
+    (
+        "real deadlock, NCCL helper threads waiting too",
+        Evidence((deadlock(native=nccl_helpers_only()),)),
+        "idle_deadlock",
+    ),
+    ("real deadlock but the tree burns CPU", Evidence((deadlock(),), tree_cpu_cores=1.2), "busy_spin"),
+    ("real deadlock but a GPU is busy", Evidence((deadlock(),), gpu_util_percent=98.0), "busy_spin"),
+    (
+        "real deadlock stalled in graph capture phase",
+        Evidence((deadlock(),), phase="capturing_graphs"),
+        "cuda_graph_capture",
+    ),
+    ("real busy spin, R in two samples", Evidence((busy(),)), "busy_spin"),
+    ("real busy spin, one sample only, no figures", Evidence((busy(samples=(BUSY_SAMPLE,)),)), "unknown"),
+    (
+        "real busy spin, one sample, CPU figure",
+        Evidence((busy(samples=(BUSY_SAMPLE,)),), tree_cpu_cores=1.0),
+        "busy_spin",
+    ),
+    (
+        "synthetic all_reduce py-spy, GPU 100 %",
+        Evidence((collective_pyspy(),), gpu_util_percent=100.0),
+        "collective",
+    ),
+    ("synthetic cuda-gdb in cudaStreamSynchronize + ncclKernel", Evidence((collective_gdb(),)), "collective"),
+    (
+        "synthetic collective rank beside a deadlocked rank",
+        Evidence((deadlock(), collective_pyspy())),
+        "collective",
+    ),
+    (
+        "synthetic graph capture inside all_reduce",
+        Evidence((graph_capture(),), gpu_util_percent=100.0),
+        "cuda_graph_capture",
+    ),
+    (
+        "graph replay while serving is not capture",
+        Evidence((one_thread(REPLAY, "R", "active+gil"),)),
+        "busy_spin",
+    ),
+    (
+        "threading.Barrier is not a collective",
+        Evidence((one_thread(THREADING_BARRIER, "S", wchan="futex_do_wait"),)),
+        "idle_deadlock",
+    ),
+    (
+        "torch.distributed.barrier is",
+        Evidence((one_thread(TORCH_BARRIER, "S", wchan="futex_do_wait"),)),
+        "collective",
+    ),
+    ("main thread in D state", Evidence((ProcEvidence(20, "scheduler", 0, samples=IO_SAMPLES),)), "io_wait"),
+    (
+        "D state beats busy figures",
+        Evidence((ProcEvidence(20, samples=IO_SAMPLES),), tree_cpu_cores=2.0),
+        "io_wait",
+    ),
+    (
+        "collective beats D state",
+        Evidence((ProcEvidence(20, samples=IO_SAMPLES), collective_pyspy())),
+        "collective",
+    ),
+    ("only epoll waits", Evidence((one_thread(EPOLL, "S", wchan="ep_poll"),)), "unknown"),
+    ("nothing at all", Evidence(()), "unknown"),
+]
+
+
+@pytest.mark.parametrize(("name", "evidence", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_classification_table(name: str, evidence: Evidence, expected: str) -> None:
+    result = classify(evidence)
+    assert result.hang_class == expected, result.reasons
+    assert result.reasons
+    assert result.candidates[0] == expected
+
+
+def test_idle_deadlock_names_both_threads_and_their_lines() -> None:
+    result = classify(Evidence((deadlock(),), tree_cpu_cores=0.0, gpu_util_percent=0.0))
+    text = "\n".join(result.frames)
+    assert "thread 'weights-sync'" in text and "deadlock_prog.py:25 (take_a_then_b)" in text
+    assert "thread 'graph-pool'" in text and "deadlock_prog.py:31 (take_b_then_a)" in text
+    assert "heartbeat" not in text  # it sleeps; it is not part of the deadlock
+    assert any("tree CPU 0.00 cores" in r for r in result.reasons)
+
+
+def test_collective_names_the_python_call_and_the_kernel() -> None:
+    pyspy = classify(Evidence((collective_pyspy(),)))
+    assert any("all_reduce (torch/distributed/distributed_c10d.py:2501)" in f for f in pyspy.frames)
+    gdb = classify(Evidence((collective_gdb(),)))
+    assert any("ncclDevKernel_AllReduce" in f for f in gdb.frames)
+    assert not any("pt_nccl_watchdg" in f for f in gdb.frames)
+
+
+def test_precedence_is_reported() -> None:
+    result = classify(Evidence((graph_capture(),), gpu_util_percent=100.0))
+    assert result.candidates == ("cuda_graph_capture", "collective", "busy_spin")
+    assert any("capture_one_batch_size" in f for f in result.frames)
+    assert any("also matched" in r for r in result.reasons)
+
+
+def test_busy_names_the_looping_line() -> None:
+    result = classify(Evidence((busy(),)))
+    assert any("runs in spin_forever at deadlock_prog.py:54" in f for f in result.frames)
