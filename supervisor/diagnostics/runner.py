@@ -87,6 +87,9 @@ async def run_tool(
             await asyncio.wait_for(asyncio.shield(readers), _KILL_GRACE_S)
         code = None
     finally:
+        if proc.returncode is None:  # cancelled (daemon stopping): never leave gdb attached behind us
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
         if not readers.done():
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

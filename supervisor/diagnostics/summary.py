@@ -159,7 +159,7 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
         listen = ", ".join(_strs(p["listening"])) or "no port"
         lines.append(
             f"  pid {p['pid']} {p['role']}{rank} '{p['title']}' {p['status']},"
-            f" {p['threads']} threads, {listen}"
+            f" {p['threads']} thread{'' if p['threads'] == 1 else 's'}, {listen}"
         )
     lines += ["", "Tools:"]
     for t in _dicts(s["tools"]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -179,7 +180,8 @@ async def test_a_tool_timeout_is_recorded_and_the_rest_goes_on(
     assert [tool(result, pid, "py-spy") for pid in tree.pids] == ["timeout", "timeout"]
     assert result.duration_s < 5 and result.path is not None
     assert "partial" in (result.path / f"pyspy-{tree.children[0]}.txt").read_text()
-    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "sleep"]
+    left = [p for p in psutil.Process().children(recursive=True) if p.name() == "sleep"]
+    assert all(p.status() == psutil.STATUS_ZOMBIE for p in left)
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv")
@@ -252,6 +254,22 @@ async def test_write_failure_is_returned_not_raised(tmp_path: Path, proc_info: I
     assert result.path is None and result.error and "cannot write bundle" in result.error
     assert result.hang_class in ("idle_deadlock", "unknown", "busy_spin")
     assert result.summary["id"] == req.incident_id and result.error in str(result.summary["errors"])
+
+
+async def test_full_disk_is_returned_not_raised(
+    tmp_path: Path, proc_info: InfoFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor.diagnostics import bundle
+
+    def enospc(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(bundle, "_write_file", enospc)
+    req = request((proc_info(os.getpid(), "main", None),), py_spy=False)
+    result = await capture(req, tmp_path, **KEEP)
+    assert result.path is None and result.error is not None and "No space left" in result.error
+    assert list(tmp_path.iterdir()) == []  # the partial bundle is gone
+    assert result.summary["hang_class"] == result.hang_class
 
 
 async def test_retention_runs_after_each_capture(tmp_path: Path, proc_info: InfoFn) -> None:

@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
 import psutil
 
 from supervisor.diagnostics.runner import run_tool
+
+
+def live_children(needle: str) -> list[int]:
+    alive = []
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if needle in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p.pid)
+    return alive
 
 
 async def test_output_and_exit_status() -> None:
@@ -22,7 +32,7 @@ async def test_timeout_kills_the_tool_and_keeps_partial_output() -> None:
     assert time.monotonic() - start < 5
     assert res.timed_out and res.exit_code is None
     assert res.stdout == "partial\n"
-    assert not [p for p in psutil.Process().children() if "time.sleep(60)" in " ".join(p.cmdline())]
+    assert not live_children("time.sleep(60)")
 
 
 async def test_output_beyond_the_cap_is_counted_and_dropped() -> None:
@@ -33,3 +43,19 @@ async def test_output_beyond_the_cap_is_counted_and_dropped() -> None:
 async def test_missing_executable() -> None:
     res = await run_tool(("/nonexistent/py-spy", "dump"), 10)
     assert res.missing and res.exit_code is None and "/nonexistent/py-spy" in res.stderr
+
+
+async def test_cancelling_the_capture_kills_the_tool() -> None:
+    import asyncio
+
+    code = "import time; time.sleep(60)"
+    task = asyncio.create_task(run_tool((sys.executable, "-c", code), 30))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+    deadline = time.monotonic() + 5
+    while live_children(code) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not live_children(code)
