@@ -61,8 +61,8 @@ class Journal:
             data = line.encode("utf-8", errors="replace")
             with self._lock:
                 self._rotate_if_needed(len(data))
-                with open(self.path, "ab") as f:
-                    f.write(data)
+                with open(self.path, "a+b") as f:
+                    f.write(_after_torn_line(f) + data)
         except Exception:  # a journal line is never worth the daemon
             self.write_errors += 1
 
@@ -99,6 +99,15 @@ class Journal:
                     if len(newest_first) >= limit:
                         return newest_first[::-1]
         return newest_first[::-1]
+
+
+def _after_torn_line(f: BinaryIO) -> bytes:
+    """A newline to end a line a crash left unfinished, so the next record starts on its own."""
+    size = f.seek(0, os.SEEK_END)
+    if size == 0:
+        return b""
+    f.seek(size - 1)
+    return b"" if f.read(1) == b"\n" else b"\n"
 
 
 def _parse(line: bytes) -> dict[str, object] | None:
