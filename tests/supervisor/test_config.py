@@ -66,8 +66,18 @@ SERVER = ServerSettings(
 @pytest.mark.parametrize(
     "rung,has,lacks,env",
     [
-        (Rung(name="base"), ["--tp-size", "8", "--enable-metrics", "--cuda-graph-max-bs", "160"], ["--log-requests"], {}),
-        (Rung(name="r", args={"disable-cuda-graph": True}, drop=("cuda-graph-max-bs",)), ["--disable-cuda-graph"], ["--cuda-graph-max-bs"], {}),
+        (
+            Rung(name="base"),
+            ["--tp-size", "8", "--enable-metrics", "--cuda-graph-max-bs", "160"],
+            ["--log-requests"],
+            {},
+        ),
+        (
+            Rung(name="r", args={"disable-cuda-graph": True}, drop=("cuda-graph-max-bs",)),
+            ["--disable-cuda-graph"],
+            ["--cuda-graph-max-bs"],
+            {},
+        ),
         (Rung(name="r", args={"tp-size": 4, "enable-metrics": False}), ["4"], ["--enable-metrics", "8"], {}),
         (Rung(name="r", env={"NCCL_P2P_DISABLE": "1"}), [], [], {"NCCL_P2P_DISABLE": "1"}),
         (Rung(name="r", args={"cuda-graph-bs": [1, 2, 4]}), ["--cuda-graph-bs", "1", "2", "4"], [], {}),

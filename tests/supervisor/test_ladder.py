@@ -23,7 +23,9 @@ LADDER = (
     Rung(name="no-cuda-graph", args={"disable-cuda-graph": True}, on=("cuda_graph_capture",)),
     Rung(name="no-spec", drop=("speculative-algorithm",), on=("spec_regression",)),
 )
-S = RestartSettings(retries_per_rung=1, backoff_initial_s=5, backoff_max_s=60, backoff_jitter=0, max_restarts_per_hour=5)
+S = RestartSettings(
+    retries_per_rung=1, backoff_initial_s=5, backoff_max_s=60, backoff_jitter=0, max_restarts_per_hour=5
+)
 NOW = 1_000_000.0
 
 
@@ -54,7 +56,9 @@ def test_budget_gives_up() -> None:
 
 
 def test_spec_regression_goes_to_first_rung_without_speculation() -> None:
-    d = next_rung(LADDER, LadderState(), Incident("spec_regression"), S, now_wall=NOW, speculative=(True, True, True, False))
+    d = next_rung(
+        LADDER, LadderState(), Incident("spec_regression"), S, now_wall=NOW, speculative=(True, True, True, False)
+    )
     assert d.rung == 3
     d = next_rung(LADDER, LadderState(), Incident("spec_regression"), S, now_wall=NOW, speculative=(True,) * 4)
     assert d.action == "give_up"

@@ -30,8 +30,17 @@ MB = 1024 * 1024
 
 def proc(pid: int, role: str = "main", status: str = "sleeping") -> ProcInfo:
     return ProcInfo(
-        pid=pid, ppid=1, title=role, status=status, role=role,  # type: ignore[arg-type]
-        rank=None, cpu_time_s=0, rss_bytes=0, read_chars=0, write_chars=0, num_threads=1,
+        pid=pid,
+        ppid=1,
+        title=role,
+        status=status,
+        role=role,  # type: ignore[arg-type]
+        rank=None,
+        cpu_time_s=0,
+        rss_bytes=0,
+        read_chars=0,
+        write_chars=0,
+        num_threads=1,
     )
 
 
@@ -57,21 +66,37 @@ def obs(
     decode: DecodeStats | None = None,
 ) -> Observation:
     tree = TreeObservation(
-        root_pid=100, root_alive=alive, root_exit=exit_code, processes=procs or (proc(100),),
-        cpu_time_s=cpu, rss_bytes=rss, read_chars=io, write_chars=0,
+        root_pid=100,
+        root_alive=alive,
+        root_exit=exit_code,
+        processes=procs or (proc(100),),
+        cpu_time_s=cpu,
+        rss_bytes=rss,
+        read_chars=io,
+        write_chars=0,
     )
     gpu = GpuObservation(
-        status="ok", reason="",
+        status="ok",
+        reason="",
         devices=(GpuDevice(0, "GPU-0", "H200", gpu_util, gpu_mem, 140 * 1024 * MB),),
         processes=(GpuProcess(100, 0, "GPU-0", gpu_mem),) if gpu_mem else (),
     )
     logs = LogObservation(
-        lines_total=lines, last_line_at=None, phase=phase, progress=progress,  # type: ignore[arg-type]
-        ready_line_seen=ready, last_decode=decode,
+        lines_total=lines,
+        last_line_at=None,
+        phase=phase,
+        progress=progress,  # type: ignore[arg-type]
+        ready_line_seen=ready,
+        last_decode=decode,
     )
     return Observation(
-        at=at, tree=tree, ports=PortsObservation(tuple(ListenSocket(100, "127.0.0.1", p) for p in ports), accepts),
-        logs=logs, gpu=gpu, health=health, serving=serving,
+        at=at,
+        tree=tree,
+        ports=PortsObservation(tuple(ListenSocket(100, "127.0.0.1", p) for p in ports), accepts),
+        logs=logs,
+        gpu=gpu,
+        health=health,
+        serving=serving,
     )
 
 
@@ -190,7 +215,9 @@ def test_health_ok_and_port_accepting_makes_ready_without_the_line() -> None:
 
 
 def health(at: float, ok: bool, latency: float = 1.0) -> HealthObservation:
-    return HealthObservation(at=at, ok=ok, status_code=200 if ok else 503, latency_s=latency, error="" if ok else "HTTP 503")
+    return HealthObservation(
+        at=at, ok=ok, status_code=200 if ok else 503, latency_s=latency, error="" if ok else "HTTP 503"
+    )
 
 
 def sv(at: float, running: float, tokens: float, accept: float | None = None) -> ServingObservation:

@@ -1,0 +1,457 @@
+"""What the supervisor does about a verdict or a command: launch, capture, stop, verify, relaunch.
+
+A mixin of `Supervisor` kept apart so each file reads as one concern: daemon.py is the loop and its
+decisions, this is the acting. Only `supervisor.process` sends signals or spawns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import structlog
+
+from probes.types import Observation
+from supervisor.commands import Command, CommandResult
+from supervisor.config import ConfigError, load_settings, render_rung
+from supervisor.diagnostics import BundleResult, new_incident_id
+from supervisor.evidence import collect, provisional_class
+from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
+from supervisor.logcapture import LogCapture
+from supervisor.process import ServerProcess, SpawnError, StopReport, kill_marked, stop_tree
+from supervisor.publish import iso
+from supervisor.snapshot import IncidentView
+from supervisor.state import RUNNING, State
+from supervisor.watchdog import Verdict, new_history
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Supervisor
+
+log = structlog.get_logger("supervisor")
+
+HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
+
+
+async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
+    report = await asyncio.to_thread(kill_marked, sup.marker)
+    return report.pids_found
+
+
+# ---- launch -----------------------------------------------------------------------------
+
+
+async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> None:
+    rung = sup.settings.ladder[rung_index]
+    rendered = render_rung(sup.settings.server, rung)
+    sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
+    if after_incident:
+        sup.restarts += 1
+    sup.persist()
+    sup.observer.reset()
+    sup.history = new_history(sup.clock.monotonic())
+    sup.obs = None
+    sup.ready_at = None
+    sup.time_to_ready_s = None
+    sup.spec_alerted = False
+    sup.launched_at = sup.clock.monotonic()
+    sup.launched_wall = sup.clock.wall()
+    logs = sup.settings.logs
+    sup.capture = LogCapture(
+        sup.state_dir / "logs",
+        max_file_bytes=int(logs.max_file_mb * 1024 * 1024),
+        backups=logs.backups,
+        memory_lines=logs.memory_lines,
+        monotonic=sup.clock.monotonic,
+    )
+    sup.log_seq = 0
+    try:
+        sup.server = await asyncio.to_thread(
+            ServerProcess.spawn, rendered.argv, sup.child_env(rendered.env), sup.marker, sup.settings.server.cwd
+        )
+    except SpawnError as err:
+        sup.server = None
+        sup.capture.close()
+        log.error("spawn_failed", rung=rung.name, error=str(err))
+        sup.journal.append("spawn_failed", rung=rung.name, error=str(err))
+        sup.move(State.STARTING, f"launching rung {rung.name}")
+        await incident(sup, "exited", Verdict(status="incident", cause="exited", reason=str(err)), None)
+        return
+    sup.capture.attach(sup.server.stdout, "stdout")
+    sup.capture.attach(sup.server.stderr, "stderr")
+    log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=rendered.shell())
+    sup.journal.append("server_launched", rung=rung.name, pid=sup.server.pid, argv=list(rendered.argv))
+    sup.move(State.STARTING, f"launched rung {rung.name}")
+
+
+# ---- incidents ----------------------------------------------------------------------------
+
+
+async def incident(
+    sup: Supervisor,
+    cause: str,
+    verdict: Verdict | None,
+    obs: Observation | None,
+    *,
+    forced_rung: int | None = None,
+    diagnose: bool = True,
+) -> None:
+    incident_id = new_incident_id(sup.clock.wall(), cause)
+    hang_class = provisional_class(verdict)
+    bundle_id: str | None = None
+    detail = verdict.reason if verdict is not None else ""
+    log.warning("incident", id=incident_id, cause=cause, reason=detail, rung=sup.current_rung_name())
+    alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
+    if diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}:
+        if cause in HUNG_CAUSES:
+            sup.move(State.HUNG, detail)
+        sup.move(State.DIAGNOSING, f"capturing evidence for {incident_id}")
+        result = await capture_bundle(
+            sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
+        )
+        if result is not None:
+            bundle_id = result.id if result.path is not None else None
+            if result.hang_class not in ("unknown", "") or hang_class is None:
+                hang_class = result.hang_class if cause in HUNG_CAUSES else hang_class
+    sup.incidents += 1
+    sup.metrics.incident(cause, hang_class or "none")
+    sup.last_incident = IncidentView(
+        id=incident_id,
+        cause=cause,
+        hang_class=hang_class,
+        at=iso(sup.clock.wall()) or "",
+        rung=sup.current_rung_name(),
+        detail=detail[:500],
+        bundle=bundle_id,
+    )
+    sup.journal.append("incident", **sup.last_incident.model_dump())
+    await recover(sup, Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
+
+
+async def capture_bundle(
+    sup: Supervisor,
+    incident_id: str,
+    trigger: str,
+    cause: str | None,
+    obs: Observation,
+    verdict: Verdict | None,
+    *,
+    native: bool | None = None,
+    gdb: bool | None = None,
+) -> BundleResult | None:
+    sup.diagnosing = True
+    sup.publish()
+    rendered = render_rung(sup.settings.server, sup.settings.ladder[sup.ladder.current])
+    try:
+        gpu_all = await asyncio.to_thread(sup.observer.gpu.snapshot_all)
+        result = await collect(
+            settings=sup.settings,
+            incident_id=incident_id,
+            trigger=trigger,
+            cause=cause,
+            obs=obs,
+            verdict=verdict,
+            rendered=rendered,
+            env=sup.environment_for_bundle(rendered.env),
+            log_tail=sup.capture.tail(sup.settings.diagnostics.log_tail_lines) if sup.capture else [],
+            gpu_all=gpu_all,
+            cpu_rate=sup.history.cpu_rate if sup.history is not None else None,
+            native=native,
+            gdb=gdb,
+            hung=trigger == "hung",
+        )
+    except Exception as err:  # a capture must never take the daemon down
+        log.exception("diagnostics_failed", id=incident_id)
+        sup.journal.append("diagnostics_failed", id=incident_id, error=repr(err))
+        sup.metrics.diagnostic(0.0, "error")
+        return None
+    finally:
+        sup.diagnosing = False
+    outcome = "written" if result.path is not None else "write_failed"
+    sup.metrics.diagnostic(result.duration_s, outcome)
+    sup.journal.append(
+        "bundle_written" if result.path is not None else "bundle_write_failed",
+        id=result.id,
+        hang_class=result.hang_class,
+        duration_s=round(result.duration_s, 3),
+        error=result.error,
+    )
+    log.info("bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error)
+    return result
+
+
+# ---- recovery -----------------------------------------------------------------------------
+
+
+async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
+    if sup.lifecycle.state != State.RESTARTING:
+        sup.move(State.RESTARTING, f"stopping after {incident.cause}")
+    ok = await stop_server(sup, f"incident {incident.cause}")
+    if not ok and sup.settings.restart.release_policy == "fail":
+        sup.move(State.FAILED, "the old server did not release its port or GPU memory (release_policy=fail)")
+        return
+    if manual:
+        target = forced_rung if forced_rung is not None else sup.ladder.current
+        decision = Decision("relaunch", target, "manual restart", 0.0)
+    else:
+        sup.ladder = record_incident(sup.ladder, incident, sup.clock.wall())
+        if forced_rung is not None:
+            decision = Decision("relaunch", forced_rung, "rung chosen by request", 0.0)
+        else:
+            decision = next_rung(
+                sup.settings.ladder,
+                sup.ladder,
+                incident,
+                sup.settings.restart,
+                now_wall=sup.clock.wall(),
+                rand=sup.random(),
+                speculative=sup.speculative(),
+            )
+        sup.metrics.restart(incident.cause)
+    sup.persist()
+    sup.journal.append(
+        "ladder_decision",
+        action=decision.action,
+        rung=decision.rung,
+        reason=decision.reason,
+        backoff_s=round(decision.backoff_s, 3),
+    )
+    log.info(
+        "ladder_decision",
+        action=decision.action,
+        rung=decision.rung,
+        reason=decision.reason,
+        backoff_s=round(decision.backoff_s, 3),
+    )
+    if decision.action == "give_up":
+        sup.move(State.FAILED, decision.reason)
+        return
+    sup.reason = decision.reason
+    if await wait_backoff(sup, decision.backoff_s):
+        await launch(sup, decision.rung, after_incident=not manual)
+
+
+async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
+    """Sleep out the backoff while still answering commands; False if told not to relaunch."""
+    until = sup.clock.monotonic() + seconds
+    sup.next_attempt_at = until
+    try:
+        while True:
+            left = until - sup.clock.monotonic()
+            sup.publish()
+            if left <= 0:
+                return True
+            cmd = await sup.next_command(min(left, 1.0))
+            if cmd is None:
+                continue
+            if cmd.kind == "shutdown":
+                sup.shutdown_requested = True
+                finish(sup, cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
+                return False
+            if cmd.kind == "stop":
+                sup.move(State.STOPPED, cmd.reason or "stopped by request during backoff")
+                finish(sup, cmd, CommandResult("done", "stopped", State.STOPPED.value))
+                return False
+            if cmd.kind in ("start", "restart"):
+                idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
+                sup.restart_pending = False
+                finish(sup, cmd, CommandResult("accepted", "relaunching now", sup.lifecycle.state.value))
+                await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+                return False
+            await handle(sup, cmd)
+    finally:
+        sup.next_attempt_at = None
+
+
+async def stop_server(sup: Supervisor, why: str) -> bool:
+    """Stop the tree, then verify the port and GPU memory are free. True when verified."""
+    server = sup.server
+    pids = sup.obs.tree.pids if sup.obs is not None else ()
+    rs = sup.settings.restart
+    srv = sup.settings.server
+    report: StopReport = await asyncio.to_thread(stop_tree, server, sup.marker, srv.host, srv.port, rs.stop_grace_s)
+    if server is not None:
+        pids = tuple({*pids, server.pid, *report.pids_found})
+    released, held, waited = await verify_release(sup, pids)
+    if sup.capture is not None:
+        cap = sup.capture
+        await asyncio.to_thread(cap.close)
+    sup.server = None
+    sup.history = None
+    ok = report.ok and released
+    doc = {
+        "why": why,
+        "pids_found": list(report.pids_found),
+        "killed": list(report.killed),
+        "survivors": list(report.survivors),
+        "port_free": report.port_free,
+        "exit_code": report.exit_code,
+        "stop_s": round(report.duration_s, 3),
+        "gpu_released": released,
+        "gpu_held_bytes": held,
+        "release_wait_s": round(waited, 3),
+    }
+    sup.journal.append("server_stopped", **doc)
+    (log.info if ok else log.error)("server_stopped", **doc)
+    return ok
+
+
+async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[bool, int, float]:
+    """Bounded wait until NVML shows none of the old tree's pids holding GPU memory."""
+    start = sup.clock.monotonic()
+    if not pids:
+        return True, 0, 0.0
+    deadline = start + sup.settings.restart.release_timeout_s
+    while True:
+        held = await asyncio.to_thread(sup.observer.gpu.held_by, pids)
+        total = sum(held.values())
+        if total == 0:
+            return True, 0, sup.clock.monotonic() - start
+        if sup.clock.monotonic() >= deadline:
+            return False, total, sup.clock.monotonic() - start
+        sup.beat()
+        await sup.clock.sleep(0.1)
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+def finish(sup: Supervisor, cmd: Command, result: CommandResult) -> None:
+    if cmd.done is not None and not cmd.done.done():
+        cmd.done.set_result(result)
+
+
+async def handle(sup: Supervisor, cmd: Command) -> None:
+    try:
+        await handle_command(sup, cmd)
+    except Exception as err:  # a command must never kill the loop
+        log.exception("command_failed", kind=cmd.kind)
+        finish(sup, cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", sup.lifecycle.state.value))
+    finally:
+        if cmd.kind == "restart":
+            sup.restart_pending = False
+        if cmd.kind == "diagnose":
+            sup.diagnosing = False
+        sup.publish()
+
+
+async def handle_command(sup: Supervisor, cmd: Command) -> None:
+    early = None if cmd.kind in ("shutdown", "reload") else answer_now_queued(sup, cmd)
+    if early is not None:
+        finish(sup, cmd, early)
+        return
+    sup.journal.append("command", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
+    if cmd.kind == "shutdown":
+        sup.shutdown_requested = True
+        finish(sup, cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
+    elif cmd.kind == "stop":
+        finish(sup, cmd, CommandResult("accepted", "stopping", sup.lifecycle.state.value))
+        if sup.lifecycle.state != State.STOPPED:
+            sup.move(State.RESTARTING, cmd.reason or "stop requested")
+            await stop_server(sup, "stop requested")
+            sup.move(State.STOPPED, cmd.reason or "stopped by request")
+    elif cmd.kind == "start":
+        idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
+        finish(sup, cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
+        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+    elif cmd.kind == "restart":
+        await manual_restart(sup, cmd)
+    elif cmd.kind == "diagnose":
+        await manual_diagnose(sup, cmd)
+    elif cmd.kind == "reload":
+        await reload_config(sup, cmd)
+
+
+async def reload_config(sup: Supervisor, cmd: Command) -> None:
+    """SIGHUP: re-read the config; an invalid one is refused and the old one stays in force."""
+    if sup.config_path is None:
+        finish(sup, cmd, CommandResult("invalid", "no config file to reload", sup.lifecycle.state.value))
+        return
+    sup.notifier.reloading()
+    try:
+        new = await asyncio.to_thread(load_settings, sup.config_path)
+        if sup.on_reload is not None:
+            await sup.on_reload(new)
+    except ConfigError as err:
+        log.error("config_reload_refused", error=str(err))
+        sup.journal.append("config_reload_refused", error=str(err))
+        finish(sup, cmd, CommandResult("invalid", str(err), sup.lifecycle.state.value))
+    else:
+        sup.reload(new)
+        finish(sup, cmd, CommandResult("done", "reloaded", sup.lifecycle.state.value))
+    finally:
+        sup.notifier.ready()
+
+
+def answer_now_queued(sup: Supervisor, cmd: Command) -> CommandResult | None:
+    if cmd.kind == "restart":
+        return None
+    if cmd.kind == "diagnose":
+        st = sup.lifecycle.state
+        if st not in RUNNING and st != State.HUNG:
+            return CommandResult("invalid", f"no server to diagnose (state {st.value})", st.value)
+        return None
+    if cmd.kind == "start" and sup.lifecycle.state in RUNNING:
+        return CommandResult("conflict", "already running", sup.lifecycle.state.value)
+    return None
+
+
+async def manual_restart(sup: Supervisor, cmd: Command) -> None:
+    idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
+    incident_id_hint = f"manual restart to {cmd.rung or sup.current_rung_name()}"
+    st = sup.lifecycle.state
+    if st in (State.STOPPED, State.FAILED) or sup.server is None:
+        finish(sup, cmd, CommandResult("accepted", incident_id_hint, st.value))
+        if st == State.FAILED:
+            sup.move(State.RESTARTING, cmd.reason or "restart requested")
+        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+        return
+    obs = sup.obs
+    verdict = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")
+    # Answer at once with the incident's id; the restart itself takes minutes.
+    pending_id = new_incident_id(sup.clock.wall(), "manual")
+    finish(sup, cmd, CommandResult("accepted", incident_id_hint, st.value, incident_id=pending_id))
+    await incident(sup, "manual", verdict, obs, forced_rung=idx, diagnose=cmd.diagnose)
+
+
+async def manual_diagnose(sup: Supervisor, cmd: Command) -> None:
+    obs = sup.obs if sup.obs is not None else await sup.observe()
+    if not obs.tree.processes:
+        finish(sup, cmd, CommandResult("invalid", "no server process to diagnose", sup.lifecycle.state.value))
+        return
+    hung = sup.lifecycle.state == State.HUNG
+    incident_id = new_incident_id(sup.clock.wall(), "diagnose")
+    result = await capture_bundle(
+        sup, incident_id, "hung" if hung else "manual", None, obs, None, native=cmd.native, gdb=cmd.gdb
+    )
+    if result is None:
+        finish(sup, cmd, CommandResult("failed", "capture failed", sup.lifecycle.state.value))
+        return
+    finish(
+        sup,
+        cmd,
+        CommandResult(
+            "done",
+            result.error or "captured",
+            sup.lifecycle.state.value,
+            bundle_id=result.id if result.path is not None else None,
+            summary=dict(result.summary),
+        ),
+    )
+
+
+async def shutdown(sup: Supervisor) -> None:
+    sup.notifier.stopping()
+    if sup.server is not None or sup.lifecycle.state in RUNNING:
+        try:
+            if sup.lifecycle.state != State.RESTARTING:
+                sup.move(State.RESTARTING, "daemon shutting down")
+            await stop_server(sup, "daemon shutdown")
+        except Exception:
+            log.exception("shutdown_stop_failed")
+    if sup.lifecycle.state != State.STOPPED:
+        sup.move(State.STOPPED, "daemon shut down")
+    sup.persist()
+    await sup.observer.close()
+    while not sup.queue.empty():
+        cmd = sup.queue.get_nowait()
+        finish(sup, cmd, CommandResult("failed", "daemon shut down", State.STOPPED.value))

@@ -1,0 +1,97 @@
+"""The `sglang-supervisor` command: run, demo, check-config, and client commands to a running daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from supervisor import __version__
+from supervisor.config import ConfigError, load_settings
+
+
+def _run(args: argparse.Namespace) -> int:
+    from supervisor import logsetup
+    from supervisor.runner import serve
+
+    logsetup.configure(json=args.log_json, level=args.log_level)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as err:
+        print(f"sglang-supervisor: config refused:\n{err}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(settings, env=dict(os.environ), config_path=Path(args.config)))
+    except ConfigError as err:
+        print(f"sglang-supervisor: {err}", file=sys.stderr)
+        return 2
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from supervisor.argcheck import check_rungs
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as err:
+        print(f"config refused:\n{err}", file=sys.stderr)
+        return 1
+    return check_rungs(settings, validate=not args.no_sglang, out=sys.stdout)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from supervisor.demo import run_demo
+
+    return run_demo(duration=args.duration, state_dir=args.state_dir, keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from supervisor.client import add_client_commands
+
+    p = argparse.ArgumentParser(
+        prog="sglang-supervisor",
+        description="Supervise an SGLang server: detect silent deadlocks, keep the evidence, fall back and restart.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the daemon in the foreground (what systemd runs)")
+    run.add_argument("--config", required=True, help="TOML config file (docs/CONFIGURATION.md)")
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument(
+        "--log-json",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="JSON log lines (default: JSON unless stderr is a terminal)",
+    )
+    run.set_defaults(func=_run)
+
+    demo = sub.add_parser("demo", help="watch the built-in SGLang simulator deadlock, get diagnosed and fall back")
+    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    demo.add_argument("--state-dir", default=None, help="where to keep logs and bundles (default: a temp dir)")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary state dir at the end")
+    demo.set_defaults(func=_demo)
+
+    chk = sub.add_parser("check-config", help="validate a config and print each rung's command line")
+    chk.add_argument("--config", required=True)
+    chk.add_argument("--no-sglang", action="store_true", help="skip checking rung arguments with SGLang's parser")
+    chk.set_defaults(func=_check_config)
+
+    add_client_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("status", "restart", "stop", "start", "diagnose"):
+        from supervisor.client import run_client
+
+        return int(run_client(args))
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""`sglang-supervisor demo`: the daemon on its embedded default, the built-in SGLang simulator.
+
+Rung `base` deadlocks right after the weights load (as in the seed incident: weights in memory, no
+port, no log line); the daemon sees no progress for the stall window, captures py-spy stacks of
+every process, stops and verifies the tree, and falls back to rung `no-cuda-graph`, which serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from supervisor import logsetup
+from supervisor.config import load_settings
+from supervisor.daemon import Supervisor
+from supervisor.snapshot import StatusSnapshot
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def demo_config(state_dir: Path, server_port: int, api_port: int) -> str:
+    py = sys.executable
+    return f"""\
+# Written by `sglang-supervisor demo`: the built-in SGLang simulator stands in for a GPU server.
+[server]
+command = ["{py}", "-m", "supervisor.simulator"]
+host = "127.0.0.1"
+port = {server_port}
+# The simulator's behaviour: deadlock right after the weights load, unless --disable-cuda-graph.
+env = {{ SGLANG_SIM_SCENARIO = "deadlock_after_load", SGLANG_SIM_UNLESS = "disable-cuda-graph", \
+SGLANG_SIM_PACE = "0.5", SGLANG_SIM_HEALTH_LATENCY_S = "0.2" }}
+
+[server.args]
+model-path = "/models/demo-model"
+tp-size = 2
+enable-metrics = true
+
+[[fallback]]
+name = "no-cuda-graph"
+args = {{ disable-cuda-graph = true }}
+on = ["cuda_graph_capture"]
+
+[watchdog]
+poll_interval_s = 1.0
+startup_stall_s = 8.0
+startup_timeout_s = 300.0
+cpu_only_stall_s = 30.0
+health_interval_s = 2.0
+health_timeout_s = 5.0
+
+[restart]
+retries_per_rung = 0
+backoff_initial_s = 1.0
+backoff_max_s = 5.0
+stop_grace_s = 5.0
+release_timeout_s = 5.0
+start_from = "preferred"
+
+[diagnostics]
+native = false
+gdb = "never"
+
+[api]
+host = "127.0.0.1"
+port = {api_port}
+
+[paths]
+state_dir = "{state_dir}"
+"""
+
+
+def status_line(s: StatusSnapshot, t: float) -> str:
+    parts = [f"[{t:5.1f}s] state={s.state:<10}", f"rung={s.rung}"]
+    if s.phase:
+        parts.append(f"phase={s.phase}")
+    if s.progress is not None:
+        parts.append(f"progress={s.progress.done}/{s.progress.total}")
+    if s.last_progress_s is not None and s.state in ("starting", "hung"):
+        parts.append(f"quiet={s.last_progress_s:.0f}s")
+    if s.last_incident is not None:
+        li = s.last_incident
+        parts.append(f"incident={li.cause}/{li.hang_class or '-'}")
+    if s.state == "ready" and s.time_to_ready_s is not None:
+        parts.append(f"ready_in={s.time_to_ready_s:.1f}s")
+    return " ".join(parts)
+
+
+async def _demo(config_path: Path, duration: float | None) -> tuple[int, StatusSnapshot | None]:
+    from supervisor.runner import serve
+
+    settings = load_settings(config_path)
+    holder: list[Supervisor] = []
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        serve(settings, env=dict(os.environ), config_path=config_path, ready=ready, holder=holder)
+    )
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.wait({task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result(), None
+    sup = holder[0]
+    # Ctrl-C goes to the supervisor's queue (the runner installed the handler): shut down cleanly.
+    last = ""
+    tty = sys.stdout.isatty()
+    while not task.done():
+        t = loop.time() - start
+        line = status_line(sup.snapshot(), t)
+        if line != last or tty:
+            print(("\r" + line.ljust(120)) if tty else line, end="" if tty else "\n", flush=True)
+            last = line
+        if duration is not None and t >= duration:
+            os.kill(os.getpid(), signal.SIGTERM)
+            break
+        await asyncio.sleep(1.0)
+    rc = await task
+    if tty:
+        print()
+    return rc, sup.snapshot()
+
+
+def run_demo(*, duration: float | None, state_dir: str | None, keep: bool) -> int:
+    temp = state_dir is None
+    root = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="sglang-supervisor-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
+    api_port = free_port()
+    config_path = root / "demo.toml"
+    config_path.write_text(demo_config(root, free_port(), api_port))
+    logsetup.configure(json=False, level="WARNING")
+    print(f"sglang-supervisor demo: config {config_path}, API http://127.0.0.1:{api_port}/status")
+    print("rung 'base' deadlocks after the weights load; watch it be detected, diagnosed and fall back.")
+    rc, snap = asyncio.run(_demo(config_path, duration))
+    if snap is not None:
+        print(f"final: state={snap.state} rung={snap.rung} restarts={snap.restarts} incidents={snap.incidents}")
+        if snap.last_incident is not None:
+            li = snap.last_incident
+            print(f"last incident: {li.id} cause={li.cause} class={li.hang_class} bundle={li.bundle}")
+            if li.bundle:
+                summary = root / "diagnostics" / li.bundle / "summary.txt"
+                if summary.exists():
+                    print(f"evidence: {summary}")
+                    print("".join(summary.read_text().splitlines(keepends=True)[:25]))
+    if temp and not keep:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(root)
+    else:
+        print(f"state kept in {root}")
+    return rc

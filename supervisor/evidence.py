@@ -1,0 +1,107 @@
+"""Turning an incident into a diagnostics capture request, and the bundle's class into the incident's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from probes.types import GpuObservation, Observation
+from supervisor.config import RenderedCommand, Settings
+from supervisor.diagnostics import BundleResult, CaptureRequest, capture
+from supervisor.process import resume_stopped
+from supervisor.watchdog import StallClass, Verdict
+
+
+def provisional_class(verdict: Verdict | None) -> str | None:
+    """The watchdog's own guess, used when no bundle could classify the hang."""
+    if verdict is None or verdict.cause in ("exited", "manual", "spec_regression"):
+        return None
+    if verdict.phase == "capturing_graphs":
+        return "cuda_graph_capture"
+    cls: StallClass | None = verdict.stall_class
+    if cls == "busy":
+        return "busy_spin"
+    if cls == "idle":
+        return "idle_deadlock"
+    return "unknown"
+
+
+def verdict_doc(verdict: Verdict | None, obs: Observation | None) -> dict[str, object]:
+    doc: dict[str, object] = {}
+    if verdict is not None:
+        doc.update(
+            status=verdict.status,
+            cause=verdict.cause,
+            reason=verdict.reason,
+            stall_class=verdict.stall_class,
+            phase=verdict.phase,
+            moved=list(verdict.moved),
+            figures=dict(verdict.figures),
+        )
+    if obs is not None:
+        doc["observation"] = {
+            "tree_cpu_time_s": obs.tree.cpu_time_s,
+            "tree_rss_bytes": obs.tree.rss_bytes,
+            "tree_read_chars": obs.tree.read_chars,
+            "processes": len(obs.tree.processes),
+            "listening_ports": sorted({s.port for s in obs.ports.listening}),
+            "server_port_accepts": obs.ports.server_port_accepts,
+            "log_lines": obs.logs.lines_total,
+            "phase": obs.logs.phase,
+            "errors": list(obs.logs.errors[-5:]),
+            "gpu_status": obs.gpu.status,
+            "gpu_tree_mem_bytes": obs.gpu.tree_mem_bytes,
+            "gpu_max_util_percent": obs.gpu.max_util_percent,
+        }
+    return doc
+
+
+async def collect(
+    *,
+    settings: Settings,
+    incident_id: str,
+    trigger: str,
+    cause: str | None,
+    obs: Observation,
+    verdict: Verdict | None,
+    rendered: RenderedCommand,
+    env: Mapping[str, str],
+    log_tail: list[str],
+    gpu_all: GpuObservation | None,
+    cpu_rate: float | None,
+    native: bool | None = None,
+    gdb: bool | None = None,
+    hung: bool,
+) -> BundleResult:
+    d = settings.diagnostics
+    use_gdb = gdb if gdb is not None else (d.gdb == "always" or (d.gdb == "on_hang" and hung))
+    req = CaptureRequest(
+        incident_id=incident_id,
+        trigger="hung" if trigger == "hung" else "manual",
+        cause=cause,
+        processes=obs.tree.processes,
+        py_spy=d.py_spy,
+        native=d.native if native is None else native,
+        gdb=use_gdb,
+        nonblocking=not hung and not gdb,
+        py_spy_timeout_s=d.py_spy_timeout_s,
+        gdb_timeout_s=d.gdb_timeout_s,
+        log_tail=tuple(log_tail[-d.log_tail_lines :]),
+        rung=rendered.rung,
+        argv=rendered.argv,
+        env=dict(env),
+        phase=obs.logs.phase,
+        verdict=verdict_doc(verdict, obs),
+        gpu=gpu_all,
+        tree_cpu_cores=cpu_rate,
+        gpu_util_percent=obs.gpu.max_util_percent if obs.gpu.status == "ok" else None,
+    )
+    return await capture(
+        req,
+        Path(settings.paths.state_dir) / "diagnostics",
+        keep=d.keep,
+        max_bytes=int(d.max_mb * 1024 * 1024),
+        py_spy_path=d.py_spy_path,
+        gdb_path=d.gdb_path,
+        resume=resume_stopped,
+    )

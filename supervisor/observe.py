@@ -1,0 +1,144 @@
+"""One poll's observation: runs every probe off the event loop and assembles an `Observation`.
+
+Blocking probes (/proc, sockets, NVML) run together in one worker thread. HTTP probes are
+background tasks: a health request may legitimately take SGLang's 20 s, so the poll never waits
+for it; its answer is attached to the first poll after it lands. Never two health probes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from probes.gpu import GpuProbe
+from probes.http import HealthProbe
+from probes.logs import LogParser
+from probes.ports import PortsProbe
+from probes.proctree import ProcessTreeProbe
+from probes.serving import ServingProbe
+from probes.types import (
+    GpuObservation,
+    HealthObservation,
+    LogLine,
+    Observation,
+    PortsObservation,
+    ServingObservation,
+    TreeObservation,
+)
+from supervisor.config import Settings
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is being watched this poll."""
+
+    root_pid: int | None
+    root_exit: int | None
+    marker: str
+    serving: bool  # the server reached ready: probe health at its interval, scrape /metrics
+    metrics: bool  # the rung runs with --enable-metrics
+
+
+def _base_url(host: str, port: int) -> str:
+    h = host
+    if h in ("0.0.0.0", ""):
+        h = "127.0.0.1"
+    elif h == "::":
+        h = "::1"
+    if ":" in h:
+        h = f"[{h}]"
+    return f"http://{h}:{port}"
+
+
+class Observer:
+    def __init__(self, settings: Settings, gpu: GpuProbe, monotonic: Callable[[], float]) -> None:
+        self._monotonic = monotonic
+        self.gpu = gpu
+        self.tree_probe = ProcessTreeProbe()
+        self.configure(settings)
+        self.parser = LogParser()
+        self._health_task: asyncio.Task[HealthObservation] | None = None
+        self._serving_task: asyncio.Task[ServingObservation] | None = None
+        self._health_started_at: float | None = None
+        self.last_health: HealthObservation | None = None
+        self.last_serving: ServingObservation | None = None
+
+    def configure(self, settings: Settings) -> None:
+        self.settings = settings
+        srv, wd = settings.server, settings.watchdog
+        url = _base_url(srv.host, srv.port)
+        self.ports_probe = PortsProbe(srv.host, srv.port)
+        self.health_probe = HealthProbe(url, wd.health_path, wd.health_timeout_s, monotonic=self._monotonic)
+        self.serving_probe = ServingProbe(url, wd.metrics_path, wd.metrics_timeout_s, monotonic=self._monotonic)
+
+    def reset(self) -> None:
+        """A new launch: a fresh log parser and no stale HTTP answers."""
+        self.parser = LogParser()
+        for task in (self._health_task, self._serving_task):
+            if task is not None:
+                task.cancel()
+        self._health_task = self._serving_task = None
+        self._health_started_at = None
+        self.last_health = self.last_serving = None
+
+    def feed(self, lines: list[LogLine]) -> None:
+        self.parser.feed(lines)
+
+    def _blocking(self, t: Target) -> tuple[TreeObservation, PortsObservation, GpuObservation]:
+        tree = self.tree_probe.observe(t.root_pid, t.marker, t.root_exit)
+        ports = self.ports_probe.observe(tree.pids)
+        gpu = self.gpu.observe(tree.pids)
+        return tree, ports, gpu
+
+    async def observe(self, t: Target) -> Observation:
+        tree, ports, gpu = await asyncio.to_thread(self._blocking, t)
+        now = self._monotonic()
+        health = self._take_health()
+        serving = self._take_serving()
+        if ports.server_port_accepts and tree.root_alive:
+            self._maybe_probe_health(now, t.serving)
+            if t.serving and t.metrics and self._serving_task is None:
+                self._serving_task = asyncio.create_task(self.serving_probe.observe())
+        return Observation(
+            at=now,
+            tree=tree,
+            ports=ports,
+            logs=self.parser.observe(),
+            gpu=gpu,
+            health=health,
+            serving=serving,
+        )
+
+    def _maybe_probe_health(self, now: float, serving: bool) -> None:
+        if self._health_task is not None:
+            return
+        interval = self.settings.watchdog.health_interval_s if serving else self.settings.watchdog.poll_interval_s
+        if self._health_started_at is not None and now - self._health_started_at < interval:
+            return
+        self._health_started_at = now
+        self._health_task = asyncio.create_task(self.health_probe.probe())
+
+    def _take_health(self) -> HealthObservation | None:
+        task = self._health_task
+        if task is None or not task.done():
+            return None
+        self._health_task = None
+        if task.cancelled() or task.exception() is not None:
+            return None
+        self.last_health = task.result()
+        return self.last_health
+
+    def _take_serving(self) -> ServingObservation | None:
+        task = self._serving_task
+        if task is None or not task.done():
+            return None
+        self._serving_task = None
+        if task.cancelled() or task.exception() is not None:
+            return None
+        self.last_serving = task.result()
+        return self.last_serving
+
+    async def close(self) -> None:
+        self.reset()
+        await asyncio.to_thread(self.gpu.close)

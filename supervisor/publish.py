@@ -1,0 +1,155 @@
+"""Builds the `StatusSnapshot` the API and metrics read, from the supervisor's typed state."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from probes.types import GpuObservation, HealthObservation, Observation, ServingObservation, TreeObservation
+from supervisor.snapshot import (
+    GpuDeviceView,
+    GpuView,
+    IncidentView,
+    ProcessView,
+    ProgressView,
+    ServingView,
+    StatusSnapshot,
+    ToolCheck,
+)
+from supervisor.watchdog import History, mean_accept
+
+
+def iso(wall: float | None) -> str | None:
+    if wall is None:
+        return None
+    return dt.datetime.fromtimestamp(wall, tz=dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def gpu_view(gpu: GpuObservation | None) -> GpuView:
+    if gpu is None:
+        return GpuView(status="unavailable", reason="not probed yet")
+    held: dict[int, int] = {}
+    for p in gpu.processes:
+        held[p.gpu_index] = held.get(p.gpu_index, 0) + p.used_bytes
+    return GpuView(
+        status=gpu.status,
+        reason=gpu.reason,
+        devices=tuple(
+            GpuDeviceView(
+                index=d.index,
+                uuid=d.uuid,
+                name=d.name,
+                util_percent=d.util_percent,
+                mem_used_bytes=d.mem_used_bytes,
+                mem_total_bytes=d.mem_total_bytes,
+                tree_mem_bytes=held.get(d.index, 0),
+            )
+            for d in gpu.devices
+        ),
+        tree_mem_bytes=gpu.tree_mem_bytes,
+    )
+
+
+def process_views(tree: TreeObservation | None) -> tuple[ProcessView, ...]:
+    if tree is None:
+        return ()
+    return tuple(
+        ProcessView(pid=p.pid, role=p.role, rank=p.rank, title=p.title[:200], status=p.status, rss_bytes=p.rss_bytes)
+        for p in tree.processes
+    )
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the snapshot is built from, gathered by the supervisor."""
+
+    state: str
+    reason: str
+    since_wall: float
+    state_age_s: float
+    rung: str | None
+    rung_index: int | None
+    last_good: str | None
+    ladder: tuple[str, ...]
+    pid: int | None
+    restarts: int
+    restarts_last_hour: int
+    started_wall: float | None
+    time_to_ready_s: float | None
+    next_attempt_in_s: float | None
+    last_incident: IncidentView | None
+    incidents: int
+    selfcheck: tuple[ToolCheck, ...]
+    diagnosing: bool
+    version: str
+    now: float
+    history: History | None
+    observation: Observation | None
+    health: HealthObservation | None  # the latest answers, which most polls do not carry
+    serving: ServingObservation | None
+    running: bool  # a server tree is up (starting or serving)
+
+
+def build(f: Facts) -> StatusSnapshot:
+    obs = f.observation if f.running else None
+    h = f.history if f.running else None
+    progress = None
+    phase = None
+    if obs is not None:
+        phase = obs.logs.phase
+        p = obs.logs.progress
+        if p is not None:
+            progress = ProgressView(
+                done=p.done, total=p.total, unit=p.unit, label=p.label, rate=p.rate, fraction=round(p.fraction, 4)
+            )
+    moved: tuple[str, ...] = ()
+    last_progress_s = None
+    if h is not None:
+        last_progress_s = round(max(0.0, f.now - h.last_any_progress_at), 3)
+        window = 3 * (obs.at - h.base.at if obs is not None else 0.0) + 1e-9
+        moved = tuple(sorted(c for c, t in h.moved_at.items() if f.now - t <= max(window, 5.0)))
+    serving = ServingView()
+    if obs is not None:
+        hv = f.health
+        sv = f.serving
+        serving = ServingView(
+            health_ok=hv.ok if hv is not None else None,
+            health_status=hv.status_code if hv is not None else None,
+            health_latency_s=round(hv.latency_s, 4) if hv is not None else None,
+            health_error=hv.error if hv is not None else "",
+            health_failures_in_row=h.health_failures if h is not None else 0,
+            running_reqs=sv.running_reqs if sv is not None and sv.available else None,
+            queue_reqs=sv.queue_reqs if sv is not None and sv.available else None,
+            token_rate=(sv.gen_throughput if sv is not None and sv.available else None)
+            or (obs.logs.last_decode.gen_throughput if obs.logs.last_decode is not None else None),
+            spec_accept_length=mean_accept(h) if h is not None else None,
+            metrics_available=bool(sv is not None and sv.available),
+        )
+    return StatusSnapshot(
+        state=f.state,
+        phase=phase,
+        progress=progress,
+        rung=f.rung,
+        rung_index=f.rung_index,
+        last_good_rung=f.last_good,
+        pid=f.pid,
+        restarts=f.restarts,
+        restarts_last_hour=f.restarts_last_hour,
+        last_progress_s=last_progress_s,
+        channels_moved=moved,
+        reason=f.reason,
+        since=iso(f.since_wall),
+        state_age_s=round(f.state_age_s, 3),
+        started_at=iso(f.started_wall),
+        time_to_ready_s=f.time_to_ready_s,
+        next_attempt_in_s=f.next_attempt_in_s,
+        last_incident=f.last_incident,
+        incidents=f.incidents,
+        serving=serving,
+        gpu=gpu_view(f.observation.gpu if f.observation is not None else None),
+        processes=process_views(obs.tree if obs is not None else None),
+        selfcheck=f.selfcheck,
+        diagnosing=f.diagnosing,
+        ladder=f.ladder,
+        version=f.version,
+    )

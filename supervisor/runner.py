@@ -1,0 +1,172 @@
+"""`sglang-supervisor run`: one asyncio loop hosting the API (uvicorn) and the supervisor task.
+
+Signals only enqueue commands (SIGTERM/SIGINT: shutdown, SIGHUP: reload). systemd hears READY=1
+once the loop and the API run; the server's readiness is the API's business, not systemd's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from api.app import create_app
+from api.auth import check_bind, load_token
+from probes.gpu import GpuProbe, make_nvml
+from supervisor import __version__
+from supervisor.clock import Clock, SystemClock
+from supervisor.commands import Command
+from supervisor.config import ConfigError, Settings
+from supervisor.daemon import Supervisor
+from supervisor.metrics import SupervisorMetrics
+from supervisor.notify import Notifier
+
+log = structlog.get_logger("supervisor")
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon's handlers enqueue commands instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ConfigError(f"api: cannot listen on {host}:{port}: {err.strerror or err} (set [api] port)") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+@dataclass
+class Api:
+    server: _ApiServer
+    task: asyncio.Task[None]
+    sock: socket.socket
+
+    async def close(self) -> None:
+        self.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.task, timeout=5)
+        self.sock.close()
+
+
+async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str], registry: CollectorRegistry) -> Api:
+    token = load_token(settings.api, env)
+    check_bind(settings.api.host, token)
+    sock = bind_socket(settings.api.host, settings.api.port)
+    app = create_app(
+        sup,
+        token=token,
+        diag_dir=settings.state_dir / "diagnostics",
+        journal=sup.journal,
+        registry=registry,
+        max_body_bytes=settings.api.max_body_bytes,
+        liveness=sup.heartbeat_age,
+    )
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+    server = _ApiServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(500):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()
+    log.info("api_listening", host=settings.api.host, port=settings.api.port, auth=token is not None)
+    return Api(server, task, sock)
+
+
+def make_supervisor(
+    settings: Settings,
+    env: Mapping[str, str],
+    registry: CollectorRegistry,
+    *,
+    config_path: Path | None,
+    notifier: Notifier,
+    clock: Clock | None = None,
+) -> Supervisor:
+    return Supervisor(
+        settings,
+        clock=clock or SystemClock(),
+        metrics=lambda snap: SupervisorMetrics(registry, snap),
+        gpu=GpuProbe(make_nvml(env)),
+        env=env,
+        config_path=config_path,
+        notifier=notifier,
+        version=__version__,
+    )
+
+
+def install_signals(sup: Supervisor) -> None:
+    loop = asyncio.get_running_loop()
+
+    def enqueue(kind: str) -> None:
+        sup.queue.put_nowait(Command(kind=kind, source="signal", reason=f"signal ({kind})"))  # type: ignore[arg-type]
+
+    loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
+
+
+async def serve(
+    settings: Settings,
+    *,
+    env: Mapping[str, str],
+    config_path: Path | None,
+    ready: asyncio.Event | None = None,
+    holder: list[Supervisor] | None = None,
+    signals: bool = True,
+) -> int:
+    """Run the daemon until a shutdown command; the server tree is always stopped on the way out."""
+    notifier = Notifier.from_env(env)
+    registry = CollectorRegistry()
+    sup = make_supervisor(settings, env, registry, config_path=config_path, notifier=notifier)
+    if holder is not None:
+        holder.append(sup)
+    api = await start_api(sup, settings, env, registry)
+
+    current = settings
+
+    async def on_reload(new: Settings) -> None:
+        """Rebind the API when its settings changed; a refused new API config keeps the old one."""
+        nonlocal api, current
+        if new.api != current.api:
+            token = load_token(new.api, env)  # raises ConfigError before anything is torn down
+            check_bind(new.api.host, token)
+            await api.close()
+            try:
+                api = await start_api(sup, new, env, registry)
+            except ConfigError:
+                api = await start_api(sup, current, env, registry)
+                raise
+        current = new
+
+    sup.on_reload = on_reload
+    if signals:
+        install_signals(sup)
+    notifier.ready()
+    if ready is not None:
+        ready.set()
+    try:
+        await sup.run()
+    finally:
+        await api.close()
+    log.info("daemon_exit", state=sup.snapshot().state)
+    return 0
