@@ -1,0 +1,233 @@
+"""The CLI client against a real uvicorn serving the app over a fake supervisor, on a random port."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from api.app import create_app
+from api.testing import FakeSupervisor, sample_starting_snapshot
+from supervisor.client import add_client_commands, run_client
+from supervisor.journal import Journal
+from supervisor.metrics import SupervisorMetrics
+
+TOKEN = "client-test-token-42"
+
+
+@dataclass
+class Daemon:
+    url: str
+    handle: FakeSupervisor
+    token_file: Path
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    handle = FakeSupervisor()
+    registry = CollectorRegistry()
+    SupervisorMetrics(registry, handle.snapshot)
+    app = create_app(
+        handle,
+        token=TOKEN,
+        diag_dir=tmp_path / "diagnostics",
+        journal=Journal(tmp_path / "events.jsonl"),
+        registry=registry,
+        max_body_bytes=64 * 1024,
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, ws="none")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    os.chmod(token_file, 0o600)
+    try:
+        yield Daemon(f"http://127.0.0.1:{port}", handle, token_file)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sglang-supervisor")
+    add_client_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> int:
+    return run_client(parse(argv), env=env or {})
+
+
+def test_status_table(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["status", "--url", daemon.url, "--token-file", str(daemon.token_file)]) == 0
+    out = capsys.readouterr().out
+    rows = {line[:15].strip(): line[15:] for line in out.splitlines()}
+    assert rows["state"].startswith("ready")
+    assert rows["rung"].startswith("base (#0 of 3")
+    assert rows["pid"] == "4242"
+    assert rows["restarts"] == "2 (1 in the last hour)"
+    assert rows["last progress"] == "1.5 s ago"
+    assert rows["last incident"].startswith("startup_stall / idle_deadlock at 2025-01-01T00:00:00Z on base")
+    assert "health ok 12 ms" in rows["serving"] and "spec accept 3.10" in rows["serving"]
+    assert "NVIDIA H200" in rows["GPUs"] and "95% util" in rows["GPUs"]
+    for key in ("phase", "progress"):
+        assert key in rows
+
+
+def test_status_while_starting_shows_progress(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon.handle.snap = sample_starting_snapshot()
+    assert run(["status", "--url", daemon.url], env={"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 0
+    out = capsys.readouterr().out
+    assert "loading_weights" in out
+    assert "45/61 it Loading safetensors (73.8%)" in out
+
+
+def test_status_json_is_the_snapshot(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["status", "--url", daemon.url, "--json"], env={"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 0
+    assert json.loads(capsys.readouterr().out) == daemon.handle.snap.model_dump(mode="json")
+
+
+def test_restart_then_conflict_exit_1(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["restart", "--url", daemon.url, "--token-file", str(daemon.token_file)]
+    assert run([*argv, "--rung", "no-spec", "--reason", "operator test", "--diagnose"]) == 0
+    assert capsys.readouterr().out.strip() == "restart accepted: incident inc-manual-1, state restarting"
+    cmd = daemon.handle.submitted[-1]
+    assert (cmd.rung, cmd.reason, cmd.diagnose) == ("no-spec", "operator test", True)
+    assert run(argv) == 1
+    err = capsys.readouterr().err
+    assert "409" in err and "already under way" in err and "[state: restarting]" in err
+
+
+def test_unknown_rung_exit_1_lists_rungs(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["restart", "--url", daemon.url, "--rung", "nope", "--json"], {"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 1
+    body = json.loads(capsys.readouterr().out)
+    assert body["error"] == "unknown_rung"
+    assert run(["restart", "--url", daemon.url, "--rung", "nope"], {"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 1
+    assert "rungs: base, no-cuda-graph, no-spec" in capsys.readouterr().err
+
+
+def test_stop_start_diagnose(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {"SGLANG_SUPERVISOR_TOKEN": TOKEN}
+    assert run(["stop", "--url", daemon.url], env) == 0
+    assert "stop accepted: state stopped" in capsys.readouterr().out
+    assert run(["stop", "--url", daemon.url], env) == 1
+    capsys.readouterr()
+    assert run(["start", "--url", daemon.url], env) == 0
+    assert "start accepted: state starting" in capsys.readouterr().out
+    assert run(["diagnose", "--url", daemon.url, "--gdb", "--no-native"], env) == 0
+    out = capsys.readouterr().out
+    assert "bundle b-manual" in out and "hang_class: unknown" in out
+    cmd = daemon.handle.submitted[-1]
+    assert (cmd.kind, cmd.native, cmd.gdb) == ("diagnose", False, True)
+    assert run(["diagnose", "--url", daemon.url], env) == 0
+    assert (daemon.handle.submitted[-1].native, daemon.handle.submitted[-1].gdb) == (None, None)
+
+
+def test_diagnose_busy_exit_1(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon.handle.diagnosing = True
+    assert run(["diagnose", "--url", daemon.url], {"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 1
+    assert "429" in capsys.readouterr().err
+
+
+def test_missing_or_wrong_token_exit_4(daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["status", "--url", daemon.url]) == 4
+    assert "SGLANG_SUPERVISOR_TOKEN" in capsys.readouterr().err
+    wrong = tmp_path / "wrong"
+    wrong.write_text("nope")
+    assert run(["restart", "--url", daemon.url, "--token-file", str(wrong)]) == 4
+    assert run(["status", "--url", daemon.url, "--json"], {"SGLANG_SUPERVISOR_TOKEN": "x"}) == 4
+    assert json.loads(capsys.readouterr().out)["error"] == "unauthorized"
+    assert daemon.handle.submitted == []
+
+
+def test_unreachable_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        assert run(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "2"]) == 3
+    assert "cannot reach the daemon" in capsys.readouterr().err
+
+
+def test_timeout_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)  # accepts into the backlog but never answers
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        assert run(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "0.3"]) == 3
+        assert time.monotonic() - t0 < 5
+    assert "no answer in time" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["status", "--token-file", str(tmp_path / "absent")]) == 2
+    assert "cannot read --token-file" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert run(["status", "--token-file", str(empty)]) == 2
+    assert run(["status", "--url", "ftp://127.0.0.1:1"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        parse(["restart", "--bogus"])
+    assert exc.value.code == 2
+
+
+def test_not_a_supervisor_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """Something else on the port answering HTML is an error, not a crash."""
+    body = b"<html>hello</html>"
+
+    async def serve() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        code = await asyncio.to_thread(run, ["status", "--url", f"http://127.0.0.1:{port}"])
+        server.close()
+        await server.wait_closed()
+        assert code == 1
+
+    asyncio.run(serve())
+    assert "not a sglang-supervisor answer" in capsys.readouterr().err
+
+
+def test_raw_traversal_over_a_real_socket_is_404(daemon: Daemon) -> None:
+    """What httpx would normalise away, sent byte for byte to uvicorn."""
+    host, port = daemon.url.removeprefix("http://").split(":")
+    for target in (
+        "/diagnostics/../../etc/passwd",
+        "/diagnostics/x/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/diagnostics/%2e%2e/%2e%2e/etc/passwd",
+        "/diagnostics/x/%00",
+    ):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            head = f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+            s.sendall(head.encode())
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        status = data.split(b"\r\n", 1)[0]
+        assert status.split()[1] in (b"404", b"400"), (target, status)
+        assert b"root:" not in data
