@@ -103,6 +103,9 @@ async def _run(
     env: dict[str, str],
     resume: Resume | None,
 ) -> RunResult:
+    if not os.path.exists(f"/proc/{run.info.pid}"):
+        run.outcomes.append(ToolOutcome(run.info.pid, tool, "gone", 0.0, detail="the process had exited"))
+        return RunResult(None, "", "", 0.0)
     res = await run_tool(argv, timeout_s, env=env)
     out = _outcome(run.info.pid, tool, res)
     if out.outcome == "missing":

@@ -196,7 +196,8 @@ def thread_views(proc: ProcEvidence) -> tuple[ThreadView, ...]:
     for tid in order:
         python = py_by_tid.get(tid)
         native = by_tid_native.get(tid) if tid is not None else None
-        infos = samples.get(tid, []) if tid is not None else []
+        # A stop by our own tools (t, T) says nothing about the hang: those samples are dropped.
+        infos = [i for i in samples.get(tid, []) if i.state not in ("t", "T")] if tid is not None else []
         states = tuple(i.state for i in infos)
         wchan = infos[-1].wchan if infos else ""
         frames = native_window(python) if python is not None else ()

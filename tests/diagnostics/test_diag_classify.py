@@ -206,3 +206,11 @@ def test_precedence_is_reported() -> None:
 def test_busy_names_the_looping_line() -> None:
     result = classify(Evidence((busy(),)))
     assert any("runs in spin_forever at deadlock_prog.py:54" in f for f in result.frames)
+
+
+def test_samples_taken_while_our_tools_held_the_process_are_ignored() -> None:
+    traced = tuple(ThreadInfo(t.tid, t.name, "t", "ptrace_stop") for t in DEADLOCK_SAMPLE)
+    evidence = Evidence((deadlock(samples=(DEADLOCK_SAMPLE, traced)),))
+    result = classify(evidence)
+    assert result.hang_class == "idle_deadlock"
+    assert "ptrace_stop" not in "\n".join(result.frames)
