@@ -158,10 +158,17 @@ class HealthProbe:
             return JsonReply(None, got.status_code, "invalid JSON (nested too deep)", got.latency_s)
         return JsonReply(data, got.status_code, "", got.latency_s)
 
+    def cancel(self) -> None:
+        """Abandon the request in flight (a relaunch: its answer would describe the old server).
+        Callers awaiting it get CancelledError; the next `probe()` starts a fresh request."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+
     async def aclose(self) -> None:
         task = self._task
-        if task is not None and not task.done():
-            task.cancel()
+        self.cancel()
+        if task is not None:
             await asyncio.gather(task, return_exceptions=True)
         if self._owns_client:
             await self._client.aclose()

@@ -164,6 +164,30 @@ async def test_aclose_cancels_a_probe_in_flight_and_closes_its_own_client() -> N
         await pending
 
 
+async def test_cancel_abandons_the_request_in_flight() -> None:
+    calls = 0
+    first_call = asyncio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            first_call.set()
+            await asyncio.sleep(5)  # the old server, hung
+        return httpx.Response(200)
+
+    async with mock_client(httpx.MockTransport(handle)) as client:
+        probe = HealthProbe("http://h", "/health", 10.0, client=client)
+        stale = asyncio.ensure_future(probe.probe())
+        await first_call.wait()
+        probe.cancel()
+        assert not probe.in_flight
+        fresh = await probe.probe()
+        assert fresh.ok and calls == 2
+        with pytest.raises(asyncio.CancelledError):
+            await stale
+
+
 @pytest.mark.parametrize(
     ("transport", "expected"),
     [
