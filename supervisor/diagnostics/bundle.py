@@ -35,6 +35,12 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def safe_id(wanted: str) -> str:
+    """A directory name from an incident id: characters outside [A-Za-z0-9._-] become `_`."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", wanted).lstrip(".")
+    return cleaned or "incident"
+
+
 def unique_id(diag_dir: Path, wanted: str) -> str:
     """`wanted`, or `wanted-2`, `-3`, ... when a bundle of that name exists (two in one second)."""
     candidate, n = wanted, 1

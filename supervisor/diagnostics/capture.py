@@ -17,7 +17,7 @@ from pathlib import Path
 
 from probes.types import ProcInfo, ThreadInfo
 from supervisor.diagnostics import tools
-from supervisor.diagnostics.bundle import enforce_retention, unique_id, write_bundle
+from supervisor.diagnostics.bundle import enforce_retention, safe_id, unique_id, write_bundle
 from supervisor.diagnostics.classify import classify
 from supervisor.diagnostics.model import (
     BundleResult,
@@ -190,6 +190,59 @@ def _json(obj: object) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode()
 
 
+@dataclass(frozen=True)
+class _Collected:
+    before: list[ProcSnapshot]  # /proc before any tool ran
+    runs: list[_ProcRun]
+    after: list[tuple[ThreadInfo, ...]]  # thread states once every tool is done
+    durations: dict[str, float]
+
+
+async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume | None) -> _Collected:
+    start = time.monotonic()
+    pids = [p.pid for p in req.processes]
+    env = tools.tool_env(dict(os.environ))
+    before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
+    proc_s = time.monotonic() - start
+    runs = await asyncio.gather(*(_capture_one(p, req, paths, env, resume) for p in req.processes))
+    tools_s = time.monotonic() - start - proc_s
+    after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
+    durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4)}
+    return _Collected(before, list(runs), after, durations)
+
+
+def _redactor(req: CaptureRequest, before: Sequence[ProcSnapshot]) -> Redactor:
+    """Secrets as the daemon gave them and as every process of the tree really has them."""
+    argvs = [req.argv, *(s.cmdline for s in before)]
+    envs = [req.env, *(dict(s.environ) for s in before)]
+    return Redactor.from_envs(envs, extra=[v for a in argvs for v in argv_secrets(a)])
+
+
+def _files(req: CaptureRequest, got: _Collected, redactor: Redactor) -> dict[str, bytes]:
+    texts: dict[str, str] = {}
+    for run, snap in zip(got.runs, got.before, strict=True):
+        texts.update(run.outputs)
+        texts[f"proc-{snap.pid}.txt"] = render_proc(snap, redactor)
+    texts["log-tail.txt"] = "\n".join(req.log_tail) + ("\n" if req.log_tail else "")
+    blobs = {name: redactor.text(text).encode() for name, text in texts.items()}
+    blobs["env.json"] = _json(redactor.env(req.env))
+    blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu)))
+    blobs["verdict.json"] = _json(redactor.obj(dict(req.verdict)))
+    return blobs
+
+
+async def _store(
+    diag_dir: Path, bundle_id: str, blobs: dict[str, bytes], keep: int, max_bytes: int
+) -> tuple[Path | None, str | None, list[str], list[str]]:
+    """(path, write error, bundles removed by retention, retention errors)."""
+    try:
+        path = await asyncio.to_thread(write_bundle, diag_dir, bundle_id, blobs)
+    except OSError as err:
+        return None, f"cannot write bundle {bundle_id} under {diag_dir}: {err}", [], []
+    removed, errors = await asyncio.to_thread(enforce_retention, diag_dir, keep, max_bytes, bundle_id)
+    return path, None, removed, errors
+
+
 async def capture(
     req: CaptureRequest,
     diag_dir: Path,
@@ -203,53 +256,31 @@ async def capture(
     """Capture evidence of every process in `req`, classify it, write one bundle; never raises for
     a missing tool, a refused ptrace, a timeout or a failed write: those are in the result."""
     start = time.monotonic()
-    created = req.created_at if req.created_at is not None else time.time()
-    paths = tools.resolve(py_spy_path, gdb_path)
-    env = tools.tool_env(dict(os.environ))
-    pids = [p.pid for p in req.processes]
-
-    before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
-    argvs = [req.argv, *(s.cmdline for s in before)]
-    redactor = Redactor.from_envs(
-        [req.env, *(dict(s.environ) for s in before)], extra=[v for a in argvs for v in argv_secrets(a)]
-    )
-    proc_s = time.monotonic() - start
-    runs = await asyncio.gather(*(_capture_one(p, req, paths, env, resume) for p in req.processes))
-    tools_s = time.monotonic() - start - proc_s
-    after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
-
-    evidence = _evidence(req, runs, before, after)
+    diag_dir = Path(diag_dir)
+    got = await _collect(req, tools.resolve(py_spy_path, gdb_path), resume)
+    redactor = _redactor(req, got.before)
+    evidence = _evidence(req, got.runs, got.before, got.after)
     classification = classify(evidence)
-    outcomes = tuple(o for r in runs for o in r.outcomes)
-    errors = [e for r in runs for e in r.errors] + [f"pid {s.pid}: {e}" for s in before for e in s.errors]
 
-    texts: dict[str, str] = {}
-    for run, snap in zip(runs, before, strict=True):
-        texts.update(run.outputs)
-        texts[f"proc-{snap.pid}.txt"] = render_proc(snap, redactor)
-    texts["log-tail.txt"] = "\n".join(req.log_tail) + ("\n" if req.log_tail else "")
-    blobs = {name: redactor.text(text).encode() for name, text in texts.items()}
-    blobs["env.json"] = _json(redactor.env(req.env))
-    blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu)))
-    blobs["verdict.json"] = _json(redactor.obj(dict(req.verdict)))
+    blobs = _files(req, got, redactor)
     names = [*blobs, "summary.json", "summary.txt"]
-
-    bundle_id = unique_id(Path(diag_dir), req.incident_id)
+    bundle_id = unique_id(diag_dir, safe_id(req.incident_id))
     records = [
         ProcRecord(
             r.info,
             s.alive,
             s.listening,
-            tuple(n for n in names if n.endswith(f"-{r.info.pid}.txt")),
+            tuple(n for n in names if n.endswith(f"-{s.pid}.txt")),
             len(s.threads),
         )
-        for r, s in zip(runs, before, strict=True)
+        for r, s in zip(got.runs, got.before, strict=True)
     ]
-    durations = {
-        "proc_s": round(proc_s, 4),
-        "tools_s": round(tools_s, 4),
-        "capture_s": round(time.monotonic() - start, 4),
-    }
+    outcomes = tuple(o for r in got.runs for o in r.outcomes)
+    errors = [e for r in got.runs for e in r.errors] + [
+        f"pid {s.pid}: {e}" for s in got.before for e in s.errors
+    ]
+    durations = {**got.durations, "capture_s": round(time.monotonic() - start, 4)}
+    created = req.created_at if req.created_at is not None else time.time()
     summary = build_summary(
         req,
         bundle_id,
@@ -266,24 +297,15 @@ async def capture(
     blobs["summary.json"] = _json(summary)
     blobs["summary.txt"] = render_text(summary, evidence, redactor).encode()
 
-    path: Path | None = None
-    error: str | None = None
-    removed: list[str] = []
-    try:
-        path = await asyncio.to_thread(write_bundle, Path(diag_dir), bundle_id, blobs)
-    except (OSError, ValueError) as err:
-        error = f"cannot write bundle {bundle_id} under {diag_dir}: {err}"
-    if path is not None:
-        removed, retention_errors = await asyncio.to_thread(
-            enforce_retention, Path(diag_dir), keep, max_bytes, bundle_id
-        )
-        errors += retention_errors
+    path, error, removed, retention_errors = await _store(diag_dir, bundle_id, blobs, keep, max_bytes)
     total = time.monotonic() - start
-    final = dict(summary)
-    final["durations"] = {**durations, "total_s": round(total, 4)}
-    final["errors"] = [*errors, *([error] if error else [])]
-    final["path"] = str(path) if path else None
-    final["removed"] = removed
+    final = {
+        **summary,
+        "durations": {**durations, "total_s": round(total, 4)},
+        "errors": [*errors, *retention_errors, *([error] if error else [])],
+        "path": str(path) if path else None,
+        "removed": removed,
+    }
     return BundleResult(
         bundle_id,
         path,

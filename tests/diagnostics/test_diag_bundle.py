@@ -138,3 +138,22 @@ def test_bundle_file_and_summary_lookup(tmp_path: Path) -> None:
     assert bundle_file(tmp_path, "a", "blob.txt") == tmp_path / "a" / "blob.txt"
     assert bundle_summary(tmp_path, "a") == {"id": "a", "hang_class": "unknown"}
     assert bundle_summary(tmp_path, "../a") is None
+
+
+@pytest.mark.parametrize(
+    ("wanted", "safe"),
+    [
+        ("20261129T144501Z-startup_stall", "20261129T144501Z-startup_stall"),
+        ("../x y", "_x_y"),
+        ("...", "incident"),
+    ],
+)
+def test_safe_id(wanted: str, safe: str) -> None:
+    assert bundle.safe_id(wanted) == safe
+
+
+def test_new_incident_id_is_utc_time_then_cause() -> None:
+    from supervisor.diagnostics import new_incident_id
+
+    assert new_incident_id(1795963501.0, "startup_stall") == "20261129T144501Z-startup_stall"
+    assert new_incident_id(1795963501.0, None) == "20261129T144501Z-manual"
