@@ -152,7 +152,7 @@ async def _capture_one(
         else:
             argv = tools.gdb_argv(paths.gdb, pid, paths.gdb_kind)
             res = await _run(run, paths.gdb_kind, argv, req.gdb_timeout_s, env, resume)
-            run.native = tools.parse_gdb(res.stdout)
+            run.native = await asyncio.to_thread(tools.parse_gdb, res.stdout)
             run.kernels = tools.parse_cuda_kernels(res.stdout) if paths.gdb_kind == "cuda-gdb" else ()
     return run
 
@@ -262,7 +262,7 @@ async def capture(
     evidence = _evidence(req, got.runs, got.before, got.after)
     classification = classify(evidence)
 
-    blobs = _files(req, got, redactor)
+    blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop
     names = [*blobs, "summary.json", "summary.txt"]
     bundle_id = unique_id(diag_dir, safe_id(req.incident_id))
     records = [

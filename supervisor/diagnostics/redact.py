@@ -9,6 +9,7 @@ gdb in a string argument does not survive either.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ def secret_key(name: str) -> bool:
     return bool(_SECRET_KEY.search(name))
 
 
+@functools.lru_cache(maxsize=4096)  # tool outputs repeat the same few names many thousand times
 def secret_name(name: str) -> bool:
     """A flag or assignment name in text whose value is never written (word match)."""
     return any(w.lower() in _SECRET_WORDS for w in _WORD_SPLIT.split(name.lstrip("-")) if w)
