@@ -158,6 +158,7 @@ async def capture_bundle(
             native=native,
             gdb=gdb,
             hung=trigger == "hung",
+            created_at=sup.clock.wall(),
         )
     except Exception as err:  # a capture must never take the daemon down
         log.exception("diagnostics_failed", id=incident_id)

@@ -191,6 +191,7 @@ class Supervisor:
         if saved is not None:
             self.marker, self.ladder = saved.marker, saved.ladder
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
+        self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
         self.persist()
         leftovers = await actions.kill_leftovers(self)
         if leftovers:

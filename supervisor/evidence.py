@@ -72,6 +72,7 @@ async def collect(
     native: bool | None = None,
     gdb: bool | None = None,
     hung: bool,
+    created_at: float | None = None,
 ) -> BundleResult:
     d = settings.diagnostics
     use_gdb = gdb if gdb is not None else (d.gdb == "always" or (d.gdb == "on_hang" and hung))
@@ -95,6 +96,9 @@ async def collect(
         gpu=gpu_all,
         tree_cpu_cores=cpu_rate,
         gpu_util_percent=obs.gpu.max_util_percent if obs.gpu.status == "ok" else None,
+        busy_cpu_cores=settings.watchdog.busy_cpu_cores,
+        busy_gpu_percent=settings.watchdog.busy_gpu_percent,
+        created_at=created_at,
     )
     return await capture(
         req,

@@ -54,6 +54,7 @@ def _base_url(host: str, port: int) -> str:
 class Observer:
     def __init__(self, settings: Settings, gpu: GpuProbe, monotonic: Callable[[], float]) -> None:
         self._monotonic = monotonic
+        self._closing: set[asyncio.Future[None]] = set()
         self.gpu = gpu
         self.tree_probe = ProcessTreeProbe()
         self.configure(settings)
@@ -68,6 +69,9 @@ class Observer:
         self.settings = settings
         srv, wd = settings.server, settings.watchdog
         url = _base_url(srv.host, srv.port)
+        old = [p for p in (getattr(self, "health_probe", None), getattr(self, "serving_probe", None)) if p is not None]
+        for probe in old:  # each owns an httpx client
+            self._closing.add(asyncio.ensure_future(probe.aclose()))
         self.ports_probe = PortsProbe(srv.host, srv.port)
         self.health_probe = HealthProbe(url, wd.health_path, wd.health_timeout_s, monotonic=self._monotonic)
         self.serving_probe = ServingProbe(url, wd.metrics_path, wd.metrics_timeout_s, monotonic=self._monotonic)
@@ -75,6 +79,7 @@ class Observer:
     def reset(self) -> None:
         """A new launch: a fresh log parser and no stale HTTP answers."""
         self.parser = LogParser()
+        self.health_probe.cancel()  # the shared request belongs to the old server
         for task in (self._health_task, self._serving_task):
             if task is not None:
                 task.cancel()
@@ -141,4 +146,8 @@ class Observer:
 
     async def close(self) -> None:
         self.reset()
+        await self.health_probe.aclose()
+        await self.serving_probe.aclose()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.to_thread(self.gpu.close)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -13,75 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from simsupport import sim_settings
 
-from supervisor.config import Settings, settings_from_mapping
+from supervisor.config import Settings
 from supervisor.daemon import Supervisor
 from supervisor.runner import serve
 from supervisor.snapshot import StatusSnapshot
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def sim_settings(
-    tmp_path: Path,
-    scenario: str = "ok",
-    *,
-    tp: int = 2,
-    env: dict[str, str] | None = None,
-    args: dict[str, Any] | None = None,
-    fallback: list[dict[str, Any]] | None = None,
-    watchdog: dict[str, Any] | None = None,
-    restart: dict[str, Any] | None = None,
-    diagnostics: dict[str, Any] | None = None,
-    api: dict[str, Any] | None = None,
-) -> Settings:
-    sim_env = {
-        "SGLANG_SIM_SCENARIO": scenario,
-        "SGLANG_SIM_PACE": "0.15",
-        "SGLANG_SIM_HEALTH_LATENCY_S": "0.05",
-        "SGLANG_SIM_FAULT_AFTER_S": "1.5",
-        "SGLANG_HEALTH_CHECK_TIMEOUT": "2",
-    }
-    sim_env.update(env or {})
-    data: dict[str, Any] = {
-        "server": {
-            "command": [sys.executable, "-m", "supervisor.simulator"],
-            "port": free_port(),
-            "env": sim_env,
-            "args": {"model-path": str(tmp_path / "model"), "tp-size": tp, "enable-metrics": True, **(args or {})},
-        },
-        "fallback": fallback or [],
-        "watchdog": {
-            "poll_interval_s": 0.5,
-            "startup_stall_s": 4.0,
-            "startup_timeout_s": 120.0,
-            "cpu_only_stall_s": 8.0,
-            "health_interval_s": 1.0,
-            "health_timeout_s": 4.0,
-            "health_failures": 2,
-            "serving_stall_s": 4.0,
-            "spec_window_s": 4.0,
-            **(watchdog or {}),
-        },
-        "restart": {
-            "retries_per_rung": 0,
-            "backoff_initial_s": 0.2,
-            "backoff_max_s": 2.0,
-            "stop_grace_s": 3.0,
-            "release_timeout_s": 2.0,
-            "start_from": "preferred",
-            **(restart or {}),
-        },
-        "diagnostics": {"native": False, "gdb": "never", "py_spy_timeout_s": 10.0, **(diagnostics or {})},
-        "api": {"port": free_port(), **(api or {})},
-        "paths": {"state_dir": str(tmp_path / "state")},
-    }
-    return settings_from_mapping(data)
 
 
 @dataclass

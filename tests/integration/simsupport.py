@@ -1,0 +1,106 @@
+"""Config builders shared by the integration tests (importable: pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import Settings, settings_from_mapping
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def sim_settings(
+    tmp_path: Path,
+    scenario: str = "ok",
+    *,
+    tp: int = 2,
+    env: dict[str, str] | None = None,
+    args: dict[str, Any] | None = None,
+    fallback: list[dict[str, Any]] | None = None,
+    watchdog: dict[str, Any] | None = None,
+    restart: dict[str, Any] | None = None,
+    diagnostics: dict[str, Any] | None = None,
+    api: dict[str, Any] | None = None,
+) -> Settings:
+    sim_env = {
+        "SGLANG_SIM_SCENARIO": scenario,
+        "SGLANG_SIM_PACE": "0.15",
+        "SGLANG_SIM_HEALTH_LATENCY_S": "0.05",
+        "SGLANG_SIM_FAULT_AFTER_S": "1.5",
+        "SGLANG_HEALTH_CHECK_TIMEOUT": "2",
+        # SGLang republishes its gauges every 30 s when idle; production's serving_stall_s (60 s)
+        # is longer than that, and the tests keep the same ratio with shorter times.
+        "SGLANG_SIM_IDLE_METRICS_S": "1.5",
+    }
+    sim_env.update(env or {})
+    data: dict[str, Any] = {
+        "server": {
+            "command": [sys.executable, "-m", "supervisor.simulator"],
+            "port": free_port(),
+            "env": sim_env,
+            "args": {"model-path": str(tmp_path / "model"), "tp-size": tp, "enable-metrics": True, **(args or {})},
+        },
+        "fallback": fallback or [],
+        "watchdog": {
+            "poll_interval_s": 0.5,
+            "startup_stall_s": 4.0,
+            "startup_timeout_s": 120.0,
+            "cpu_only_stall_s": 8.0,
+            "health_interval_s": 1.0,
+            "health_timeout_s": 4.0,
+            "health_failures": 2,
+            "serving_stall_s": 4.0,
+            "spec_window_s": 4.0,
+            **(watchdog or {}),
+        },
+        "restart": {
+            "retries_per_rung": 0,
+            "backoff_initial_s": 0.2,
+            "backoff_max_s": 2.0,
+            "stop_grace_s": 3.0,
+            "release_timeout_s": 2.0,
+            "start_from": "preferred",
+            **(restart or {}),
+        },
+        "diagnostics": {"native": False, "gdb": "never", "py_spy_timeout_s": 10.0, **(diagnostics or {})},
+        "api": {"port": free_port(), **(api or {})},
+        "paths": {"state_dir": str(tmp_path / "state")},
+    }
+    return settings_from_mapping(data)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f'"{k}" = {_toml_value(x)}' for k, x in v.items() if x is not None) + " }"
+    raise TypeError(type(v))
+
+
+def to_toml(settings: Settings) -> str:
+    """Settings back to a TOML file, for tests that run the daemon as a real subprocess."""
+    data = settings.model_dump()
+    out: list[str] = []
+    for section, body in data.items():
+        if section == "fallback":
+            continue
+        out.append(f"[{section}]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
+    for rung in data["fallback"]:
+        out.append("[[fallback]]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in rung.items() if v is not None)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,133 @@
+"""A ready server watched the way SGLang really fails: health, stalls with /health 200, dead ranks,
+crashes and speculative regressions; and steady traffic or an idle server left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SPEC = {"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/draft"}
+
+
+@contextlib.asynccontextmanager
+async def traffic(port: int, concurrency: int = 2, tokens: int = 24) -> AsyncIterator[list[int]]:
+    """A bounded load generator: `concurrency` clients posting /generate until the block ends."""
+    done: list[int] = []
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        async with httpx.AsyncClient(timeout=120) as c:
+            while not stop.is_set():
+                try:
+                    r = await c.post(
+                        f"http://127.0.0.1:{port}/generate",
+                        json={"text": "hello", "sampling_params": {"max_new_tokens": tokens}},
+                    )
+                    if r.status_code == 200:
+                        done.append(1)
+                except httpx.HTTPError:
+                    await asyncio.sleep(0.2)
+
+    tasks = [asyncio.create_task(client()) for _ in range(concurrency)]
+    try:
+        yield done
+    finally:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def ready(s) -> bool:  # type: ignore[no-untyped-def]
+    return s.state == "ready"
+
+
+async def test_health_hangs_is_unhealthy(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("health_hangs"))
+    await r.wait_for(ready, 30, "ready")
+    snap = await r.wait_for(lambda s: s.last_incident is not None, 30, "unhealthy")
+    assert snap.last_incident is not None and snap.last_incident.cause == "unhealthy"
+
+
+async def test_serving_stall_caught_while_health_says_200(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim("serving_stall")
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    async with traffic(s.server.port, concurrency=3):
+        snap = await r.wait_for(lambda x: x.last_incident is not None, 30, "serving stall")
+    assert snap.last_incident is not None and snap.last_incident.cause == "serving_stall"
+    # /health kept answering 200 through the stall: the verdict came from token progress.
+    health = r.sup.observer.last_health
+    assert health is not None and health.ok and health.status_code == 200
+
+
+async def test_rank_death_is_caught_at_the_next_poll(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    onset_file = tmp_path / "onset.json"
+    s = sim("rank_dies", tp=2, env={"SGLANG_SIM_ONSET_FILE": str(onset_file)})
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    await r.wait_for(lambda x: x.state in ("hung", "diagnosing", "restarting"), 20, "rank_died verdict")
+    late = time.monotonic() - json.loads(onset_file.read_text())["onset_monotonic"]
+    assert late <= 2 * s.watchdog.poll_interval_s + 0.3, f"{late:.2f} s after the rank died"
+    snap = await r.wait_for(lambda x: x.last_incident is not None, 20, "rank_died")
+    assert snap.last_incident is not None and snap.last_incident.cause == "rank_died"
+
+
+async def test_crash_after_ready_is_exited_and_restarted(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("crash_after_ready", restart={"retries_per_rung": 3}))
+    await r.wait_for(ready, 30, "ready")
+    snap = await r.wait_for(lambda x: x.last_incident is not None, 20, "exited")
+    assert snap.last_incident is not None and snap.last_incident.cause == "exited"
+    await r.wait_for(lambda x: x.state in ("starting", "ready") and x.restarts >= 1, 20, "relaunched")
+
+
+async def test_low_acceptance_under_traffic_degrades_then_falls_back(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim(
+        "low_accept",
+        args=SPEC,
+        watchdog={"on_spec_regression": "fallback"},
+        fallback=[{"name": "no-speculation", "drop": list(SPEC)}],
+    )
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    async with traffic(s.server.port):
+        snap = await r.wait_for(lambda x: x.last_incident is not None, 40, "spec regression")
+    assert snap.last_incident is not None and snap.last_incident.cause == "spec_regression"
+    snap = await r.wait_for(lambda x: x.rung == "no-speculation" and x.state == "ready", 30, "no-spec rung ready")
+
+
+async def test_low_acceptance_alert_only_is_degraded(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim("low_accept", args=SPEC)
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    async with traffic(s.server.port):
+        snap = await r.wait_for(lambda x: x.state == "degraded", 40, "degraded on acceptance")
+    assert "acceptance" in snap.reason
+    assert snap.serving.spec_accept_length is not None and snap.serving.spec_accept_length < 1.5
+    assert snap.restarts == 0
+
+
+async def test_steady_traffic_with_slow_health_and_idle_gauges_stay_ready(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    s = sim("ok", args=SPEC, env={"SGLANG_SIM_HEALTH_LATENCY_S": "1.0"})
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    windows = 3 * s.watchdog.serving_stall_s
+    async with traffic(s.server.port) as done:
+        for _ in range(int(windows * 10)):
+            assert r.snap().state == "ready", r.snap().reason
+            await asyncio.sleep(0.1)
+    assert len(done) > 5, "the load generator really got answers"
+    assert r.snap().serving.health_ok is True and (r.snap().serving.health_latency_s or 0) >= 0.9
+    # Then idle, with frozen gauges, for more than a stall window.
+    for _ in range(int(s.watchdog.serving_stall_s * 1.5 * 10)):
+        assert r.snap().state == "ready", r.snap().reason
+        await asyncio.sleep(0.1)
+    assert r.snap().last_incident is None and r.snap().incidents == 0
