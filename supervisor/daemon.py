@@ -248,8 +248,10 @@ class Supervisor:
     async def observe(self) -> Observation:
         server = self.server
         if self.capture is not None:
-            self.observer.feed(self.capture.lines_since(self.log_seq))
-            self.log_seq = self.capture.latest_seq
+            lines = self.capture.lines_since(self.log_seq)
+            if lines:
+                self.observer.feed(lines)
+                self.log_seq = lines[-1].seq
         rendered = render_rung(self.settings.server, self.settings.ladder[self.ladder.current])
         target = Target(
             root_pid=server.pid if server is not None else None,
