@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import http
 import json
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from supervisor.simulator.logs import LogWriter
 from supervisor.simulator.model import ModelFacts
 from supervisor.simulator.serverargs import server_args_items
 from supervisor.simulator.settings import SimSettings
-from supervisor.simulator.tokenizer import ServerStatus, TokenizerManager
+from supervisor.simulator.tokenizer import ClientDisconnected, GenerateResult, ServerStatus, TokenizerManager
 
 SGLANG_VERSION = "0.5.6"
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -192,6 +194,22 @@ class Handler(BaseHTTPRequestHandler):
             return True
         return False
 
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _run(self, n_prompt: int, max_new: int) -> GenerateResult | None:
+        try:
+            return self.front.manager.generate(n_prompt, max_new, self._client_gone)
+        except ClientDisconnected as e:
+            self.front.log.error(f"[http_server] Error: {e}")
+            with contextlib.suppress(OSError):
+                self._json(400, {"error": {"message": str(e)}})
+            return None
+
     def _generate(self) -> None:
         body = self._read_json()
         if body is None:
@@ -205,7 +223,9 @@ class Handler(BaseHTTPRequestHandler):
         text = body.get("text")
         ids = body.get("input_ids")
         n_prompt = len(ids) if isinstance(ids, list) else prompt_tokens(text if isinstance(text, str) else "")
-        result = self.front.manager.generate(n_prompt, max_new)
+        result = self._run(n_prompt, max_new)
+        if result is None:
+            return
         meta: dict[str, object] = {
             "id": result.rid,
             "finish_reason": {"type": "length", "length": result.completion_tokens},
@@ -227,7 +247,9 @@ class Handler(BaseHTTPRequestHandler):
         prompt = body.get("prompt")
         max_tokens = body.get("max_tokens")
         max_new = max_tokens if isinstance(max_tokens, int) and max_tokens >= 0 else 16
-        result = self.front.manager.generate(prompt_tokens(prompt if isinstance(prompt, str) else ""), max_new)
+        result = self._run(prompt_tokens(prompt if isinstance(prompt, str) else ""), max_new)
+        if result is None:
+            return
         usage = {
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,

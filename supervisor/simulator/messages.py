@@ -1,6 +1,6 @@
 """What the processes send each other over their pipes (SGLang uses ZMQ for the same traffic).
 
-main --(GenerateReq, InfoReq, FiredUp)--> scheduler TP0 --(Step, FiredUp)--> TP1..n (Ack back)
+main --(GenerateReq, AbortReq, InfoReq, FiredUp)--> scheduler TP0 --(Step, FiredUp)--> TP1..n (Ack back)
 TP0 --(TokenOut, InfoOut, StatsOut)--> detokenizer --(same, with text)--> main
 every scheduler --(ready dict)--> main, once, at the end of its start-up
 """
@@ -16,6 +16,13 @@ class GenerateReq:
     prompt_tokens: int
     max_new_tokens: int
     is_health: bool = False
+
+
+@dataclass(frozen=True)
+class AbortReq:
+    """The client went away: drop the request wherever it is."""
+
+    rid: str
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def model_facts(args: SimArgs) -> ModelFacts:
     kv_tokens = int(kv_total * (1 << 30) / BYTES_PER_TOKEN)
     raw_context = config.get("max_position_embeddings")
     context = args.context_length or (raw_context if isinstance(raw_context, int) else DEFAULT_CONTEXT)
-    graph_gb = (GRAPH_GB + (DRAFT_GRAPH_GB if args.speculative else 0.0)) if args.cuda_graph else 0.0
+    graph_gb = round(GRAPH_GB + (DRAFT_GRAPH_GB if args.speculative else 0.0), 2) if args.cuda_graph else 0.0
     return ModelFacts(
         architecture=_architecture(config, "DeepseekV3ForCausalLM"),
         draft_architecture=draft_arch,

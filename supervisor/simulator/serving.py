@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from supervisor.simulator import crashes, hangs
 from supervisor.simulator.logs import LogWriter
 from supervisor.simulator.messages import (
+    AbortReq,
     Ack,
     FiredUp,
     GenerateReq,
@@ -119,6 +120,9 @@ class ServingLoop:
     def _handle(self, message: object) -> None:
         if isinstance(message, GenerateReq):
             self.waiting.append(Req(message.rid, message.prompt_tokens, message.max_new_tokens, message.is_health))
+        elif isinstance(message, AbortReq):
+            self.waiting = deque(r for r in self.waiting if r.rid != message.rid)
+            self.running = [r for r in self.running if r.rid != message.rid]
         elif isinstance(message, InfoReq):
             self._send(InfoOut(message.rid, self._internal_state()))
         elif isinstance(message, FiredUp):

@@ -15,7 +15,7 @@ from supervisor.simulator import crashes, hangs
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar
 from supervisor.simulator.cli import SimArgs
 from supervisor.simulator.logs import LogWriter
-from supervisor.simulator.model import DIST_INIT_GB, ModelFacts, shard_files
+from supervisor.simulator.model import DIST_INIT_GB, DRAFT_GRAPH_GB, ModelFacts, shard_files
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.settings import Scenario, SimSettings
 from supervisor.simulator.weights import WeightReader
@@ -142,7 +142,7 @@ class Startup:
 
     def _capture_graphs(self) -> None:
         facts = self.ctx.facts
-        target_gb = facts.graph_gb - (0.38 if self.ctx.args.speculative else 0.0)
+        target_gb = facts.graph_gb - (DRAFT_GRAPH_GB if self.ctx.args.speculative else 0.0)
         avail = facts.avail_after_kv
         avail = self._capture("", avail, target_gb, 2.0 * self.pace, facts.capture_bs)
         if self.ctx.args.speculative:

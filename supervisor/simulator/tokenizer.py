@@ -14,14 +14,22 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from supervisor.simulator.logs import LogWriter
-from supervisor.simulator.messages import GenerateReq, InfoOut, InfoReq, SchedulerStats, StatsOut, TokenOut
+from supervisor.simulator.messages import AbortReq, GenerateReq, InfoOut, InfoReq, SchedulerStats, StatsOut, TokenOut
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
 E2E_BUCKETS = (*TTFT_BUCKETS, 600.0, 1200.0, 1800.0, 2400.0)
+
+
+DISCONNECT_CHECK_S = 4.0
+
+
+class ClientDisconnected(ValueError):
+    pass
 
 
 class ServerStatus(enum.Enum):
@@ -179,11 +187,24 @@ class TokenizerManager:
             self._states[rid] = state
         return state
 
-    def generate(self, prompt_tokens: int, max_new_tokens: int) -> GenerateResult:
-        """Blocks until the scheduler finishes the request: SGLang sets no deadline either."""
+    def generate(
+        self, prompt_tokens: int, max_new_tokens: int, disconnected: Callable[[], bool] = lambda: False
+    ) -> GenerateResult:
+        """Blocks until the scheduler finishes the request: SGLang sets no deadline either.
+
+        Like SGLang, it looks every 4 s whether the client is still there; if not, the request is
+        aborted and ClientDisconnected raised.
+        """
         state = self._register(prompt_tokens, is_health=False)
         self.send(GenerateReq(state.rid, prompt_tokens, max_new_tokens))
-        state.done.wait()
+        while not state.done.wait(DISCONNECT_CHECK_S):
+            if disconnected():
+                with self._lock:
+                    self._states.pop(state.rid, None)
+                self.send(AbortReq(state.rid))
+                raise ClientDisconnected(
+                    f"Request is disconnected from the client side (type 3). Abort request obj.rid='{state.rid}'"
+                )
         return GenerateResult(
             state.rid, "".join(state.text), prompt_tokens, state.completion_tokens, time.monotonic() - state.created
         )

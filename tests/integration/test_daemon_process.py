@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -107,7 +108,7 @@ def test_notify_protocol_and_sigterm_leave_nothing_behind(sim, tmp_path: Path) -
         statuses = [m for m in msgs if m.startswith("STATUS=")]
         assert any("state=starting" in m for m in statuses) and any("state=ready" in m for m in statuses)
         pings = [t for t, m in ns.messages if m == "WATCHDOG=1"]
-        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
         assert len(pings) >= 4 and 0.3 <= sorted(gaps)[len(gaps) // 2] <= 1.0, gaps
         child_env = Path(f"/proc/{server_pid}/environ").read_bytes()
         assert b"NOTIFY_SOCKET" not in child_env and b"WATCHDOG_USEC" not in child_env
@@ -197,6 +198,6 @@ async def test_watchdog_pings_stop_when_the_loop_stalls(daemon, sim, tmp_path: P
     during = [t for t in pings if stall[0] + 0.01 < t < stall[1] - 0.01]
     after = [t for t in pings if t > stall[1]]
     assert during == [], "a ping went out while the loop was stuck"
-    assert len(after) >= 2 and max(b - a for a, b in zip(after, after[1:])) <= 0.8, "pings resumed"
+    assert len(after) >= 2 and max(b - a for a, b in itertools.pairwise(after)) <= 0.8, "pings resumed"
     assert any(t < stall[0] for t in pings), "pings before the stall"
     ns.close()
