@@ -155,11 +155,13 @@ def create_app(
         if req.rung is not None and ladder and req.rung not in ladder:
             return _unknown_rung(req.rung, ladder)
         result, refusal = await submit(Command(kind="restart", rung=req.rung, reason=req.reason, diagnose=req.diagnose))
-        if result.outcome == "invalid" and req.rung is not None:
-            return _unknown_rung(req.rung, handle.snapshot().ladder, result.message)
+        ladder = handle.snapshot().ladder
+        if result.outcome == "invalid" and req.rung is not None and req.rung not in ladder:
+            return _unknown_rung(req.rung, ladder, result.message)
         if refusal is not None:
             return refusal
-        return RestartAccepted(incident_id=result.incident_id, state=result.state, message=result.message)
+        state = result.state or handle.snapshot().state
+        return RestartAccepted(incident_id=result.incident_id, state=state, message=result.message)
 
     @app.post("/diagnose", response_model=DiagnoseResult, responses={**_ERR, **_CONFLICT}, tags=["commands"])
     async def diagnose(body: Annotated[DiagnoseRequest | None, Body()] = None) -> Any:
@@ -174,7 +176,7 @@ def create_app(
         result, refusal = await submit(Command(kind=kind))
         if refusal is not None:
             return refusal
-        return CommandAccepted(state=result.state, message=result.message)
+        return CommandAccepted(state=result.state or handle.snapshot().state, message=result.message)
 
     @app.post(
         "/stop", status_code=202, response_model=CommandAccepted, responses={**_ERR, **_CONFLICT}, tags=["commands"]

@@ -262,3 +262,30 @@ async def test_api_doc_covers_every_route(client: httpx.AsyncClient) -> None:
         documented = path.replace("{bundle_id}", "{id}").replace("{name}", "{file}")
         for method in ops:
             assert f"`{method.upper()} {documented}" in doc, (method, path)
+
+
+async def test_other_refusals_are_400_with_the_reason(client: httpx.AsyncClient, handle: FakeSupervisor) -> None:
+    from supervisor.commands import Command, CommandResult
+
+    async def refuse(command: Command) -> CommandResult:
+        return CommandResult("invalid", "the server is stopped: use POST /start")
+
+    handle.submit = refuse  # type: ignore[method-assign]
+    r = await client.post("/restart", json={"rung": "no-spec"})  # a real rung: not an unknown-rung 404
+    assert (r.status_code, r.json()["error"]) == (400, "invalid")
+    assert r.json()["state"] == "ready"  # from the snapshot when the result has none
+    assert "POST /start" in r.json()["detail"]
+
+
+async def test_accepted_without_state_reports_the_snapshot_state(
+    client: httpx.AsyncClient, handle: FakeSupervisor
+) -> None:
+    from supervisor.commands import Command, CommandResult
+
+    async def accept(command: Command) -> CommandResult:
+        return CommandResult("accepted")
+
+    handle.submit = accept  # type: ignore[method-assign]
+    r = await client.post("/stop")
+    assert r.status_code == 202
+    assert r.json()["state"] == "ready"
