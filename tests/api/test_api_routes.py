@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.testing import SAMPLE_LADDER, FakeSupervisor, sample_snapshot
+from supervisor.commands import Command, CommandResult
 from supervisor.journal import Journal
 
 AppFactory = Callable[..., FastAPI]
@@ -265,8 +266,6 @@ async def test_api_doc_covers_every_route(client: httpx.AsyncClient) -> None:
 
 
 async def test_other_refusals_are_400_with_the_reason(client: httpx.AsyncClient, handle: FakeSupervisor) -> None:
-    from supervisor.commands import Command, CommandResult
-
     async def refuse(command: Command) -> CommandResult:
         return CommandResult("invalid", "the server is stopped: use POST /start")
 
@@ -280,8 +279,6 @@ async def test_other_refusals_are_400_with_the_reason(client: httpx.AsyncClient,
 async def test_accepted_without_state_reports_the_snapshot_state(
     client: httpx.AsyncClient, handle: FakeSupervisor
 ) -> None:
-    from supervisor.commands import Command, CommandResult
-
     async def accept(command: Command) -> CommandResult:
         return CommandResult("accepted")
 
