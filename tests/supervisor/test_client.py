@@ -46,7 +46,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         registry=registry,
         max_body_bytes=64 * 1024,
     )
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto 6: asyncio sets TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, ws="none")
