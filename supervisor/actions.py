@@ -143,22 +143,24 @@ async def capture_bundle(
     rendered = render_rung(sup.settings.server, sup.settings.ladder[sup.ladder.current])
     try:
         gpu_all = await asyncio.to_thread(sup.observer.gpu.snapshot_all)
-        result = await collect(
-            settings=sup.settings,
-            incident_id=incident_id,
-            trigger=trigger,
-            cause=cause,
-            obs=obs,
-            verdict=verdict,
-            rendered=rendered,
-            env=sup.environment_for_bundle(rendered.env),
-            log_tail=sup.capture.tail(sup.settings.diagnostics.log_tail_lines) if sup.capture else [],
-            gpu_all=gpu_all,
-            cpu_rate=sup.history.cpu_rate if sup.history is not None else None,
-            native=native,
-            gdb=gdb,
-            hung=trigger == "hung",
-            created_at=sup.clock.wall(),
+        result = await sup.beating(
+            collect(
+                settings=sup.settings,
+                incident_id=incident_id,
+                trigger=trigger,
+                cause=cause,
+                obs=obs,
+                verdict=verdict,
+                rendered=rendered,
+                env=sup.environment_for_bundle(rendered.env),
+                log_tail=sup.capture.tail(sup.settings.diagnostics.log_tail_lines) if sup.capture else [],
+                gpu_all=gpu_all,
+                cpu_rate=sup.history.cpu_rate if sup.history is not None else None,
+                native=native,
+                gdb=gdb,
+                hung=trigger == "hung",
+                created_at=sup.clock.wall(),
+            )
         )
     except Exception as err:  # a capture must never take the daemon down
         log.exception("diagnostics_failed", id=incident_id)
@@ -269,7 +271,9 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     pids = sup.obs.tree.pids if sup.obs is not None else ()
     rs = sup.settings.restart
     srv = sup.settings.server
-    report: StopReport = await asyncio.to_thread(stop_tree, server, sup.marker, srv.host, srv.port, rs.stop_grace_s)
+    report: StopReport = await sup.beating(
+        asyncio.to_thread(stop_tree, server, sup.marker, srv.host, srv.port, rs.stop_grace_s)
+    )
     if server is not None:
         pids = tuple({*pids, server.pid, *report.pids_found})
     released, held, waited = await verify_release(sup, pids)

@@ -10,6 +10,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
@@ -34,6 +35,7 @@ from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, Mode, Verdict, assess
 
 log = structlog.get_logger("supervisor")
+T = TypeVar("T")
 
 
 class Supervisor:
@@ -179,6 +181,15 @@ class Supervisor:
         if self.pacer.due(now):
             self.notifier.watchdog()
             self.pacer.mark(now)
+
+    async def beating(self, work: Awaitable[T]) -> T:
+        """Await bounded blocking work (a stop, a capture) while the loop keeps proving it cycles."""
+        task = asyncio.ensure_future(work)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            self.beat()
+            if done:
+                return task.result()
 
     async def startup(self, autostart: bool) -> None:
         self.selfcheck = await asyncio.to_thread(

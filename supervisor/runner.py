@@ -42,7 +42,9 @@ class _ApiServer(uvicorn.Server):
 
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio only turns off Nagle's algorithm for such sockets, and without
+    # that every answer on a kept-open connection (a Prometheus scrape) waits ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -79,6 +81,7 @@ async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str],
         registry=registry,
         max_body_bytes=settings.api.max_body_bytes,
         liveness=sup.heartbeat_age,
+        version=__version__,
     )
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)
     server = _ApiServer(config)

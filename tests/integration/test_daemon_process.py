@@ -84,6 +84,20 @@ def wait_status(api: str, pred, timeout: float, proc: subprocess.Popen | None = 
     raise AssertionError(f"timed out; last {last}")
 
 
+def cleanup(proc: subprocess.Popen[bytes], state_dir: str) -> None:
+    """After a failure: the daemon may be gone, its server tree (in its own session) must go too."""
+    from supervisor.process import kill_marked
+
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    try:
+        marker = json.loads((Path(state_dir) / "state.json").read_text())["marker"]
+    except (OSError, ValueError, KeyError):
+        return
+    kill_marked(marker, grace_s=0.5)
+
+
 def start(cfg: Path, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
     cmd = [*(prefix or []), sys.executable, "-m", "supervisor", "run", "--config", str(cfg), "--log-json"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -129,9 +143,7 @@ def test_notify_protocol_and_sigterm_leave_nothing_behind(sim, tmp_path: Path) -
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", s.server.port))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        cleanup(proc, s.paths.state_dir)
         ns.close()
 
 
@@ -173,8 +185,11 @@ def test_sighup_reloads_valid_config_and_refuses_invalid_one(sim, tmp_path: Path
         assert msgs.count("READY=1") >= 3 and sum(m.startswith("RELOADING=1") for m in msgs) == 2
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        ns.close()
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            cleanup(proc, s.paths.state_dir)
+            ns.close()
 
 
 async def test_watchdog_pings_stop_when_the_loop_stalls(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -201,3 +216,38 @@ async def test_watchdog_pings_stop_when_the_loop_stalls(daemon, sim, tmp_path: P
     assert len(after) >= 2 and max(b - a for a, b in itertools.pairwise(after)) <= 0.8, "pings resumed"
     assert any(t < stall[0] for t in pings), "pings before the stall"
     ns.close()
+
+
+def test_log_flood_is_drained_with_bounded_daemon_memory(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    s = sim("log_flood", tp=1, env={"SGLANG_SIM_FLOOD_MB": "210"})
+    s = s.model_copy(update={"logs": s.logs.model_copy(update={"max_file_mb": 20.0, "backups": 2})})
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    proc = start(cfg, dict(os.environ))
+    api = f"http://127.0.0.1:{s.api.port}"
+    peak = 0
+    try:
+        server_pid = wait_status(api, lambda x: x["state"] == "ready", 60, proc)["pid"]
+        logs = Path(s.paths.state_dir) / "logs"
+        deadline = time.monotonic() + 120
+        flooded = 0
+        while time.monotonic() < deadline:
+            peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+            st = httpx.get(f"{api}/status", timeout=5).json()
+            assert st["state"] == "ready", st
+            # bytes the server's processes wrote, nearly all of it into the daemon's pipes
+            flooded = sum(psutil.Process(p["pid"]).io_counters().write_chars for p in st["processes"])
+            if flooded >= 210 * 2**20:
+                break
+            time.sleep(0.2)
+        assert flooded >= 210 * 2**20, f"the flood did not get through: {flooded / 2**20:.0f} MiB"
+        time.sleep(1.0)
+        peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+        written = sum(f.stat().st_size for f in logs.glob("server.log*"))
+        assert server_pid == httpx.get(f"{api}/status", timeout=5).json()["pid"]
+        assert peak < 150 * 2**20, f"daemon RSS peaked at {peak / 2**20:.0f} MiB"
+        assert written <= 3 * 20 * 2**20 + 2**20, "files stay under their cap"
+        # the flood did not block the server: it still answers.
+        assert httpx.get(f"http://127.0.0.1:{s.server.port}/health", timeout=10).status_code == 200
+    finally:
+        cleanup(proc, s.paths.state_dir)

@@ -15,6 +15,8 @@ import psutil
 import pytest
 from simsupport import to_toml
 
+from supervisor.process import kill_marked
+
 pytestmark = pytest.mark.integration
 
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}
@@ -152,5 +154,9 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_the_old_tree(sim, tmp_path: 
             second.send_signal(signal.SIGTERM)
             assert second.wait(30) == 0
     finally:
-        if first.poll() is None:
-            first.kill()
+        for p in (first, locals().get("second")):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+        marker = json.loads((Path(s.paths.state_dir) / "state.json").read_text())["marker"]
+        kill_marked(marker, grace_s=0.5)
