@@ -75,6 +75,7 @@ async def daemon() -> AsyncIterator[Callable[[Settings], Any]]:
             task.result()
         r = Running(holder[0], settings, task, f"http://127.0.0.1:{settings.api.port}")
         started.append(r)
+        await r.wait_for(lambda x: x.state != "stopped", 15, "the first launch")
         return r
 
     yield start
