@@ -36,7 +36,8 @@ def machine() -> str:
         mem = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
     except Exception:  # pragma: no cover
         mem = "?"
-    return f"{cpu}, {os.cpu_count()} cores, {mem}; {platform.system()} {platform.release()}; Python {sys.version.split()[0]}"
+    osname = f"{platform.system()} {platform.release()}"
+    return f"{cpu}, {os.cpu_count()} cores, {mem}; {osname}; Python {sys.version.split()[0]}"
 
 
 def versions(*tools: str) -> str:
@@ -54,7 +55,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table (also readable as plain text)."""
     cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 
