@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from probes.types import Observation
-from supervisor.commands import Command, CommandResult
-from supervisor.config import ConfigError, load_settings, render_rung
+from supervisor.commands import CommandResult, finish
+from supervisor.config import render_rung
 from supervisor.diagnostics import BundleResult, new_incident_id
 from supervisor.evidence import collect, provisional_class
 from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
@@ -248,19 +248,19 @@ async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
                 continue
             if cmd.kind == "shutdown":
                 sup.shutdown_requested = True
-                finish(sup, cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
+                finish(cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
                 return False
             if cmd.kind == "stop":
                 sup.move(State.STOPPED, cmd.reason or "stopped by request during backoff")
-                finish(sup, cmd, CommandResult("done", "stopped", State.STOPPED.value))
+                finish(cmd, CommandResult("done", "stopped", State.STOPPED.value))
                 return False
             if cmd.kind in ("start", "restart"):
                 idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
                 sup.restart_pending = False
-                finish(sup, cmd, CommandResult("accepted", "relaunching now", sup.lifecycle.state.value))
+                finish(cmd, CommandResult("accepted", "relaunching now", sup.lifecycle.state.value))
                 await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
                 return False
-            await handle(sup, cmd)
+            await sup.handle(cmd)
     finally:
         sup.next_attempt_at = None
 
@@ -317,133 +317,6 @@ async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[bool, 
         await sup.clock.sleep(0.1)
 
 
-# ---- commands ---------------------------------------------------------------------------
-
-
-def finish(sup: Supervisor, cmd: Command, result: CommandResult) -> None:
-    if cmd.done is not None and not cmd.done.done():
-        cmd.done.set_result(result)
-
-
-async def handle(sup: Supervisor, cmd: Command) -> None:
-    try:
-        await handle_command(sup, cmd)
-    except Exception as err:  # a command must never kill the loop
-        log.exception("command_failed", kind=cmd.kind)
-        finish(sup, cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", sup.lifecycle.state.value))
-    finally:
-        if cmd.kind == "restart":
-            sup.restart_pending = False
-        if cmd.kind == "diagnose":
-            sup.diagnosing = False
-        sup.publish()
-
-
-async def handle_command(sup: Supervisor, cmd: Command) -> None:
-    early = None if cmd.kind in ("shutdown", "reload") else answer_now_queued(sup, cmd)
-    if early is not None:
-        finish(sup, cmd, early)
-        return
-    sup.journal.append("command", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
-    if cmd.kind == "shutdown":
-        sup.shutdown_requested = True
-        finish(sup, cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
-    elif cmd.kind == "stop":
-        finish(sup, cmd, CommandResult("accepted", "stopping", sup.lifecycle.state.value))
-        if sup.lifecycle.state != State.STOPPED:
-            sup.move(State.RESTARTING, cmd.reason or "stop requested")
-            await stop_server(sup, "stop requested")
-            sup.move(State.STOPPED, cmd.reason or "stopped by request")
-    elif cmd.kind == "start":
-        idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
-        finish(sup, cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
-        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
-    elif cmd.kind == "restart":
-        await manual_restart(sup, cmd)
-    elif cmd.kind == "diagnose":
-        await manual_diagnose(sup, cmd)
-    elif cmd.kind == "reload":
-        await reload_config(sup, cmd)
-
-
-async def reload_config(sup: Supervisor, cmd: Command) -> None:
-    """SIGHUP: re-read the config; an invalid one is refused and the old one stays in force."""
-    if sup.config_path is None:
-        finish(sup, cmd, CommandResult("invalid", "no config file to reload", sup.lifecycle.state.value))
-        return
-    sup.notifier.reloading()
-    try:
-        new = await asyncio.to_thread(load_settings, sup.config_path)
-        if sup.on_reload is not None:
-            await sup.on_reload(new)
-    except ConfigError as err:
-        log.error("config_reload_refused", error=str(err))
-        sup.journal.append("config_reload_refused", error=str(err))
-        finish(sup, cmd, CommandResult("invalid", str(err), sup.lifecycle.state.value))
-    else:
-        sup.reload(new)
-        finish(sup, cmd, CommandResult("done", "reloaded", sup.lifecycle.state.value))
-    finally:
-        sup.notifier.ready()
-
-
-def answer_now_queued(sup: Supervisor, cmd: Command) -> CommandResult | None:
-    if cmd.kind == "restart":
-        return None
-    if cmd.kind == "diagnose":
-        st = sup.lifecycle.state
-        if st not in RUNNING and st != State.HUNG:
-            return CommandResult("invalid", f"no server to diagnose (state {st.value})", st.value)
-        return None
-    if cmd.kind == "start" and sup.lifecycle.state in RUNNING:
-        return CommandResult("conflict", "already running", sup.lifecycle.state.value)
-    return None
-
-
-async def manual_restart(sup: Supervisor, cmd: Command) -> None:
-    idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
-    incident_id_hint = f"manual restart to {cmd.rung or sup.current_rung_name()}"
-    st = sup.lifecycle.state
-    if st in (State.STOPPED, State.FAILED) or sup.server is None:
-        finish(sup, cmd, CommandResult("accepted", incident_id_hint, st.value))
-        if st == State.FAILED:
-            sup.move(State.RESTARTING, cmd.reason or "restart requested")
-        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
-        return
-    obs = sup.obs
-    verdict = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")
-    # Answer at once with the incident's id; the restart itself takes minutes.
-    pending_id = new_incident_id(sup.clock.wall(), "manual")
-    finish(sup, cmd, CommandResult("accepted", incident_id_hint, st.value, incident_id=pending_id))
-    await incident(sup, "manual", verdict, obs, forced_rung=idx, diagnose=cmd.diagnose)
-
-
-async def manual_diagnose(sup: Supervisor, cmd: Command) -> None:
-    obs = sup.obs if sup.obs is not None else await sup.observe()
-    if not obs.tree.processes:
-        finish(sup, cmd, CommandResult("invalid", "no server process to diagnose", sup.lifecycle.state.value))
-        return
-    hung = sup.lifecycle.state == State.HUNG
-    incident_id = new_incident_id(sup.clock.wall(), "diagnose")
-    result = await capture_bundle(
-        sup, incident_id, "hung" if hung else "manual", None, obs, None, native=cmd.native, gdb=cmd.gdb
-    )
-    if result is None:
-        finish(sup, cmd, CommandResult("failed", "capture failed", sup.lifecycle.state.value))
-        return
-    finish(
-        sup,
-        cmd,
-        CommandResult(
-            "done",
-            result.error or "captured",
-            sup.lifecycle.state.value,
-            bundle_id=result.id if result.path is not None else None,
-            summary=dict(result.summary),
-        ),
-    )
-
-
 async def shutdown(sup: Supervisor) -> None:
     sup.notifier.stopping()
     if sup.server is not None or sup.lifecycle.state in RUNNING:
@@ -459,4 +332,4 @@ async def shutdown(sup: Supervisor) -> None:
     await sup.observer.close()
     while not sup.queue.empty():
         cmd = sup.queue.get_nowait()
-        finish(sup, cmd, CommandResult("failed", "daemon shut down", State.STOPPED.value))
+        finish(cmd, CommandResult("failed", "daemon shut down", State.STOPPED.value))

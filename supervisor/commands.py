@@ -38,6 +38,12 @@ class Command:
     done: asyncio.Future[CommandResult] | None = field(default=None, compare=False)
 
 
+def finish(cmd: Command, result: CommandResult) -> None:
+    """Answer a command's submitter (once; later answers are ignored)."""
+    if cmd.done is not None and not cmd.done.done():
+        cmd.done.set_result(result)
+
+
 class SupervisorHandle(Protocol):
     """What the API sees of the supervisor."""
 

@@ -16,7 +16,7 @@ import structlog
 
 from probes.gpu import GpuProbe
 from probes.types import Observation
-from supervisor import actions
+from supervisor import actions, handlers
 from supervisor.clock import Clock
 from supervisor.commands import Command, CommandResult
 from supervisor.config import Settings, arg_names, render_rung
@@ -105,11 +105,14 @@ class Supervisor:
     def server_pid(self) -> int | None:
         return self.server.pid if self.server is not None else None
 
+    async def handle(self, cmd: Command) -> None:
+        await handlers.handle(self, cmd)
+
     def heartbeat_age(self) -> float:
         return self.clock.monotonic() - self.heartbeat
 
     async def submit(self, command: Command) -> CommandResult:
-        early = self.answer_now(command)
+        early = handlers.answer_now(self, command)
         if early is not None:
             return early
         fut: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
@@ -119,25 +122,6 @@ class Supervisor:
             self.diagnosing = True
         await self.queue.put(Command(**{**command.__dict__, "done": fut}))
         return await fut
-
-    def answer_now(self, c: Command) -> CommandResult | None:
-        st = self.lifecycle.state
-        if c.kind == "restart":
-            if c.rung is not None and self.settings.rung_index(c.rung) is None:
-                names = ", ".join(r.name for r in self.settings.ladder)
-                return CommandResult("invalid", f"unknown rung {c.rung!r}; rungs: {names}", st.value)
-            if self.restart_pending or st in (State.HUNG, State.DIAGNOSING, State.RESTARTING):
-                return CommandResult("conflict", f"a restart is already under way (state {st.value})", st.value)
-        if c.kind == "diagnose":
-            if self.diagnosing or st == State.DIAGNOSING:
-                return CommandResult("busy", "a capture is already running", st.value)
-            if st not in RUNNING and st != State.HUNG:
-                return CommandResult("invalid", f"no server to diagnose (state {st.value})", st.value)
-        if c.kind == "start" and st in RUNNING:
-            return CommandResult("conflict", f"already running (state {st.value})", st.value)
-        if c.kind == "stop" and st == State.STOPPED:
-            return CommandResult("done", "already stopped", st.value)
-        return None
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -150,7 +134,7 @@ class Supervisor:
                 wait = max(0.0, next_tick - self.clock.monotonic())
                 cmd = await self.next_command(wait)
                 if cmd is not None:
-                    await actions.handle(self, cmd)
+                    await self.handle(cmd)
                     continue
                 next_tick = self.clock.monotonic() + self.settings.watchdog.poll_interval_s
                 await self.tick()
@@ -331,7 +315,7 @@ class Supervisor:
             and self.lifecycle.state == State.READY
         ):
             self.journal.append("promotion", from_rung=self.current_rung_name(), to_rung=self.settings.ladder[0].name)
-            await actions.manual_restart(
+            await handlers.manual_restart(
                 self, Command(kind="restart", rung=self.settings.ladder[0].name, reason="promotion")
             )
 
