@@ -93,11 +93,8 @@ class MainProcess:
         if not self.ignore_sigterm:
             signal.signal(signal.SIGTERM, self._on_sigterm)
             signal.signal(signal.SIGINT, self._on_sigterm)
-        self._warm_up()
-        manager.status = ServerStatus.UP
-        self.log.info("The server is fired up and ready to roll!")
-        manager.send(FiredUp())
-        self._after_ready()
+        # As in SGLang, warm-up runs beside the server, so a SIGTERM during it is handled too.
+        threading.Thread(target=self._warm_up_then_serve, args=(manager,), name="warmup", daemon=True).start()
         while not self.stop.wait(0.5):
             pass
         self._shut_down(manager, children, server)
@@ -172,6 +169,15 @@ class MainProcess:
         except OSError as e:
             self.log.error(f"Initialization failed. warmup error: {e!r}")
             kill_process_tree(include_parent=True)
+
+    def _warm_up_then_serve(self, manager: TokenizerManager) -> None:
+        self._warm_up()
+        if self.stop.is_set():
+            return
+        manager.status = ServerStatus.UP
+        self.log.info("The server is fired up and ready to roll!")
+        manager.send(FiredUp())
+        self._after_ready()
 
     def _after_ready(self) -> None:
         scenario = self.settings.scenario
