@@ -14,11 +14,11 @@ import structlog
 from probes.types import Observation
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
+from supervisor.control import SpawnError, StopReport
 from supervisor.diagnostics import BundleResult, new_incident_id
 from supervisor.evidence import collect, provisional_class
 from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
 from supervisor.logcapture import LogCapture
-from supervisor.process import ServerProcess, SpawnError, StopReport, kill_marked, stop_tree
 from supervisor.publish import iso
 from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
@@ -33,7 +33,7 @@ HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "u
 
 
 async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
-    report = await asyncio.to_thread(kill_marked, sup.marker)
+    report = await asyncio.to_thread(sup.control.kill_marked, sup.marker)
     return report.pids_found
 
 
@@ -66,7 +66,7 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
     sup.log_seq = 0
     try:
         sup.server = await asyncio.to_thread(
-            ServerProcess.spawn, rendered.argv, sup.child_env(rendered.env), sup.marker, sup.settings.server.cwd
+            sup.control.spawn, rendered.argv, sup.child_env(rendered.env), sup.marker, sup.settings.server.cwd
         )
     except SpawnError as err:
         sup.server = None
@@ -272,7 +272,7 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     rs = sup.settings.restart
     srv = sup.settings.server
     report: StopReport = await sup.beating(
-        asyncio.to_thread(stop_tree, server, sup.marker, srv.host, srv.port, rs.stop_grace_s)
+        asyncio.to_thread(sup.control.stop, server, sup.marker, srv.host, srv.port, rs.stop_grace_s)
     )
     if server is not None:
         pids = tuple({*pids, server.pid, *report.pids_found})

@@ -7,6 +7,7 @@ Commands (API, signals) arrive on one queue and only this task touches processes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from supervisor import actions, handlers
 from supervisor.clock import Clock
 from supervisor.commands import Command, CommandResult
 from supervisor.config import Settings, arg_names, render_rung
+from supervisor.control import Child, ProcessControl, RealProcessControl
 from supervisor.diagnostics import self_check
 from supervisor.journal import Journal
 from supervisor.ladder import LadderState, record_ready, record_stable, resume_rung
@@ -28,7 +30,6 @@ from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
 from supervisor.persist import Persisted, load, new_marker, save
-from supervisor.process import ServerProcess
 from supervisor.publish import Facts, build
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
@@ -53,6 +54,8 @@ class Supervisor:
         notifier: Notifier | None = None,
         rand: Callable[[], float] = random.random,
         version: str = "",
+        control: ProcessControl | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -68,7 +71,8 @@ class Supervisor:
         self.lifecycle = Lifecycle(State.STOPPED, clock.monotonic())
         self.reason = "not started"
         self.since_wall = clock.wall()
-        self.observer = Observer(settings, gpu, clock.monotonic)
+        self.observer = observer or Observer(settings, gpu, clock.monotonic)
+        self.control: ProcessControl = control or RealProcessControl()
         self.queue: asyncio.Queue[Command] = asyncio.Queue()
         self.ladder = LadderState()
         self.marker = new_marker()
@@ -88,7 +92,7 @@ class Supervisor:
         self.shutdown_requested = False
         self.heartbeat = clock.monotonic()
         self.on_reload: Callable[[Settings], Awaitable[None]] | None = None
-        self.server: ServerProcess | None = None
+        self.server: Child | None = None
         self.capture: LogCapture | None = None
         self.log_seq = 0
         self.launched_at = clock.monotonic()
@@ -142,6 +146,7 @@ class Supervisor:
             await actions.shutdown(self)
 
     async def next_command(self, timeout: float) -> Command | None:
+        """The next queued command, or None once `timeout` has passed on the injected clock."""
         self.beat()
         if timeout <= 0:
             try:
@@ -149,14 +154,14 @@ class Supervisor:
             except asyncio.QueueEmpty:
                 return None
         get = asyncio.ensure_future(self.queue.get())
-        done, _ = await asyncio.wait({get}, timeout=timeout)
-        if get in done:
-            return get.result()
-        get.cancel()
-        try:
-            return get.result() if get.done() and not get.cancelled() else None
-        except asyncio.CancelledError:
-            return None
+        timer = asyncio.ensure_future(self.clock.sleep(timeout))
+        await asyncio.wait({get, timer}, return_when=asyncio.FIRST_COMPLETED)
+        timer.cancel()
+        if not get.done():
+            get.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await get
+        return get.result() if get.done() and not get.cancelled() else None
 
     def beat(self) -> None:
         """Proof the loop cycles: systemd's WATCHDOG=1 goes out only from here."""

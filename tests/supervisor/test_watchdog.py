@@ -5,99 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from observations import MB, obs, proc
 
-from probes.types import (
-    DecodeStats,
-    GpuDevice,
-    GpuObservation,
-    GpuProcess,
-    HealthObservation,
-    ListenSocket,
-    LogObservation,
-    Observation,
-    PortsObservation,
-    ProcInfo,
-    Progress,
-    ServingObservation,
-    TreeObservation,
-)
+from probes.types import DecodeStats, HealthObservation, Observation, Progress, ServingObservation
 from supervisor.config import WatchdogSettings
 from supervisor.watchdog import History, assess, new_history
 
 S = WatchdogSettings(poll_interval_s=2, startup_stall_s=60, startup_timeout_s=3600, cpu_only_stall_s=300)
-MB = 1024 * 1024
-
-
-def proc(pid: int, role: str = "main", status: str = "sleeping") -> ProcInfo:
-    return ProcInfo(
-        pid=pid,
-        ppid=1,
-        title=role,
-        status=status,
-        role=role,  # type: ignore[arg-type]
-        rank=None,
-        cpu_time_s=0,
-        rss_bytes=0,
-        read_chars=0,
-        write_chars=0,
-        num_threads=1,
-    )
-
-
-def obs(
-    at: float,
-    *,
-    lines: int = 10,
-    phase: str = "loading_weights",
-    progress: Progress | None = None,
-    cpu: float = 1.0,
-    io: int = 0,
-    rss: int = 100 * MB,
-    gpu_mem: int = 0,
-    gpu_util: float = 0.0,
-    ports: tuple[int, ...] = (),
-    accepts: bool = False,
-    ready: bool = False,
-    alive: bool = True,
-    exit_code: int | None = None,
-    procs: tuple[ProcInfo, ...] = (),
-    health: HealthObservation | None = None,
-    serving: ServingObservation | None = None,
-    decode: DecodeStats | None = None,
-) -> Observation:
-    tree = TreeObservation(
-        root_pid=100,
-        root_alive=alive,
-        root_exit=exit_code,
-        processes=procs or (proc(100),),
-        cpu_time_s=cpu,
-        rss_bytes=rss,
-        read_chars=io,
-        write_chars=0,
-    )
-    gpu = GpuObservation(
-        status="ok",
-        reason="",
-        devices=(GpuDevice(0, "GPU-0", "H200", gpu_util, gpu_mem, 140 * 1024 * MB),),
-        processes=(GpuProcess(100, 0, "GPU-0", gpu_mem),) if gpu_mem else (),
-    )
-    logs = LogObservation(
-        lines_total=lines,
-        last_line_at=None,
-        phase=phase,
-        progress=progress,  # type: ignore[arg-type]
-        ready_line_seen=ready,
-        last_decode=decode,
-    )
-    return Observation(
-        at=at,
-        tree=tree,
-        ports=PortsObservation(tuple(ListenSocket(100, "127.0.0.1", p) for p in ports), accepts),
-        logs=logs,
-        gpu=gpu,
-        health=health,
-        serving=serving,
-    )
 
 
 def run(history: History, observations: list[Observation], mode: str = "starting", **kw: bool):  # type: ignore[no-untyped-def]

@@ -1,0 +1,228 @@
+"""The supervisor's acting, with a fake child, scripted observations and a fake clock: no processes.
+
+The real processes, signals and HTTP are in tests/integration; here the loop's policy is checked
+quickly: ready, stall -> evidence -> stop -> next rung, the crash-loop budget, commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import pytest
+from observations import obs, proc
+from prometheus_client import CollectorRegistry
+
+from probes.gpu import GpuProbe
+from probes.types import Observation
+from supervisor.clock import FakeClock
+from supervisor.commands import Command
+from supervisor.config import Settings, settings_from_mapping
+from supervisor.control import SpawnError, StopReport
+from supervisor.daemon import Supervisor
+from supervisor.metrics import SupervisorMetrics
+from supervisor.observe import Observer, Target
+
+NO_SUCH_PID = 4_000_000  # above pid_max: the evidence tools find nothing to attach to
+
+
+class FakeChild:
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        r1, self._w1 = os.pipe()
+        r2, self._w2 = os.pipe()
+        self._out, self._err = os.fdopen(r1, "rb", 0), os.fdopen(r2, "rb", 0)
+        self.code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        return self._out
+
+    @property
+    def stderr(self) -> IO[bytes]:
+        return self._err
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def exit(self, code: int) -> None:
+        if self.code is None:
+            self.code = code
+            os.close(self._w1)
+            os.close(self._w2)
+
+
+class FakeControl:
+    def __init__(self) -> None:
+        self.spawned: list[tuple[tuple[str, ...], dict[str, str]]] = []
+        self.children: list[FakeChild] = []
+        self.stops = 0
+        self.fail_spawn = False
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None) -> FakeChild:
+        if self.fail_spawn:
+            raise SpawnError(f"cannot run {argv[0]!r}: no such file")
+        self.spawned.append((tuple(argv), dict(env)))
+        child = FakeChild(NO_SUCH_PID + len(self.children))
+        self.children.append(child)
+        return child
+
+    def stop(self, root: object, marker: str, host: str, port: int, grace_s: float) -> StopReport:
+        self.stops += 1
+        pid = root.pid if isinstance(root, FakeChild) else 0
+        if isinstance(root, FakeChild):
+            root.exit(-15)
+        return StopReport((pid,), (pid,), (), (), True, (), -15, 0.01, False)
+
+    def kill_marked(self, marker: str) -> StopReport:
+        return StopReport((), (), (), (), True, (), None, 0.0, False)
+
+
+class ScriptedObserver(Observer):
+    """Answers each poll from `script(target, now)` instead of /proc, sockets and NVML."""
+
+    def __init__(self, settings: Settings, clock: FakeClock) -> None:
+        super().__init__(settings, GpuProbe(None), clock.monotonic)
+        self.clock = clock
+        self.script: Callable[[Target, float], Observation] = lambda t, now: obs(now)
+
+    async def observe(self, t: Target) -> Observation:
+        return self.script(t, self.clock.now)
+
+
+def settings(tmp_path: Path, **restart: object) -> Settings:
+    return settings_from_mapping(
+        {
+            "server": {"command": ["sglang-server"], "args": {"tp-size": 2}},
+            "fallback": [{"name": "no-graph", "args": {"disable-cuda-graph": True}}],
+            "watchdog": {"poll_interval_s": 2, "startup_stall_s": 10, "cpu_only_stall_s": 20},
+            "restart": {"retries_per_rung": 0, "backoff_initial_s": 1, "backoff_jitter": 0, **restart},
+            "diagnostics": {"gdb": "never", "native": False, "py_spy_timeout_s": 2},
+            "paths": {"state_dir": str(tmp_path / "state")},
+        }
+    )
+
+
+@pytest.fixture
+def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    s = settings(tmp_path)
+    control = FakeControl()
+    observer = ScriptedObserver(s, clock)
+    sup = Supervisor(
+        s,
+        clock=clock,
+        metrics=lambda snap: SupervisorMetrics(CollectorRegistry(), snap),
+        gpu=observer.gpu,
+        env={"PATH": os.environ["PATH"], "SGLANG_SUPERVISOR_TOKEN": "t0ps3cret", "NOTIFY_SOCKET": "/x"},
+        control=control,
+        observer=observer,
+        rand=lambda: 0.5,
+    )
+    yield sup, clock, control, observer
+    for c in control.children:
+        c.exit(0)
+
+
+def tree_of(t: Target, now: float, **kw: object) -> Observation:
+    alive = kw.pop("alive", True)
+    return obs(now, procs=(proc(t.root_pid or 1),), alive=bool(alive), **kw)  # type: ignore[arg-type]
+
+
+async def ticks(sup: Supervisor, clock: FakeClock, n: int) -> None:
+    for _ in range(n):
+        clock.advance(sup.settings.watchdog.poll_interval_s)
+        await sup.tick()
+
+
+async def test_launch_then_ready(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, observer = rig
+    await sup.startup(True)
+    assert sup.snapshot().state == "starting"
+    argv, env = control.spawned[0]
+    assert argv == ("sglang-server", "--tp-size", "2", "--host", "127.0.0.1", "--port", "30000")
+    assert "SGLANG_SUPERVISOR_TOKEN" not in env and "NOTIFY_SOCKET" not in env
+    observer.script = lambda t, now: tree_of(t, now, ready=True, phase="serving")
+    await ticks(sup, clock, 1)
+    snap = sup.snapshot()
+    assert snap.state == "ready" and snap.time_to_ready_s == 2.0 and snap.last_good_rung == "base"
+
+
+async def test_stall_captures_stops_and_steps_down(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, observer = rig
+    await sup.startup(True)
+    observer.script = lambda t, now: tree_of(t, now, phase="allocating_kv")  # nothing ever moves
+    await ticks(sup, clock, 4)
+    assert sup.snapshot().state == "starting"  # 8 s < 10 s window
+    await ticks(sup, clock, 2)  # window passed: incident, evidence, stop, relaunch after backoff
+    snap = sup.snapshot()
+    assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"
+    assert snap.last_incident.hang_class == "idle_deadlock" and snap.last_incident.rung == "base"
+    assert snap.last_incident.bundle is not None
+    assert control.stops == 1 and snap.state == "starting" and snap.rung == "no-graph"
+    assert "--disable-cuda-graph" in control.spawned[1][0]
+    events = [e["event"] for e in sup.journal.read(100)]
+    for name in ("incident", "bundle_written", "server_stopped", "ladder_decision", "server_launched"):
+        assert name in events
+
+
+async def test_crash_loop_backs_off_and_fails_on_budget(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, observer = rig
+    sup.settings = settings(Path(sup.settings.paths.state_dir).parent, retries_per_rung=10, max_restarts_per_hour=3)
+    await sup.startup(True)
+
+    def dead(t: Target, now: float) -> Observation:
+        control.children[-1].exit(1)
+        return tree_of(t, now, alive=False, exit_code=1)
+
+    observer.script = dead
+    starts = []
+    for _ in range(6):
+        before = clock.now
+        await ticks(sup, clock, 1)
+        starts.append(clock.now - before)
+        if sup.snapshot().state == "failed":
+            break
+    snap = sup.snapshot()
+    assert snap.state == "failed" and "budget" in snap.reason and snap.restarts == 3
+    assert starts[0] < starts[1] < starts[2], f"delays grow: {starts}"
+
+
+async def test_commands_answered_at_once_when_they_conflict(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, _clock, _control, _observer = rig
+    await sup.startup(True)
+    r = await sup.submit(Command(kind="restart", rung="nope"))
+    assert r.outcome == "invalid" and "base, no-graph" in r.message
+    r = await sup.submit(Command(kind="start"))
+    assert r.outcome == "conflict"
+    sup.restart_pending = True
+    r = await sup.submit(Command(kind="restart"))
+    assert r.outcome == "conflict"
+
+
+async def test_stop_command_stops_the_tree(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, _clock, control, _observer = rig
+    await sup.startup(True)
+    t = asyncio.ensure_future(sup.submit(Command(kind="stop", reason="maintenance")))
+    handled = await sup.next_command(1.0)
+    assert handled is not None
+    await sup.handle(handled)
+    assert (await t).outcome == "accepted"
+    assert sup.snapshot().state == "stopped" and control.stops == 1 and sup.snapshot().reason == "maintenance"
+
+
+async def test_spawn_failure_is_an_exited_incident(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, _clock, control, _observer = rig
+    control.fail_spawn = True
+    sup.settings = settings(Path(sup.settings.paths.state_dir).parent, max_restarts_per_hour=2, retries_per_rung=5)
+    await sup.startup(True)
+    snap = sup.snapshot()
+    assert snap.state == "failed" and snap.last_incident is not None and snap.last_incident.cause == "exited"
+    assert "no such file" in snap.last_incident.detail
