@@ -7,6 +7,7 @@ decisions, this is the acting. Only `supervisor.process` sends signals or spawns
 from __future__ import annotations
 
 import asyncio
+import shlex
 from typing import TYPE_CHECKING
 
 import structlog
@@ -15,7 +16,7 @@ from probes.types import Observation
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
 from supervisor.control import SpawnError, StopReport
-from supervisor.diagnostics import BundleResult, new_incident_id
+from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
 from supervisor.evidence import collect, provisional_class
 from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
 from supervisor.logcapture import LogCapture
@@ -65,9 +66,8 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
     )
     sup.log_seq = 0
     try:
-        sup.server = await asyncio.to_thread(
-            sup.control.spawn, rendered.argv, sup.child_env(rendered.env), sup.marker, sup.settings.server.cwd
-        )
+        env = sup.child_env(rendered.env)
+        sup.server = await asyncio.to_thread(sup.control.spawn, rendered.argv, env, sup.marker, sup.settings.server.cwd)
     except SpawnError as err:
         sup.server = None
         sup.capture.close()
@@ -78,8 +78,10 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
         return
     sup.capture.attach(sup.server.stdout, "stdout")
     sup.capture.attach(sup.server.stderr, "stderr")
-    log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=rendered.shell())
-    sup.journal.append("server_launched", rung=rung.name, pid=sup.server.pid, argv=list(rendered.argv))
+    # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
+    shown = Redactor.from_envs([env]).argv(rendered.argv)
+    log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=shlex.join(shown))
+    sup.journal.append("server_launched", rung=rung.name, pid=sup.server.pid, argv=list(shown))
     sup.move(State.STARTING, f"launched rung {rung.name}")
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 from typing import TextIO
 
 from supervisor.config import RenderedCommand, Settings, render_ladder
+from supervisor.diagnostics import Redactor
 
 _SCRIPT = r"""
 import argparse, contextlib, io, json, sys
@@ -78,13 +80,14 @@ def validate_with_sglang(settings: Settings, timeout_s: float = 120.0) -> tuple[
 
 
 def check_rungs(settings: Settings, *, validate: bool, out: TextIO) -> int:
+    """Print every rung (secrets redacted: this output ends up in CI logs and tickets), then validate."""
     for i, r in enumerate(render_ladder(settings)):
         rung = settings.ladder[i]
+        redact = Redactor.from_envs([r.env])
         out.write(f"rung {i} {r.rung}{'  (on: ' + ', '.join(rung.on) + ')' if rung.on else ''}\n")
-        out.write(f"  command: {r.shell()}\n")
-        extra = {**rung.env}
-        if settings.server.env or extra:
-            out.write("  env: " + " ".join(f"{k}={v}" for k, v in r.env.items()) + "\n")
+        out.write(f"  command: {shlex.join(redact.argv(r.argv))}\n")
+        if r.env:
+            out.write("  env: " + " ".join(f"{k}={v}" for k, v in redact.env(r.env).items()) + "\n")
     if not validate:
         out.write("config OK (rung arguments not checked against SGLang)\n")
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -226,3 +227,40 @@ async def test_spawn_failure_is_an_exited_incident(rig) -> None:  # type: ignore
     snap = sup.snapshot()
     assert snap.state == "failed" and snap.last_incident is not None and snap.last_incident.cause == "exited"
     assert "no such file" in snap.last_incident.detail
+
+
+async def test_secrets_stay_out_of_the_journal_and_check_config(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from supervisor.argcheck import check_rungs
+
+    clock = FakeClock()
+    s = settings_from_mapping(
+        {
+            "server": {
+                "command": ["sglang-server"],
+                "args": {"api-key": "sk-live-123456", "model-path": "https://bob:hunter2pass@models.example/m"},
+                "env": {"HF_TOKEN": "hf_abcdefgh123"},
+            },
+            "paths": {"state_dir": str(tmp_path / "state")},
+        }
+    )
+    control = FakeControl()
+    observer = ScriptedObserver(s, clock)
+    sup = Supervisor(
+        s,
+        clock=clock,
+        metrics=lambda snap: SupervisorMetrics(CollectorRegistry(), snap),
+        gpu=observer.gpu,
+        env={},
+        control=control,
+        observer=observer,
+    )
+    await sup.startup(True)
+    assert control.spawned[0][1]["HF_TOKEN"] == "hf_abcdefgh123"  # the server itself gets it
+    journal = (tmp_path / "state" / "events.jsonl").read_text()
+    check_rungs(s, validate=False, out=sys.stdout)
+    printed = capsys.readouterr()
+    for secret in ("sk-live-123456", "hunter2pass", "hf_abcdefgh123"):
+        assert secret not in journal and secret not in printed.out and secret not in printed.err
+    assert "--api-key" in journal
+    for c in control.children:
+        c.exit(0)
