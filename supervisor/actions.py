@@ -294,6 +294,7 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
         "exit_code": report.exit_code,
         "stop_s": round(report.duration_s, 3),
         "gpu_released": released,
+        "gpu_check": "nvml" if sup.obs is not None and sup.obs.gpu.status == "ok" else "unavailable",
         "gpu_held_bytes": held,
         "release_wait_s": round(waited, 3),
     }
@@ -311,7 +312,7 @@ async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[bool, 
     while True:
         held = await asyncio.to_thread(sup.observer.gpu.held_by, pids)
         total = sum(held.values())
-        if total == 0:
+        if not held:  # a pid listed with unknown memory (0 bytes) still holds a context
             return True, 0, sup.clock.monotonic() - start
         if sup.clock.monotonic() >= deadline:
             return False, total, sup.clock.monotonic() - start
