@@ -78,6 +78,13 @@ class _Ema:
 
 
 class Bar:
+    """A tqdm bar driven as `for x in tqdm(items)` drives it: `update()` once per finished item.
+
+    As in tqdm's iterator, the count shown (`n`) only catches up when a refresh is due
+    (`mininterval`, and tqdm's dynamic `miniters`), so a `set_description` in between shows the
+    last printed count.
+    """
+
     def __init__(
         self,
         total: int,
@@ -86,6 +93,7 @@ class Bar:
         bar_format: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         mininterval: float = 0.1,
+        maxinterval: float = 10.0,
     ) -> None:
         self.total = total
         self.n = 0
@@ -94,12 +102,16 @@ class Bar:
         self._write = write
         self._clock = clock
         self._mininterval = mininterval
+        self._maxinterval = maxinterval
+        self._count = 0
+        self._miniters = 0.0
         self._start = clock()
         self._last_print_t = self._start
         self._last_print_n = 0
         self._last_len = 0
         self._ema_dn = _Ema()
         self._ema_dt = _Ema()
+        self._ema_miniters = _Ema()
         self._overall = False
         self.refresh()
 
@@ -122,21 +134,30 @@ class Bar:
         self.desc = desc
         self.refresh()
 
-    def update(self, n: int = 1) -> None:
-        self.n += n
+    def update(self) -> None:
+        self._count += 1
+        if self._count - self._last_print_n < self._miniters:
+            return
         now = self._clock()
         dt = now - self._last_print_t
         if dt < self._mininterval:
             return
-        dn = self.n - self._last_print_n
+        dn = self._count - self._last_print_n
+        self.n = self._count
         if dt and dn:
             self._ema_dn.add(dn)
             self._ema_dt.add(dt)
         self.refresh()
-        self._last_print_n = self.n
+        if self._maxinterval and dt >= self._maxinterval:
+            self._miniters = dn * self._mininterval / dt
+        else:
+            self._ema_miniters.add(dn * (self._mininterval / dt if dt else 1))
+            self._miniters = self._ema_miniters.value()
+        self._last_print_n = self._count
         self._last_print_t = now
 
     def close(self) -> None:
+        self.n = self._count
         self._overall = True  # tqdm reports the overall rate on its last refresh
         self.refresh()
         self._write("\n")
