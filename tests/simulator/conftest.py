@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -95,7 +96,8 @@ class Sim:
             return e.code, e.read()
 
     def generate(self, max_new_tokens: int = 16, timeout: float = 10.0) -> tuple[int, bytes]:
-        return self.request("/generate", {"text": "hi there", "sampling_params": {"max_new_tokens": max_new_tokens}}, timeout)
+        body = {"text": "hi there", "sampling_params": {"max_new_tokens": max_new_tokens}}
+        return self.request("/generate", body, timeout)
 
     def metrics(self) -> dict[str, float]:
         """The first sample of each metric name (labels dropped)."""
@@ -115,6 +117,9 @@ class Sim:
             return psutil.Process(self.proc.pid).children()
         except psutil.Error:
             return []
+
+    def marked(self) -> list[psutil.Process]:
+        return marked(self.marker)
 
     def schedulers(self) -> list[psutil.Process]:
         out = []
@@ -168,19 +173,15 @@ def sim(tmp_path: Path) -> Iterator[SimStarter]:
 
     yield start
     for s in started:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(s.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     for _ in range(100):
         left = marked(marker)
         if not left:
             break
         for proc in left:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
-            except psutil.Error:
-                pass
         time.sleep(0.05)
     for s in started:
         s.proc.wait(5)

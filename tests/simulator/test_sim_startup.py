@@ -6,7 +6,6 @@ import json
 import re
 import signal
 import time
-
 from typing import TYPE_CHECKING
 
 import psutil

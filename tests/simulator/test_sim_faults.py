@@ -1,0 +1,130 @@
+"""Crashes and serving faults: exit codes, what HTTP answers, what the metrics and logs show."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import psutil
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Sim, SimStarter
+
+pytestmark = pytest.mark.integration
+
+READY = "The server is fired up and ready to roll!"
+FAST_FAULT = {"SGLANG_SIM_FAULT_AFTER_S": "0.5", "SGLANG_HEALTH_CHECK_TIMEOUT": "1"}
+
+
+def in_background(s: Sim, max_new_tokens: int, timeout: float) -> threading.Thread:
+    def run() -> None:
+        with contextlib.suppress(OSError):  # the timeout: the request never finishes
+            s.generate(max_new_tokens, timeout)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_crash_on_load_exits_1_with_a_cuda_oom(sim: SimStarter) -> None:
+    s = sim("crash_on_load", tp=2)
+    assert s.proc.wait(20) == 1
+    log = s.stderr()
+    assert "TP0] Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in log
+    assert "Rank 0 scheduler is dead. Please check if there are relevant logs." in log
+    assert log.rstrip().endswith("EOFError")
+    assert "Load weight end" not in log and not s.accepts()
+    assert s.onset()["scenario"] == "crash_on_load"
+
+
+def test_crash_after_ready_takes_the_tree_down(sim: SimStarter) -> None:
+    s = sim("crash_after_ready", tp=2, env=FAST_FAULT)
+    assert s.wait_log(READY)
+    kids = s.children()
+    assert s.proc.wait(10) == -signal.SIGKILL  # SGLang's kill_process_tree ends with its own SIGKILL
+    log = s.stderr()
+    assert "CUDA error: an illegal memory access was encountered" in log
+    assert "Received sigquit from a child process. It usually means the child failed." in log
+    assert s.wait_until(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids), 3)
+    onset = s.onset()
+    assert onset["scenario"] == "crash_after_ready" and onset["onset_wall"] is not None
+
+
+def test_rank_dies_and_the_front_stays_up(sim: SimStarter) -> None:
+    s = sim("rank_dies", tp=2, env=FAST_FAULT)
+    assert s.wait_log(READY)
+    tp1 = s.schedulers()[1]
+    assert s.wait_until(lambda: not tp1.is_running() or tp1.status() == psutil.STATUS_ZOMBIE, 5)
+    assert "Fatal Python error: Segmentation fault" in s.stderr()
+    assert s.proc.poll() is None and s.request("/get_model_info")[0] == 200
+    tic = time.monotonic()
+    assert s.request("/health")[0] == 503  # rank 0 hangs in the next collective
+    assert time.monotonic() - tic >= 0.9
+    assert "Health check failed. Server couldn't get a response from detokenizer for last 1 seconds." in s.stderr()
+    assert s.onset()["writer_pid"] == tp1.pid
+
+
+def test_health_hangs_then_503_while_the_front_answers(sim: SimStarter) -> None:
+    s = sim("health_hangs", "--enable-metrics", tp=1, env=FAST_FAULT)
+    assert s.wait_log(READY)
+    assert s.request("/health")[0] == 200
+    time.sleep(1.0)
+    before = s.metrics()
+    tic = time.monotonic()
+    assert s.request("/health")[0] == 503
+    assert time.monotonic() - tic >= 0.9
+    assert "Health check failed." in s.stderr()
+    assert s.request("/get_model_info")[0] == 200 and s.request("/v1/models")[0] == 200
+    with pytest.raises(OSError):  # a round trip to the scheduler: no answer, ever
+        s.request("/get_server_info", timeout=1.0)
+    with pytest.raises(OSError):
+        s.generate(4, timeout=1.0)
+    assert s.metrics() == before  # responsive, frozen
+    assert s.onset()["scenario"] == "health_hangs"
+
+
+def test_serving_stall_admits_but_never_decodes(sim: SimStarter) -> None:
+    s = sim("serving_stall", "--enable-metrics", "--decode-log-interval", "5", tp=1, env=FAST_FAULT)
+    assert s.wait_log(READY)
+    time.sleep(1.0)  # past the fault
+    before = s.metrics()
+    in_background(s, 50, 4.0)
+    in_background(s, 50, 4.0)
+    assert s.wait_until(lambda: s.metrics().get("sglang:num_running_reqs", 0) >= 2, 3)
+    decodes = s.stderr().count("Decode batch")
+    time.sleep(1.0)
+    after = s.metrics()
+    assert s.stderr().count("Decode batch") == decodes
+    assert after["sglang:generation_tokens_total"] == before["sglang:generation_tokens_total"]
+    assert after["sglang:realtime_tokens_total"] == before["sglang:realtime_tokens_total"]
+    assert s.request("/health")[0] == 200  # /health cannot see it
+    assert s.onset()["scenario"] == "serving_stall"
+
+
+def test_low_accept_shows_everywhere(sim: SimStarter) -> None:
+    s = sim(
+        "low_accept", "--enable-metrics", "--decode-log-interval", "5", "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", "/models/draft", tp=1,
+    )
+    assert s.wait_log(READY)
+    status, body = s.generate(60)
+    assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 60
+    accept = [float(line.split("accept len: ")[1].split(",")[0]) for line in s.stderr().splitlines()
+              if "Decode batch" in line]
+    assert accept and sum(accept) / len(accept) < 1.5
+    assert s.metrics()["sglang:spec_accept_length"] < 1.6
+    state = json.loads(s.request("/get_server_info")[1])["internal_states"][0]
+    assert 1.0 <= state["avg_spec_accept_length"] < 1.4
+    assert s.onset()["scenario"] == "low_accept" and s.onset()["onset_wall"] is not None
+
+
+def test_low_accept_without_speculation_is_ok(sim: SimStarter) -> None:
+    s = sim("low_accept", "--enable-metrics", tp=1)
+    assert s.wait_log(READY)
+    assert "accept len" not in s.stderr() and s.onset()["onset_wall"] is None
