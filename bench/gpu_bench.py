@@ -38,7 +38,8 @@ if str(ROOT) not in sys.path:
 
 import structlog  # noqa: E402
 
-from bench.gpuserver.harness import RunConfig, gdb_facts, run_direct, run_hang, run_serve  # noqa: E402
+from bench.gpuserver.direct import run_direct  # noqa: E402
+from bench.gpuserver.harness import RunConfig, gdb_facts, run_hang, run_serve  # noqa: E402
 from bench.gpuserver.measure import find_gdb, find_py_spy  # noqa: E402
 from bench.report import machine, stamp, table, write_section  # noqa: E402
 

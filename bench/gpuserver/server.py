@@ -70,13 +70,13 @@ def _spawn_scheduler(write_fd: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, executable=executable, env=env, pass_fds=(write_fd,))
 
 
-def _wait_for_scheduler(read_fd: int) -> bytes:
+def wait_ready(read_fd: int) -> bytes:
     """Block until the scheduler reports ready; b"" when it died first. Forever when it hangs."""
     with os.fdopen(read_fd, "rb") as pipe:
         return pipe.readline()
 
 
-def _serve(host: str, port: int, model_path: str) -> None:
+def serve_http(host: str, port: int, model_path: str) -> None:
     _Handler.model_path = model_path
     httpd = ThreadingHTTPServer((host, port), _Handler)
     sys.stderr.write(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)\n")
@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     read_fd, write_fd = os.pipe()
     scheduler = _spawn_scheduler(write_fd)
     os.close(write_fd)
-    if not _wait_for_scheduler(read_fd):
+    if not wait_ready(read_fd):
         code = scheduler.wait()
         log(f"Received sigquit from a child process. It usually means the child failed. exit code {code}")
         return 1
-    _serve(args.host, args.port, args.model_path)
+    serve_http(args.host, args.port, args.model_path)
     return 0
 
 

@@ -1,0 +1,247 @@
+"""A tensor-parallel collective hang under the daemon: per-rank evidence, the missing rank, the release (issue 11).
+
+    python bench/gpu_tp.py --backend nccl --tp-size 2 --write-docs      # a machine with >= 2 GPUs
+    python bench/gpu_tp.py --backend gloo --tp-size 2 --python /tmp/torchvenv/bin/python   # CPU only
+
+Runs `bench/gpuserver/tp.py` (one process per rank, `sglang::scheduler_TP{n}`, all-reduces in a loop)
+under the daemon, in-process, with the last rank told to stop taking part after a few steps. The
+daemon must call it a `startup_stall`, classify it `collective` from the ranks' frames, capture every
+rank, stop the tree and (with NCCL) see every GPU's memory released. `--python` names the
+interpreter that has torch, when the daemon's own has none (torch is no dependency of the project).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import structlog  # noqa: E402
+
+from bench.gpuserver.harness import events, free_port, start_daemon, wait_file  # noqa: E402
+from bench.gpuserver.measure import ReleaseWatch, device_used, find_gdb, find_py_spy  # noqa: E402
+from bench.gpuserver.tp import NO_MULTICAST  # noqa: E402
+from bench.report import machine, stamp, table, write_section  # noqa: E402
+from probes.gpu import GpuProbe, make_nvml  # noqa: E402
+from supervisor.config import Settings, settings_from_mapping  # noqa: E402
+
+GB = 1024**3
+_PID = re.compile(r"pid (\d+)")
+
+
+def tp_settings(work: Path, args: argparse.Namespace) -> Settings:
+    stall_rank = args.tp_size - 1
+    return settings_from_mapping(
+        {
+            "server": {
+                "command": [args.python, "-m", "bench.gpuserver.tp"],
+                "port": free_port(),
+                "cwd": str(ROOT),
+                "env": {
+                    "GPU_TP_STALL_RANK": str(stall_rank),
+                    "GPU_TP_STALL_AFTER": "10",
+                    "GPU_TP_ONSET_FILE": str(work / "onset.json"),
+                    "GPU_TP_WEIGHTS_GB": str(args.weights_gb),
+                    **NO_MULTICAST,
+                },
+                "args": {"model-path": "/models/gpu-tp", "tp-size": args.tp_size, "backend": args.backend},
+            },
+            "watchdog": {"poll_interval_s": 0.5, "startup_stall_s": 5.0, "cpu_only_stall_s": 10.0},
+            "restart": {"retries_per_rung": 0, "stop_grace_s": 2.0, "release_timeout_s": 30.0},
+            "diagnostics": {
+                "native": True,
+                "gdb": "on_hang",
+                "gdb_timeout_s": 90.0,
+                "py_spy_path": find_py_spy(),
+                "gdb_path": find_gdb(),
+            },
+            "api": {"port": free_port()},
+            "paths": {"state_dir": str(work / "state")},
+        }
+    )
+
+
+async def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    settings = tp_settings(work, args)
+    probe = GpuProbe(make_nvml(os.environ))
+    baseline = device_used(probe)
+    daemon = await start_daemon(settings)
+    watch = None
+    try:
+        onset = await wait_file(work / "onset.json", lambda d: d.get("onset_wall") is not None, 300)
+        snap = await daemon.wait_for(lambda s: s.state in ("hung", "diagnosing", "failed"), 120, "the verdict")
+        pids = [p.pid for p in snap.processes]
+        watch = ReleaseWatch(probe, pids, baseline).start()
+        snap = await daemon.wait_for(lambda s: s.state == "failed", 300, "stop after the incident")
+    finally:
+        await daemon.stop()
+    release = await asyncio.to_thread(watch.join, 60.0) if watch is not None else None
+    ev = events(settings.state_dir)
+    inc = snap.last_incident
+    hung = next(e for e in ev if e["event"] == "state_changed" and e.get("new") == "hung")
+    bundle = settings.state_dir / "diagnostics" / (inc.bundle if inc and inc.bundle else "-")
+    summary = json.loads((bundle / "summary.json").read_text()) if (bundle / "summary.json").exists() else {}
+    nvml = json.loads((bundle / "nvml.json").read_text()) if (bundle / "nvml.json").exists() else {}
+    from datetime import datetime
+
+    return {
+        "date": stamp(),
+        "machine": machine(),
+        "backend": args.backend,
+        "tp_size": args.tp_size,
+        "stalled_rank": onset.get("rank"),
+        "cause": inc.cause if inc else None,
+        "hang_class": inc.hang_class if inc else None,
+        "detect_s": datetime.fromisoformat(hung["ts"].replace("Z", "+00:00")).timestamp() - onset["onset_wall"],
+        "reasons": summary.get("reasons", []),
+        "frames": summary.get("frames", []),
+        "pids": summary.get("pids", []),
+        "tools": summary.get("tools", []),
+        "waits": summary.get("waits", []),
+        "nvml": nvml,
+        "bundle_s": next((e["duration_s"] for e in ev if e["event"] == "bundle_written"), None),
+        "stopped": next((e for e in ev if e["event"] == "server_stopped"), {}),
+        "release_after_death_s": release.after_death_s if release else None,
+        "bundle": str(bundle),
+    }
+
+
+def per_rank(result: dict[str, Any]) -> list[list[object]]:
+    """One row per rank: where its main thread is, whether a collective frame names it, its GPU memory."""
+    in_collective = {int(m.group(1)) for f in result["frames"] if (m := _PID.search(f)) and "all_reduce" in f}
+    counted = {int(m.group(1)) for f in result["frames"] if (m := _PID.search(f))}
+    gpu_by_pid: dict[int, str] = {}
+    for proc in result["nvml"].get("processes", []):
+        gpu_by_pid[int(proc["pid"])] = f"GPU {proc['gpu_index']}: {int(proc['used_bytes'] or 0) / GB:.1f} GB"
+    rows: list[list[object]] = []
+    for p in sorted(result["pids"], key=lambda p: (p["rank"] is None, p["rank"] or 0)):
+        main = next((w for w in result["waits"] if w["pid"] == p["pid"] and w["tid"] == p["pid"]), None)
+        where = f"{main['kind']} in {main['function'] or main['waits_in']}" if main else "?"
+        tools = ", ".join(f"{t['tool']} {t['outcome']}" for t in result["tools"] if t["pid"] == p["pid"])
+        name = f"TP{p['rank']}" if p["rank"] is not None else p["role"]
+        verdict = (
+            "all_reduce" if p["pid"] in in_collective else "c10d helper threads only" if p["pid"] in counted else "none"
+        )
+        rows.append([name, p["pid"], where, verdict, gpu_by_pid.get(p["pid"], "-"), tools])
+    return rows
+
+
+def _s(v: object) -> str:
+    return "-" if v is None else f"{float(str(v)):.2f} s"
+
+
+def _release(result: dict[str, Any]) -> str:
+    if result["stopped"].get("gpu_check") == "unavailable":
+        return "no NVML on this machine"
+    return _s(result["release_after_death_s"])
+
+
+def missing_note(result: dict[str, Any]) -> str:
+    """Which rank is missing, from the main threads, and what else the classifier counted as collective."""
+    rows = per_rank(result)
+    waiting = [str(r[0]) for r in rows if str(r[0]).startswith("TP") and str(r[2]).endswith("all_reduce")]
+    missing = [r for r in rows if str(r[0]).startswith("TP") and r[0] not in waiting]
+    if not missing:
+        return "Every rank's main thread waits in the all-reduce: no rank is told apart as missing."
+    names = ", ".join(f"{r[0]} ({r[2]})" for r in missing)
+    note = (
+        f"The missing rank shows in the main threads: {', '.join(waiting)} {'waits' if len(waiting) == 1 else 'wait'}"
+        f" in `all_reduce`, {names} does not. "
+        "The daemon itself names no missing rank."
+    )
+    counted = {int(m.group(1)) for f in result["frames"] if (m := _PID.search(f))}
+    stray = [r[0] for r in missing if r[1] in counted]
+    if stray:
+        note += (
+            f" Its classifier still counts {', '.join(map(str, stray))} among the processes in a collective, through"
+            " threads that every process of a torch.distributed group has and that wait by design (gloo's"
+            " `pt_gloo_runloop` workers, the TCP store's `pt_tcpstore_uv`); see the frames above."
+        )
+    return note
+
+
+def render(result: dict[str, Any]) -> str:
+    head = table(
+        ["figure", "value"],
+        [
+            ["backend, ranks", f"{result['backend']}, {result['tp_size']} (rank {result['stalled_rank']} drops out)"],
+            ["detection: onset -> `hung`", f"{result['detect_s']:.2f} s"],
+            ["cause / class", f"{result['cause']} / {result['hang_class']}"],
+            ["bundle (py-spy --native, gdb, every rank)", _s(result["bundle_s"])],
+            ["stop: SIGTERM -> tree gone", _s(result["stopped"].get("stop_s"))],
+            [
+                "NVML release verified",
+                f"{result['stopped'].get('gpu_released')} ({result['stopped'].get('gpu_check')})",
+            ],
+            ["tree gone -> NVML shows it free", _release(result)],
+        ],
+    )
+    ranks = table(["rank", "pid", "main thread", "collective frames in the bundle", "NVML", "tools"], per_rank(result))
+    reasons = "\n".join(f"- {r}" for r in result["reasons"])
+    frames = "\n".join(f"    {f}" for f in result["frames"])
+    return f"{head}\n\n{ranks}\n\nThe bundle's reasons:\n\n{reasons}\n\nand the frames it gives for them:\n\n{frames}"
+
+
+def section(result: dict[str, Any]) -> str:
+    return f"""## Multi-GPU: a tensor-parallel collective hang (issue 11)
+
+**Not run on several GPUs**: no machine with two or more GPUs was lent to this project's sessions
+(the device tool lent only `nvidia-h200`, one GPU, and NCCL cannot put two ranks on one GPU). So the
+per-GPU attribution, NCCL's frames and kernels, and the release on every GPU are still unmeasured;
+the command for them is `python bench/gpu_tp.py --backend nccl --tp-size N --write-docs` on an
+`nvidia-h200-x2` or larger (it keeps `NCCL_NVLS_ENABLE=0`).
+
+What ran instead: `python bench/gpu_tp.py --backend {result["backend"]} --tp-size {result["tp_size"]}`, the same
+program (`bench/gpuserver/tp.py`) and daemon path with torch.distributed's gloo backend on the CPU, torch
+from a separate virtual environment (never a project dependency); {result["date"]}, {result["machine"]}.
+
+{render(result)}
+
+{missing_note(result)}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    parser.add_argument("--tp-size", type=int, default=2)
+    parser.add_argument("--weights-gb", type=float, default=20.0, help="per rank, on its GPU (NCCL only)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter with torch, for the ranks")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--write-docs", action="store_true", help="write the `multi-gpu` section of docs/BENCHMARKS.md")
+    parser.add_argument("--render", type=Path, default=None, help="write the section from a saved gpu_tp.json")
+    args = parser.parse_args(argv)
+    if args.render is not None:
+        result = json.loads(args.render.read_text())
+        write_section("multi-gpu", section(result))
+        print(render(result))
+        return 0
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    os.environ.update(NO_MULTICAST)
+    work = Path(tempfile.mkdtemp(prefix="gpu-tp-"))
+    started = time.monotonic()
+    result = asyncio.run(run(work, args))
+    print(render(result))
+    print(f"\n(bundle {result['bundle']}; {time.monotonic() - started:.1f} s)")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_tp.json").write_text(json.dumps(result, indent=1, default=str))
+    if args.write_docs:
+        write_section("multi-gpu", section(result))
+    return 0 if result["hang_class"] == "collective" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
