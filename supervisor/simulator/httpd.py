@@ -7,6 +7,7 @@ import http
 import json
 import select
 import socket
+import socketserver
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ class SimHTTPServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.front = front
         super().__init__((host, front.args.port), Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would resolve the host name (getfqdn): slow or stuck without DNS.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -43,9 +43,9 @@ class SGLangCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         name = [self._model_name]
+        labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
+        values = [self._model_name, "unified", "0", "0"]
         if snap.stats is not None:
-            labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
-            values = [self._model_name, "unified", "0", "0"]
             for field, doc in _GAUGES:
                 gauge = GaugeMetricFamily(f"sglang:{field}", doc, labels=labels)
                 gauge.add_metric(values, float(getattr(snap.stats, field)))
@@ -54,17 +54,20 @@ class SGLangCollector(Collector):
             ("prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens_total),
             ("generation_tokens", "Number of generation tokens processed.", snap.generation_tokens_total),
             ("num_requests", "Number of requests processed.", snap.num_requests_total),
+            ("num_aborted_requests", "Number of requests aborted.", snap.num_aborted_requests_total),
         )
         for field, doc, value in counters:
             counter = CounterMetricFamily(f"sglang:{field}", doc, labels=["model_name"])
             counter.add_metric(name, float(value))
             yield counter
         realtime = CounterMetricFamily(
-            "sglang:realtime_tokens", "Total number of tokens processed (updated on each log interval).",
-            labels=["model_name", "mode"],
+            "sglang:realtime_tokens",
+            "Total number of tokens processed (updated on each log interval). mode: prefill_compute, prefill_cache, "
+            "decode.",
+            labels=[*labels, "mode"],
         )
-        realtime.add_metric([*name, "prefill_compute"], float(snap.realtime_prefill_tokens_total))
-        realtime.add_metric([*name, "decode"], float(snap.realtime_decode_tokens_total))
+        realtime.add_metric([*values, "prefill_compute"], float(snap.realtime_prefill_tokens_total))
+        realtime.add_metric([*values, "decode"], float(snap.realtime_decode_tokens_total))
         yield realtime
         ttft = HistogramMetricFamily(
             "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",

@@ -70,10 +70,11 @@ class Startup:
         self.log.raw(text)
 
     def _onset(self) -> None:
-        if self.ctx.rank == 0:
-            s = self.ctx.settings
-            flags = self.ctx.args.unknown_flags
-            write_onset(s.onset_file, s.scenario.value, s.requested.value, self.ctx.main_pid, flags)
+        # Every rank writes when it reaches the fault; the last replace wins, so the file holds the
+        # moment the last rank made its last progress.
+        s = self.ctx.settings
+        flags = self.ctx.args.unknown_flags
+        write_onset(s.onset_file, s.scenario.value, s.requested.value, self.ctx.main_pid, flags)
 
     def _init_distributed(self) -> None:
         self.log.info("Init torch distributed begin.")

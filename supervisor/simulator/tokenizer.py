@@ -70,6 +70,7 @@ class MetricsSnapshot:
     prompt_tokens_total: int
     generation_tokens_total: int
     num_requests_total: int
+    num_aborted_requests_total: int
     realtime_decode_tokens_total: int
     realtime_prefill_tokens_total: int
     ttft: list[tuple[str, float]]
@@ -115,6 +116,7 @@ class TokenizerManager:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_requests = 0
+        self._num_aborted = 0
         self._realtime_decode = 0
         self._realtime_prefill = 0
         self._ttft = Histogram(TTFT_BUCKETS)
@@ -201,6 +203,7 @@ class TokenizerManager:
             if disconnected():
                 with self._lock:
                     self._states.pop(state.rid, None)
+                    self._num_aborted += 1
                 self.send(AbortReq(state.rid))
                 raise ClientDisconnected(
                     f"Request is disconnected from the client side (type 3). Abort request obj.rid='{state.rid}'"
@@ -252,6 +255,7 @@ class TokenizerManager:
                 prompt_tokens_total=self._prompt_tokens,
                 generation_tokens_total=self._generation_tokens,
                 num_requests_total=self._num_requests,
+                num_aborted_requests_total=self._num_aborted,
                 realtime_decode_tokens_total=self._realtime_decode,
                 realtime_prefill_tokens_total=self._realtime_prefill,
                 ttft=self._ttft.cumulative(),

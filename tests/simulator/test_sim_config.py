@@ -98,6 +98,7 @@ def test_metrics_text_uses_sglangs_names() -> None:
         prompt_tokens_total=7,
         generation_tokens_total=9,
         num_requests_total=1,
+        num_aborted_requests_total=0,
         realtime_decode_tokens_total=8,
         realtime_prefill_tokens_total=7,
         ttft=h.cumulative(),
@@ -115,12 +116,14 @@ def test_metrics_text_uses_sglangs_names() -> None:
     assert 'sglang:generation_tokens_total{model_name="m"} 9.0' in text
     assert 'sglang:prompt_tokens_total{model_name="m"} 7.0' in text
     assert 'sglang:num_requests_total{model_name="m"} 1.0' in text
-    assert 'sglang:realtime_tokens_total{mode="decode",model_name="m"} 8.0' in text
+    realtime = 'sglang:realtime_tokens_total{engine_type="unified",mode="decode",model_name="m",pp_rank="0",'
+    realtime += 'tp_rank="0"}'
+    assert f"{realtime} 8.0" in text
     assert 'sglang:time_to_first_token_seconds_bucket{le="1.0",model_name="m"} 1.0' in text
     assert 'sglang:time_to_first_token_seconds_count{model_name="m"} 1.0' in text
 
 
 def test_scheduler_gauges_absent_until_published() -> None:
-    snap = MetricsSnapshot(None, 0, 0, 0, 0, 0, [("+Inf", 0.0)], 0.0, [("+Inf", 0.0)], 0.0)
+    snap = MetricsSnapshot(None, 0, 0, 0, 0, 0, 0, [("+Inf", 0.0)], 0.0, [("+Inf", 0.0)], 0.0)
     text = render(lambda: snap, "m").decode()
     assert "sglang:num_running_reqs" not in text and "sglang:prompt_tokens_total" in text
