@@ -39,7 +39,10 @@ class LogWriter:
         self.prefix = prefix
         self.fd = fd
         self.access_fd = access_fd
-        self._lock = threading.Lock()
+        # Reentrant: SGLang's signal handlers log, and a handler can run while the main thread is
+        # inside a write. The access log is uvicorn's separate handler, with its own lock.
+        self._lock = threading.RLock()
+        self._access_lock = threading.Lock()
 
     def info(self, message: str) -> None:
         self.raw(f"[{timestamp()}{self.prefix}] {message}\n")
@@ -55,7 +58,7 @@ class LogWriter:
     def access(self, client: str, request_line: str, status: str) -> None:
         """uvicorn's access logger, which writes to stdout."""
         line = f'[{timestamp()}] {"INFO:":<9} {client} - "{request_line}" {status}\n'
-        with self._lock:
+        with self._access_lock:
             write_all(self.access_fd, line.encode("utf-8", "replace"))
 
     def raw(self, text: str) -> None:
