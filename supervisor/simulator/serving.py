@@ -10,6 +10,7 @@ import contextlib
 import os
 import random
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -81,8 +82,23 @@ class ServingLoop:
         self.last_publish = time.monotonic()
         self.last_cuda_graph = 0.0
         self.stats = SchedulerStats()
+        self.forward_since: float | None = None  # when the forward pass in progress began
+
+    def _watchdog(self) -> None:
+        """SGLang's scheduler watchdog: a forward pass stuck past --watchdog-timeout ends the server."""
+        timeout = self.ctx.args.watchdog_timeout
+        while True:
+            time.sleep(max(0.1, timeout // 2))  # SGLang checks every timeout // 2 seconds
+            since = self.forward_since
+            if since is not None and time.monotonic() - since > timeout:
+                break
+        self.log.error(f"Watchdog timeout (self.watchdog_timeout={timeout!r})")
+        time.sleep(5)  # "so that the parent process can print the error"
+        with contextlib.suppress(OSError):
+            os.kill(self.ctx.main_pid, signal.SIGQUIT)
 
     def run(self) -> NoReturn:
+        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
         while True:
             self._receive(self._wait_s())
             if self.fault_at is not None and time.monotonic() >= self.fault_at:
@@ -147,6 +163,7 @@ class ServingLoop:
                 os.kill(self.ctx.main_pid, signal.SIGQUIT)  # as SGLang's scheduler tells its parent
             os._exit(0)
         elif s.scenario is Scenario.HEALTH_HANGS:
+            self.forward_since = time.monotonic()  # a forward pass that never returns
             hangs.wait_for_collective()
         elif s.scenario is Scenario.SERVING_STALL:
             self.stalled = True
@@ -155,6 +172,7 @@ class ServingLoop:
 
     def _forward(self, kind: str) -> None:
         """All ranks take part; a peer that is gone leaves this rank waiting forever, as NCCL does."""
+        self.forward_since = time.monotonic()
         try:
             for peer in self.peers:
                 peer.send(Step(kind))
@@ -164,6 +182,7 @@ class ServingLoop:
                     hangs.wait_for_collective()
         except (EOFError, OSError):
             hangs.wait_for_collective()
+        self.forward_since = None
 
     def _token_usage(self) -> tuple[int, float]:
         used = sum(r.prompt_tokens + r.generated for r in self.running)

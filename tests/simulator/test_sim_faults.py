@@ -128,3 +128,12 @@ def test_low_accept_without_speculation_is_ok(sim: SimStarter) -> None:
     s = sim("low_accept", "--enable-metrics", tp=1)
     assert s.wait_log(READY)
     assert "accept len" not in s.stderr() and s.onset()["onset_wall"] is None
+
+
+def test_sglangs_own_watchdog_ends_a_hung_forward(sim: SimStarter) -> None:
+    s = sim("health_hangs", "--watchdog-timeout", "1", tp=1, env={"SGLANG_SIM_FAULT_AFTER_S": "0.2"})
+    assert s.wait_log(READY)
+    assert s.proc.wait(15) == -signal.SIGKILL  # SIGQUIT to main, which kills the tree and itself
+    log = s.stderr()
+    assert "Watchdog timeout (self.watchdog_timeout=1.0)" in log
+    assert log.index("Watchdog timeout") < log.index("Received sigquit from a child process")
