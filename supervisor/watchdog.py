@@ -23,6 +23,7 @@ StallClass = Literal["idle", "busy"]
 # CPU too, so CPU-only movement postpones a stall verdict only up to `cpu_only_stall_s`.
 CHANNELS = ("log", "progress", "phase", "cpu", "io", "rss", "gpu_mem", "port")
 STRONG_CHANNELS = tuple(c for c in CHANNELS if c != "cpu")
+LOG_CHANNELS = frozenset({"log", "progress", "phase"})
 
 
 @dataclass(frozen=True)
@@ -172,8 +173,12 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
     dt = obs.at - h.base.at
     moved, cpu_rate, base = _moved_channels(h.base, obs, dt, s)
     moved_at = dict(h.moved_at)
+    line_at = obs.logs.last_line_at
     for ch in moved:
-        moved_at[ch] = now
+        # Channels read from the log moved when the line was read, which can be up to a poll
+        # before this observation; resource channels are only known at the poll.
+        from_log = ch in LOG_CHANNELS and line_at is not None and line_at <= now
+        moved_at[ch] = line_at if from_log and line_at is not None else now
     h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate)
     phase = obs.logs.phase
     figures = (
@@ -285,7 +290,9 @@ def assess_serving(
     sv = obs.serving
     busy = sv is not None and sv.available and ((sv.running_reqs or 0) + (sv.queue_reqs or 0)) > 0
     if tokens is not None and (h.tokens is None or tokens > h.tokens):
-        h = replace(h, tokens=tokens, tokens_moved_at=now)
+        # the scrape's own time: its answer may be attached a poll after it was taken
+        scraped = sv.at if sv is not None and sv.at <= now else now
+        h = replace(h, tokens=tokens, tokens_moved_at=scraped)
     if not busy:
         # Idle (or no metrics): an idle server's frozen gauges are not a stall.
         h = replace(h, tokens_moved_at=now if tokens is not None else h.tokens_moved_at)

@@ -66,6 +66,17 @@ def test_each_channel_alone_keeps_a_long_start_alive(channel: str, make) -> None
     assert channel in hist.moved_at
 
 
+def test_stall_is_timed_from_the_last_line_not_from_the_poll_that_read_it() -> None:
+    # The last line was read at 1.8 s, seen by the poll at 3.9 s: the stall is due at 61.8 s.
+    seq = [obs(3.9 + 2.0 * k, lines=11, line_at=1.8) for k in range(40)]
+    h = new_history(0.0)
+    for o in seq:
+        v, h = assess(h, o, o.at, S, mode="starting")
+        if v.is_incident:
+            break
+    assert v.cause == "startup_stall" and o.at == pytest.approx(61.9)
+
+
 def test_phase_change_alone_is_progress() -> None:
     phases = ["initializing", "loading_weights", "loading_draft", "allocating_kv", "capturing_graphs"]
     seq = [obs(50.0 * i + 2, phase=phases[i]) for i in range(5)]

@@ -57,6 +57,7 @@ def obs(
     health: HealthObservation | None = None,
     serving: ServingObservation | None = None,
     decode: DecodeStats | None = None,
+    line_at: float | None = None,
 ) -> Observation:
     tree = TreeObservation(
         root_pid=100,
@@ -76,7 +77,7 @@ def obs(
     )
     logs = LogObservation(
         lines_total=lines,
-        last_line_at=None,
+        last_line_at=line_at,
         phase=phase,
         progress=progress,  # type: ignore[arg-type]
         ready_line_seen=ready,
