@@ -267,13 +267,54 @@ def render(results: dict[str, Any]) -> tuple[str, str]:
     return hang, table(["serve mode", "value"], serve_rows)
 
 
+def _reading(results: dict[str, Any]) -> str:
+    """The few sentences a reader needs, with the run's own numbers."""
+    idle, busy = results.get("idle", {}), results.get("busy", {})
+    if "status" not in idle or "status" not in busy:
+        return ""
+    di, db = results.get("direct_idle", {}), results.get("direct_busy", {})
+    helpers = []
+    for run in (idle, busy):
+        found = set(run.get("stopped", {}).get("pids_found", []))
+        found -= {run["status"]["main_pid"], run["status"]["scheduler_pid"]}
+        helpers += sorted(found)
+    gdb_s = next(
+        (
+            t["duration_s"]
+            for t in idle.get("tools", [])
+            if t["pid"] == idle["status"]["scheduler_pid"] and "gdb" in t["tool"]
+        ),
+        None,
+    )
+    releases = [r.get("release", {}).get("after_death_s") for r in (idle, busy)]
+    releases += [d.get("kill_to_release_s") for d in (di, db)]
+    slowest = max((float(x) for x in releases if x is not None), default=None)
+    text = (
+        f"Reading it: the idle hang is judged one stall window after the onset ({_s(idle.get('detect_s'))}),"
+        f" the busy one after `cpu_only_stall_s` ({_s(busy.get('detect_s'))}), as the design says. cuda-gdb's"
+        f" attach is nearly all of a capture: {_s(gdb_s)} of the {_s(idle.get('bundle_s'))} idle bundle; without it"
+        f" the same capture takes {_s(di.get('bundle_s_without_gdb'))} (idle) and"
+        f" {_s(db.get('bundle_s_without_gdb'))} (busy)."
+    )
+    if busy.get("kernels"):
+        text += f" cuda-gdb names the spinning kernel ({', '.join(busy['kernels'])})."
+    attach = idle.get("attach") or {}
+    if attach.get("threads_exited") or attach.get("forked_helper"):
+        text += " Its attach changes the target: threads exit and the target forks a helper"
+        if helpers:
+            text += f" (pids {', '.join(map(str, helpers))}, found by the daemon's stop through its marker and stopped)"
+        text += "."
+    return text + f" NVML shows the GPU memory free within {_s(slowest)} of the processes' end, SIGKILL included.\n"
+
+
 def section(results: dict[str, Any]) -> str:
     hang, serve = render(results)
     cfg = results["config"]
     tests = f"\n{results['tests']}\n" if results.get("tests") else ""
     return f"""## GPU: real NVML, a real idle and busy hang on one GPU
 
-`python bench/gpu_bench.py --write-docs` on {results["gpu"]}, driver {results["driver"]}, {results["date"]}.
+`PYTHONPATH=. python bench/gpu_bench.py --out DIR --write-docs` (or `--render DIR` afterwards) on the
+`nvidia-h200` device: {results["gpu"]}, driver {results["driver"]}, {results["date"]}.
 Machine: {results["machine"]}. Tools: {results["tools"]}.
 
 The supervised program is `bench/gpuserver` (SGLang's log lines and process titles; one scheduler
@@ -282,12 +323,14 @@ torch). Daemon in-process, poll {cfg["poll_s"]} s, `startup_stall_s` {cfg["stall
 `cpu_only_stall_s` {cfg["cpu_only_stall_s"]} s (the busy spin keeps a host core busy in `cudaDeviceSynchronize`,
 so only CPU moves and the longer window applies), `gdb = "on_hang"`, py-spy with native frames,
 `stop_grace_s` {cfg["stop_grace_s"]} s. The onset is the time the server wrote just after its last log line;
-detection is the journal's `hung` transition minus the onset.
+detection is the journal's `hung` transition minus the onset. The "no daemon" rows hang the same server
+alone and time the daemon's capture function on it, then SIGKILL it.
 
 {hang}
 
 {serve}
-{tests}"""
+
+{_reading(results)}{tests}"""
 
 
 def save_bundles(work: Path, out: Path) -> None:

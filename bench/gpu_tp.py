@@ -156,19 +156,23 @@ def missing_note(result: dict[str, Any]) -> str:
     if not missing:
         return "Every rank's main thread waits in the all-reduce: no rank is told apart as missing."
     names = ", ".join(f"{r[0]} ({r[2]})" for r in missing)
-    note = (
-        f"The missing rank shows in the main threads: {', '.join(waiting)} {'waits' if len(waiting) == 1 else 'wait'}"
-        f" in `all_reduce`, {names} does not. "
-        "The daemon itself names no missing rank."
-    )
+    if waiting:
+        verb = "waits" if len(waiting) == 1 else "wait"
+        note = f"The missing rank shows in the main threads: {', '.join(waiting)} {verb} in `all_reduce`,"
+        note += f" {names} does not."
+    else:
+        note = f"No rank's main thread is in `all_reduce`, {names}: with one rank there is no peer to wait for."
+    note += " The daemon itself names no missing rank."
     counted = {int(m.group(1)) for f in result["frames"] if (m := _PID.search(f))}
-    stray = [r[0] for r in missing if r[1] in counted]
+    stray = [str(r[0]) for r in missing if r[1] in counted]
     if stray:
         note += (
-            f" Its classifier still counts {', '.join(map(str, stray))} among the processes in a collective, through"
+            f" Its classifier still counts {', '.join(stray)} among the processes in a collective, through"
             " threads that every process of a torch.distributed group has and that wait by design (gloo's"
             " `pt_gloo_runloop` workers, the TCP store's `pt_tcpstore_uv`); see the frames above."
         )
+        if not waiting and result["hang_class"] == "collective":
+            note += " So a hang with no collective in flight at all was classified `collective`."
     return note
 
 
@@ -194,23 +198,34 @@ def render(result: dict[str, Any]) -> str:
     return f"{head}\n\n{ranks}\n\nThe bundle's reasons:\n\n{reasons}\n\nand the frames it gives for them:\n\n{frames}"
 
 
-def section(result: dict[str, Any]) -> str:
+def _ran(result: dict[str, Any]) -> str:
+    where = "the CPU" if result["backend"] == "gloo" else "one GPU"
+    return (
+        f"### `python bench/gpu_tp.py --backend {result['backend']} --tp-size {result['tp_size']}` on {where}\n\n"
+        f"{result['date']}, {result['machine']}.\n\n{render(result)}\n\n{missing_note(result)}\n"
+    )
+
+
+def section(results: list[dict[str, Any]]) -> str:
+    runs = "\n".join(_ran(r) for r in results)
     return f"""## Multi-GPU: a tensor-parallel collective hang (issue 11)
 
 **Not run on several GPUs**: no machine with two or more GPUs was lent to this project's sessions
-(the device tool lent only `nvidia-h200`, one GPU, and NCCL cannot put two ranks on one GPU). So the
-per-GPU attribution, NCCL's frames and kernels, and the release on every GPU are still unmeasured;
-the command for them is `python bench/gpu_tp.py --backend nccl --tp-size N --write-docs` on an
-`nvidia-h200-x2` or larger (it keeps `NCCL_NVLS_ENABLE=0`).
+(the device tool lent only `nvidia-h200`, one GPU, and NCCL cannot put two ranks on one GPU). So a
+collective hang across GPUs, NCCL's frames and kernels in it, the per-GPU attribution of several
+ranks and the release on every GPU are still unmeasured; the command for them is
+`python bench/gpu_tp.py --backend nccl --tp-size N --write-docs` on an `nvidia-h200-x2` or larger
+(it keeps `NCCL_NVLS_ENABLE=0`).
 
-What ran instead: `python bench/gpu_tp.py --backend {result["backend"]} --tp-size {result["tp_size"]}`, the same
-program (`bench/gpuserver/tp.py`) and daemon path with torch.distributed's gloo backend on the CPU, torch
-from a separate virtual environment (never a project dependency); {result["date"]}, {result["machine"]}.
+What ran instead: the same program (`bench/gpuserver/tp.py`, one process per rank titled
+`sglang::scheduler_TP{{n}}`, all-reduces in a loop, the last rank dropping out after 10 steps) under
+the same daemon path, (1) with torch.distributed's gloo backend on the CPU, two ranks, torch from a
+separate virtual environment (never a project dependency), where rank 0 really waits in the
+all-reduce for the missing rank 1; and (2) with NCCL on the one H200, one rank, which checks the
+NCCL path, the per-rank GPU attribution and the release, but cannot hang a collective (the one rank
+is the one that drops out).
 
-{render(result)}
-
-{missing_note(result)}
-"""
+{runs}"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the interpreter with torch, for the ranks")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--write-docs", action="store_true", help="write the `multi-gpu` section of docs/BENCHMARKS.md")
-    parser.add_argument("--render", type=Path, default=None, help="write the section from a saved gpu_tp.json")
+    parser.add_argument("--render", type=Path, nargs="+", default=None, help="write the section from saved gpu_tp.json")
     args = parser.parse_args(argv)
     if args.render is not None:
-        result = json.loads(args.render.read_text())
-        write_section("multi-gpu", section(result))
-        print(render(result))
+        results = [json.loads(p.read_text()) for p in args.render]
+        write_section("multi-gpu", section(results))
+        print("\n\n".join(render(r) for r in results))
         return 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     os.environ.update(NO_MULTICAST)
@@ -239,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_tp.json").write_text(json.dumps(result, indent=1, default=str))
     if args.write_docs:
-        write_section("multi-gpu", section(result))
+        write_section("multi-gpu", section([result]))
     return 0 if result["hang_class"] == "collective" else 1
 
 
