@@ -68,7 +68,7 @@ def test_each_channel_alone_keeps_a_long_start_alive(channel: str, make) -> None
 
 def test_stall_is_timed_from_the_last_line_not_from_the_poll_that_read_it() -> None:
     # The last line was read at 1.8 s, seen by the poll at 3.9 s: the stall is due at 61.8 s.
-    seq = [obs(3.9 + 2.0 * k, lines=11, line_at=1.8) for k in range(40)]
+    seq = [obs(3.9 + 2.0 * k, lines=11, line_at=1.8, rss=0) for k in range(40)]
     h = new_history(0.0)
     for o in seq:
         v, h = assess(h, o, o.at, S, mode="starting")
