@@ -239,13 +239,15 @@ def _token_count(obs: Observation) -> float | None:
 def _accept_sample(obs: Observation, h: History) -> tuple[float | None, float | None]:
     """A fresh acceptance-length reading taken while requests run, and the decode line's time."""
     sv = obs.serving
+    # An accept length is at least 1.0 (the verified token); SGLang publishes 0.0 until its first
+    # decode-log interval, so anything under 1.0 is "no reading yet", not a regression.
     if sv is not None and sv.available and sv.spec_accept_length is not None:
         running = (sv.running_reqs or 0) > 0
-        return (sv.spec_accept_length if running else None), h.decode_at
+        return (sv.spec_accept_length if running and sv.spec_accept_length >= 1.0 else None), h.decode_at
     d = obs.logs.last_decode
     if d is None or d.accept_len is None or (h.decode_at is not None and d.at <= h.decode_at):
         return None, h.decode_at
-    return (d.accept_len if d.running_reqs > 0 else None), d.at
+    return (d.accept_len if d.running_reqs > 0 and d.accept_len >= 1.0 else None), d.at
 
 
 def assess_serving(

@@ -217,6 +217,12 @@ def test_good_acceptance_or_idle_or_no_speculation_is_not_regression() -> None:
     assert run(new_history(0.0), low, mode="serving", speculative=False)[0].status == "ready"
 
 
+def test_zero_acceptance_before_the_first_decode_interval_is_no_reading() -> None:
+    seq = [obs(2.0 * i, serving=sv(2.0 * i, 4, 100.0 * i, accept=0.0)) for i in range(1, 100)]
+    v, h = run(new_history(0.0), seq, mode="serving", speculative=True)
+    assert v.status == "ready" and h.accept_samples == ()
+
+
 def test_acceptance_from_decode_lines_without_metrics() -> None:
     seq = [
         obs(2.0 * i, decode=DecodeStats(at=2.0 * i, running_reqs=3, queue_reqs=0, gen_throughput=50, accept_len=1.1))
