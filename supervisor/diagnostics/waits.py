@@ -49,9 +49,17 @@ _WCHAN_IO = re.compile(r"poll|select|sk_wait|sock|unix_stream|tcp_|pipe_|wait_wo
 # Stdlib synchronisation code: a person wants the caller's line too.
 _SYNC_FILES = ("threading.py", "queue.py", "selectors.py", "socket.py")
 _SYNC_DIRS = ("multiprocessing/", "concurrent/futures/", "asyncio/")
-# Helper threads that every NCCL process has, always waiting: they say nothing about a hang.
-_BACKGROUND = re.compile(r"watchdog|heartbeat_?monitor|ncclproxy|proxyservice|proxyprogress|ncclasync", re.I)
-_BACKGROUND_NAMES = re.compile(r"^pt_nccl_|^pt_autograd_")
+# Helper threads that every NCCL process has, always waiting: they say nothing about a hang. The
+# TCPStore daemon (`pt_tcpstore_uv`) sits in c10d code in every torch.distributed process.
+_BACKGROUND = re.compile(
+    r"watchdog|heartbeat_?monitor|ncclproxy|proxyservice|proxyprogress|ncclasync|"
+    r"LibUVStoreDaemon|TCPStoreMasterDaemon|TCPStoreWorkerDaemon",
+    re.I,
+)
+_BACKGROUND_NAMES = re.compile(r"^pt_nccl_|^pt_autograd_|^pt_tcpstore")
+# gloo's work thread idles in its run loop between collectives; inside one it runs a `...Work` frame.
+_GLOO_IDLE = re.compile(r"ProcessGroupGloo::runLoop")
+_GLOO_WORK = re.compile(r"Work::|allreduce|all_reduce|broadcast|allgather|reduce_scatter|barrier", re.I)
 # How deep a thread's innermost frames still count as "where it waits".
 NATIVE_WINDOW = 14
 
@@ -80,8 +88,11 @@ class ThreadView:
         """An NCCL watchdog, heartbeat or proxy thread: waits by design."""
         if _BACKGROUND_NAMES.match(self.name):
             return True
-        stacks = (s for s in (self.python, self.native) if s is not None)
-        return any(_BACKGROUND.search(f.function) for s in stacks for f in s.frames)
+        frames = [f for s in (self.python, self.native) if s is not None for f in s.frames]
+        if any(_BACKGROUND.search(f.function) for f in frames):
+            return True
+        gloo_idle = any(_GLOO_IDLE.search(f.function) for f in frames)
+        return gloo_idle and not any(_GLOO_WORK.search(f.function) for f in frames)
 
     @property
     def looping(self) -> bool:

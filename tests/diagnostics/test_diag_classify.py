@@ -48,9 +48,7 @@ def busy(**kw: object) -> ProcEvidence:
 
 
 def collective_pyspy() -> ProcEvidence:
-    return ProcEvidence(
-        4242, "scheduler", 1, python=parse_py_spy(read("synthetic-collective-pyspy-native.txt"))
-    )
+    return ProcEvidence(4242, "scheduler", 1, python=parse_py_spy(read("synthetic-collective-pyspy-native.txt")))
 
 
 def collective_gdb() -> ProcEvidence:
@@ -89,7 +87,41 @@ THREADING_BARRIER = (Frame("Barrier.wait", "threading.py", 707), Frame("worker",
 TORCH_BARRIER = (Frame("barrier", "torch/distributed/distributed_c10d.py", 4170), Frame("init", "app.py", 9))
 EPOLL = (Frame("EpollSelector.select", "selectors.py", 468), Frame("serve", "app.py", 5))
 
+# Threads every torch.distributed process has, seen on the H200 (torch 2.11): the TCPStore daemon and
+# gloo's work thread between collectives. They wait by design and say nothing about a hang.
+TCPSTORE = StackThread(
+    77, "pt_tcpstore_uv", (Frame("uv_run", "libuv.so"), Frame("c10d::detail::LibUVStoreDaemon::run", "libtorch_cpu.so"))
+)
+GLOO_IDLE = StackThread(
+    78,
+    "pt_gloo_runloop",
+    (
+        Frame("std::condition_variable::wait", "libstdc++.so.6"),
+        Frame("c10d::ProcessGroupGloo::runLoop", "libtorch_cpu.so"),
+    ),
+)
+GLOO_BUSY = StackThread(
+    78,
+    "pt_gloo_runloop",
+    (
+        Frame("gloo::transport::tcp::UnboundBuffer::waitRecv", "libtorch_cpu.so"),
+        Frame("c10d::(anonymous namespace)::AsyncAllreduceWork::allreduce", "libtorch_cpu.so"),
+        Frame("c10d::ProcessGroupGloo::runLoop", "libtorch_cpu.so"),
+    ),
+)
+
 CASES: list[tuple[str, Evidence, str]] = [
+    (
+        "lock deadlock in a torch.distributed process: the TCPStore daemon is not a collective",
+        Evidence((deadlock(native=(TCPSTORE,)),), tree_cpu_cores=0.0, gpu_util_percent=0.0),
+        "idle_deadlock",
+    ),
+    (
+        "lock deadlock beside gloo's idle work thread",
+        Evidence((deadlock(native=(GLOO_IDLE,)),), tree_cpu_cores=0.0),
+        "idle_deadlock",
+    ),
+    ("gloo's work thread inside an all-reduce", Evidence((deadlock(native=(GLOO_BUSY,)),)), "collective"),
     (
         "real deadlock, py-spy + /proc",
         Evidence((deadlock(),), tree_cpu_cores=0.0, gpu_util_percent=0.0),
