@@ -22,9 +22,7 @@ _COLL_FUNC = re.compile(
     r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|c10d::|ProcessGroupNCCL|cross_device_reduce",
     re.IGNORECASE,
 )
-_COLL_DIST = re.compile(
-    r"^(?:broadcast\w*|barrier|monitored_barrier|send|recv|isend|irecv|gather|scatter|reduce)$"
-)
+_COLL_DIST = re.compile(r"^(?:broadcast\w*|barrier|monitored_barrier|send|recv|isend|irecv|gather|scatter|reduce)$")
 _COLL_FILE = re.compile(r"libnccl|torch/distributed/|sglang/srt/distributed/")
 _PY_WINDOW = 8  # Python frames, innermost first, that still count as "where it waits"
 _NATIVE_ONLY_WINDOW = 40
@@ -38,13 +36,7 @@ class _Finding:
 
 
 def _n(count: int, word: str) -> str:
-    return (
-        f"{count} {word}"
-        if count == 1
-        else f"{count} {word}s"
-        if not word.endswith("s")
-        else f"{count} {word}es"
-    )
+    return f"{count} {word}" if count == 1 else f"{count} {word}s" if not word.endswith("s") else f"{count} {word}es"
 
 
 def _stacks(view: ThreadView) -> tuple[StackThread, ...]:
@@ -104,20 +96,38 @@ def _collective(views: list[ThreadView], ev: Evidence) -> _Finding | None:
                 # The Python call (torch.distributed.all_reduce) says more than the NCCL symbol under it.
                 frames.append(_at(v, next((f for f in hits if f.is_python), hits[0])))
                 break
-    kernels = [
-        f"pid {p.pid}: GPU kernel {k}" for p in ev.processes for k in p.gpu_kernels if "nccl" in k.lower()
-    ]
+    kernels = [f"pid {p.pid}: GPU kernel {k}" for p in ev.processes for k in p.gpu_kernels if "nccl" in k.lower()]
     if not frames and not kernels:
         return None
     procs = len({line.split(":", 1)[0] for line in frames})
     reasons = []
     if frames:
-        reasons.append(
-            f"{_n(len(frames), 'thread')} in {_n(procs, 'process')} wait in an NCCL/c10d collective"
-        )
+        reasons.append(f"{_n(len(frames), 'thread')} in {_n(procs, 'process')} wait in an NCCL/c10d collective")
     if kernels:
         reasons.append(f"{_n(len(kernels), 'NCCL kernel')} resident on the GPU")
+    missing = _missing_ranks(views, ev)
+    if missing:
+        reasons.append(missing)
     return _Finding(tuple(reasons), tuple(frames + kernels))
+
+
+def _missing_ranks(views: list[ThreadView], ev: Evidence) -> str:
+    """Which scheduler ranks are *not* in a collective: the ones the others wait for."""
+    ranks = [p for p in ev.processes if p.role == "scheduler" and p.rank is not None]
+    if len(ranks) < 2:
+        return ""
+    inside: set[int] = set()
+    for v in views:
+        if v.background:
+            continue
+        if any(_is_collective(f) for stack in _stacks(v) for f in _window(stack)):
+            inside.add(v.pid)
+    absent = [p for p in ranks if p.pid not in inside]
+    if not absent or len(absent) == len(ranks):
+        return ""
+    waiting = ", ".join(f"TP{p.rank}" for p in ranks if p.pid in inside)
+    away = ", ".join(f"TP{p.rank} (pid {p.pid})" for p in absent)
+    return f"ranks {waiting} wait in the collective; {away} never joined it: the rank(s) the others wait for"
 
 
 def _io_wait(views: list[ThreadView], ev: Evidence) -> _Finding | None:

@@ -246,3 +246,14 @@ def test_samples_taken_while_our_tools_held_the_process_are_ignored() -> None:
     result = classify(evidence)
     assert result.hang_class == "idle_deadlock"
     assert "ptrace_stop" not in "\n".join(result.frames)
+
+
+def test_collective_names_the_rank_the_others_wait_for() -> None:
+    tp0 = replace(collective_pyspy(), pid=100, rank=0)
+    tp2 = replace(collective_pyspy(), pid=102, rank=2)
+    tp1 = deadlock(pid=101, rank=1, samples=())  # elsewhere: waits on a lock, not in the all-reduce
+    c = classify(Evidence((tp0, tp1, tp2)))
+    assert c.hang_class == "collective"
+    assert any("TP0, TP2 wait in the collective" in r and "TP1 (pid 101) never joined" in r for r in c.reasons)
+    alone = classify(Evidence((tp0, tp2)))
+    assert not any("never joined" in r for r in alone.reasons)
