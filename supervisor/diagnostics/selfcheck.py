@@ -20,7 +20,12 @@ def _version(exe: str) -> str:
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"version unknown ({err})"
-    lines = (done.stdout or done.stderr).strip().splitlines()
+    return version_line(done.stdout or done.stderr)
+
+
+def version_line(text: str) -> str:
+    """The first line that is not a wrapper's chatter (cuda-gdb prints `exec: ...` before its version)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith("exec:")]
     return lines[0] if lines else "version unknown"
 
 

@@ -56,3 +56,11 @@ def test_installed_tools_report_their_version() -> None:
     assert checks["py-spy"].ok and "py-spy" in checks["py-spy"].detail
     if checks["gdb"].ok:
         assert "gdb" in checks["gdb"].detail.lower()
+
+
+def test_version_line_skips_the_cuda_gdb_wrapper_line() -> None:
+    from supervisor.diagnostics.selfcheck import version_line
+
+    text = "exec: /usr/local/cuda/bin/cuda-gdb-python3.12-tui --version\nNVIDIA (R) cuda-gdb 13.0\n"
+    assert version_line(text) == "NVIDIA (R) cuda-gdb 13.0"
+    assert version_line("") == "version unknown"
