@@ -226,11 +226,20 @@ class Supervisor:
         ladder = self.settings.ladder
         return ladder[min(self.ladder.current, len(ladder) - 1)].name
 
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        """Settings change only here (start, SIGHUP): what each rung implies is derived once."""
+        self._settings = value
+        flags = [arg_names(render_rung(value.server, r).argv) for r in value.ladder]
+        self._speculative = tuple("speculative-algorithm" in f for f in flags)
+        self._metrics_on = tuple("enable-metrics" in f for f in flags)
+
     def speculative(self) -> tuple[bool, ...]:
-        return tuple(
-            "speculative-algorithm" in arg_names(render_rung(self.settings.server, r).argv)
-            for r in self.settings.ladder
-        )
+        return self._speculative
 
     async def tick(self) -> None:
         st = self.lifecycle.state
@@ -252,13 +261,12 @@ class Supervisor:
             if lines:
                 self.observer.feed(lines)
                 self.log_seq = lines[-1].seq
-        rendered = render_rung(self.settings.server, self.settings.ladder[self.ladder.current])
         target = Target(
             root_pid=server.pid if server is not None else None,
             root_exit=server.poll() if server is not None else None,
             marker=self.marker,
             serving=self.lifecycle.state in SERVING,
-            metrics="enable-metrics" in arg_names(rendered.argv),
+            metrics=self._metrics_on[self.ladder.current],
         )
         obs = await self.observer.observe(target)
         if obs.health is not None:
