@@ -176,7 +176,7 @@ async def capture_bundle(
     sup.journal.append(
         "bundle_written" if result.path is not None else "bundle_write_failed",
         id=result.id,
-        hang_class=result.hang_class,
+        hang_class=result.hang_class if trigger == "hung" else None,  # a healthy server is not "deadlocked"
         duration_s=round(result.duration_s, 3),
         error=result.error,
     )

@@ -136,10 +136,7 @@ class Redactor:
     def obj(self, value: object) -> object:
         """A JSON-able structure with secret-named keys' values and every string redacted."""
         if isinstance(value, Mapping):
-            return {
-                str(k): REDACTED if secret_key(str(k)) and _scalar(v) else self.obj(v)
-                for k, v in value.items()
-            }
+            return {str(k): REDACTED if secret_key(str(k)) and _scalar(v) else self.obj(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.obj(v) for v in value]
         if isinstance(value, str):
@@ -148,13 +145,12 @@ class Redactor:
 
 
 def _scalar(v: object) -> bool:
-    return not isinstance(v, (Mapping, list, tuple))
+    """Only a string can carry a credential: a count under a key like `tokens` is a figure."""
+    return isinstance(v, str)
 
 
 def _usable(values: Iterable[str]) -> tuple[str, ...]:
-    keep = {
-        v for v in values if len(v) >= _MIN_LITERAL and v.lower() not in _NOT_SECRET and REDACTED not in v
-    }
+    keep = {v for v in values if len(v) >= _MIN_LITERAL and v.lower() not in _NOT_SECRET and REDACTED not in v}
     return tuple(sorted(keep, key=lambda v: (-len(v), v)))
 
 

@@ -135,7 +135,8 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     s = summary
     lines = [
         f"Incident {s['id']}: {s['trigger']} (cause {s['cause'] or 'manual'}) at {s['created_at']}",
-        f"Hang class: {s['hang_class']}",
+        f"Hang class: {s['hang_class']}"
+        + ("" if s["trigger"] == "hung" else "   (not judged hung: the class says where the threads wait)"),
         *[f"  - {r}" for r in _strs(s["reasons"])],
         f"Rung: {s['rung'] or '?'}   Phase: {s['phase'] or '?'}",
         f"Command: {' '.join(_strs(s['argv'])) or '?'}",

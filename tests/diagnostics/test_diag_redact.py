@@ -110,3 +110,10 @@ def test_argv_secret_values_become_literals() -> None:
 def test_assignment_inside_a_call_is_found() -> None:
     out = Redactor().text("server_args=ServerArgs(model_path='/m', api_key='sk-in-args', tp_size=8)")
     assert "sk-in-args" not in out and "model_path='/m'" in out and "tp_size=8" in out
+
+
+def test_figures_under_secret_looking_keys_are_kept() -> None:
+    from supervisor.diagnostics.redact import Redactor
+
+    doc = Redactor().obj({"figures": {"tokens": 1234.0, "running_reqs": 3}, "api_key": "sk-123456789", "token": None})
+    assert doc == {"figures": {"tokens": 1234.0, "running_reqs": 3}, "api_key": "[redacted]", "token": None}
