@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from collections.abc import Iterable
 
@@ -22,16 +23,79 @@ def connect_host(host: str) -> str:
     return host
 
 
-def listening_sockets(pids: Iterable[int]) -> tuple[ListenSocket, ...]:
-    found: set[ListenSocket] = set()
-    for pid in pids:
+_TCP_LISTEN = "0A"
+
+
+def _socket_inodes(pid: int, proc_root: str) -> set[int]:
+    fd_dir = f"{proc_root}/{pid}/fd"
+    inodes: set[int] = set()
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return inodes
+    for fd in fds:
         try:
-            conns = psutil.Process(pid).net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
             continue
-        for conn in conns:
-            if conn.status == psutil.CONN_LISTEN and conn.laddr:
-                found.add(ListenSocket(pid=pid, host=conn.laddr.ip, port=conn.laddr.port))
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _hex_ip(text: str) -> str:
+    raw = bytes.fromhex(text)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    # IPv6: four 32-bit words, each in host (little-endian) order
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def _listen_table(pid: int, proc_root: str) -> dict[int, tuple[str, int]]:
+    """inode -> (ip, port) of the LISTEN sockets in `pid`'s network namespace."""
+    table: dict[int, tuple[str, int]] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc_root}/{pid}/net/{name}") as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) < 10 or cols[3] != _TCP_LISTEN:
+                        continue
+                    ip, port = cols[1].rsplit(":", 1)
+                    try:
+                        table[int(cols[9])] = (_hex_ip(ip), int(port, 16))
+                    except ValueError:
+                        continue
+        except OSError:
+            continue
+    return table
+
+
+def listening_sockets(pids: Iterable[int], proc_root: str = "/proc") -> tuple[ListenSocket, ...]:
+    """LISTEN sockets held by `pids`.
+
+    Reads the namespace's socket tables once per poll and each member's fd links, instead of
+    psutil's per-process scan that re-reads the whole table for every member (~2 ms each).
+    """
+    owners: dict[int, int] = {}
+    namespaces: dict[int, int] = {}  # net namespace inode -> a member to read its tables through
+    for pid in pids:
+        for inode in _socket_inodes(pid, proc_root):
+            owners.setdefault(inode, pid)
+        try:
+            namespaces.setdefault(os.stat(f"{proc_root}/{pid}/ns/net").st_ino, pid)
+        except OSError:
+            continue
+    if not owners:
+        return ()
+    found: set[ListenSocket] = set()
+    for reader in namespaces.values():
+        for inode, (ip, port) in _listen_table(reader, proc_root).items():
+            owner = owners.get(inode)
+            if owner is not None:
+                found.add(ListenSocket(pid=owner, host=ip, port=port))
     return tuple(sorted(found, key=lambda s: (s.pid, s.port, s.host)))
 
 
