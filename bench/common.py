@@ -27,6 +27,7 @@ import httpx
 from bench.report import machine, stamp, versions, write_section
 from supervisor import __version__
 from supervisor.config import Settings, settings_from_mapping
+from supervisor.config import dump_toml as to_toml
 from supervisor.process import kill_marked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,35 +153,6 @@ def sim_settings(
         "paths": {"state_dir": str(wd / "state")},
     }
     return settings_from_mapping(data)
-
-
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a TOML basic string is a JSON string for these values
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        items = (f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items() if x is not None)
-        return "{ " + ", ".join(items) + " }"
-    raise TypeError(f"no TOML form for {type(v).__name__}")
-
-
-def to_toml(settings: Settings) -> str:
-    data = settings.model_dump()
-    out: list[str] = []
-    for section, body in data.items():
-        if section == "fallback":
-            continue
-        out.append(f"[{section}]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
-    for rung in data["fallback"]:
-        out.append("[[fallback]]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in rung.items() if v is not None)
-    return "\n".join(out) + "\n"
 
 
 def parse_ts(text: str) -> float:

@@ -6,6 +6,7 @@ was expected (`ConfigError`). Nothing here reads files or the environment at imp
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -324,3 +325,33 @@ def render_ladder(settings: Settings) -> tuple[RenderedCommand, ...]:
 
 def arg_names(argv: Sequence[str]) -> set[str]:
     return {a[2:] for a in argv if a.startswith("--")}
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        items = (f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items() if x is not None)
+        return "{ " + ", ".join(items) + " }"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+def dump_toml(settings: Settings) -> str:
+    """The settings as a TOML config that `load_settings` reads back to equal settings."""
+    data = settings.model_dump()
+    out: list[str] = []
+    for section, body in data.items():
+        if section == "fallback":
+            continue
+        out.append(f"[{section}]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
+    for rung in data["fallback"]:
+        out.append("[[fallback]]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in rung.items() if v is not None)
+    return "\n".join(out) + "\n"

@@ -75,32 +75,3 @@ def sim_settings(
         "paths": {"state_dir": str(tmp_path / "state")},
     }
     return settings_from_mapping(data)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f'"{k}" = {_toml_value(x)}' for k, x in v.items() if x is not None) + " }"
-    raise TypeError(type(v))
-
-
-def to_toml(settings: Settings) -> str:
-    """Settings back to a TOML file, for tests that run the daemon as a real subprocess."""
-    data = settings.model_dump()
-    out: list[str] = []
-    for section, body in data.items():
-        if section == "fallback":
-            continue
-        out.append(f"[{section}]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
-    for rung in data["fallback"]:
-        out.append("[[fallback]]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in rung.items() if v is not None)
-    return "\n".join(out) + "\n"

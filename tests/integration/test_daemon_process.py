@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from simsupport import to_toml
+
+from supervisor.config import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 

@@ -95,3 +95,12 @@ def test_render(rung: Rung, has: list[str], lacks: list[str], env: dict[str, str
     joined = " ".join(r.argv)
     for tok in has:
         assert tok in joined
+
+
+def test_dump_toml_round_trips(tmp_path: Path) -> None:
+    from supervisor.config import dump_toml
+
+    s = load_settings(ROOT / "systemd" / "config.example.toml")
+    out = tmp_path / "again.toml"
+    out.write_text(dump_toml(s))
+    assert load_settings(out) == s
