@@ -135,6 +135,7 @@ def sim_settings(
             "health_timeout_s": w.health_timeout_s,
             "health_failures": w.health_failures,
             "serving_stall_s": w.serving_stall_s,
+            "metrics_interval_s": w.poll_s,
             "spec_window_s": w.spec_window_s,
             **(watchdog or {}),
         },

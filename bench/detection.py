@@ -196,15 +196,13 @@ def render(results: list[CaseResult], reps: int) -> str:
     )
     tbl = table(["scenario", "verdict (cause)", "window s", "target s", "n", "median s", "max s", "target"], rows)
     why = (
-        "Why the bound is tight: a channel's movement is stamped with the time of the poll that observed it, "
-        "not the time it happened, and a stall needs a full window between two poll times, so the worst case "
-        "is the window plus two polls plus the jitter of the poll's own duration (about 50 ms here, mostly the "
-        "per-process socket listing measured under Overhead). The maximum moves by a few tenths of a second "
-        "from run to run and can pass the target: a run of this suite on 2026-11-29 on the 2-core machine "
-        "measured 5.07 s for `deadlock_after_load` and 5.22 s for `serving_stall` (3 repetitions each). "
-        "`serving_stall` can take a poll more: the `/metrics` scrape started at one poll is "
-        "attached to the next. Stamping movements with the time the data was read (a log line's arrival, a "
-        "scrape's start) would take up to one poll off."
+        "How the bound arises: the log channels (a new line, the progress bar, the phase) are stamped with "
+        "the time the line was read and token progress with the time of the `/metrics` scrape; resource "
+        "channels (I/O, RSS, GPU memory, CPU, ports) can only be stamped with the poll that saw them. A stall "
+        "is judged at the first poll after a full window, so the worst case is the window plus up to two "
+        "polls plus the poll's own duration. An earlier run, before the log and scrape times were used, "
+        "measured 5.07 s for `deadlock_after_load` and 5.22 s for `serving_stall` (3 repetitions each), "
+        "just over the target; the table above is from after that change."
     )
     return header("Detection: fault onset to verdict", "detection", intro) + "\n" + tbl + "\n\n" + why + "\n"
 

@@ -121,6 +121,7 @@ class WatchdogSettings(_Section):
     health_failures: PositiveInt = 3
     metrics_path: str = Field(default="/metrics", pattern=r"^/[^\s]*$")
     metrics_timeout_s: PositiveFloat = 5.0
+    metrics_interval_s: PositiveFloat = 5.0  # SGLang refreshes its gauges every 40 decode steps anyway
     serving_stall_s: PositiveFloat = 60.0
     spec_accept_floor: NonNegFloat = 1.5
     spec_window_s: PositiveFloat = 120.0
@@ -137,6 +138,8 @@ class WatchdogSettings(_Section):
             raise ValueError("cpu_only_stall_s must be >= startup_stall_s")
         if self.health_timeout_s < self.poll_interval_s / 2:
             raise ValueError("health_timeout_s is shorter than half a poll interval")
+        if self.metrics_interval_s > self.serving_stall_s / 2:
+            raise ValueError("metrics_interval_s must be at most half of serving_stall_s (two scrapes per window)")
         return self
 
 

@@ -56,12 +56,14 @@ class Observer:
         self._monotonic = monotonic
         self._closing: set[asyncio.Future[None]] = set()
         self.gpu = gpu
-        self.tree_probe = ProcessTreeProbe()
+        # Thread states are for the bundles (which read /proc themselves), not for every poll.
+        self.tree_probe = ProcessTreeProbe(with_threads=False)
         self.configure(settings)
         self.parser = LogParser()
         self._health_task: asyncio.Task[HealthObservation] | None = None
         self._serving_task: asyncio.Task[ServingObservation] | None = None
         self._health_started_at: float | None = None
+        self._scraped_at: float | None = None
         self.last_health: HealthObservation | None = None
         self.last_serving: ServingObservation | None = None
 
@@ -84,7 +86,7 @@ class Observer:
             if task is not None:
                 task.cancel()
         self._health_task = self._serving_task = None
-        self._health_started_at = None
+        self._health_started_at = self._scraped_at = None
         self.last_health = self.last_serving = None
 
     def feed(self, lines: list[LogLine]) -> None:
@@ -92,7 +94,8 @@ class Observer:
 
     def _blocking(self, t: Target) -> tuple[TreeObservation, PortsObservation, GpuObservation]:
         tree = self.tree_probe.observe(t.root_pid, t.marker, t.root_exit)
-        ports = self.ports_probe.observe(tree.pids)
+        # New listening ports are a start-up progress channel; once serving, the port is known.
+        ports = self.ports_probe.observe(() if t.serving else tree.pids)
         gpu = self.gpu.observe(tree.pids)
         return tree, ports, gpu
 
@@ -103,8 +106,7 @@ class Observer:
         serving = self._take_serving()
         if ports.server_port_accepts and tree.root_alive:
             self._maybe_probe_health(now, t.serving)
-            if t.serving and t.metrics and self._serving_task is None:
-                self._serving_task = asyncio.create_task(self.serving_probe.observe())
+            self._maybe_scrape(now, t)
         return Observation(
             at=now,
             tree=tree,
@@ -114,6 +116,14 @@ class Observer:
             health=health,
             serving=serving,
         )
+
+    def _maybe_scrape(self, now: float, t: Target) -> None:
+        if not (t.serving and t.metrics) or self._serving_task is not None:
+            return
+        if self._scraped_at is not None and now - self._scraped_at < self.settings.watchdog.metrics_interval_s:
+            return
+        self._scraped_at = now
+        self._serving_task = asyncio.create_task(self.serving_probe.observe())
 
     def _maybe_probe_health(self, now: float, serving: bool) -> None:
         if self._health_task is not None:

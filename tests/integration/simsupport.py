@@ -58,6 +58,7 @@ def sim_settings(
             "health_timeout_s": 4.0,
             "health_failures": 2,
             "serving_stall_s": 4.0,
+            "metrics_interval_s": 0.5,
             "spec_window_s": 4.0,
             **(watchdog or {}),
         },
