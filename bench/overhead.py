@@ -205,8 +205,10 @@ def probe_costs(d: Daemon, calls: int = 40) -> dict[str, float]:
     pids = [int(p["pid"]) for p in st.get("processes", [])]
     root, marker, port = st.get("pid"), d.marker(), d.settings.server.port
     probes: dict[str, Callable[[], object]] = {
-        "process tree (/proc scan for the marker)": lambda: ProcessTreeProbe().observe(root, marker),
-        "listening sockets (psutil net_connections per member)": lambda: listening_sockets(pids),
+        "process tree (/proc scan for the marker, no thread states)": lambda: ProcessTreeProbe(
+            with_threads=False
+        ).observe(root, marker),
+        "listening sockets (while starting only; tables read once)": lambda: listening_sockets(pids),
         "server port connect": lambda: port_accepts("127.0.0.1", port),
     }
     out: dict[str, float] = {}
