@@ -96,8 +96,9 @@ async def incident(
     *,
     forced_rung: int | None = None,
     diagnose: bool = True,
+    incident_id: str | None = None,
 ) -> None:
-    incident_id = new_incident_id(sup.clock.wall(), cause)
+    incident_id = incident_id or new_incident_id(sup.clock.wall(), cause)
     hang_class = provisional_class(verdict)
     bundle_id: str | None = None
     detail = verdict.reason if verdict is not None else ""

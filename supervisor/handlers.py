@@ -134,7 +134,7 @@ async def manual_restart(sup: Supervisor, cmd: Command) -> None:
     # Answer at once with the incident's id; the restart itself takes minutes.
     pending_id = new_incident_id(sup.clock.wall(), "manual")
     finish(cmd, CommandResult("accepted", incident_id_hint, st.value, incident_id=pending_id))
-    await incident(sup, "manual", verdict, obs, forced_rung=idx, diagnose=cmd.diagnose)
+    await incident(sup, "manual", verdict, obs, forced_rung=idx, diagnose=cmd.diagnose, incident_id=pending_id)
 
 
 async def manual_diagnose(sup: Supervisor, cmd: Command) -> None:

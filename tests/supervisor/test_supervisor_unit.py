@@ -264,3 +264,19 @@ async def test_secrets_stay_out_of_the_journal_and_check_config(tmp_path: Path, 
     assert "--api-key" in journal
     for c in control.children:
         c.exit(0)
+
+
+async def test_manual_restart_answers_with_the_incident_it_records(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, _observer = rig
+    await sup.startup(True)
+    t = asyncio.ensure_future(sup.submit(Command(kind="restart", rung="no-graph", reason="operator")))
+    cmd = await sup.next_command(1.0)
+    assert cmd is not None
+    clock.advance(3.0)  # the restart itself takes a while
+    await sup.handle(cmd)
+    answer = await t
+    assert answer.outcome == "accepted" and answer.incident_id is not None
+    snap = sup.snapshot()
+    assert snap.last_incident is not None and snap.last_incident.id == answer.incident_id
+    assert snap.last_incident.cause == "manual" and snap.rung == "no-graph" and snap.restarts == 0
+    assert "--disable-cuda-graph" in control.spawned[-1][0]
