@@ -76,8 +76,13 @@ def test_ok_prints_sglangs_start_up_in_order_and_binds_late(sim: SimStarter) -> 
 def test_children_are_sglangs_processes(sim: SimStarter) -> None:
     s = sim("ok", tp=2)
     assert s.wait_log("TP1] Init torch distributed begin.")
-    titles = sorted(c.cmdline()[0] for c in s.children() if c.cmdline()[0].startswith("sglang::"))
-    assert titles == ["sglang::detokenizer", "sglang::scheduler_TP0", "sglang::scheduler_TP1"]
+    expected = ["sglang::detokenizer", "sglang::scheduler_TP0", "sglang::scheduler_TP1"]
+
+    def titles() -> list[str]:
+        # each child names itself as it starts: one may log before a sibling has set its title
+        return sorted(c.cmdline()[0] for c in s.children() if c.cmdline() and c.cmdline()[0].startswith("sglang::"))
+
+    assert s.wait_until(lambda: titles() == expected, 5), titles()
     main_sid = psutil.Process(s.proc.pid)
     for child in s.children():
         assert child.pid != s.proc.pid
