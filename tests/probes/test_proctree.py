@@ -292,10 +292,15 @@ def test_cpu_time_and_read_chars_rise(spawn: SpawnFn, marker: str, tmp_path: Pat
     assert probe.observe(proc.pid, marker).processes[0].status in ("running", "sleeping", "disk-sleep")
 
 
+def _sleeping(wchan: str) -> bool:
+    # time.sleep is clock_nanosleep from Python 3.11 on, select() before
+    return wchan == "hrtimer_nanosleep" or wchan.startswith("poll_schedule_timeout")
+
+
 def test_idle_child_cpu_time_stays_flat(spawn: SpawnFn, marker: str, wait_until: WaitFn) -> None:
     proc = spawn([sys.executable, "-c", "import time; time.sleep(60)"])
     probe = ProcessTreeProbe()
-    assert wait_until(lambda: probe.observe(proc.pid, marker).processes[0].threads[0].wchan == "hrtimer_nanosleep")
+    assert wait_until(lambda: _sleeping(probe.observe(proc.pid, marker).processes[0].threads[0].wchan))
     first = probe.observe(proc.pid, marker)
     time.sleep(0.3)
     second = probe.observe(proc.pid, marker)
