@@ -155,7 +155,7 @@ async def capture_bundle(
                 obs=obs,
                 verdict=verdict,
                 rendered=rendered,
-                env=sup.environment_for_bundle(rendered.env),
+                env=sup.child_env(rendered.env),  # what the server got; the bundle redacts it
                 log_tail=sup.capture.tail(sup.settings.diagnostics.log_tail_lines) if sup.capture else [],
                 gpu_all=gpu_all,
                 cpu_rate=sup.history.cpu_rate if sup.history is not None else None,

@@ -400,12 +400,6 @@ class Supervisor:
     def random(self) -> float:
         return self.rand()
 
-    def pid_alive(self) -> bool:
-        return self.server is not None and self.server.poll() is None
-
-    def environment_for_bundle(self, extra: Mapping[str, str]) -> dict[str, str]:
-        return self.child_env(extra)
-
 
 _NOT_FOR_CHILD = frozenset(
     {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID"}
