@@ -4,13 +4,13 @@ import asyncio
 import json
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
+from httpserver import LoopbackServer, serving
 
 from probes.http import HealthProbe, JsonReply, describe_error, fetch, join_url, make_client
 
@@ -226,7 +226,7 @@ BIG_CHUNK = b"x" * (1024 * 1024)
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: Server
+    server: LoopbackServer
 
     def do_GET(self) -> None:
         path = self.path
@@ -270,30 +270,10 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True  # server_close joins every handler thread: nothing outlives the test
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.stop = threading.Event()
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # a client that hung up is what these tests do on purpose
-
-
 @pytest.fixture
 def server() -> Iterator[str]:
-    srv = Server()
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.stop.set()
-        srv.shutdown()
-        srv.server_close()
-        thread.join(5)
+    with serving(Handler) as url:
+        yield url
 
 
 def free_port() -> int:

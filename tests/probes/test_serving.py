@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
+from httpserver import LoopbackServer, serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -234,7 +234,7 @@ async def test_timeout_from_the_mock() -> None:
 
 class SlowMetrics(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: MetricsServer
+    server: LoopbackServer
 
     def do_GET(self) -> None:
         if self.path == "/slow":
@@ -249,30 +249,10 @@ class SlowMetrics(BaseHTTPRequestHandler):
         pass
 
 
-class MetricsServer(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), SlowMetrics)
-        self.stop = threading.Event()
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass
-
-
 @pytest.fixture
 def server() -> Iterator[str]:
-    srv = MetricsServer()
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.stop.set()
-        srv.shutdown()
-        srv.server_close()
-        thread.join(5)
+    with serving(SlowMetrics) as url:
+        yield url
 
 
 async def test_against_a_real_server(server: str) -> None:
