@@ -6,11 +6,10 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
-from httpserver import LoopbackServer, serving
+from httpserver import QuietHandler, serving
 
 from probes.http import HealthProbe, JsonReply, describe_error, fetch, join_url, make_client
 
@@ -224,19 +223,16 @@ def test_helpers() -> None:
 BIG_CHUNK = b"x" * (1024 * 1024)
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: LoopbackServer
-
+class Handler(QuietHandler):
     def do_GET(self) -> None:
         path = self.path
         if path == "/health":
-            self._reply(200, b"")
+            self.reply(200, b"")
         elif path == "/slow":
             self.server.stop.wait(1.0)  # longer than the probes' 0.3 s timeout
-            self._reply(200, b"")
+            self.reply(200, b"")
         elif path == "/unavailable":
-            self._reply(503, b"")
+            self.reply(503, b"")
         elif path == "/close":
             self.close_connection = True  # close without writing anything
         elif path == "/reset":
@@ -246,7 +242,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"\x00\xffTHIS IS NOT HTTP\r\n\r\n")
             self.close_connection = True
         elif path == "/json":
-            self._reply(200, json.dumps({"internal_states": [{"avg_spec_accept_length": 3.0}]}).encode())
+            self.reply(200, json.dumps({"internal_states": [{"avg_spec_accept_length": 3.0}]}).encode())
         elif path == "/huge":
             self.send_response(200)
             self.send_header("Content-Length", str(50 * len(BIG_CHUNK)))
@@ -258,16 +254,7 @@ class Handler(BaseHTTPRequestHandler):
                 pass  # the client stopped reading, as it should
             self.close_connection = True
         else:
-            self._reply(404, b"not found")
-
-    def _reply(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+            self.reply(404, b"not found")
 
 
 @pytest.fixture

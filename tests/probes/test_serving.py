@@ -3,11 +3,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
-from httpserver import LoopbackServer, serving
+from httpserver import QuietHandler, serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -232,21 +231,12 @@ async def test_timeout_from_the_mock() -> None:
     assert (obs.available, obs.error) == (False, "timeout")
 
 
-class SlowMetrics(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: LoopbackServer
-
+class SlowMetrics(QuietHandler):
     def do_GET(self) -> None:
         if self.path == "/slow":
             self.server.stop.wait(1.0)
-        body = SGLANG_METRICS.encode() if self.path in ("/metrics", "/slow") else b"Not Found"
-        self.send_response(200 if self.path in ("/metrics", "/slow") else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        known = self.path in ("/metrics", "/slow")
+        self.reply(200 if known else 404, SGLANG_METRICS.encode() if known else b"Not Found")
 
 
 @pytest.fixture

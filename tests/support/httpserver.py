@@ -33,3 +33,19 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         srv.shutdown()
         srv.server_close()
         thread.join(5)
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive, no access log on stderr, and a one-call reply."""
+
+    protocol_version = "HTTP/1.1"
+    server: LoopbackServer
+
+    def reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
