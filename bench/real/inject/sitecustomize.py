@@ -1,0 +1,75 @@
+"""Fault injection for real SGLang, carried on the server's PYTHONPATH only (the daemon is not told).
+
+Python imports `sitecustomize` at start in every process of the tree, schedulers included (they are
+spawned interpreters). With `REAL_FAULT=kv_deadlock`, the first call of SGLang's
+`ModelRunner.alloc_memory_pool` (after the weights are loaded, before the KV cache exists) blocks
+forever on a lock its own thread already holds: a real lock deadlock inside a real SGLang function,
+the seed incident's shape (weights in memory, no port, no log line). `REAL_FAULT_RANK` limits it to
+one tensor-parallel rank; `REAL_FAULT_ONCE` names a file that makes the fault one-shot across
+relaunches (a transient fault); `REAL_FAULT_ONSET` receives the wall time the block began, read only
+by the recipe to time detection.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import time
+
+_TARGET = "sglang.srt.model_executor.model_runner"
+
+
+def _armed() -> bool:
+    once = os.environ.get("REAL_FAULT_ONCE")
+    return os.environ.get("REAL_FAULT") == "kv_deadlock" and not (once and os.path.exists(once))
+
+
+def _wrap(module: object) -> None:
+    runner = getattr(module, "ModelRunner", None)
+    original = getattr(runner, "alloc_memory_pool", None)
+    if runner is None or original is None:
+        return
+
+    def alloc_memory_pool(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        rank = os.environ.get("REAL_FAULT_RANK")
+        if _armed() and (rank is None or str(getattr(self, "tp_rank", "")) == rank):
+            once = os.environ.get("REAL_FAULT_ONCE")
+            if once:
+                with open(once, "w") as f:
+                    f.write(str(os.getpid()))
+            onset = os.environ.get("REAL_FAULT_ONSET")
+            if onset:
+                with open(onset, "w") as f:
+                    f.write(repr(time.time()))
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()  # never returns: the thread waits on itself
+        return original(self, *args, **kwargs)
+
+    runner.alloc_memory_pool = alloc_memory_pool
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_wrap(module):  # type: ignore[no-untyped-def]
+            exec_module(module)
+            _wrap(module)
+
+        loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+        return spec
+
+
+if _armed():
+    sys.meta_path.insert(0, _Finder())
