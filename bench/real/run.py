@@ -130,7 +130,7 @@ def pack(work: Path, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("setup", "matrix", "tp2", "lane", "pack"))
+    ap.add_argument("step", choices=("setup", "matrix", "tp2", "tp2b", "lane", "pack"))
     ap.add_argument("name", nargs="?")
     ap.add_argument("--bundle", type=Path, default=ROOT / ".real" / "bundle.tar.xz")
     ap.add_argument("--real", type=Path, default=Path("/tmp/real"))
@@ -145,6 +145,9 @@ def main() -> None:
         print(json.dumps(run_lanes(MATRIX, args.work, args.real, args.deadline)))
     elif args.step == "tp2":
         plan = (("tp2", "0,1", 0.0),)
+        print(json.dumps(run_lanes(plan, args.work, args.real, args.deadline)))
+    elif args.step == "tp2b":  # the rank-1 start-up deadlock, and a two-rank transcript beside it
+        plan = (("tp2_deadlock", "0,1", 0.0), ("transcript_tp2", "0,1", 45.0))
         print(json.dumps(run_lanes(plan, args.work, args.real, args.deadline)))
     elif args.step == "lane":
         lane(str(args.name), args.work, args.real, args.gpu)

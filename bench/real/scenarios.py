@@ -63,12 +63,18 @@ def incident_record(d: Daemon, onset: float, *, ready_timeout: float = 420.0) ->
     except (TimeoutError, RuntimeError) as err:
         out["error"] = f"no incident: {err}"
         return out
-    try:
-        ready = d.wait_ready(ready_timeout)
-        out["ready_rung"] = ready.get("rung")
-        out["time_to_ready_s"] = ready.get("time_to_ready_s")
-    except (TimeoutError, RuntimeError) as err:
-        out["relaunch_error"] = repr(err)
+    if ready_timeout <= 0:  # only the verdict, the evidence and the stop: wait for the relaunch to begin
+        try:
+            d.wait(lambda s: s.get("state") in ("starting", "failed", "stopped"), 300.0)
+        except (TimeoutError, RuntimeError) as err:
+            out["relaunch_error"] = repr(err)
+    else:
+        try:
+            ready = d.wait_ready(ready_timeout)
+            out["ready_rung"] = ready.get("rung")
+            out["time_to_ready_s"] = ready.get("time_to_ready_s")
+        except (TimeoutError, RuntimeError) as err:
+            out["relaunch_error"] = repr(err)
     ev = _events_between(d.events(), onset - 1.0)
     moves = (e for e in ev if e.get("event") == "state_changed" and e.get("new") in ("hung", "restarting"))
     verdict = next(moves, None)
@@ -76,7 +82,8 @@ def incident_record(d: Daemon, onset: float, *, ready_timeout: float = 420.0) ->
     bundle = _first(ev, "bundle_written")
     stopped = _first(ev, "server_stopped")
     launched = _first(ev, "server_launched")
-    ready_ev = _first(ev, "server_ready")
+    ready_ev = next((e for e in ev if e.get("event") == "server_ready" and launched and ts(e) and ts(launched)
+                     and ts(e) >= ts(launched)), None)
     decision = _first(ev, "ladder_decision")
     out.update({
         "verdict_at": verdict.get("ts") if verdict else None,
@@ -236,6 +243,35 @@ def lane_piecewise(work: Path, real: Path, models: Path, gpu: str) -> dict[str, 
     return res
 
 
+def _wait_onset(work: Path, timeout: float = 300.0) -> float:
+    onset_file = work / "fault.onset"
+    end = time.time() + timeout
+    while not onset_file.exists() and time.time() < end:
+        time.sleep(0.2)
+    return float(onset_file.read_text()) if onset_file.exists() else time.time()
+
+
+def lane_tp2_deadlock(work: Path, real: Path, models: Path, gpus: str = "0,1") -> dict[str, Any]:
+    """Issue 15: a start-up deadlock in rank 1 only; rank 0 waits for it in its first collective."""
+    res: dict[str, Any] = {"lane": "tp2_deadlock", "gpus": gpus}
+    fault = {"REAL_FAULT": "kv_deadlock", "REAL_FAULT_RANK": "1", "REAL_FAULT_ONCE": str(work / "fault.once"),
+             "REAL_FAULT_ONSET": str(work / "fault.onset")}
+    wd = dict(configs.FAST, startup_stall_s=30.0, cpu_only_stall_s=30.0)
+    cfg = configs.config(real, models, gpus=gpus, watchdog=wd, tp=2, env_extra=fault, inject=True)
+    d = _new_daemon(work, cfg, real)
+    rec = Recorder(d).start()
+    try:
+        onset = _wait_onset(work)
+        res["fault_fired"] = (work / "fault.onset").exists()
+        res["startup_deadlock_rank1"] = incident_record(d, onset, ready_timeout=0)
+    except Exception as err:
+        res["error"] = repr(err)
+    finally:
+        res["timeline"] = rec.stop()
+        res["close"] = d.close()
+    return res
+
+
 def lane_tp2(work: Path, real: Path, models: Path, gpus: str = "0,1") -> dict[str, Any]:
     res: dict[str, Any] = {"lane": "tp2", "gpus": gpus}
     fault = {"REAL_FAULT": "kv_deadlock", "REAL_FAULT_RANK": "1", "REAL_FAULT_ONCE": str(work / "fault.once"),
@@ -285,7 +321,8 @@ def _bundle_grep(d: Daemon, bundle_id: Any, needle: str) -> dict[str, int]:
     return hits
 
 
-LANES = {"serve": lane_serve, "ladder": lane_ladder, "piecewise": lane_piecewise, "tp2": lane_tp2}
+LANES = {"serve": lane_serve, "ladder": lane_ladder, "piecewise": lane_piecewise, "tp2": lane_tp2,
+         "tp2_deadlock": lane_tp2_deadlock}
 
 
 def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:

@@ -27,6 +27,16 @@ def _armed() -> bool:
     return os.environ.get("REAL_FAULT") == "kv_deadlock" and not (once and os.path.exists(once))
 
 
+def _rank() -> str:
+    """This process's rank in torch.distributed (initialised before the weights load), else ''."""
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_rank()) if dist.is_initialized() else ""
+    except Exception:
+        return ""
+
+
 def _wrap(module: object) -> None:
     runner = getattr(module, "ModelRunner", None)
     original = getattr(runner, "alloc_memory_pool", None)
@@ -35,7 +45,7 @@ def _wrap(module: object) -> None:
 
     def alloc_memory_pool(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         rank = os.environ.get("REAL_FAULT_RANK")
-        if _armed() and (rank is None or str(getattr(self, "tp_rank", "")) == rank):
+        if _armed() and (rank is None or _rank() == rank):
             once = os.environ.get("REAL_FAULT_ONCE")
             if once:
                 with open(once, "w") as f:
