@@ -149,32 +149,13 @@ def _release(result: dict[str, Any]) -> str:
 
 
 def missing_note(result: dict[str, Any]) -> str:
-    """Which rank is missing, from the main threads, and what else the classifier counted as collective."""
-    rows = per_rank(result)
-    waiting = [str(r[0]) for r in rows if str(r[0]).startswith("TP") and str(r[2]).endswith("all_reduce")]
-    missing = [r for r in rows if str(r[0]).startswith("TP") and r[0] not in waiting]
-    if not missing:
-        return "Every rank's main thread waits in the all-reduce: no rank is told apart as missing."
-    names = ", ".join(f"{r[0]} ({r[2]})" for r in missing)
-    if waiting:
-        verb = "waits" if len(waiting) == 1 else "wait"
-        note = f"The missing rank shows in the main threads: {', '.join(waiting)} {verb} in `all_reduce`,"
-        note += f" {names} does not."
-    else:
-        note = f"No rank's main thread is in `all_reduce`, {names}: with one rank there is no peer to wait for."
-    note += " The daemon itself names no missing rank."
-    counted = {int(m.group(1)) for f in result["frames"] if (m := _PID.search(f))}
-    stray = [str(r[0]) for r in missing if r[1] in counted]
-    if stray:
-        note += (
-            f" Its classifier still counts {', '.join(stray)} among the processes in a collective, through"
-            " threads that every process of a torch.distributed group has and that wait by design (gloo's"
-            " `pt_gloo_runloop` workers, the TCP store's `pt_tcpstore_uv`); see the frames above."
-        )
-        if not waiting and result["hang_class"] == "collective":
-            note += " So a hang with no collective in flight at all was classified `collective`."
-    return note
-
+    """Where each rank's main thread was, and whether the daemon named the rank the others wait for."""
+    threads = "; ".join(f"{r[0]}: {r[2]}" for r in per_rank(result) if str(r[0]).startswith("TP"))
+    named = [x for x in result["reasons"] if "never joined" in x]
+    if named:
+        return f"Main threads: {threads}. The daemon names the rank the others wait for: {named[0]}."
+    alone = " (with one rank there is no peer to wait for)" if result["tp_size"] == 1 else ""
+    return f"Main threads: {threads}. The daemon named no missing rank{alone}."
 
 def render(result: dict[str, Any]) -> str:
     head = table(
