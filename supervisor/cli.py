@@ -87,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("status", "restart", "stop", "start", "diagnose"):
-        from supervisor.client import run_client
+    from supervisor.client import COMMANDS, run_client
 
+    if args.command in COMMANDS:
         return int(run_client(args))
     return int(args.func(args))
 
