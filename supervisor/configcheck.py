@@ -68,7 +68,11 @@ def _program(settings: Settings, env: Mapping[str, str], which: Which) -> list[F
         path = Path(program)
         if not path.is_absolute() and srv.cwd:
             path = Path(srv.cwd) / path
-        if not path.is_file():
+        try:
+            regular = path.is_file()
+        except OSError as err:  # e.g. a parent directory this user may not search
+            return [Finding("error", "server.command", f"{program!r}: {err.strerror or err}")]
+        if not regular:
             return [Finding("error", "server.command", f"{program!r} does not exist")]
         if not os.access(path, os.X_OK):
             return [Finding("error", "server.command", f"{program!r} is not executable")]

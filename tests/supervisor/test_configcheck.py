@@ -135,3 +135,14 @@ def test_shape_errors_are_one_plain_sentence(check: Check, tmp_path: Path, body:
     assert lines[-1] == sentence, err
     assert len(lines) == 3  # "config refused:", the file, the sentence
     assert "Input should" not in err
+
+
+def test_a_server_program_this_user_cannot_reach_is_an_error_not_a_crash(
+    check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(self: Path) -> bool:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "is_file", denied)
+    code, out, _ = check('[server]\ncommand = ["/root/venv/bin/python3", "-m", "sglang.launch_server"]\n')
+    assert code == 1 and "error: server.command: '/root/venv/bin/python3': Permission denied" in out
