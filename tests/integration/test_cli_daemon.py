@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
+import stat
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +69,28 @@ async def test_stop_twice_and_the_events_it_leaves(daemon, sim, capsys: pytest.C
     lines = printed(capsys).splitlines()
     assert lines and all(" state_changed " in x for x in lines)
     assert "new=stopped" in lines[-1] and "maintenance" in lines[-1]
+
+
+async def test_bundles_logs_and_journal_keep_the_units_modes(daemon, sim, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """systemd/README.md: under the unit's UMask=0027 what the daemon writes is 0750 / 0640."""
+    old = os.umask(0o027)
+    try:
+        r = await daemon(sim("ok"))
+        await r.wait_for(lambda x: x.state == "ready", 30, "ready")
+        assert await cli(r.api, "diagnose") == 0
+    finally:
+        os.umask(old)
+    printed(capsys)
+    state = Path(r.settings.paths.state_dir)
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    bundles = [p for p in (state / "diagnostics").iterdir() if not p.name.startswith(".")]
+    assert bundles and mode(state / "diagnostics") == 0o750
+    for b in bundles:
+        assert mode(b) == 0o750, b
+        assert {f.name: mode(f) for f in b.iterdir()} == {f.name: 0o640 for f in b.iterdir()}
+    logs = list((state / "logs").iterdir())
+    assert logs and all(mode(f) == 0o640 for f in logs if f.is_file())
+    assert mode(state / "events.jsonl") == 0o640
