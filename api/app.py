@@ -8,7 +8,9 @@ milliseconds while a capture or a stop is under way. docs/API.md documents every
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -36,8 +39,10 @@ from api.models import (
     Readiness,
     RestartAccepted,
     RestartRequest,
+    StartRequest,
+    StopRequest,
 )
-from supervisor.commands import Command, CommandKind, CommandResult, SupervisorHandle
+from supervisor.commands import Command, CommandResult, SupervisorHandle
 from supervisor.journal import Journal
 from supervisor.snapshot import StatusSnapshot
 from supervisor.state import SERVING
@@ -99,6 +104,24 @@ async def _no_unknown_query(request: Request) -> None:
         )
 
 
+def _journal_time(text: str) -> datetime | None:
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))  # the journal writes UTC with "Z"
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+
+
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)")
+
+
+def _rfc3339(value: object) -> object:
+    """Only a full date-time with its offset: pydantic alone would also take `0.5` as a Unix time."""
+    if not isinstance(value, str) or not _RFC3339.fullmatch(value.strip()):
+        raise ValueError("expected an RFC 3339 time with an offset, e.g. 2026-11-30T12:00:00Z")
+    return value.strip()
+
+
 def _unknown_rung(rung: str, ladder: tuple[str, ...], message: str = "") -> JSONResponse:
     known = f"the ladder has: {', '.join(ladder)}" if ladder else "the ladder is not loaded yet"
     detail = f"{message or f'no rung named {rung!r}'}; {known}"
@@ -122,7 +145,11 @@ def create_app(
         title="sglang-supervisor",
         version=version or "0",
         description="Supervises an SGLang server: status, restarts, diagnostics, events, metrics.",
-        responses={401: {"model": ErrorBody, "description": "missing or invalid bearer token"}} if token else {},
+        # No interactive /docs or /redoc: FastAPI's pages load their scripts from a CDN (dead on an
+        # offline GPU host) and a browser cannot send the bearer token to load them. /openapi.json
+        # stays; docs/API.md says how to browse it locally.
+        docs_url=None,
+        redoc_url=None,
         strict_content_type=False,
         dependencies=[Depends(_no_unknown_query)],
     )
@@ -170,10 +197,19 @@ def create_app(
         result, refusal = await submit(Command(kind="diagnose", native=req.native, gdb=req.gdb))
         if refusal is not None:
             return refusal
-        return DiagnoseResult(bundle_id=result.bundle_id, summary=result.summary, message=result.message)
+        hung = (result.summary or {}).get("trigger") == "hung"
+        state = result.state or handle.snapshot().state
+        message = result.message
+        if not hung:
+            message += (
+                f"; the server is not hung (state {state}): the stacks show where its threads wait, no hang class"
+            )
+        return DiagnoseResult(
+            bundle_id=result.bundle_id, summary=result.summary, message=message, state=state, hung=hung
+        )
 
-    async def simple(kind: CommandKind) -> Any:
-        result, refusal = await submit(Command(kind=kind))
+    async def simple(command: Command) -> Any:
+        result, refusal = await submit(command)
         if refusal is not None:
             return refusal
         return CommandAccepted(state=result.state or handle.snapshot().state, message=result.message)
@@ -181,16 +217,32 @@ def create_app(
     @app.post(
         "/stop", status_code=202, response_model=CommandAccepted, responses={**_ERR, **_CONFLICT}, tags=["commands"]
     )
-    async def stop() -> Any:
-        """Stop the server tree and stay stopped until `POST /start`."""
-        return await simple("stop")
+    async def stop(body: Annotated[StopRequest | None, Body()] = None) -> Any:
+        """Stop the server tree and stay stopped until `POST /start`; already stopped is a 202 too."""
+        return await simple(Command(kind="stop", reason=(body or StopRequest()).reason))
 
     @app.post(
-        "/start", status_code=202, response_model=CommandAccepted, responses={**_ERR, **_CONFLICT}, tags=["commands"]
+        "/start",
+        status_code=202,
+        response_model=CommandAccepted,
+        responses={**_ERR, **_CONFLICT, **_NO_RUNG},
+        tags=["commands"],
     )
-    async def start() -> Any:
+    async def start(body: Annotated[StartRequest | None, Body()] = None) -> Any:
         """Start the server after a stop, or out of `failed`."""
-        return await simple("start")
+        rung = (body or StartRequest()).rung
+        ladder = handle.snapshot().ladder
+        if rung is not None and ladder and rung not in ladder:
+            return _unknown_rung(rung, ladder)
+        return await simple(Command(kind="start", rung=rung))
+
+    @app.post("/reload", response_model=CommandAccepted, responses={**_ERR, **_CONFLICT}, tags=["commands"])
+    async def reload() -> Any:
+        """Re-read the config file, as SIGHUP does; a config that does not validate is a 400 and the old one stays."""
+        result, refusal = await submit(Command(kind="reload", source="api"))
+        if refusal is not None:
+            return refusal
+        return CommandAccepted(state=result.state or handle.snapshot().state, message=result.message)
 
     @app.get("/diagnostics", response_model=BundleList, tags=["diagnostics"])
     async def diagnostics() -> BundleList:
@@ -226,10 +278,29 @@ def create_app(
             headers={"X-Content-Type-Options": "nosniff"},
         )
 
-    @app.get("/events", response_model=EventList, tags=["status"])
-    async def events(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> EventList:
-        """The journal's last `limit` events, oldest first."""
-        return EventList(events=await asyncio.to_thread(journal.read, limit))
+    @app.get("/events", response_model=EventList, responses={422: _ERR[422]}, tags=["status"])
+    async def events(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        event: Annotated[list[str] | None, Query(max_length=64, description="only these events (repeatable)")] = None,
+        since: Annotated[
+            datetime | None,
+            BeforeValidator(_rfc3339),
+            Query(description="only events at or after this RFC 3339 time, e.g. 2026-11-30T12:00:00Z"),
+        ] = None,
+    ) -> Any:
+        """The journal's last `limit` events (of the kinds `event`, from `since`), oldest first."""
+        start = since
+        names = frozenset(event or ())
+
+        def match(record: dict[str, object]) -> bool:
+            if names and record.get("event") not in names:
+                return False
+            if start is None:
+                return True
+            at = _journal_time(str(record.get("ts", "")))
+            return at is not None and at >= start
+
+        return EventList(events=await asyncio.to_thread(journal.read, limit, match if names or start else None))
 
     @app.get(
         "/metrics",
@@ -292,11 +363,17 @@ def _document_auth(app: FastAPI, required: bool) -> None:
                 schema.setdefault("components", {})["securitySchemes"] = {
                     "bearer": {"type": "http", "scheme": "bearer"}
                 }
+                unauthorized = {
+                    "description": "missing or invalid bearer token",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                }
                 for path, ops in schema.get("paths", {}).items():
-                    if path in OPEN_PATHS:
-                        continue
                     for op in ops.values():
+                        if path in OPEN_PATHS:
+                            op["security"] = []  # explicitly open, whatever a global default says
+                            continue
                         op["security"] = [{"bearer": []}]
+                        op.setdefault("responses", {})["401"] = unauthorized
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -28,6 +28,16 @@ class DiagnoseRequest(_Request):
     gdb: bool | None = Field(default=None, description="also run a gdb batch backtrace, even when healthy")
 
 
+class StopRequest(_Request):
+    reason: str = Field(default="", max_length=1000, description="recorded in the journal and the state's reason")
+
+
+class StartRequest(_Request):
+    rung: str | None = Field(
+        default=None, min_length=1, max_length=128, description="start on this rung (default: the current one)"
+    )
+
+
 class RestartAccepted(BaseModel):
     incident_id: str | None
     state: str
@@ -43,6 +53,8 @@ class DiagnoseResult(BaseModel):
     bundle_id: str | None
     summary: dict[str, Any] | None = None
     message: str = ""
+    state: str | None = Field(default=None, description="the supervisor's state when the capture ended")
+    hung: bool = Field(default=False, description="captured as a hang; false: summary.hang_class is no verdict")
 
 
 class ErrorBody(BaseModel):

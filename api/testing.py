@@ -104,7 +104,7 @@ class FakeSupervisor:
             return await self._diagnose()
         if command.kind == "stop":
             if self.snap.state == "stopped":
-                return CommandResult("conflict", "already stopped", state="stopped")
+                return CommandResult("done", "already stopped", state="stopped")  # as the daemon answers
             self.snap = self.snap.model_copy(update={"state": "stopped", "pid": None})
             return CommandResult("accepted", state="stopped")
         if command.kind == "start":
@@ -112,6 +112,8 @@ class FakeSupervisor:
                 return CommandResult("conflict", f"already running ({self.snap.state})", state=self.snap.state)
             self.snap = self.snap.model_copy(update={"state": "starting"})
             return CommandResult("accepted", state="starting")
+        if command.kind == "reload":
+            return CommandResult("done", "reloaded", state=self.snap.state)
         return CommandResult("invalid", f"{command.kind} is not supported here", state=self.snap.state)
 
     def _restart(self, command: Command) -> CommandResult:

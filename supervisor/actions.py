@@ -212,7 +212,7 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
                 rand=sup.random(),
                 speculative=sup.speculative(),
             )
-        sup.metrics.restart(incident.cause)
+    sup.metrics.restart(incident.cause)  # manual restarts count too (cause "manual")
     sup.persist()
     sup.journal.append(
         "ladder_decision",

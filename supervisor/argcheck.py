@@ -12,10 +12,12 @@ import json
 import os
 import shlex
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
 from supervisor.config import RenderedCommand, Settings, render_ladder
+from supervisor.configcheck import check_settings
 from supervisor.diagnostics import Redactor
 
 _SCRIPT = r"""
@@ -79,8 +81,16 @@ def validate_with_sglang(settings: Settings, timeout_s: float = 120.0) -> tuple[
     return True, "every rung's arguments parse with SGLang's own parser", {}
 
 
-def check_rungs(settings: Settings, *, validate: bool, out: TextIO) -> int:
-    """Print every rung (secrets redacted: this output ends up in CI logs and tickets), then validate."""
+def check_rungs(
+    settings: Settings,
+    *,
+    validate: bool,
+    out: TextIO,
+    env: Mapping[str, str] | None = None,
+    strict: bool = False,
+) -> int:
+    """Print every rung (secrets redacted: this output ends up in CI logs and tickets), what `run`
+    would refuse or cannot work (errors; warnings too under `strict`), then validate the flags."""
     for i, r in enumerate(render_ladder(settings)):
         rung = settings.ladder[i]
         redact = Redactor.from_envs([r.env])
@@ -88,14 +98,20 @@ def check_rungs(settings: Settings, *, validate: bool, out: TextIO) -> int:
         out.write(f"  command: {shlex.join(redact.argv(r.argv))}\n")
         if r.env:
             out.write("  env: " + " ".join(f"{k}={v}" for k, v in redact.env(r.env).items()) + "\n")
-    if not validate:
-        out.write("config OK (rung arguments not checked against SGLang)\n")
-        return 0
-    ok, msg, errors = validate_with_sglang(settings)
-    for name, err in errors.items():
-        out.write(f"rung {name}: {err}\n")
-    out.write(f"{msg}\n")
-    if ok is False:
+    findings = check_settings(settings, os.environ if env is None else env)
+    for f in findings:
+        out.write(f.line() + "\n")
+    failed = any(f.level == "error" or strict for f in findings)
+    if validate:
+        ok, msg, errors = validate_with_sglang(settings)
+        for name, err in errors.items():
+            out.write(f"rung {name}: {err}\n")
+        out.write(f"{msg}\n")
+        failed = failed or ok is False
+    if failed:
+        out.write("config NOT OK\n")
         return 1
-    out.write("config OK\n")
+    warned = f" ({len(findings)} warning{'s' if len(findings) > 1 else ''})" if findings else ""
+    checked = "" if validate else " (rung arguments not checked against SGLang)"
+    out.write(f"config OK{warned}{checked}\n")
     return 0

@@ -38,7 +38,7 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"config refused:\n{err}", file=sys.stderr)
         return 1
-    return check_rungs(settings, validate=not args.no_sglang, out=sys.stdout)
+    return check_rungs(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check-config", help="validate a config and print each rung's command line")
     chk.add_argument("--config", required=True)
     chk.add_argument("--no-sglang", action="store_true", help="skip checking rung arguments with SGLang's parser")
+    chk.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
     chk.set_defaults(func=_check_config)
 
     add_client_commands(sub)
@@ -86,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("status", "restart", "stop", "start", "diagnose"):
-        from supervisor.client import run_client
+    from supervisor.client import COMMANDS, run_client
 
+    if args.command in COMMANDS:
         return int(run_client(args))
     return int(args.func(args))
 

@@ -1,4 +1,6 @@
-"""Client commands against a running daemon: `status`, `restart`, `stop`, `start`, `diagnose`.
+"""Client commands against a running daemon: `status`, `restart`, `stop`, `start`, `diagnose`,
+`reload`, `events`, `bundles`. The daemon's address and token come from `--url`/`--token-file`,
+else from the daemon's own config (`--config`), else the defaults.
 
 Exit codes scripts can trust: 0 done, 1 the daemon answered with an error, 2 usage (bad
 arguments, unreadable token file, bad URL), 3 the daemon could not be reached or did not answer
@@ -11,15 +13,17 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
 
+from supervisor.clientformat import TOKEN_ENV, format_answer, format_bundle, format_error
+
 DEFAULT_URL = "http://127.0.0.1:8900"
-TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
-COMMANDS = ("status", "restart", "stop", "start", "diagnose")
+COMMANDS = ("status", "restart", "stop", "start", "diagnose", "reload", "events", "bundles")
 DEFAULT_TIMEOUT_S = 15.0
 # A capture runs py-spy over every process and gdb over a hung tree: minutes, not seconds.
 DIAGNOSE_TIMEOUT_S = 600.0
@@ -39,20 +43,36 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "stop": "stop the server and keep it stopped",
         "start": "start the server after a stop or out of failed",
         "diagnose": "capture evidence now (py-spy, optionally gdb) and print the bundle",
+        "reload": "re-read the daemon's config file (as SIGHUP or systemctl reload does)",
+        "events": "show the event journal, oldest first (filter by --event and --since)",
+        "bundles": "list diagnostic bundles, newest first, or show one bundle's summary",
     }
     for name in COMMANDS:
         p = subparsers.add_parser(name, help=helps[name], description=helps[name])
-        p.add_argument("--url", default=DEFAULT_URL, help=f"the daemon's API (default {DEFAULT_URL})")
-        p.add_argument("--token-file", help=f"file holding the API token (default: ${TOKEN_ENV} if set)")
+        p.add_argument("--config", help="the daemon's config file: its [api] address and token")
+        p.add_argument("--url", help=f"the daemon's API (default: from --config, else {DEFAULT_URL})")
+        p.add_argument(
+            "--token-file", help=f"file holding the API token (default: from --config, else ${TOKEN_ENV} if set)"
+        )
         p.add_argument("--json", action="store_true", help="print the daemon's JSON answer as it is")
         p.add_argument("--timeout", type=float, help="seconds to wait for the answer")
         if name == "restart":
             p.add_argument("--rung", help="go straight to this rung of the ladder")
             p.add_argument("--reason", default="", help="recorded with the incident")
             p.add_argument("--diagnose", action="store_true", help="capture evidence before stopping")
+        if name == "start":
+            p.add_argument("--rung", help="start on this rung (default: the current one)")
+        if name == "stop":
+            p.add_argument("--reason", default="", help="recorded in the journal")
         if name == "diagnose":
             p.add_argument("--native", action=argparse.BooleanOptionalAction, help="py-spy --native")
             p.add_argument("--gdb", action=argparse.BooleanOptionalAction, help="also take gdb backtraces")
+        if name == "events":
+            p.add_argument("--limit", type=int, default=100, help="the last N events (1-1000, default 100)")
+            p.add_argument("--event", action="append", help="only this event name (repeatable)")
+            p.add_argument("--since", help="only events at or after this ISO-8601 time (UTC unless it says)")
+        if name == "bundles":
+            p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list")
         p.set_defaults(client_command=name)
 
 
@@ -61,18 +81,56 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
     if command not in COMMANDS:
         print(f"error: unknown client command {command!r}", file=sys.stderr)
         return EXIT_USAGE
+    environ = os.environ if env is None else env
+    url = getattr(args, "url", None) or DEFAULT_URL
     try:
-        token = _token(args.token_file, os.environ if env is None else env)
-        method, path, body = _request_for(command, args)
+        url, token = _address(args, environ)
         timeout = args.timeout if args.timeout is not None else _default_timeout(command)
-        response = _send(args.url, method, path, body, token, timeout)
+        if command == "bundles" and getattr(args, "id", None):
+            return _show_bundle(url, args.id, token, timeout, as_json=args.json)
+        method, path, body, params = _request_for(command, args)
+        response = _send(url, method, path, body, token, timeout, params)
     except _UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except (httpx.TimeoutException, httpx.TransportError) as err:
-        print(f"error: cannot reach the daemon at {args.url}: {_transport_reason(err)}", file=sys.stderr)
+        print(f"error: cannot reach the daemon at {url}: {_transport_reason(err)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     return _report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr)
+
+
+def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None]:
+    """(base URL, token): explicit flags first, then the daemon's config, then the defaults."""
+    url: str | None = getattr(args, "url", None)
+    token_file: str | None = getattr(args, "token_file", None)
+    token: str | None = None
+    config = getattr(args, "config", None)
+    if config:
+        from api.auth import load_token
+        from supervisor.config import ConfigError, load_settings
+
+        try:
+            api = load_settings(config).api
+            if url is None:
+                url = f"http://{_connect_host(api.host)}:{api.port}"
+            if token_file is None:
+                token = load_token(api, env)
+        except ConfigError as err:
+            raise _UsageError(f"--config: {err}") from None
+    if token_file:
+        token = _token(token_file, env)
+    elif token is None:
+        token = _token(None, env)
+    return url or DEFAULT_URL, token
+
+
+def _connect_host(host: str) -> str:
+    """Where to connect for a daemon bound to `host` (a wildcard bind answers on loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def _default_timeout(command: str) -> float:
@@ -93,31 +151,74 @@ def _token(token_file: str | None, env: Mapping[str, str]) -> str | None:
     return env.get(TOKEN_ENV, "").strip() or None
 
 
-def _request_for(command: str, args: argparse.Namespace) -> tuple[str, str, dict[str, object] | None]:
+def _request_for(
+    command: str, args: argparse.Namespace
+) -> tuple[str, str, dict[str, object] | None, list[tuple[str, str]]]:
     if command == "status":
-        return "GET", "/status", None
+        return "GET", "/status", None, []
     if command == "restart":
         body: dict[str, object] = {"reason": args.reason, "diagnose": args.diagnose}
         if args.rung:
             body["rung"] = args.rung
-        return "POST", "/restart", body
+        return "POST", "/restart", body, []
     if command == "diagnose":
         body = {k: v for k, v in (("native", args.native), ("gdb", args.gdb)) if v is not None}
-        return "POST", "/diagnose", body
-    return "POST", f"/{command}", None
+        return "POST", "/diagnose", body, []
+    if command == "events":
+        params = [("limit", str(args.limit))] + [("event", e) for e in args.event or ()]
+        if args.since:
+            params.append(("since", _since(args.since)))
+        return "GET", "/events", None, params
+    if command == "bundles":
+        return "GET", "/diagnostics", None, []
+    if command == "stop" and args.reason:
+        return "POST", "/stop", {"reason": args.reason}, []
+    if command == "start" and args.rung:
+        return "POST", "/start", {"rung": args.rung}, []
+    return "POST", f"/{command}", None, []
+
+
+def _since(text: str) -> str:
+    """An ISO time as the API takes it (with an offset); a time without one is UTC."""
+    try:
+        at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise _UsageError(f"--since {text!r}: not an ISO-8601 time, e.g. 2026-11-30T12:00:00Z") from None
+    return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)).isoformat()
 
 
 def _send(
-    url: str, method: str, path: str, body: dict[str, object] | None, token: str | None, timeout: float
+    url: str,
+    method: str,
+    path: str,
+    body: dict[str, object] | None,
+    token: str | None,
+    timeout: float,
+    params: list[tuple[str, str]] | None = None,
 ) -> httpx.Response:
     headers = {"Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:
         with httpx.Client(base_url=url.rstrip("/"), timeout=timeout, headers=headers, trust_env=False) as client:
-            return client.request(method, path, json=body)
+            return client.request(method, path, json=body, params=tuple(params or ()))
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as err:
         raise _UsageError(f"--url {url!r}: {err}") from None
+
+
+def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *, as_json: bool) -> int:
+    """One bundle: its summary.txt (what a person reads first) and its files."""
+    detail = _send(url, "GET", f"/diagnostics/{bundle_id}", None, token, timeout)
+    if as_json or detail.status_code != 200:
+        return _report("bundles", detail, as_json=as_json, out=sys.stdout, err=sys.stderr)
+    data: Any = detail.json()
+    text = ""
+    if "summary.txt" in (data.get("files") or ()):
+        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/summary.txt", None, token, timeout)
+        if answer.status_code == 200:
+            text = answer.text.rstrip()
+    print(format_bundle(data, text))
+    return EXIT_OK
 
 
 def _transport_reason(err: Exception) -> str:
@@ -150,140 +251,3 @@ def _exit_code(status: int) -> int:
     if status == 401:
         return EXIT_AUTH
     return EXIT_OK if 200 <= status < 300 else EXIT_ERROR
-
-
-def format_error(status: int, data: Any) -> str:
-    if not isinstance(data, dict):
-        return f"error: HTTP {status}"
-    detail = data.get("detail")
-    if isinstance(detail, list):
-        detail = "; ".join(f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail)
-    line = f"error: HTTP {status} {data.get('error', '')}: {detail}"
-    if data.get("state"):
-        line += f" [state: {data['state']}]"
-    if data.get("rungs"):
-        line += f"\nrungs: {', '.join(data['rungs'])}"
-    if status == 401:
-        line += f"\nhint: pass --token-file FILE or set {TOKEN_ENV}"
-    return line
-
-
-def format_answer(command: str, data: Any) -> str:
-    if command == "status":
-        return format_status(data)
-    if command == "restart":
-        return f"restart accepted: incident {data.get('incident_id') or '-'}, state {data.get('state') or '-'}"
-    if command == "diagnose":
-        lines = [f"bundle {data.get('bundle_id') or '-'}"]
-        for key, value in (data.get("summary") or {}).items():
-            if not isinstance(value, (dict, list)):
-                lines.append(f"  {key}: {value}")
-        if data.get("bundle_id"):
-            lines.append(f"files: GET /diagnostics/{data['bundle_id']}")
-        return "\n".join(lines)
-    return f"{command} accepted: state {data.get('state') or '-'}"
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
-    state = str(s.get("state", "?"))
-    if s.get("state_age_s"):
-        state += f" for {_age(s['state_age_s'])}"
-    elif s.get("since"):
-        state += f" since {s['since']}"
-    if s.get("reason"):
-        state += f" ({s['reason']})"
-    rows = [("state", state), ("phase", s.get("phase") or "-")]
-    p = s.get("progress")
-    if p:
-        text = f"{p.get('done')}/{p.get('total')} {p.get('unit', '')} {p.get('label', '')}".strip()
-        text += f" ({100 * float(p.get('fraction', 0)):.1f}%)"
-        rows.append(("progress", text))
-    else:
-        rows.append(("progress", "-"))
-    ladder: Sequence[str] = s.get("ladder") or ()
-    rung = str(s.get("rung") or "-")
-    if s.get("rung_index") is not None and ladder:
-        rung += f" (#{s['rung_index']} of {len(ladder)}: {', '.join(ladder)})"
-    if s.get("last_good_rung"):
-        rung += f"; last good {s['last_good_rung']}"
-    rows += [("rung", rung), ("pid", str(s.get("pid") or "-"))]
-    rows.append(("restarts", f"{s.get('restarts', 0)} ({s.get('restarts_last_hour', 0)} in the last hour)"))
-    moved = ", ".join(s.get("channels_moved") or ())
-    since = _age(s.get("last_progress_s"))
-    rows.append(("last progress", f"{since} ago ({moved})" if moved else (f"{since} ago" if since != "-" else "-")))
-    inc = s.get("last_incident")
-    if inc:
-        text = f"{inc.get('cause')}"
-        if inc.get("hang_class"):
-            text += f" / {inc['hang_class']}"
-        text += f" at {inc.get('at')} on {inc.get('rung')}"
-        if inc.get("bundle"):
-            text += f", bundle {inc['bundle']}"
-        rows.append(("last incident", text))
-    else:
-        rows.append(("last incident", "-"))
-    rows.append(("serving", _serving(s.get("serving") or {})))
-    rows += _gpus(s.get("gpu") or {})
-    if s.get("next_attempt_in_s") is not None:
-        rows.append(("next attempt", f"in {_age(s['next_attempt_in_s'])}"))
-    if s.get("diagnosing"):
-        rows.append(("diagnosing", "a capture is under way"))
-    return rows
-
-
-def _serving(v: Mapping[str, Any]) -> str:
-    parts = []
-    if v.get("health_ok") is not None:
-        health = "health ok" if v["health_ok"] else f"health FAILING ({v.get('health_failures_in_row', 0)} in a row)"
-        if v.get("health_latency_s") is not None:
-            health += f" {1000 * float(v['health_latency_s']):.0f} ms"
-        parts.append(health)
-    for key, label in (("running_reqs", "running"), ("queue_reqs", "queued")):
-        if v.get(key) is not None:
-            parts.append(f"{float(v[key]):g} {label}")
-    if v.get("token_rate") is not None:
-        parts.append(f"{float(v['token_rate']):.0f} tok/s")
-    if v.get("spec_accept_length") is not None:
-        parts.append(f"spec accept {float(v['spec_accept_length']):.2f}")
-    return ", ".join(parts) or "-"
-
-
-def _gpus(g: Mapping[str, Any]) -> list[tuple[str, str]]:
-    devices = g.get("devices") or []
-    if not devices:
-        reason = g.get("reason") or g.get("status") or "-"
-        return [("GPUs", str(reason))]
-    rows: list[tuple[str, str]] = []
-    for d in devices:
-        text = (
-            f"#{d.get('index')} {d.get('name', '')}  {float(d.get('util_percent', 0)):.0f}% util  "
-            f"{_gib(d.get('mem_used_bytes', 0))}/{_gib(d.get('mem_total_bytes', 0))}"
-        )
-        if d.get("tree_mem_bytes"):
-            text += f" (server {_gib(d['tree_mem_bytes'])})"
-        rows.append(("GPUs" if not rows else "", text))
-    return rows
-
-
-def format_status(s: Any) -> str:
-    if not isinstance(s, Mapping):
-        return json.dumps(s)
-    rows = _rows(s)
-    width = max(len(k) for k, _ in rows) + 2
-    return "\n".join(f"{k:<{width}}{v}" for k, v in rows)

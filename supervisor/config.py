@@ -7,6 +7,7 @@ was expected (`ConfigError`). Nothing here reads files or the environment at imp
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -247,14 +248,86 @@ def _check_arg_names(args: Mapping[str, object]) -> None:
             raise ValueError(f"{key!r} is set by [server] {key}, not in args")
 
 
+# The TOML words for what a key holds, for "must be X (got Y)" sentences.
+_TOML_KIND = {
+    dict: "a table",
+    list: "an array",
+    tuple: "an array",
+    str: "a string",
+    bool: "true/false",
+    int: "an integer",
+    float: "a number",
+}
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "tuple_type": "an array",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+}
+# Pydantic names each branch of a union in the error's location (`server.args.x.int`); the
+# operator only needs the key.
+_UNION_TAG = re.compile(r"^(bool|int|float|str|list\[.*\])$")
+_ARG_VALUE = "true/false, a number, a string, or an array of numbers and strings"
+
+
+def _kind(value: object) -> str:
+    for typ, word in _TOML_KIND.items():
+        if type(value) is typ:
+            return word
+    return type(value).__name__
+
+
+def _key_path(loc: tuple[int | str, ...]) -> tuple[tuple[int | str, ...], bool]:
+    """The key's path without union-branch tags, and whether a union branch was cut off."""
+    for i, part in enumerate(loc):
+        if i >= 2 and loc[i - 2] == "args" and isinstance(part, str) and _UNION_TAG.match(part):
+            return loc[:i], True
+    return loc, False
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _sentence(loc: tuple[int | str, ...], e: Mapping[str, Any]) -> str:
+    """One plain sentence for a shape error: what the key must be and what it got."""
+    got = _kind(e.get("input"))
+    if loc == ("fallback",) and isinstance(e.get("input"), dict):
+        return "fallback: each rung is its own [[fallback]] table (double brackets), not one [fallback] table"
+    if loc == ("server", "command"):
+        return (
+            f'server.command: must be an array of strings, e.g. ["python3", "-m", "sglang.launch_server"] (got {got})'
+        )
+    expected = _EXPECTED.get(str(e["type"]))
+    if expected is None:
+        return f"{_dotted(loc)}: {e['msg']}"
+    if len(loc) >= 2 and loc[-2] == "command" and expected == "a string":
+        return f"{_dotted(loc)}: each element of server.command must be a string (got {got})"
+    return f"{_dotted(loc)}: must be {expected} (got {got})"
+
+
 def _format_errors(err: ValidationError) -> str:
-    lines = []
+    lines: list[str] = []
+    unions: set[tuple[int | str, ...]] = set()
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
+        loc, in_union = _key_path(tuple(e["loc"]))
+        if in_union:
+            if loc not in unions:
+                unions.add(loc)
+                lines.append(f"{_dotted(loc)}: must be {_ARG_VALUE} (got {_kind(e.get('input'))})")
+            continue
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling against docs/CONFIGURATION.md)"
-        lines.append(f"{loc}: {msg}")
+            lines.append(f"{_dotted(loc)}: unknown key (check the spelling against docs/CONFIGURATION.md)")
+        else:
+            lines.append(_sentence(loc, e))
     return "\n".join(lines)
 
 

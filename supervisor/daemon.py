@@ -244,6 +244,9 @@ class Supervisor:
     async def tick(self) -> None:
         st = self.lifecycle.state
         if st not in RUNNING:
+            # Keep reading NVML (and looking for escaped processes by marker) while nothing runs,
+            # so GPU gauges never freeze at the last server's values; no tree holds 0.
+            await self.observe()
             self.publish()
             return
         obs = await self.observe()

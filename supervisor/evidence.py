@@ -84,7 +84,9 @@ async def collect(
         py_spy=d.py_spy,
         native=d.native if native is None else native,
         gdb=use_gdb,
-        nonblocking=not hung and not gdb,
+        # A person who asks for gdb or native frames explicitly accepts a brief pause of each process
+        # (py-spy --native must stop a process to unwind it); otherwise a healthy server is not paused.
+        nonblocking=not hung and not gdb and native is not True,
         py_spy_timeout_s=d.py_spy_timeout_s,
         gdb_timeout_s=d.gdb_timeout_s,
         log_tail=tuple(log_tail[-d.log_tail_lines :]),

@@ -86,15 +86,15 @@ class Journal:
                 os.replace(src, self._backup(n + 1))
         os.replace(self.path, self._backup(1))
 
-    def read(self, limit: int) -> list[dict[str, object]]:
-        """The last `limit` well-formed records, oldest first, newest last (across rotations)."""
+    def read(self, limit: int, match: Callable[[dict[str, object]], bool] | None = None) -> list[dict[str, object]]:
+        """The last `limit` well-formed records (that `match`), oldest first, newest last (across rotations)."""
         if limit <= 0:
             return []
         newest_first: list[dict[str, object]] = []
         for path in (self.path, *(self._backup(n) for n in range(1, self.backups + 1))):
             for line in _lines_backwards(path):
                 record = _parse(line)
-                if record is not None:
+                if record is not None and (match is None or match(record)):
                     newest_first.append(record)
                     if len(newest_first) >= limit:
                         return newest_first[::-1]

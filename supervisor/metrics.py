@@ -8,6 +8,7 @@ two can be joined in PromQL.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
@@ -16,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from supervisor.config import CAUSES
+from supervisor.config import CAUSES, HANG_CLASSES
 from supervisor.snapshot import StatusSnapshot
 from supervisor.state import SERVING, State
 
@@ -28,6 +29,10 @@ DIAGNOSTIC_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0
 # Loading a multi-hundred-GB model takes minutes; anything past an hour has hit the backstop.
 READY_BUCKETS = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
 GPU_LABELS = ("gpu", "uuid")
+# Every label value a counter can take is declared at 0 up front, so `increase()` sees the first
+# event (a series that appears at 1 has no earlier sample to increase from).
+INCIDENT_CLASSES = (*HANG_CLASSES, "none")  # "none": nothing was classified (e.g. the server exited)
+DIAGNOSTIC_OUTCOMES = ("written", "write_failed", "error")
 
 log = structlog.get_logger("metrics")
 
@@ -78,7 +83,12 @@ class _SnapshotCollector(Collector):
         used = gauge("gpu_memory_used_bytes", "GPU memory in use by anything", GPU_LABELS)
         total = gauge("gpu_memory_total_bytes", "GPU memory installed", GPU_LABELS)
         held = gauge("server_gpu_memory_bytes", "GPU memory held by the supervised process tree", GPU_LABELS)
+        build = gauge("build_info", "Always 1; the daemon's version and Python as labels", ["version", "python"])
+        tools = gauge("selfcheck_ok", "1 when the start-up self-check found the evidence tool usable, else 0", ["tool"])
         if s is not None:
+            build.add_metric([s.version or "unknown", platform.python_version()], 1.0)
+            for check in s.selfcheck:
+                tools.add_metric([check.name], 1.0 if check.ok else 0.0)
             for st in State:
                 state.add_metric([st.value], 1.0 if s.state == st.value else 0.0)
             if s.rung_index is not None:
@@ -112,7 +122,7 @@ class _SnapshotCollector(Collector):
                 total.add_metric(labels, float(d.mem_total_bytes))
                 held.add_metric(labels, float(d.tree_mem_bytes))
         yield from (state, rung, rung_info, up, ttr, load, since, hour, last_inc, spec, running, queued)
-        yield from (gpu_ok, util, used, total, held)
+        yield from (gpu_ok, util, used, total, held, build, tools)
 
 
 class SupervisorMetrics:
@@ -131,6 +141,9 @@ class SupervisorMetrics:
             ["cause", "hang_class"],
             registry=registry,
         )
+        for cause in CAUSES:
+            for hang_class in INCIDENT_CLASSES:
+                self._incidents.labels(cause=cause, hang_class=hang_class)
         self._health_latency = Histogram(
             PREFIX + "health_latency_seconds",
             "Latency of the server's health endpoint, successful or not",
@@ -145,6 +158,8 @@ class SupervisorMetrics:
         self._diagnostics = Counter(
             PREFIX + "diagnostics", "Diagnostic captures, by outcome", ["outcome"], registry=registry
         )
+        for outcome in DIAGNOSTIC_OUTCOMES:
+            self._diagnostics.labels(outcome=outcome)
         self._diagnostic_duration = Histogram(
             PREFIX + "diagnostic_duration_seconds",
             "Wall time of a diagnostic capture",

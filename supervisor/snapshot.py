@@ -74,7 +74,6 @@ class ProcessView(_Frozen):
     rank: int | None = None
     title: str
     status: str
-    cpu_percent: float | None = None
     rss_bytes: int
 
 

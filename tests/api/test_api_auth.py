@@ -20,6 +20,7 @@ PROTECTED = [
     ("POST", "/diagnose"),
     ("POST", "/stop"),
     ("POST", "/start"),
+    ("POST", "/reload"),
     ("GET", "/diagnostics"),
     ("GET", "/diagnostics/20250101T000000Z-startup_stall"),
     ("GET", "/diagnostics/20250101T000000Z-startup_stall/summary.txt"),
@@ -144,9 +145,35 @@ async def test_openapi_declares_bearer_security(
     async with make_client(make_app(token=token), token) as c:
         schema = (await c.get("/openapi.json")).json()
     assert schema["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
-    assert schema["paths"]["/status"]["get"]["security"] == [{"bearer": []}]
-    assert "security" not in schema["paths"]["/livez"]["get"]
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            if path in ("/livez", "/readyz", "/metrics"):
+                assert op["security"] == [], (method, path)
+                assert "401" not in op["responses"], (method, path)
+            else:
+                assert op["security"] == [{"bearer": []}], (method, path)
+                assert "401" in op["responses"], (method, path)
     assert token not in str(schema)
+
+
+async def test_openapi_without_a_token_declares_no_security(
+    make_app: Callable[..., FastAPI], make_client: Callable[..., httpx.AsyncClient]
+) -> None:
+    async with make_client(make_app(token=None), None) as c:
+        schema = (await c.get("/openapi.json")).json()
+    assert "securitySchemes" not in schema.get("components", {})
+    assert all("401" not in op["responses"] for ops in schema["paths"].values() for op in ops.values())
+
+
+async def test_no_interactive_docs_that_need_a_cdn(
+    make_app: Callable[..., FastAPI], make_client: Callable[..., httpx.AsyncClient], token: str
+) -> None:
+    async with make_client(make_app(token=token), token) as c:
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            r = await c.get(path)
+            assert r.status_code == 404, path
+            assert "cdn" not in r.text.lower()
+        assert (await c.get("/openapi.json")).status_code == 200
 
 
 async def test_token_never_logged(

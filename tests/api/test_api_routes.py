@@ -80,7 +80,8 @@ async def test_failed_command_is_503_not_500(client: httpx.AsyncClient, handle: 
 async def test_stop_then_start(client: httpx.AsyncClient) -> None:
     r = await client.post("/stop")
     assert (r.status_code, r.json()["state"]) == (202, "stopped")
-    assert (await client.post("/stop")).status_code == 409
+    r = await client.post("/stop")  # stopping a stopped server is done already, not a conflict
+    assert (r.status_code, r.json()["state"], r.json()["message"]) == (202, "stopped", "already stopped")
     r = await client.post("/start")
     assert (r.status_code, r.json()["state"]) == (202, "starting")
     assert (await client.post("/start")).status_code == 409
@@ -188,6 +189,35 @@ async def test_events_newest_last_with_limit(client: httpx.AsyncClient, journal:
         assert (await client.get("/events", params={"limit": bad})).status_code == 422
 
 
+async def test_events_filtered_by_name_and_time(client: httpx.AsyncClient, journal: Journal) -> None:
+    for i in range(4):
+        journal.append("incident" if i % 2 else "server_ready", n=i)
+    r = await client.get("/events", params={"event": "incident"})
+    assert [e["n"] for e in r.json()["events"]] == [1, 3]
+    r = await client.get("/events", params=[("event", "incident"), ("event", "server_ready"), ("limit", "3")])
+    assert [e["n"] for e in r.json()["events"]] == [1, 2, 3]
+    assert (await client.get("/events", params={"since": "2999-01-01T00:00:00Z"})).json()["events"] == []
+    r = await client.get("/events", params={"since": "2000-01-01T00:00:00+00:00", "event": "server_ready"})
+    assert [e["n"] for e in r.json()["events"]] == [0, 2]
+    r = await client.get("/events", params={"since": "yesterday"})
+    assert r.status_code == 422 and "since" in str(r.json()["detail"])
+
+
+async def test_stop_and_start_bodies_are_strict(client: httpx.AsyncClient, handle: FakeSupervisor) -> None:
+    assert (await client.post("/stop", json={"reasn": "typo"})).status_code == 422
+    assert (await client.post("/stop", json={"reason": "maintenance"})).status_code == 202
+    assert handle.submitted[-1].reason == "maintenance"
+    r = await client.post("/start", json={"rung": "no-such-rung"})
+    assert r.status_code == 404 and r.json()["error"] == "unknown_rung"
+    assert (await client.post("/start", json={"rung": "base", "x": 1})).status_code == 422
+
+
+async def test_reload(client: httpx.AsyncClient, handle: FakeSupervisor) -> None:
+    r = await client.post("/reload")
+    assert (r.status_code, r.json()["message"]) == (200, "reloaded")
+    assert handle.submitted[-1].kind == "reload"
+
+
 async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
     r = await client.get("/metrics")
     assert r.status_code == 200
@@ -245,6 +275,7 @@ async def test_openapi_lists_every_route(client: httpx.AsyncClient, tmp_path: Pa
         "/diagnose",
         "/stop",
         "/start",
+        "/reload",
         "/diagnostics",
         "/diagnostics/{bundle_id}",
         "/diagnostics/{bundle_id}/{name}",
@@ -253,7 +284,7 @@ async def test_openapi_lists_every_route(client: httpx.AsyncClient, tmp_path: Pa
         "/livez",
         "/readyz",
     }
-    assert (await client.get("/docs")).status_code == 200
+    assert (await client.get("/docs")).status_code == 404  # no CDN-backed interactive docs (docs/API.md)
 
 
 async def test_api_doc_covers_every_route(client: httpx.AsyncClient) -> None:

@@ -130,13 +130,13 @@ def test_stop_start_diagnose(daemon: Daemon, capsys: pytest.CaptureFixture[str])
     env = {"SGLANG_SUPERVISOR_TOKEN": TOKEN}
     assert run(["stop", "--url", daemon.url], env) == 0
     assert "stop accepted: state stopped" in capsys.readouterr().out
-    assert run(["stop", "--url", daemon.url], env) == 1
-    capsys.readouterr()
+    assert run(["stop", "--url", daemon.url], env) == 0  # already stopped is done, as the daemon answers
+    assert "stop accepted: state stopped (already stopped)" in capsys.readouterr().out
     assert run(["start", "--url", daemon.url], env) == 0
     assert "start accepted: state starting" in capsys.readouterr().out
     assert run(["diagnose", "--url", daemon.url, "--gdb", "--no-native"], env) == 0
     out = capsys.readouterr().out
-    assert "bundle b-manual" in out and "hang_class: unknown" in out
+    assert "bundle b-manual" in out and "not hung (state" in out and "hang_class" not in out
     cmd = daemon.handle.submitted[-1]
     assert (cmd.kind, cmd.native, cmd.gdb) == ("diagnose", False, True)
     assert run(["diagnose", "--url", daemon.url], env) == 0
@@ -231,3 +231,62 @@ def test_raw_traversal_over_a_real_socket_is_404(daemon: Daemon) -> None:
         status = data.split(b"\r\n", 1)[0]
         assert status.split()[1] in (b"404", b"400"), (target, status)
         assert b"root:" not in data
+
+
+def test_address_and_token_from_the_daemons_config(
+    daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = daemon.url.rsplit(":", 1)[1]
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[api]\nhost = "0.0.0.0"\nport = {port}\ntoken_file = "{daemon.token_file}"\n')
+    assert run(["status", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out.startswith("state")
+    # An explicit flag wins over the config.
+    assert run(["status", "--config", str(cfg), "--url", "http://127.0.0.1:1"]) == 3
+    capsys.readouterr()
+    os.chmod(daemon.token_file, 0o644)  # what the daemon refuses, the client refuses too
+    assert run(["status", "--config", str(cfg)]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+    assert run(["status", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert "--config" in capsys.readouterr().err
+
+
+def test_events_filtered(daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    journal = Journal(tmp_path / "events.jsonl")
+    journal.append("server_ready", rung="base", time_to_ready_s=61.0)
+    journal.append("incident", id="20250101T000000Z-startup_stall", cause="startup_stall", detail="no progress")
+    journal.append("server_ready", rung="no-cuda-graph", time_to_ready_s=70.0)
+    env = {"SGLANG_SUPERVISOR_TOKEN": TOKEN}
+    assert run(["events", "--url", daemon.url, "--event", "server_ready"], env) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("server_ready" in x for x in lines)
+    assert "rung=no-cuda-graph" in lines[1] and "time_to_ready_s=70.0" in lines[1]
+    assert run(["events", "--url", daemon.url, "--limit", "1"], env) == 0
+    assert capsys.readouterr().out.count("\n") == 1
+    assert run(["events", "--url", daemon.url, "--since", "2999-01-01T00:00:00Z"], env) == 0
+    assert capsys.readouterr().out.strip() == "no events"
+    assert run(["events", "--url", daemon.url, "--since", "last tuesday"], env) == 2
+    assert "since" in capsys.readouterr().err
+
+
+def test_bundles_list_and_show(daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = tmp_path / "diagnostics" / "20250101T000000Z-startup_stall"
+    bundle.mkdir(parents=True)
+    summary = {"id": bundle.name, "trigger": "hung", "cause": "startup_stall", "hang_class": "idle_deadlock"}
+    (bundle / "summary.json").write_text(json.dumps({**summary, "rung": "base"}))
+    (bundle / "summary.txt").write_text("idle_deadlock: every thread waits\nscheduler TP0 pid 1: waits in acquire\n")
+    env = {"SGLANG_SUPERVISOR_TOKEN": TOKEN}
+    assert run(["bundles", "--url", daemon.url], env) == 0
+    assert capsys.readouterr().out.strip() == f"{bundle.name}  startup_stall  idle_deadlock  rung base"
+    assert run(["bundles", "--url", daemon.url, bundle.name], env) == 0
+    out = capsys.readouterr().out
+    assert "hang_class: idle_deadlock" in out and "scheduler TP0 pid 1: waits in acquire" in out
+    assert "files: summary.json, summary.txt" in out
+    assert run(["bundles", "--url", daemon.url, "no-such-bundle"], env) == 1
+    assert "404" in capsys.readouterr().err
+
+
+def test_reload(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["reload", "--url", daemon.url], {"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 0
+    assert capsys.readouterr().out.strip() == "reload: reloaded (state ready)"
+    assert daemon.handle.submitted[-1].kind == "reload"

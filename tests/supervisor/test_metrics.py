@@ -4,6 +4,7 @@ and every metric the shipped dashboard and alert rules use exists."""
 from __future__ import annotations
 
 import json
+import platform
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.testing import sample_snapshot, sample_starting_snapshot
 from supervisor.metrics import SupervisorMetrics
-from supervisor.snapshot import StatusSnapshot
+from supervisor.snapshot import StatusSnapshot, ToolCheck
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 NAME = re.compile(r"\bsglang_supervisor_[a-zA-Z0-9_]+")
@@ -29,7 +30,7 @@ def scrape(snap: StatusSnapshot, *, events: bool = True) -> str:
     if events:
         metrics.restart("startup_stall")
         metrics.incident("startup_stall", "idle_deadlock")
-        metrics.diagnostic(12.5, "ok")
+        metrics.diagnostic(12.5, "written")
         metrics.health(0.8, True)
         metrics.health(30.0, False)
         metrics.ready(61.0)
@@ -77,7 +78,11 @@ def test_event_counters_and_histograms() -> None:
     assert value(text, "sglang_supervisor_restarts_total", cause="startup_stall") == 1
     assert value(text, "sglang_supervisor_restarts_total", cause="manual") == 0  # every cause pre-declared
     assert value(text, "sglang_supervisor_incidents_total", cause="startup_stall", hang_class="idle_deadlock") == 1
-    assert value(text, "sglang_supervisor_diagnostics_total", outcome="ok") == 1
+    assert value(text, "sglang_supervisor_diagnostics_total", outcome="written") == 1
+    assert value(text, "sglang_supervisor_diagnostics_total", outcome="error") == 0  # every outcome pre-declared
+    # Every cause and class pre-declared, so increase() sees the first incident of each.
+    assert value(text, "sglang_supervisor_incidents_total", cause="serving_stall", hang_class="busy_spin") == 0
+    assert value(text, "sglang_supervisor_incidents_total", cause="exited", hang_class="none") == 0
     assert value(text, "sglang_supervisor_diagnostic_duration_seconds_count") == 1
     assert value(text, "sglang_supervisor_health_checks_total", result="ok") == 1
     assert value(text, "sglang_supervisor_health_checks_total", result="failed") == 1
@@ -95,6 +100,19 @@ def test_starting_snapshot_has_progress_and_omits_unknowns() -> None:
     assert "sglang_supervisor_spec_accept_length" not in names
     assert "sglang_supervisor_running_requests" not in names
     assert "sglang_supervisor_last_time_to_ready_seconds" not in names
+
+
+def test_selfcheck_and_build_info() -> None:
+    snap = sample_snapshot().model_copy(
+        update={
+            "version": "9.9.9",
+            "selfcheck": (ToolCheck(name="py-spy", ok=True), ToolCheck(name="gdb", ok=False, detail="not found")),
+        }
+    )
+    text = scrape(snap, events=False)
+    assert value(text, "sglang_supervisor_selfcheck_ok", tool="py-spy") == 1
+    assert value(text, "sglang_supervisor_selfcheck_ok", tool="gdb") == 0
+    assert value(text, "sglang_supervisor_build_info", version="9.9.9", python=platform.python_version()) == 1
 
 
 def test_a_bare_snapshot_scrapes() -> None:

@@ -82,7 +82,7 @@ def seconds(value: str) -> float:
         ("Service", "KillMode", "mixed"),
         ("Service", "ExecReload", "/bin/kill -HUP $MAINPID"),
         ("Service", "StateDirectory", "sglang-supervisor"),
-        ("Service", "LogsDirectory", "sglang-supervisor"),
+        ("Service", "UMask", "0027"),
         ("Service", "EnvironmentFile", "-/etc/sglang-supervisor/env"),
         ("Service", "LimitMEMLOCK", "infinity"),
         ("Service", "TasksMax", "infinity"),
@@ -91,6 +91,11 @@ def seconds(value: str) -> float:
 )
 def test_required_setting(unit: Unit, section: str, key: str, expected: str) -> None:
     assert one(unit, section, key) == expected
+
+
+def test_no_logs_directory_that_nothing_uses(unit: Unit) -> None:
+    # The daemon logs to the journal and the server's output to state_dir/logs.
+    assert "LogsDirectory" not in unit["Service"] and "LogsDirectoryMode" not in unit["Service"]
 
 
 def test_start_limits_are_in_the_unit_section(unit: Unit) -> None:

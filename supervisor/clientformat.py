@@ -1,0 +1,215 @@
+"""How the client prints the daemon's answers for a person (`--json` prints them as they are)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
+
+
+def format_error(status: int, data: Any) -> str:
+    if not isinstance(data, dict):
+        return f"error: HTTP {status}"
+    detail = data.get("detail")
+    if isinstance(detail, list):
+        detail = "; ".join(f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail)
+    line = f"error: HTTP {status} {data.get('error', '')}: {detail}"
+    if data.get("state"):
+        line += f" [state: {data['state']}]"
+    if data.get("rungs"):
+        line += f"\nrungs: {', '.join(data['rungs'])}"
+    if status == 401:
+        line += f"\nhint: pass --token-file FILE or set {TOKEN_ENV}"
+    return line
+
+
+def format_answer(command: str, data: Any) -> str:
+    if command == "status":
+        return format_status(data)
+    if command == "restart":
+        return f"restart accepted: incident {data.get('incident_id') or '-'}, state {data.get('state') or '-'}"
+    if command == "diagnose":
+        return format_diagnose(data)
+    if command == "events":
+        return "\n".join(format_event(e) for e in data.get("events") or ()) or "no events"
+    if command == "bundles":
+        return "\n".join(format_bundle_line(b) for b in data.get("bundles") or ()) or "no bundles"
+    if command == "reload":
+        return f"reload: {data.get('message') or 'done'} (state {data.get('state') or '-'})"
+    message = data.get("message")
+    return f"{command} accepted: state {data.get('state') or '-'}" + (f" ({message})" if message else "")
+
+
+def format_diagnose(data: Mapping[str, Any]) -> str:
+    """The bundle, whether the server was hung, and what each tool did or why it did not run."""
+    s: Mapping[str, Any] = data.get("summary") or {}
+    lines = [f"bundle {data.get('bundle_id') or '-'}"]
+    hung = data.get("hung", s.get("trigger") == "hung")
+    for key in ("trigger", "cause", "rung", "phase", "created_at"):
+        if s.get(key) is not None:
+            lines.append(f"  {key}: {s[key]}")
+    if hung:
+        lines.append(f"  hang_class: {s.get('hang_class') or 'unknown'}")
+    else:
+        lines.append(
+            f"  not hung (state {data.get('state') or '-'}): no hang class; summary.txt shows where threads wait"
+        )
+    lines += _tool_lines(s.get("tools") or ())
+    if data.get("bundle_id"):
+        lines.append(
+            f"files: GET /diagnostics/{data['bundle_id']}  (or: sglang-supervisor bundles {data['bundle_id']})"
+        )
+    return "\n".join(lines)
+
+
+def _tool_lines(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per tool and outcome, e.g. `py-spy-native: skipped for 3 processes (why)`."""
+    groups: dict[tuple[str, str, str], int] = {}
+    for t in tools:
+        if not isinstance(t, Mapping):
+            continue
+        why = "" if t.get("outcome") == "ok" else str(t.get("detail") or "")
+        key = (str(t.get("tool")), str(t.get("outcome")), why)
+        groups[key] = groups.get(key, 0) + 1
+    lines = []
+    for (tool, outcome, why), n in groups.items():
+        text = f"  {tool}: {outcome} for {n} process{'es' if n > 1 else ''}"
+        lines.append(text + (f" ({why})" if why else ""))
+    return lines
+
+
+def format_event(e: Mapping[str, Any]) -> str:
+    rest = " ".join(f"{k}={_short(v)}" for k, v in e.items() if k not in ("ts", "event") and v not in (None, "", []))
+    return f"{e.get('ts', '-')}  {e.get('event', '?')}  {rest}".rstrip()
+
+
+def _short(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v)
+    text = text.replace("\n", " ")
+    return repr(text) if " " in text else text
+
+
+def format_bundle_line(b: Mapping[str, Any]) -> str:
+    s: Mapping[str, Any] = b.get("summary") or {}
+    what = s.get("cause") or s.get("trigger") or "-"
+    return f"{b.get('id')}  {what}  {s.get('hang_class') or '-'}  rung {s.get('rung') or '-'}"
+
+
+def format_bundle(data: Mapping[str, Any], summary_txt: str) -> str:
+    s: Mapping[str, Any] = data.get("summary") or {}
+    lines = [f"bundle {data.get('id')}"]
+    for key in ("created_at", "trigger", "cause", "hang_class", "rung", "phase"):
+        if s.get(key) is not None:
+            lines.append(f"  {key}: {s[key]}")
+    if summary_txt:
+        lines += ["", summary_txt, ""]
+    lines.append("files: " + ", ".join(data.get("files") or ()))
+    lines.append(f"read one: GET /diagnostics/{data.get('id')}/<file>")
+    return "\n".join(lines)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
+    state = str(s.get("state", "?"))
+    if s.get("state_age_s"):
+        state += f" for {_age(s['state_age_s'])}"
+    elif s.get("since"):
+        state += f" since {s['since']}"
+    if s.get("reason"):
+        state += f" ({s['reason']})"
+    rows = [("state", state), ("phase", s.get("phase") or "-")]
+    p = s.get("progress")
+    if p:
+        text = f"{p.get('done')}/{p.get('total')} {p.get('unit', '')} {p.get('label', '')}".strip()
+        text += f" ({100 * float(p.get('fraction', 0)):.1f}%)"
+        rows.append(("progress", text))
+    else:
+        rows.append(("progress", "-"))
+    ladder: Sequence[str] = s.get("ladder") or ()
+    rung = str(s.get("rung") or "-")
+    if s.get("rung_index") is not None and ladder:
+        rung += f" (#{s['rung_index']} of {len(ladder)}: {', '.join(ladder)})"
+    if s.get("last_good_rung"):
+        rung += f"; last good {s['last_good_rung']}"
+    rows += [("rung", rung), ("pid", str(s.get("pid") or "-"))]
+    rows.append(("restarts", f"{s.get('restarts', 0)} ({s.get('restarts_last_hour', 0)} in the last hour)"))
+    moved = ", ".join(s.get("channels_moved") or ())
+    since = _age(s.get("last_progress_s"))
+    rows.append(("last progress", f"{since} ago ({moved})" if moved else (f"{since} ago" if since != "-" else "-")))
+    inc = s.get("last_incident")
+    if inc:
+        text = f"{inc.get('cause')}"
+        if inc.get("hang_class"):
+            text += f" / {inc['hang_class']}"
+        text += f" at {inc.get('at')} on {inc.get('rung')}"
+        if inc.get("bundle"):
+            text += f", bundle {inc['bundle']}"
+        rows.append(("last incident", text))
+    else:
+        rows.append(("last incident", "-"))
+    rows.append(("serving", _serving(s.get("serving") or {})))
+    rows += _gpus(s.get("gpu") or {})
+    if s.get("next_attempt_in_s") is not None:
+        rows.append(("next attempt", f"in {_age(s['next_attempt_in_s'])}"))
+    if s.get("diagnosing"):
+        rows.append(("diagnosing", "a capture is under way"))
+    return rows
+
+
+def _serving(v: Mapping[str, Any]) -> str:
+    parts = []
+    if v.get("health_ok") is not None:
+        health = "health ok" if v["health_ok"] else f"health FAILING ({v.get('health_failures_in_row', 0)} in a row)"
+        if v.get("health_latency_s") is not None:
+            health += f" {1000 * float(v['health_latency_s']):.0f} ms"
+        parts.append(health)
+    for key, label in (("running_reqs", "running"), ("queue_reqs", "queued")):
+        if v.get(key) is not None:
+            parts.append(f"{float(v[key]):g} {label}")
+    if v.get("token_rate") is not None:
+        parts.append(f"{float(v['token_rate']):.0f} tok/s")
+    if v.get("spec_accept_length") is not None:
+        parts.append(f"spec accept {float(v['spec_accept_length']):.2f}")
+    return ", ".join(parts) or "-"
+
+
+def _gpus(g: Mapping[str, Any]) -> list[tuple[str, str]]:
+    devices = g.get("devices") or []
+    if not devices:
+        reason = g.get("reason") or g.get("status") or "-"
+        return [("GPUs", str(reason))]
+    rows: list[tuple[str, str]] = []
+    for d in devices:
+        text = (
+            f"#{d.get('index')} {d.get('name', '')}  {float(d.get('util_percent', 0)):.0f}% util  "
+            f"{_gib(d.get('mem_used_bytes', 0))}/{_gib(d.get('mem_total_bytes', 0))}"
+        )
+        if d.get("tree_mem_bytes"):
+            text += f" (server {_gib(d['tree_mem_bytes'])})"
+        rows.append(("GPUs" if not rows else "", text))
+    return rows
+
+
+def format_status(s: Any) -> str:
+    if not isinstance(s, Mapping):
+        return json.dumps(s)
+    rows = _rows(s)
+    width = max(len(k) for k, _ in rows) + 2
+    return "\n".join(f"{k:<{width}}{v}" for k, v in rows)

@@ -1,0 +1,148 @@
+"""check-config fails on what `run` refuses or what cannot work, naming the key; shape errors are
+one plain sentence each. Driven through the CLI as an operator runs it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import main
+
+PY = f'command = ["{sys.executable}", "-m", "sglang.launch_server"]'
+
+
+Check = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def check(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Check:
+    """`check(body, *flags)` -> (exit code, stdout, stderr) of `check-config --no-sglang`."""
+    monkeypatch.delenv("SGLANG_SUPERVISOR_TOKEN", raising=False)
+
+    def run(body: str, *extra: str) -> tuple[int, str, str]:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(body)
+        code = main(["check-config", "--config", str(cfg), "--no-sglang", *extra])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def base(extra: str = "", args: str = 'model-path = "/m"\ncuda-graph-max-bs = 8') -> str:
+    return f"[server]\n{PY}\n[server.args]\n{args}\n{extra}\n"
+
+
+def test_a_good_config_is_ok(check: Check, tmp_path: Path) -> None:
+    code, out, _ = check(base('[[fallback]]\nname = "small"\ndrop = ["cuda-graph-max-bs"]'))
+    assert code == 0
+    assert out.rstrip().endswith("config OK (rung arguments not checked against SGLang)")
+    assert "error" not in out and "warning" not in out
+
+
+@pytest.mark.parametrize(
+    "setup,expect",
+    [
+        ("missing", "cannot read it"),
+        ("0644", "readable or writable by group or others (mode 0644)"),
+        ("0640", "chmod 600"),
+        ("empty", "the file is empty"),
+    ],
+)
+def test_a_token_file_that_run_refuses_is_an_error(check: Check, tmp_path: Path, setup: str, expect: str) -> None:
+    token = tmp_path / "token"
+    if setup != "missing":
+        token.write_text("" if setup == "empty" else "s3cret-token\n")
+        token.chmod(0o600 if setup == "empty" else int(setup, 8))
+    code, out, _ = check(base(f'[api]\ntoken_file = "{token}"'))
+    assert code == 1
+    line = next(x for x in out.splitlines() if x.startswith("error: api.token_file"))
+    assert expect in line and "s3cret" not in out
+    assert "config NOT OK" in out
+
+
+def test_a_private_token_file_is_fine(check: Check, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    token.chmod(0o600)
+    code, out, _ = check(base(f'[api]\nhost = "0.0.0.0"\ntoken_file = "{token}"'))
+    assert code == 0, out
+
+
+def test_a_public_api_without_a_token_warns_and_fails_under_strict(
+    check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = base('[api]\nhost = "0.0.0.0"')
+    code, out, _ = check(body)
+    assert code == 0 and "warning: api.host: '0.0.0.0' is not a loopback address" in out
+    assert "$SGLANG_SUPERVISOR_TOKEN" in out and "config OK (1 warning" in out
+    code, out, _ = check(body, "--strict")
+    assert code == 1 and "config NOT OK" in out
+    monkeypatch.setenv("SGLANG_SUPERVISOR_TOKEN", "from-the-environment")
+    code, out, _ = check(body, "--strict")
+    assert code == 0 and "warning" not in out
+
+
+@pytest.mark.parametrize("program", ["/opt/nowhere/bin/python3", "python3-that-does-not-exist"])
+def test_a_server_program_that_does_not_exist_is_an_error(check: Check, tmp_path: Path, program: str) -> None:
+    code, out, _ = check(f'[server]\ncommand = ["{program}", "-m", "sglang.launch_server"]\n')
+    assert code == 1
+    assert f"error: server.command: '{program}'" in out
+
+
+def test_a_drop_key_not_in_the_base_arguments_is_an_error(check: Check, tmp_path: Path) -> None:
+    code, out, _ = check(base('[[fallback]]\nname = "small"\ndrop = ["cuda-graph-max-bz"]'))
+    assert code == 1
+    assert "error: fallback[0] (small).drop: 'cuda-graph-max-bz' is not an argument of [server.args]" in out
+    assert "warning: fallback[0] (small): runs exactly the base configuration" in out
+
+
+def test_a_trigger_that_alert_mode_makes_unreachable_is_an_error(check: Check, tmp_path: Path) -> None:
+    rung = '[[fallback]]\nname = "no-spec"\ndrop = ["cuda-graph-max-bs"]\non = ["spec_regression"]'
+    code, out, _ = check(base(rung))
+    assert code == 1 and "error: fallback[0] (no-spec).on: 'spec_regression' never triggers" in out
+    code, out, _ = check(base(rung + '\n[watchdog]\non_spec_regression = "fallback"'))
+    assert code == 0, out
+
+
+@pytest.mark.parametrize(
+    "body,sentence",
+    [
+        (
+            '[server]\ncommand = "python3 -m sglang.launch_server"\n',
+            'server.command: must be an array of strings, e.g. ["python3", "-m", "sglang.launch_server"] '
+            "(got a string)",
+        ),
+        (
+            '[fallback]\nname = "no-graph"\n',
+            "fallback: each rung is its own [[fallback]] table (double brackets), not one [fallback] table",
+        ),
+        (
+            '[server.args]\nmodel-path = { path = "/m" }\n',
+            "server.args.model-path: must be true/false, a number, a string, or an array of numbers and strings "
+            "(got a table)",
+        ),
+        ('[restart]\nretries_per_rung = "3"\n', "restart.retries_per_rung: must be an integer (got a string)"),
+    ],
+)
+def test_shape_errors_are_one_plain_sentence(check: Check, tmp_path: Path, body: str, sentence: str) -> None:
+    code, _, err = check(body)
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert lines[-1] == sentence, err
+    assert len(lines) == 3  # "config refused:", the file, the sentence
+    assert "Input should" not in err
+
+
+def test_a_server_program_this_user_cannot_reach_is_an_error_not_a_crash(
+    check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(self: Path) -> bool:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "is_file", denied)
+    code, out, _ = check('[server]\ncommand = ["/root/venv/bin/python3", "-m", "sglang.launch_server"]\n')
+    assert code == 1 and "error: server.command: '/root/venv/bin/python3': Permission denied" in out
