@@ -31,8 +31,14 @@ REALTIME_TOKENS = "sglang:realtime_tokens_total"
 NUM_REQUESTS = "sglang:num_requests_total"
 GEN_THROUGHPUT = "sglang:gen_throughput"
 SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+HTTP_ACTIVE = "sglang:http_requests_active"  # the HTTP process's own gauge: live even when the scheduler hangs
 _WANTED = frozenset(
-    {RUNNING, QUEUED, GENERATION_TOKENS, REALTIME_TOKENS, NUM_REQUESTS, GEN_THROUGHPUT, SPEC_ACCEPT_LENGTH}
+    {RUNNING, QUEUED, GENERATION_TOKENS, REALTIME_TOKENS, NUM_REQUESTS, GEN_THROUGHPUT, SPEC_ACCEPT_LENGTH, HTTP_ACTIVE}
+)
+# Routes that generate nothing a client waits for (or are the daemon's own probes): not "requests in flight".
+_NOT_GENERATION = frozenset(
+    {"/health", "/health_generate", "/metrics", "/model_info", "/get_model_info", "/server_info",
+     "/get_server_info", "/v1/models", "/get_load", "/ping", "/"}
 )
 
 
@@ -60,7 +66,17 @@ def parse_metrics(text: str, at: float) -> ServingObservation:
         num_requests_total=_combine(samples.get(NUM_REQUESTS)),
         gen_throughput=_combine(samples.get(GEN_THROUGHPUT)),
         spec_accept_length=_mean(samples.get(SPEC_ACCEPT_LENGTH)),
+        active_requests=_active(samples.get(HTTP_ACTIVE)),
     )
+
+
+def _active(samples: Iterable[_Sample] | None) -> float | None:
+    """Generation requests the HTTP front holds open. SGLang's scheduler gauges are refreshed only per
+    logged batch and freeze with the scheduler (a stall right after a prefill line leaves them at 0
+    running, 0 queued, seen on a two-rank server); this one is kept by the HTTP process itself."""
+    if samples is None:
+        return None
+    return sum(s.value for s in samples if dict(s.labels).get("endpoint") not in _NOT_GENERATION)
 
 
 def _wanted_samples(text: str) -> dict[str, list[_Sample]]:

@@ -189,6 +189,7 @@ class ServingObservation:
     num_requests_total: float | None = None
     gen_throughput: float | None = None
     spec_accept_length: float | None = None
+    active_requests: float | None = None  # sglang:http_requests_active on generation routes
 
 
 @dataclass(frozen=True)

@@ -290,7 +290,13 @@ def assess_serving(
     # Token progress while requests are in flight.
     tokens = _token_count(obs)
     sv = obs.serving
-    busy = sv is not None and sv.available and ((sv.running_reqs or 0) + (sv.queue_reqs or 0)) > 0
+    # In flight: the scheduler's gauges, or the HTTP front's open generation requests (the gauges can
+    # freeze at 0 running when the stall follows a prefill line).
+    busy = (
+        sv is not None
+        and sv.available
+        and ((sv.running_reqs or 0) + (sv.queue_reqs or 0) > 0 or (sv.active_requests or 0) > 0)
+    )
     if tokens is not None and (h.tokens is None or tokens > h.tokens):
         # the scrape's own time: its answer may be attached a poll after it was taken
         scraped = sv.at if sv is not None and sv.at <= now else now
@@ -305,7 +311,9 @@ def assess_serving(
                 status="incident",
                 cause="serving_stall",
                 reason=(
-                    f"{(sv.running_reqs or 0):.0f} running and {(sv.queue_reqs or 0):.0f} queued requests, "
+                    f"{(sv.running_reqs or 0):.0f} running and {(sv.queue_reqs or 0):.0f} queued requests"
+                    + (f" ({sv.active_requests:.0f} open at the HTTP front)" if sv.active_requests else "")
+                    + ", "
                     f"no decode tokens for {now - h.tokens_moved_at:.0f} s"
                 ),
                 phase="serving",

@@ -228,10 +228,15 @@ The SIGSTOP's bundle:
 {reasons_s}
 
 Found: with two ranks, the stopped rank was caught as `unhealthy` (three of SGLang's 20 s health
-timeouts) after {_s(s.get('detect_s'))}, not as `serving_stall` within its 10 s window as with one rank,
-although the two-rank `/metrics` transcript shows the stall's signature (4 running requests, the
-decode counter frozen). The state was `degraded` (the random draft's acceptance) when the rank
-stopped; why the token-progress verdict did not come is still open.
+timeouts) after {_s(s.get('detect_s'))}, not as `serving_stall` within its 10 s window as with one rank.
+The server's log shows why: the last batch before the stop was a prefill (`Prefill batch, ...
+#running-req: 0`), and SGLang refreshes `sglang:num_running_reqs` / `num_queue_reqs` only per logged
+batch, so the gauges froze at 0 running, 0 queued and the daemon took the server for idle. Fixed after
+this run: requests in flight now also come from `sglang:http_requests_active` on generation routes,
+which the HTTP process keeps live (4 open `/generate` requests in both real `metrics_stalled.txt`
+transcripts); `tests/probes/test_serving.py` and `tests/supervisor/test_watchdog.py` hold it against
+the real expositions and the frozen-gauge case. Not yet re-measured on the GPUs (no device time left
+in this session).
 """
 
 

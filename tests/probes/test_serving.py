@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -260,3 +261,34 @@ async def test_against_a_real_server(server: str) -> None:
     assert (results[1].available, results[1].error) == (False, "timeout")
     assert (results[2].available, results[2].error) == (False, "metrics not enabled")
     assert elapsed < 1.0
+
+
+REAL = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "real_sglang").glob("0.5.16-*"))
+
+
+@pytest.mark.parametrize("run", REAL, ids=lambda p: p.name)
+def test_real_sglang_metrics_idle_load_stalled(run: Path) -> None:
+    """Real SGLang 0.5.16 expositions: idle has nothing in flight; under 4 clients and after a
+    scheduler was SIGSTOPped, 4 generation requests stay open at the HTTP front while decode stops."""
+    idle, load, stalled = (parse_metrics((run / f"metrics_{n}.txt").read_text(), 0.0)
+                           for n in ("idle", "load", "stalled"))
+    assert idle.available and idle.running_reqs == 0 and idle.active_requests == 0
+    assert load.running_reqs == 4 and load.active_requests == 4
+    assert load.decode_tokens_total is not None and idle.decode_tokens_total is not None
+    assert load.decode_tokens_total > idle.decode_tokens_total
+    assert stalled.active_requests == 4  # /health and /metrics are open too, but are not generation
+    assert stalled.spec_accept_length == 1.0  # the random EAGLE-3 draft: every draft token rejected
+
+
+def test_active_requests_leave_out_probes_and_info_routes() -> None:
+    text = """\
+# HELP sglang:http_requests_active Number of currently active HTTP requests
+# TYPE sglang:http_requests_active gauge
+sglang:http_requests_active{endpoint="/health",method="GET"} 1.0
+sglang:http_requests_active{endpoint="/metrics",method="GET"} 1.0
+sglang:http_requests_active{endpoint="/get_server_info",method="GET"} 2.0
+sglang:http_requests_active{endpoint="/generate",method="POST"} 3.0
+sglang:http_requests_active{endpoint="/v1/chat/completions",method="POST"} 2.0
+"""
+    assert parse_metrics(text, 0.0).active_requests == 5
+    assert parse_metrics("", 0.0).active_requests is None  # older builds: no such gauge, no opinion

@@ -177,6 +177,22 @@ def test_serving_stall_with_health_ok() -> None:
     assert v.cause == "serving_stall"
 
 
+def test_serving_stall_seen_through_open_requests_when_gauges_say_idle() -> None:
+    """Real SGLang at tp 2: the stall followed a prefill line, so the scheduler's gauges froze at 0
+    running, 0 queued; the HTTP front still held 4 generation requests open."""
+    def frozen(t: float) -> ServingObservation:
+        return ServingObservation(at=t, available=True, running_reqs=0, queue_reqs=0, decode_tokens_total=8540,
+                                  active_requests=4)
+
+    seq = [obs(1.0 * i, health=health(1.0 * i, True), serving=frozen(1.0 * i)) for i in range(1, 80)]
+    v, _ = run(new_history(0.0), seq, mode="serving")
+    assert v.cause == "serving_stall" and "4 open at the HTTP front" in v.reason
+    idle = [obs(1.0 * i, serving=ServingObservation(at=1.0 * i, available=True, running_reqs=0, queue_reqs=0,
+                                                    decode_tokens_total=8540, active_requests=0))
+            for i in range(1, 300)]
+    assert run(new_history(0.0), idle, mode="serving")[0].status == "ready"
+
+
 def test_steady_traffic_is_never_a_stall() -> None:
     seq = [obs(2.0 * i, serving=sv(2.0 * i, 4, 100.0 * i)) for i in range(1, 300)]
     v, _ = run(new_history(0.0), seq, mode="serving")
