@@ -15,7 +15,7 @@ import structlog
 from probes.types import Observation
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
-from supervisor.control import SpawnError, StopReport
+from supervisor.control import LogFiles, SpawnError, StopReport
 from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
 from supervisor.evidence import collect, provisional_class
 from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
@@ -41,6 +41,11 @@ async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
 # ---- launch -----------------------------------------------------------------------------
 
 
+def log_files(sup: Supervisor) -> LogFiles:
+    logs = sup.settings.logs
+    return LogFiles(sup.state_dir / "logs", int(logs.max_file_mb * 1024 * 1024), logs.backups)
+
+
 async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> None:
     rung = sup.settings.ladder[rung_index]
     rendered = render_rung(sup.settings.server, rung)
@@ -56,28 +61,29 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
     sup.spec_alerted = False
     sup.launched_at = sup.clock.monotonic()
     sup.launched_wall = sup.clock.wall()
-    logs = sup.settings.logs
+    files = log_files(sup)
+    # This launch's lines begin at the log's current end; the keeper appends after it.
     sup.capture = LogCapture(
-        sup.state_dir / "logs",
-        max_file_bytes=int(logs.max_file_mb * 1024 * 1024),
-        backups=logs.backups,
-        memory_lines=logs.memory_lines,
+        files.dir,
+        memory_lines=sup.settings.logs.memory_lines,
+        start=LogCapture.end_of(files.dir, files.name),
         monotonic=sup.clock.monotonic,
     )
     sup.log_seq = 0
     try:
         env = sup.child_env(rendered.env)
-        sup.server = await asyncio.to_thread(sup.control.spawn, rendered.argv, env, sup.marker, sup.settings.server.cwd)
+        sup.server = await asyncio.to_thread(
+            sup.control.spawn, rendered.argv, env, sup.marker, sup.settings.server.cwd, files
+        )
     except SpawnError as err:
         sup.server = None
-        sup.capture.close()
+        sup.capture = None
         log.error("spawn_failed", rung=rung.name, error=str(err))
         sup.journal.append("spawn_failed", rung=rung.name, error=str(err))
         sup.move(State.STARTING, f"launching rung {rung.name}")
         await incident(sup, "exited", Verdict(status="incident", cause="exited", reason=str(err)), None)
         return
-    sup.capture.attach(sup.server.stdout, "stdout")
-    sup.capture.attach(sup.server.stderr, "stderr")
+    sup.capture.start()
     # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
     shown = Redactor.from_envs([env]).argv(rendered.argv)
     log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=shlex.join(shown))

@@ -11,6 +11,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ __all__ = [
     "port_is_free",
     "resume_stopped",
     "send_signal",
+    "spawn_log_keeper",
     "stop_tree",
 ]
 
@@ -101,9 +103,13 @@ class ServerProcess:
         marker: str,
         cwd: str | None = None,
         *,
+        output: int | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> ServerProcess:
-        """Start `argv` in a new session with `env` plus the marker; stdout and stderr are pipes.
+        """Start `argv` in a new session with `env` plus the marker; stdout and stderr go to `output`.
+
+        `output` is a file descriptor (the log keeper's pipe; the caller closes its copy); without
+        it stdout and stderr are pipes of their own, read through `stdout` and `stderr`.
 
         `SPT_NOENV=1` and `PYTHONUNBUFFERED=1` are added unless `env` sets them: setproctitle
         would otherwise overwrite the environment block, hiding the marker in
@@ -122,8 +128,8 @@ class ServerProcess:
             popen = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=subprocess.PIPE if output is None else output,
+                stderr=subprocess.PIPE if output is None else subprocess.STDOUT,
                 env=child_env,
                 cwd=cwd,
                 start_new_session=True,
@@ -157,6 +163,35 @@ class ServerProcess:
             return self._popen.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+
+
+def spawn_log_keeper(
+    log_dir: str, file_name: str, max_bytes: int, backups: int, env: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the log keeper on a new pipe; returns it and the pipe's write end, for the server.
+
+    The keeper runs in a session of its own and without the server's marker: it is not part of
+    the server tree (not stopped with it, not in its evidence); it ends by itself once every
+    writer of the pipe is gone.
+    """
+    read_end, write_end = os.pipe()
+    argv = [sys.executable, "-m", "supervisor.logkeeper", "--dir", log_dir, "--name", file_name]
+    argv += ["--max-bytes", str(max_bytes), "--backups", str(backups)]
+    try:
+        keeper = subprocess.Popen(
+            argv,
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=_ambient_dropper(),
+        )
+    except OSError as e:
+        os.close(write_end)
+        raise SpawnError(f"cannot start the log keeper ({sys.executable}): {e.strerror or e}") from e
+    finally:
+        os.close(read_end)
+    return keeper, write_end
 
 
 def _spawn_error_message(program: str, cwd: str | None, e: OSError) -> str:
