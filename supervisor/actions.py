@@ -230,6 +230,11 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
     )
     if decision.action == "give_up":
         sup.move(State.FAILED, decision.reason)
+        cooldown = sup.settings.restart.failed_cooldown_s
+        if cooldown > 0:
+            sup.failed_retry_at = sup.clock.monotonic() + cooldown
+            sup.journal.append("failed_cooldown", retry_in_s=cooldown, reason=decision.reason)
+            sup.publish()
         return
     sup.reason = decision.reason
     if await wait_backoff(sup, decision.backoff_s):

@@ -24,7 +24,7 @@ from supervisor.config import Settings, arg_names, render_rung
 from supervisor.control import Child, ProcessControl, RealProcessControl
 from supervisor.diagnostics import self_check
 from supervisor.journal import Journal
-from supervisor.ladder import LadderState, record_ready, record_stable, resume_rung
+from supervisor.ladder import LadderState, fresh_start, record_ready, record_stable, resume_rung
 from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
@@ -85,6 +85,7 @@ class Supervisor:
         self.diagnosing = False
         self.restart_pending = False
         self.next_attempt_at: float | None = None
+        self.failed_retry_at: float | None = None  # monotonic; when `failed` starts again by itself
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
         self.stable_marked = False
@@ -214,6 +215,8 @@ class Supervisor:
         old = self.lifecycle.state
         self.lifecycle.move(state, self.clock.monotonic(), reason)
         self.reason = reason
+        if state != State.FAILED:
+            self.failed_retry_at = None
         if old != state:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
@@ -243,6 +246,11 @@ class Supervisor:
 
     async def tick(self) -> None:
         st = self.lifecycle.state
+        if st == State.FAILED and self.failed_retry_at is not None and self.clock.monotonic() >= self.failed_retry_at:
+            await self.leave_failed(
+                "failed_cooldown_over", "failed_cooldown_s passed: starting again from the preferred rung", 0
+            )
+            return
         if st not in RUNNING:
             self.publish()
             return
@@ -253,6 +261,14 @@ class Supervisor:
         verdict, self.history = assess(self.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec)
         await self.act(verdict, obs)
         self.publish()
+
+    async def leave_failed(self, event: str, why: str, rung: int) -> None:
+        """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
+        self.ladder = fresh_start(self.ladder)
+        name = self.settings.ladder[rung].name
+        self.journal.append(event, reason=why, rung=name)
+        log.info(event, reason=why, rung=name)
+        await actions.launch(self, rung, after_incident=False)
 
     async def observe(self) -> Observation:
         server = self.server
@@ -339,6 +355,8 @@ class Supervisor:
         nxt = None
         if self.next_attempt_at is not None and st == State.RESTARTING:
             nxt = round(max(0.0, self.next_attempt_at - now), 3)
+        if self.failed_retry_at is not None and st == State.FAILED:
+            nxt = round(max(0.0, self.failed_retry_at - now), 3)
         self._snapshot = build(
             Facts(
                 state=st.value,
