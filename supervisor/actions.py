@@ -173,6 +173,8 @@ async def capture_bundle(
     finally:
         sup.diagnosing = False
     outcome = "written" if result.path is not None else "write_failed"
+    if result.path is None:
+        sup.bundle_write_errors += 1
     sup.metrics.diagnostic(result.duration_s, outcome)
     sup.journal.append(
         "bundle_written" if result.path is not None else "bundle_write_failed",
@@ -288,6 +290,8 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     if sup.capture is not None:
         cap = sup.capture
         await asyncio.to_thread(cap.close)
+        sup.closed_log_write_errors += cap.stats.write_errors
+        sup.capture = None
     sup.server = None
     sup.history = None
     ok = report.ok and released

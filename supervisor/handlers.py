@@ -48,8 +48,8 @@ async def handle(sup: Supervisor, cmd: Command) -> None:
     try:
         await handle_command(sup, cmd)
     except Exception as err:  # a command must never kill the loop
-        log.exception("command_failed", kind=cmd.kind)
         finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", sup.lifecycle.state.value))
+        await sup.survive(err)
     finally:
         if cmd.kind == "restart":
             sup.restart_pending = False
