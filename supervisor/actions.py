@@ -179,6 +179,8 @@ async def capture_bundle(
     finally:
         sup.diagnosing = False
     outcome = "written" if result.path is not None else "write_failed"
+    if result.path is None:
+        sup.bundle_write_errors += 1
     sup.metrics.diagnostic(result.duration_s, outcome)
     sup.journal.append(
         "bundle_written" if result.path is not None else "bundle_write_failed",
@@ -236,6 +238,11 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
     )
     if decision.action == "give_up":
         sup.move(State.FAILED, decision.reason)
+        cooldown = sup.settings.restart.failed_cooldown_s
+        if cooldown > 0:
+            sup.failed_retry_at = sup.clock.monotonic() + cooldown
+            sup.journal.append("failed_cooldown", retry_in_s=cooldown, reason=decision.reason)
+            sup.publish()
         return
     sup.reason = decision.reason
     if await wait_backoff(sup, decision.backoff_s):
@@ -289,6 +296,8 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     if sup.capture is not None:
         cap = sup.capture
         await asyncio.to_thread(cap.close)
+        sup.closed_log_write_errors += cap.stats.write_errors
+        sup.capture = None
     sup.server = None
     sup.history = None
     ok = report.ok and released

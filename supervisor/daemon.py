@@ -18,22 +18,23 @@ import structlog
 from probes.gpu import GpuProbe
 from probes.types import Observation
 from supervisor import actions, handlers
+from supervisor.apiguard import GuardStats
 from supervisor.clock import Clock
 from supervisor.commands import Command, CommandResult
 from supervisor.config import Settings, arg_names, render_rung
 from supervisor.control import Child, ProcessControl, RealProcessControl
 from supervisor.diagnostics import self_check
 from supervisor.journal import Journal
-from supervisor.ladder import LadderState, record_ready, record_stable, resume_rung
+from supervisor.ladder import LadderState, fresh_start, record_ready, record_stable, resume_rung
 from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
 from supervisor.persist import Persisted, load, new_marker, save
 from supervisor.publish import Facts, build
-from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck
+from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
-from supervisor.watchdog import History, Mode, Verdict, assess
+from supervisor.watchdog import History, Mode, Verdict, assess, new_history
 
 log = structlog.get_logger("supervisor")
 T = TypeVar("T")
@@ -85,6 +86,15 @@ class Supervisor:
         self.diagnosing = False
         self.restart_pending = False
         self.next_attempt_at: float | None = None
+        self.failed_retry_at: float | None = None  # monotonic; when `failed` starts again by itself
+        self.loop_errors = 0
+        self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
+        self.resume_after_error = False  # a restart was cut short by an exception: finish it
+        self.unknown_observations = 0
+        self.state_write_errors = 0
+        self.bundle_write_errors = 0
+        self.closed_log_write_errors = 0  # of the server logs of earlier launches
+        self._counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
         self.stable_marked = False
@@ -136,14 +146,32 @@ class Supervisor:
             next_tick = self.clock.monotonic()
             while not self.shutdown_requested:
                 wait = max(0.0, next_tick - self.clock.monotonic())
-                cmd = await self.next_command(wait)
-                if cmd is not None:
-                    await self.handle(cmd)
-                    continue
-                next_tick = self.clock.monotonic() + self.settings.watchdog.poll_interval_s
-                await self.tick()
+                try:
+                    cmd = await self.next_command(wait)
+                    if cmd is not None:
+                        await self.handle(cmd)
+                        continue
+                    next_tick = self.clock.monotonic() + self.settings.watchdog.poll_interval_s
+                    await self.tick()
+                except Exception as err:  # the loop outlives any one poll, probe, write or command
+                    await self.survive(err)
         finally:
             await actions.shutdown(self)
+
+    async def survive(self, err: Exception) -> None:
+        """An exception escaped a poll or a command: log it, count it, and leave no half-done restart.
+
+        A restart cut short (state hung, diagnosing or restarting with nobody finishing it) is taken
+        up again as an incident, so the server is stopped, verified and relaunched by the ladder.
+        """
+        self.loop_errors += 1
+        log.error("loop_error", error=repr(err), state=self.lifecycle.state.value, exc_info=err)
+        self.metrics.loop_error(type(err).__name__)
+        self.journal.append("loop_error", error=repr(err)[:500], state=self.lifecycle.state.value)
+        self.diagnosing = False
+        self.publish()
+        if self.lifecycle.state in (State.HUNG, State.DIAGNOSING, State.RESTARTING) and not self.shutdown_requested:
+            self.resume_after_error = True
 
     async def next_command(self, timeout: float) -> Command | None:
         """The next queued command, or None once `timeout` has passed on the injected clock."""
@@ -207,6 +235,7 @@ class Supervisor:
             names = tuple(r.name for r in self.settings.ladder)
             save(self.state_dir / "state.json", Persisted(self.marker, self.ladder, names))
         except OSError as err:
+            self.state_write_errors += 1
             log.error("state_save_failed", error=str(err))
             self.journal.append("state_save_failed", error=str(err))
 
@@ -214,6 +243,8 @@ class Supervisor:
         old = self.lifecycle.state
         self.lifecycle.move(state, self.clock.monotonic(), reason)
         self.reason = reason
+        if state != State.FAILED:
+            self.failed_retry_at = None
         if old != state:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
@@ -243,16 +274,43 @@ class Supervisor:
 
     async def tick(self) -> None:
         st = self.lifecycle.state
+        if st == State.FAILED and self.failed_retry_at is not None and self.clock.monotonic() >= self.failed_retry_at:
+            await self.leave_failed(
+                "failed_cooldown_over", "failed_cooldown_s passed: starting again from the preferred rung", 0
+            )
+            return
+        if self.resume_after_error:
+            self.resume_after_error = False
+            cause = self.last_incident.cause if self.last_incident is not None else "exited"
+            why = "a restart was interrupted by an internal error"
+            await actions.incident(self, cause, Verdict(status="incident", cause=cause, reason=why), None)
+            return
         if st not in RUNNING:
             self.publish()
             return
         obs = await self.observe()
-        assert self.history is not None
+        if self.server is not None and obs.tree.root_exit is None and not obs.tree.root_alive:
+            # waitpid says the main process lives but /proc did not show it (EMFILE, EACCES, a race):
+            # this poll saw nothing trustworthy, which is not "the server exited".
+            self.unknown_observations += 1
+            log.warning("observation_unknown", pid=self.server.pid, count=self.unknown_observations)
+            self.publish()
+            return
+        if self.history is None:
+            self.history = new_history(self.clock.monotonic())
         mode: Mode = "serving" if st in SERVING else "starting"
         spec = self.speculative()[self.ladder.current]
         verdict, self.history = assess(self.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec)
         await self.act(verdict, obs)
         self.publish()
+
+    async def leave_failed(self, event: str, why: str, rung: int) -> None:
+        """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
+        self.ladder = fresh_start(self.ladder)
+        name = self.settings.ladder[rung].name
+        self.journal.append(event, reason=why, rung=name)
+        log.info(event, reason=why, rung=name)
+        await actions.launch(self, rung, after_incident=False)
 
     async def observe(self) -> Observation:
         server = self.server
@@ -339,6 +397,8 @@ class Supervisor:
         nxt = None
         if self.next_attempt_at is not None and st == State.RESTARTING:
             nxt = round(max(0.0, self.next_attempt_at - now), 3)
+        if self.failed_retry_at is not None and st == State.FAILED:
+            nxt = round(max(0.0, self.failed_retry_at - now), 3)
         self._snapshot = build(
             Facts(
                 state=st.value,
@@ -370,8 +430,27 @@ class Supervisor:
                 health=self.observer.last_health,
                 serving=self.observer.last_serving,
                 running=running,
+                loop_errors=self.loop_errors,
+                write_errors=self.write_errors(),
             )
         )
+        self.count_write_errors()
+
+    def write_errors(self) -> WriteErrorsView:
+        log_now = self.capture.stats.write_errors if self.capture is not None else 0
+        return WriteErrorsView(
+            journal=self.journal.write_errors,
+            server_log=self.closed_log_write_errors + log_now,
+            state=self.state_write_errors,
+            bundle=self.bundle_write_errors,
+        )
+
+    def count_write_errors(self) -> None:
+        """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""
+        now, before = self._snapshot.write_errors, self._counted_writes
+        for what in ("journal", "server_log", "state", "bundle"):
+            self.metrics.write_error(what, getattr(now, what) - getattr(before, what))
+        self._counted_writes = now
 
     def reload(self, settings: Settings) -> None:
         """SIGHUP: thresholds and ladder change without touching a healthy server."""

@@ -48,8 +48,8 @@ async def handle(sup: Supervisor, cmd: Command) -> None:
     try:
         await handle_command(sup, cmd)
     except Exception as err:  # a command must never kill the loop
-        log.exception("command_failed", kind=cmd.kind)
         finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", sup.lifecycle.state.value))
+        await sup.survive(err)
     finally:
         if cmd.kind == "restart":
             sup.restart_pending = False
@@ -76,7 +76,11 @@ async def handle_command(sup: Supervisor, cmd: Command) -> None:
     elif cmd.kind == "start":
         idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
         finish(cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
-        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+        target = idx if idx is not None else sup.ladder.current
+        if sup.lifecycle.state == State.FAILED:
+            await sup.leave_failed("failed_left", "start requested", target)
+        else:
+            await launch(sup, target, after_incident=False)
     elif cmd.kind == "restart":
         await manual_restart(sup, cmd)
     elif cmd.kind == "diagnose":
@@ -125,9 +129,12 @@ async def manual_restart(sup: Supervisor, cmd: Command) -> None:
     st = sup.lifecycle.state
     if st in (State.STOPPED, State.FAILED) or sup.server is None:
         finish(cmd, CommandResult("accepted", incident_id_hint, st.value))
+        target = idx if idx is not None else sup.ladder.current
         if st == State.FAILED:
             sup.move(State.RESTARTING, cmd.reason or "restart requested")
-        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+            await sup.leave_failed("failed_left", cmd.reason or "restart requested", target)
+        else:
+            await launch(sup, target, after_incident=False)
         return
     obs = sup.obs
     verdict = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")

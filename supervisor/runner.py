@@ -22,6 +22,7 @@ from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
 from supervisor import __version__
+from supervisor.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.clock import Clock, SystemClock
 from supervisor.commands import Command
 from supervisor.config import ConfigError, Settings
@@ -83,7 +84,14 @@ async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str],
         liveness=sup.heartbeat_age,
         version=__version__,
     )
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        **uvicorn_options(sup.api_guard),
+    )
     server = _ApiServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(500):
@@ -138,6 +146,8 @@ async def serve(
     signals: bool = True,
 ) -> int:
     """Run the daemon until a shutdown command; the server tree is always stopped on the way out."""
+    soft, hard = raise_nofile_limit()
+    log.info("nofile_limit", soft=soft, hard=hard)
     notifier = Notifier.from_env(env)
     registry = CollectorRegistry()
     sup = make_supervisor(settings, env, registry, config_path=config_path, notifier=notifier)
