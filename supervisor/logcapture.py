@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from probes.types import LogLine
+from supervisor.logkeeper import read_stats, stats_path
 
 StreamName = Literal["stdout", "stderr"]
 # One pipe carries both streams (as a terminal shows them); SGLang's logging, tqdm bars and
@@ -52,6 +53,8 @@ class LogStats:
     dropped_from_memory: int  # lines no longer (or never) in the ring
     truncated_lines: int  # lines longer than max_line_chars
     files_skipped: int  # times the reader fell more than `backups` rotations behind: lines may be missing
+    write_errors: int = 0  # writes of the log file the keeper could not make (disk full, ...)
+    last_write_error: str = ""
 
 
 class _Splitter:
@@ -302,6 +305,7 @@ class LogCapture:
 
     @property
     def stats(self) -> LogStats:
+        write_errors, last_error = read_stats(stats_path(self._path.parent, self._path.name))
         with self._lock:
             return LogStats(
                 lines=self._seq,
@@ -309,6 +313,8 @@ class LogCapture:
                 dropped_from_memory=self._dropped,
                 truncated_lines=self._truncated,
                 files_skipped=self._skipped,
+                write_errors=write_errors,
+                last_write_error=last_error,
             )
 
     def close(self, timeout: float = 2.0) -> None:

@@ -99,7 +99,45 @@ class RotatingFile:
             self._file = None
 
 
-def keep(fd: int, out: RotatingFile, err: IO[str]) -> tuple[int, int]:
+STATS_SIZE = 256
+
+
+def stats_path(log_dir: Path, name: str) -> Path:
+    return log_dir / f".{name}.keeper"
+
+
+class StatsFile:
+    """The keeper's failed writes, for the daemon: a fixed-size file rewritten in place.
+
+    Created (and its blocks allocated) at start, so recording a failure needs no new disk space,
+    which is exactly what a full disk lacks. Line: `<failed writes> <last error>`, space-padded.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fd: int | None = None
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
+            self.record(0, "")
+
+    def record(self, failures: int, error: str) -> None:
+        if self._fd is None:
+            return
+        line = f"{failures} {error}".encode()[: STATS_SIZE - 1]
+        with contextlib.suppress(OSError):
+            os.pwrite(self._fd, line.ljust(STATS_SIZE - 1) + b"\n", 0)
+
+
+def read_stats(path: Path) -> tuple[int, str]:
+    """(failed writes, last error) the keeper recorded; (0, "") when it recorded none."""
+    try:
+        count, _, error = path.read_text(errors="replace").strip().partition(" ")
+        return int(count), error.strip()
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def keep(fd: int, out: RotatingFile, err: IO[str], stats: StatsFile | None = None) -> tuple[int, int]:
     """Copy `fd` to `out` until EOF; returns (bytes read, failed writes). Never stops reading on a write error."""
     with contextlib.suppress(OSError):
         fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
@@ -119,6 +157,8 @@ def keep(fd: int, out: RotatingFile, err: IO[str]) -> tuple[int, int]:
             out.write(chunk)
         except OSError as e:  # disk full, read-only, directory gone: the pipe keeps draining
             failures += 1
+            if stats is not None:
+                stats.record(failures, f"{type(e).__name__}: {e}")
             now = time.monotonic()
             if now - reported_at >= _ERROR_REPORT_S:
                 reported_at = now
@@ -137,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    keep(0, RotatingFile(args.dir / args.name, max(1, args.max_bytes), max(0, args.backups)), sys.stderr)
+    out = RotatingFile(args.dir / args.name, max(1, args.max_bytes), max(0, args.backups))
+    keep(0, out, sys.stderr, StatsFile(stats_path(args.dir, args.name)))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -347,6 +348,27 @@ def test_unwritable_log_dir_never_blocks_the_writer(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert b"cannot write the server log" in err and err.count(b"\n") == 1  # reported once, not per write
+
+
+def test_a_full_disk_is_counted_for_the_daemon_and_the_pipe_keeps_draining(tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    read_end, write_end = os.pipe()
+
+    def small_disk() -> None:  # writes past 5000 bytes fail with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))
+
+    argv = [sys.executable, "-m", "supervisor.logkeeper", "--dir", str(log_dir), "--max-bytes", "100000"]
+    proc = subprocess.Popen([*argv, "--backups", "1"], stdin=read_end, stderr=subprocess.DEVNULL, preexec_fn=small_disk)
+    os.close(read_end)
+    with os.fdopen(write_end, "wb", buffering=0) as out:
+        for i in range(2000):
+            out.write(b"line %06d\n" % i)
+    assert proc.wait(30) == 0
+    cap = LogCapture(log_dir, memory_lines=5000).start()
+    cap.close()
+    stats = cap.stats
+    assert stats.write_errors >= 1 and "File too large" in stats.last_write_error
+    assert 0 < stats.lines < 2000 and (log_dir / "server.log").stat().st_size <= 5000
 
 
 def test_both_streams_of_a_real_child(tmp_path: Path, spawn: SpawnFn, keeper: Callable[..., Keeper]) -> None:
