@@ -46,7 +46,8 @@ class Keeper:
         assert self.proc.wait(20) == 0
 
     def files(self) -> list[Path]:
-        return sorted(self.log_dir.iterdir()) if self.log_dir.exists() else []
+        """The log files (not the keeper's stats file), newest first."""
+        return sorted(self.log_dir.glob("server.log*")) if self.log_dir.exists() else []
 
 
 @pytest.fixture
@@ -397,7 +398,7 @@ def test_the_server_outlives_its_daemon_and_loses_no_line(tmp_path: Path, wait_u
     assert wait_until(
         lambda: not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == "zombie", timeout=30
     )
-    text = b"".join(f.read_bytes() for f in sorted((tmp_path / "logs").iterdir(), reverse=True)).decode()
+    text = b"".join(f.read_bytes() for f in sorted((tmp_path / "logs").glob("server.log*"), reverse=True)).decode()
     assert [int(x) for x in text.split()] == list(range(3000))
 
 
