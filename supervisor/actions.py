@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
 
 from probes.types import Observation
+from supervisor.adopt import ServerRecord, refusal, starttime_of
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
-from supervisor.control import LogFiles, SpawnError, StopReport
+from supervisor.control import AdoptedChild, LogFiles, SpawnError, StopReport
 from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
 from supervisor.evidence import collect, provisional_class
 from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
@@ -77,6 +79,7 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
         )
     except SpawnError as err:
         sup.server = None
+        sup.server_record = None
         sup.capture = None
         log.error("spawn_failed", rung=rung.name, error=str(err))
         sup.journal.append("spawn_failed", rung=rung.name, error=str(err))
@@ -84,6 +87,13 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
         await incident(sup, "exited", Verdict(status="incident", cause="exited", reason=str(err)), None)
         return
     sup.capture.start()
+    starttime = starttime_of(sup.server.pid)
+    sup.server_record = (
+        None
+        if starttime is None
+        else ServerRecord(sup.server.pid, starttime, rung.name, sup.launched_wall, sup.capture.position)
+    )
+    sup.persist()  # from here on a successor daemon can adopt this server
     # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
     shown = Redactor.from_envs([env]).argv(rendered.argv)
     log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=shlex.join(shown))
@@ -262,7 +272,7 @@ async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
             cmd = await sup.next_command(min(left, 1.0))
             if cmd is None:
                 continue
-            if cmd.kind == "shutdown":
+            if cmd.kind in ("shutdown", "handoff"):  # no server during a backoff: nothing to hand over
                 sup.shutdown_requested = True
                 finish(cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
                 return False
@@ -299,6 +309,7 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
         sup.closed_log_write_errors += cap.stats.write_errors
         sup.capture = None
     sup.server = None
+    sup.server_record = None
     sup.history = None
     ok = report.ok and released
     doc = {
@@ -338,6 +349,9 @@ async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[bool, 
 
 async def shutdown(sup: Supervisor) -> None:
     sup.notifier.stopping()
+    if sup.handoff and sup.server is not None and sup.server_record is not None:
+        await hand_over(sup)
+        return
     if sup.server is not None or sup.lifecycle.state in RUNNING:
         try:
             if sup.lifecycle.state != State.RESTARTING:
@@ -352,3 +366,64 @@ async def shutdown(sup: Supervisor) -> None:
     while not sup.queue.empty():
         cmd = sup.queue.get_nowait()
         finish(cmd, CommandResult("failed", "daemon shut down", State.STOPPED.value))
+
+
+async def hand_over(sup: Supervisor) -> None:
+    """Exit for a successor (an upgrade): the server keeps running, state.json says how to adopt it."""
+    if sup.capture is not None:
+        cap = sup.capture
+        await asyncio.to_thread(cap.close)  # its position now covers every line read
+    sup.persist()
+    record = sup.server_record
+    assert record is not None
+    sup.journal.append("daemon_handoff", pid=record.pid, rung=record.rung, state=sup.lifecycle.state.value)
+    log.info("daemon_handoff", pid=record.pid, rung=record.rung, state=sup.lifecycle.state.value)
+    await sup.observer.close()
+    while not sup.queue.empty():
+        cmd = sup.queue.get_nowait()
+        finish(cmd, CommandResult("failed", "daemon handed over to its successor", sup.lifecycle.state.value))
+
+
+# ---- adoption ------------------------------------------------------------------------------
+
+
+async def adopt_server(sup: Supervisor) -> bool:
+    """At start: take over the server a predecessor left running, if it is provably that server.
+
+    Ladder position and attempt stay as saved; probes start afresh and the usual rules judge it
+    from `starting` (a serving server is `ready` at the first good health probe). False when
+    there is nothing to adopt or it cannot be proven ours (the caller then stops it by marker).
+    """
+    record = sup.server_record
+    if record is None:
+        return False
+    rung = sup.settings.rung_index(record.rung)
+    why = await asyncio.to_thread(refusal, record, sup.marker)
+    if why is None and rung is None:
+        why = f"its rung {record.rung!r} is no longer in the ladder"
+    if why is not None:
+        sup.server_record = None
+        sup.journal.append("adoption_refused", pid=record.pid, reason=why)
+        log.warning("adoption_refused", pid=record.pid, reason=why)
+        return False
+    assert rung is not None
+    sup.ladder = replace(sup.ladder, current=rung)
+    sup.observer.reset()
+    sup.history = new_history(sup.clock.monotonic())
+    sup.obs = None
+    sup.ready_at = None
+    sup.time_to_ready_s = None
+    sup.spec_alerted = False
+    sup.launched_at = sup.clock.monotonic()
+    sup.launched_wall = record.launched_wall
+    files = log_files(sup)
+    sup.capture = LogCapture(
+        files.dir, memory_lines=sup.settings.logs.memory_lines, start=record.log, monotonic=sup.clock.monotonic
+    ).start()
+    sup.log_seq = 0
+    sup.server = AdoptedChild(record.pid, record.starttime)
+    sup.persist()
+    sup.journal.append("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)
+    log.info("server_adopted", pid=record.pid, rung=record.rung)
+    sup.move(State.STARTING, f"adopted server pid {record.pid} on rung {record.rung}")
+    return True

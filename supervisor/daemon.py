@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,6 +19,7 @@ import structlog
 from probes.gpu import GpuProbe
 from probes.types import Observation
 from supervisor import actions, handlers
+from supervisor.adopt import ServerRecord
 from supervisor.apiguard import GuardStats
 from supervisor.clock import Clock
 from supervisor.commands import Command, CommandResult
@@ -38,6 +40,9 @@ from supervisor.watchdog import History, Mode, Verdict, assess, new_history
 
 log = structlog.get_logger("supervisor")
 T = TypeVar("T")
+# A successor re-reads the log lines of at most this window (duplicates, never losses); each save
+# is one small fsynced write of state.json.
+LOG_POSITION_SAVE_S = 5.0
 
 
 class Supervisor:
@@ -103,6 +108,9 @@ class Supervisor:
         self.heartbeat = clock.monotonic()
         self.on_reload: Callable[[Settings], Awaitable[None]] | None = None
         self.server: Child | None = None
+        self.server_record: ServerRecord | None = None  # what a successor needs to adopt `server`
+        self.handoff = False  # exiting for a successor (SIGUSR2): leave the server running
+        self.persisted_at = clock.monotonic()
         self.capture: LogCapture | None = None
         self.log_seq = 0
         self.launched_at = clock.monotonic()
@@ -217,10 +225,13 @@ class Supervisor:
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
-            self.marker, self.ladder = saved.marker, saved.ladder
+            self.marker, self.ladder, self.server_record = saved.marker, saved.ladder, saved.server
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
         self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
         self.persist()
+        if await actions.adopt_server(self):
+            self.publish()
+            return
         leftovers = await actions.kill_leftovers(self)
         if leftovers:
             self.journal.append("leftovers_killed", pids=list(leftovers))
@@ -233,7 +244,12 @@ class Supervisor:
     def persist(self) -> None:
         try:
             names = tuple(r.name for r in self.settings.ladder)
-            save(self.state_dir / "state.json", Persisted(self.marker, self.ladder, names))
+            record = self.server_record
+            if record is not None and self.capture is not None:
+                record = replace(record, log=self.capture.position or record.log)
+                self.server_record = record
+            save(self.state_dir / "state.json", Persisted(self.marker, self.ladder, names, record))
+            self.persisted_at = self.clock.monotonic()
         except OSError as err:
             self.state_write_errors += 1
             log.error("state_save_failed", error=str(err))
@@ -302,7 +318,16 @@ class Supervisor:
         spec = self.speculative()[self.ladder.current]
         verdict, self.history = assess(self.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec)
         await self.act(verdict, obs)
+        self.save_log_position()
         self.publish()
+
+    def save_log_position(self) -> None:
+        """Every LOG_POSITION_SAVE_S, the log position a successor resumes from (it re-reads at most that)."""
+        record, cap = self.server_record, self.capture
+        if record is None or cap is None or self.clock.monotonic() - self.persisted_at < LOG_POSITION_SAVE_S:
+            return
+        if cap.position is not None and cap.position != record.log:
+            self.persist()
 
     async def leave_failed(self, event: str, why: str, rung: int) -> None:
         """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""

@@ -59,13 +59,14 @@ async def handle(sup: Supervisor, cmd: Command) -> None:
 
 
 async def handle_command(sup: Supervisor, cmd: Command) -> None:
-    early = None if cmd.kind in ("shutdown", "reload") else answer_now_queued(sup, cmd)
+    early = None if cmd.kind in ("shutdown", "handoff", "reload") else answer_now_queued(sup, cmd)
     if early is not None:
         finish(cmd, early)
         return
     sup.journal.append("command", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
-    if cmd.kind == "shutdown":
+    if cmd.kind in ("shutdown", "handoff"):
         sup.shutdown_requested = True
+        sup.handoff = cmd.kind == "handoff"
         finish(cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
     elif cmd.kind == "stop":
         finish(cmd, CommandResult("accepted", "stopping", sup.lifecycle.state.value))

@@ -12,6 +12,7 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from supervisor.adopt import ServerRecord
 from supervisor.ladder import Attempt, LadderState
 
 VERSION = 1
@@ -22,6 +23,7 @@ class Persisted:
     marker: str  # stable per state directory: finds a tree an earlier daemon left behind
     ladder: LadderState
     rung_names: tuple[str, ...]  # the ladder the indices refer to
+    server: ServerRecord | None = None  # the running server, for a successor daemon to adopt
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -56,6 +58,7 @@ def save(path: Path, p: Persisted) -> None:
         "consecutive_failures": p.ladder.consecutive_failures,
         "restart_times": list(p.ladder.restart_times),
         "attempts": [asdict(a) for a in p.ladder.attempts],
+        "server": p.server.to_json() if p.server is not None else None,
     }
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
 
@@ -95,4 +98,5 @@ def load(path: Path, rung_names: tuple[str, ...]) -> tuple[Persisted | None, str
         restart_times=times,
         attempts=tuple(attempts),
     )
-    return Persisted(marker=doc["marker"], ladder=ladder, rung_names=rung_names), "resumed saved state"
+    server = ServerRecord.from_json(doc.get("server"))
+    return Persisted(marker=doc["marker"], ladder=ladder, rung_names=rung_names, server=server), "resumed saved state"

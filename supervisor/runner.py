@@ -1,6 +1,6 @@
 """`sglang-supervisor run`: one asyncio loop hosting the API (uvicorn) and the supervisor task.
 
-Signals only enqueue commands (SIGTERM/SIGINT: shutdown, SIGHUP: reload). systemd hears READY=1
+Signals only enqueue commands (SIGTERM/SIGINT: shutdown, SIGHUP: reload, SIGUSR2: handoff). systemd hears READY=1
 once the loop and the API run; the server's readiness is the API's business, not systemd's.
 """
 
@@ -31,6 +31,7 @@ from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier
 
 log = structlog.get_logger("supervisor")
+EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
 
 
 class _ApiServer(uvicorn.Server):
@@ -133,6 +134,7 @@ def install_signals(sup: Supervisor) -> None:
 
     loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown")
     loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGUSR2, enqueue, "handoff")
     loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
 
 
@@ -145,7 +147,11 @@ async def serve(
     holder: list[Supervisor] | None = None,
     signals: bool = True,
 ) -> int:
-    """Run the daemon until a shutdown command; the server tree is always stopped on the way out."""
+    """Run the daemon until a shutdown command, which stops the server tree on the way out.
+
+    After a handoff (SIGUSR2) the server keeps running for the successor to adopt, and the exit
+    status is EXIT_HANDOFF, which the systemd unit turns into an immediate restart.
+    """
     soft, hard = raise_nofile_limit()
     log.info("nofile_limit", soft=soft, hard=hard)
     notifier = Notifier.from_env(env)
@@ -181,5 +187,5 @@ async def serve(
         await sup.run()
     finally:
         await api.close()
-    log.info("daemon_exit", state=sup.snapshot().state)
-    return 0
+    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
+    return EXIT_HANDOFF if sup.handoff else 0
