@@ -120,7 +120,7 @@ def _wait(api: str, pred, timeout: float) -> dict:  # type: ignore[no-untyped-de
     raise AssertionError(f"timed out; last status {last}")
 
 
-def test_daemon_killed_mid_ladder_resumes_and_kills_the_old_tree(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     s = sim(
         "deadlock_after_load",
         env={"SGLANG_SIM_UNLESS": "disable-cuda-graph"},
@@ -138,6 +138,12 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_the_old_tree(sim, tmp_path: 
         first.send_signal(signal.SIGKILL)  # the daemon dies; its server tree lives on in its own session
         first.wait(10)
         assert psutil.pid_exists(old_pid)
+        # A record that no longer matches the process (here its start time) must not be adopted:
+        # the tree is stopped as a leftover (tests/integration/test_adoption.py adopts a matching one).
+        state = Path(s.paths.state_dir) / "state.json"
+        doc = json.loads(state.read_text())
+        doc["server"]["starttime"] += 1
+        state.write_text(json.dumps(doc))
         second = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             st = _wait(api, lambda x: x["state"] == "ready" and x["pid"] != old_pid, 60)
