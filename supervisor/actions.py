@@ -274,6 +274,7 @@ async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
                 continue
             if cmd.kind in ("shutdown", "handoff"):  # no server during a backoff: nothing to hand over
                 sup.shutdown_requested = True
+                sup.handoff = cmd.kind == "handoff"  # still exit 75, so systemd starts the successor
                 finish(cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
                 return False
             if cmd.kind == "stop":
