@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,9 +26,14 @@ from supervisor.config import dump_toml as to_toml
 pytestmark = pytest.mark.integration
 
 
-def generate(port: int) -> int:
+def generate(port: int, tag: str = "") -> int:
+    """One request; a `tag` shows in the server's access line (`POST /generate?tag HTTP/1.1`)."""
     body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
-    return httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=10).status_code
+    url = f"http://127.0.0.1:{port}/generate" + (f"?{tag}" if tag else "")
+    return httpx.post(url, json=body, timeout=10).status_code
+
+
+ACCESS = re.compile(r'"POST /generate(\?\S*)? HTTP/1\.1" 200')
 
 
 def events(state_dir: str) -> list[dict]:  # type: ignore[type-arg]
@@ -61,18 +67,21 @@ def test_killed_and_handed_over_daemons_leave_the_server_serving_and_the_success
     proc = start(cfg, dict(os.environ))
     try:
         pid = wait_status(api, lambda x: x["state"] == "ready", 40, proc)["pid"]
-        access = '"POST /generate HTTP/1.1" 200'
-        before = server_log(state_dir).count(access)  # the server's own warm-up request
+        before = len(ACCESS.findall(server_log(state_dir)))  # the server's own warm-up request
         sent = [generate(port)]
 
         proc.kill()  # a crash: no handler runs, nothing is flushed
         proc.wait(10)
-        sent += [generate(port) for _ in range(5)]  # served while no daemon runs
+        sent += [generate(port, f"gap={i}") for i in range(5)]  # served while no daemon runs
         assert psutil.Process(pid).is_running()
 
         proc = start(cfg, dict(os.environ))
         st = wait_status(api, lambda x: x["state"] == "ready", 30, proc)
         assert st["pid"] == pid
+        # The successor read the lines written while no daemon ran: they are in its log tail.
+        diag = httpx.post(f"{api}/diagnose", json={}, timeout=60).json()
+        tail = httpx.get(f"{api}/diagnostics/{diag['bundle_id']}/log-tail.txt", timeout=10).text
+        assert all(f"/generate?gap={i} " in tail for i in range(5)), tail[-2000:]
         sent.append(generate(port))
 
         proc.send_signal(signal.SIGUSR2)  # the documented upgrade handoff
@@ -84,7 +93,7 @@ def test_killed_and_handed_over_daemons_leave_the_server_serving_and_the_success
 
         assert sent == [200] * 10
         # Every request's access line reached the log, the ones made while no daemon ran included.
-        assert wait_for(lambda: server_log(state_dir).count(access) == before + 10, 10)
+        assert wait_for(lambda: len(ACCESS.findall(server_log(state_dir))) == before + 10, 10)
         ev = events(state_dir)
         assert [e["pid"] for e in ev if e["event"] == "server_adopted"] == [pid, pid]
         assert [e["event"] for e in ev].count("server_launched") == 1
