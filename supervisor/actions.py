@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
@@ -34,7 +34,25 @@ HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "u
 
 
 async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
-    report = await asyncio.to_thread(sup.control.kill_marked, sup.marker)
+    """Stop what an earlier daemon left running, verified like any stop (port free, GPU released)."""
+    srv = sup.settings.server
+    report = await sup.beating(asyncio.to_thread(sup.control.kill_marked, sup.marker, srv.host, srv.port))
+    if not report.pids_found:
+        return ()
+    released, held, waited = await verify_release(sup, report.pids_found)
+    doc = {
+        "pids_found": list(report.pids_found),
+        "killed": list(report.killed),
+        "survivors": list(report.survivors),
+        "port_free": report.port_free,
+        "port_holders": list(report.port_holders),
+        "stop_s": round(report.duration_s, 3),
+        "gpu_released": gpu_verdict(released),
+        "gpu_held_bytes": held,
+        "release_wait_s": round(waited, 3),
+    }
+    sup.journal.append("leftovers_stopped", **doc)
+    (log.warning if report.ok and released != "held" else log.error)("leftovers_stopped", **doc)
     return report.pids_found
 
 
@@ -294,7 +312,7 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
         sup.capture = None
     sup.server = None
     sup.history = None
-    ok = report.ok and released
+    ok = report.ok and released != "held"
     doc = {
         "why": why,
         "pids_found": list(report.pids_found),
@@ -303,8 +321,9 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
         "port_free": report.port_free,
         "exit_code": report.exit_code,
         "stop_s": round(report.duration_s, 3),
-        "gpu_released": released,
-        "gpu_check": "nvml" if sup.obs is not None and sup.obs.gpu.status == "ok" else "unavailable",
+        "gpu_released": gpu_verdict(released),
+        "gpu_check": "unavailable" if released == "unverified" else "nvml",
+        "port_holders": list(report.port_holders),
         "gpu_held_bytes": held,
         "release_wait_s": round(waited, 3),
     }
@@ -313,21 +332,35 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     return ok
 
 
-async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[bool, int, float]:
-    """Bounded wait until NVML shows none of the old tree's pids holding GPU memory."""
+Release = Literal["released", "held", "unverified"]
+
+
+async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[Release, int, float]:
+    """Bounded wait until NVML shows none of the old tree's pids holding GPU memory.
+
+    "unverified" when NVML cannot answer: nothing is known, which is not "released".
+    """
     start = sup.clock.monotonic()
     if not pids:
-        return True, 0, 0.0
+        return "released", 0, 0.0
     deadline = start + sup.settings.restart.release_timeout_s
     while True:
-        held = await asyncio.to_thread(sup.observer.gpu.held_by, pids)
-        total = sum(held.values())
+        gpu = await asyncio.to_thread(sup.observer.gpu.observe, pids)
+        if gpu.status != "ok":
+            return "unverified", 0, sup.clock.monotonic() - start
+        held = {p.pid for p in gpu.processes if p.pid in pids}
+        total = sum(p.used_bytes for p in gpu.processes if p.pid in pids)
         if not held:  # a pid listed with unknown memory (0 bytes) still holds a context
-            return True, 0, sup.clock.monotonic() - start
+            return "released", 0, sup.clock.monotonic() - start
         if sup.clock.monotonic() >= deadline:
-            return False, total, sup.clock.monotonic() - start
+            return "held", total, sup.clock.monotonic() - start
         sup.beat()
         await sup.clock.sleep(0.1)
+
+
+def gpu_verdict(release: Release) -> bool | str:
+    """The journal's `gpu_released`: true only when NVML verified it, "unverified" when it could not."""
+    return {"released": True, "held": False}.get(release, "unverified")
 
 
 async def shutdown(sup: Supervisor) -> None:

@@ -34,7 +34,7 @@ class ProcessControl(Protocol):
 
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport: ...
 
-    def kill_marked(self, marker: str) -> StopReport: ...
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport: ...
 
 
 class RealProcessControl:
@@ -44,5 +44,5 @@ class RealProcessControl:
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport:
         return process.stop_tree(root, marker, host, port, grace_s)
 
-    def kill_marked(self, marker: str) -> StopReport:
-        return process.kill_marked(marker)
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
+        return process.kill_leftovers(marker, host, port)

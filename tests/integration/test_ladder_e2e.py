@@ -39,7 +39,9 @@ async def test_full_story_deadlock_then_fallback_rung_serves(daemon, sim) -> Non
     assert (bundle / "summary.json").exists() and "_sync_weights_to_graph_pool" in (bundle / "summary.txt").read_text()
     ev = events(s.paths.state_dir)
     stopped = next(e for e in ev if e["event"] == "server_stopped")
-    assert stopped["survivors"] == [] and stopped["port_free"] is True and stopped["gpu_released"] is True
+    assert stopped["survivors"] == [] and stopped["port_free"] is True
+    # true only when NVML verified it; this machine may have no NVML
+    assert stopped["gpu_released"] == (True if stopped["gpu_check"] == "nvml" else "unverified")
     launches = [e["rung"] for e in ev if e["event"] == "server_launched"]
     assert launches == ["base", "no-cuda-graph"]
     assert (
