@@ -18,8 +18,9 @@ from supervisor.config import render_rung
 from supervisor.control import SpawnError, StopReport
 from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
 from supervisor.evidence import collect, provisional_class
-from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
+from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
+from supervisor.persist import OpenIncident
 from supervisor.publish import iso
 from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
@@ -106,6 +107,20 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
 # ---- incidents ----------------------------------------------------------------------------
 
 
+def unique_incident_id(sup: Supervisor, cause: str) -> str:
+    """The time-and-cause id, with `-2`, `-3`... when that second already has one (two restarts
+    0.28 s apart got the same id, and the second bundle overwrote the first)."""
+    base = new_incident_id(sup.clock.wall(), cause)
+    diag = sup.settings.state_dir / "diagnostics"
+    candidate, n = base, 1
+    while candidate in sup.incident_ids or (diag / candidate).exists():
+        n += 1
+        candidate = f"{base}-{n}"
+    sup.incident_ids.append(candidate)
+    del sup.incident_ids[:-100]
+    return candidate
+
+
 async def incident(
     sup: Supervisor,
     cause: str,
@@ -116,7 +131,7 @@ async def incident(
     diagnose: bool = True,
     incident_id: str | None = None,
 ) -> None:
-    incident_id = incident_id or new_incident_id(sup.clock.wall(), cause)
+    incident_id = incident_id or unique_incident_id(sup, cause)
     hang_class = provisional_class(verdict)
     bundle_id: str | None = None
     detail = verdict.reason if verdict is not None else ""
@@ -126,9 +141,14 @@ async def incident(
         if cause in HUNG_CAUSES:
             sup.move(State.HUNG, detail)
         sup.move(State.DIAGNOSING, f"capturing evidence for {incident_id}")
-        result = await capture_bundle(
-            sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
-        )
+        sup.open_incident = OpenIncident(incident_id, cause, sup.current_rung_name(), sup.clock.wall())
+        sup.persist()
+        try:
+            result = await capture_bundle(
+                sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
+            )
+        finally:
+            sup.open_incident = None
         if result is not None:
             bundle_id = result.id if result.path is not None else None
             if result.hang_class not in ("unknown", "") or hang_class is None:
@@ -216,6 +236,7 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
         sup.move(State.FAILED, "the old server did not release its port or GPU memory (release_policy=fail)")
         return
     if manual:
+        sup.ladder = record_end(sup.ladder, "manual", sup.clock.wall())
         target = forced_rung if forced_rung is not None else sup.ladder.current
         decision = Decision("relaunch", target, "manual restart", 0.0)
     else:
@@ -374,6 +395,7 @@ async def shutdown(sup: Supervisor) -> None:
             log.exception("shutdown_stop_failed")
     if sup.lifecycle.state != State.STOPPED:
         sup.move(State.STOPPED, "daemon shut down")
+    sup.ladder = record_end(sup.ladder, "daemon_shutdown", sup.clock.wall())
     sup.persist()
     await sup.observer.close()
     while not sup.queue.empty():

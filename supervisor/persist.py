@@ -25,10 +25,21 @@ VERSION = 1
 
 
 @dataclass(frozen=True)
+class OpenIncident:
+    """An incident whose evidence capture was under way: a daemon killed then records it at start."""
+
+    id: str
+    cause: str
+    rung: str
+    at: float  # wall clock
+
+
+@dataclass(frozen=True)
 class Persisted:
     marker: str  # stable per state directory: finds a tree an earlier daemon left behind
     ladder: LadderState
     rung_names: tuple[str, ...]  # the ladder the indices refer to
+    open_incident: OpenIncident | None = None
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -78,6 +89,7 @@ def save(path: Path, p: Persisted) -> None:
         "consecutive_failures": p.ladder.consecutive_failures,
         "restart_times": list(p.ladder.restart_times),
         "attempts": [asdict(a) for a in p.ladder.attempts],
+        "open_incident": asdict(p.open_incident) if p.open_incident is not None else None,
     }
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
 
@@ -156,7 +168,18 @@ def parse(doc: object, rung_names: tuple[str, ...]) -> Persisted:
         restart_times=tuple(_time(t, "a restart time") for t in times_raw),
         attempts=tuple(_attempt(a) for a in attempts_raw)[-MAX_ATTEMPTS:],
     )
-    return Persisted(marker=marker, ladder=ladder, rung_names=rung_names)
+    return Persisted(marker=marker, ladder=ladder, rung_names=rung_names, open_incident=_open(doc.get("open_incident")))
+
+
+def _open(v: object) -> OpenIncident | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != {f.name for f in fields(OpenIncident)}:
+        raise Malformed("open_incident must be a record of id, cause, rung, at")
+    texts = [v["id"], v["cause"], v["rung"]]
+    if not all(isinstance(t, str) and 0 < len(t) <= 200 and "\0" not in t for t in texts):
+        raise Malformed("open_incident's id, cause and rung must be short text")
+    return OpenIncident(id=v["id"], cause=v["cause"], rung=v["rung"], at=_time(v["at"], "open_incident.at"))
 
 
 def load(path: Path, rung_names: tuple[str, ...]) -> tuple[Persisted | None, str]:

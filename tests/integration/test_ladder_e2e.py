@@ -146,9 +146,10 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_the_old_tree(sim, tmp_path: 
             assert st["rung"] == "no-cuda-graph"
             ev = events(s.paths.state_dir)
             restart_at = max(
-                i for i, e in enumerate(ev) if e["event"] == "state_loaded" or e["event"] == "leftovers_killed"
+                i for i, e in enumerate(ev) if e["event"] == "state_loaded" or e["event"] == "leftovers_stopped"
             )
-            assert any(e["event"] == "leftovers_killed" and old_pid in e["pids"] for e in ev)
+            stopped = [e for e in ev if e["event"] == "leftovers_stopped" and old_pid in e["pids_found"]]
+            assert stopped and stopped[0]["port_free"] is True and stopped[0]["survivors"] == []
             later = [e["rung"] for e in ev[restart_at:] if e["event"] == "server_launched"]
             assert later == ["no-cuda-graph"], "the failed rung was not tried again"
             assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
