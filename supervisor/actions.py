@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
@@ -20,8 +20,9 @@ from supervisor.config import render_rung
 from supervisor.control import AdoptedChild, LogFiles, SpawnError, StopReport
 from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
 from supervisor.evidence import collect, provisional_class
-from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
+from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
+from supervisor.persist import OpenIncident
 from supervisor.publish import iso
 from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
@@ -36,7 +37,25 @@ HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "u
 
 
 async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
-    report = await asyncio.to_thread(sup.control.kill_marked, sup.marker)
+    """Stop what an earlier daemon left running, verified like any stop (port free, GPU released)."""
+    srv = sup.settings.server
+    report = await sup.beating(asyncio.to_thread(sup.control.kill_marked, sup.marker, srv.host, srv.port))
+    if not report.pids_found:
+        return ()
+    released, held, waited = await verify_release(sup, report.pids_found)
+    doc = {
+        "pids_found": list(report.pids_found),
+        "killed": list(report.killed),
+        "survivors": list(report.survivors),
+        "port_free": report.port_free,
+        "port_holders": list(report.port_holders),
+        "stop_s": round(report.duration_s, 3),
+        "gpu_released": gpu_verdict(released),
+        "gpu_held_bytes": held,
+        "release_wait_s": round(waited, 3),
+    }
+    sup.journal.append("leftovers_stopped", **doc)
+    (log.warning if report.ok and released != "held" else log.error)("leftovers_stopped", **doc)
     return report.pids_found
 
 
@@ -104,6 +123,20 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
 # ---- incidents ----------------------------------------------------------------------------
 
 
+def unique_incident_id(sup: Supervisor, cause: str) -> str:
+    """The time-and-cause id, with `-2`, `-3`... when that second already has one (two restarts
+    0.28 s apart got the same id, and the second bundle overwrote the first)."""
+    base = new_incident_id(sup.clock.wall(), cause)
+    diag = sup.settings.state_dir / "diagnostics"
+    candidate, n = base, 1
+    while candidate in sup.incident_ids or (diag / candidate).exists():
+        n += 1
+        candidate = f"{base}-{n}"
+    sup.incident_ids.append(candidate)
+    del sup.incident_ids[:-100]
+    return candidate
+
+
 async def incident(
     sup: Supervisor,
     cause: str,
@@ -114,7 +147,7 @@ async def incident(
     diagnose: bool = True,
     incident_id: str | None = None,
 ) -> None:
-    incident_id = incident_id or new_incident_id(sup.clock.wall(), cause)
+    incident_id = incident_id or unique_incident_id(sup, cause)
     hang_class = provisional_class(verdict)
     bundle_id: str | None = None
     detail = verdict.reason if verdict is not None else ""
@@ -124,9 +157,14 @@ async def incident(
         if cause in HUNG_CAUSES:
             sup.move(State.HUNG, detail)
         sup.move(State.DIAGNOSING, f"capturing evidence for {incident_id}")
-        result = await capture_bundle(
-            sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
-        )
+        sup.open_incident = OpenIncident(incident_id, cause, sup.current_rung_name(), sup.clock.wall())
+        sup.persist()
+        try:
+            result = await capture_bundle(
+                sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
+            )
+        finally:
+            sup.open_incident = None
         if result is not None:
             bundle_id = result.id if result.path is not None else None
             if result.hang_class not in ("unknown", "") or hang_class is None:
@@ -214,6 +252,7 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
         sup.move(State.FAILED, "the old server did not release its port or GPU memory (release_policy=fail)")
         return
     if manual:
+        sup.ladder = record_end(sup.ladder, "manual", sup.clock.wall())
         target = forced_rung if forced_rung is not None else sup.ladder.current
         decision = Decision("relaunch", target, "manual restart", 0.0)
     else:
@@ -312,7 +351,7 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     sup.server = None
     sup.server_record = None
     sup.history = None
-    ok = report.ok and released
+    ok = report.ok and released != "held"
     doc = {
         "why": why,
         "pids_found": list(report.pids_found),
@@ -321,8 +360,9 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
         "port_free": report.port_free,
         "exit_code": report.exit_code,
         "stop_s": round(report.duration_s, 3),
-        "gpu_released": released,
-        "gpu_check": "nvml" if sup.obs is not None and sup.obs.gpu.status == "ok" else "unavailable",
+        "gpu_released": gpu_verdict(released),
+        "gpu_check": "unavailable" if released == "unverified" else "nvml",
+        "port_holders": list(report.port_holders),
         "gpu_held_bytes": held,
         "release_wait_s": round(waited, 3),
     }
@@ -331,21 +371,35 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     return ok
 
 
-async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[bool, int, float]:
-    """Bounded wait until NVML shows none of the old tree's pids holding GPU memory."""
+Release = Literal["released", "held", "unverified"]
+
+
+async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[Release, int, float]:
+    """Bounded wait until NVML shows none of the old tree's pids holding GPU memory.
+
+    "unverified" when NVML cannot answer: nothing is known, which is not "released".
+    """
     start = sup.clock.monotonic()
     if not pids:
-        return True, 0, 0.0
+        return "released", 0, 0.0
     deadline = start + sup.settings.restart.release_timeout_s
     while True:
-        held = await asyncio.to_thread(sup.observer.gpu.held_by, pids)
-        total = sum(held.values())
+        gpu = await asyncio.to_thread(sup.observer.gpu.observe, pids)
+        if gpu.status != "ok":
+            return "unverified", 0, sup.clock.monotonic() - start
+        held = {p.pid for p in gpu.processes if p.pid in pids}
+        total = sum(p.used_bytes for p in gpu.processes if p.pid in pids)
         if not held:  # a pid listed with unknown memory (0 bytes) still holds a context
-            return True, 0, sup.clock.monotonic() - start
+            return "released", 0, sup.clock.monotonic() - start
         if sup.clock.monotonic() >= deadline:
-            return False, total, sup.clock.monotonic() - start
+            return "held", total, sup.clock.monotonic() - start
         sup.beat()
         await sup.clock.sleep(0.1)
+
+
+def gpu_verdict(release: Release) -> bool | str:
+    """The journal's `gpu_released`: true only when NVML verified it, "unverified" when it could not."""
+    return {"released": True, "held": False}.get(release, "unverified")
 
 
 async def shutdown(sup: Supervisor) -> None:
@@ -362,6 +416,7 @@ async def shutdown(sup: Supervisor) -> None:
             log.exception("shutdown_stop_failed")
     if sup.lifecycle.state != State.STOPPED:
         sup.move(State.STOPPED, "daemon shut down")
+    sup.ladder = record_end(sup.ladder, "daemon_shutdown", sup.clock.wall())
     sup.persist()
     await sup.observer.close()
     while not sup.queue.empty():
@@ -388,6 +443,15 @@ async def hand_over(sup: Supervisor) -> None:
 # ---- adoption ------------------------------------------------------------------------------
 
 
+def refuse_adoption(sup: Supervisor, why: str) -> None:
+    """The saved server is not taken over; the caller stops whatever carries the marker."""
+    record = sup.server_record
+    sup.server_record = None
+    if record is not None:
+        sup.journal.append("adoption_refused", pid=record.pid, reason=why)
+        log.warning("adoption_refused", pid=record.pid, reason=why)
+
+
 async def adopt_server(sup: Supervisor) -> bool:
     """At start: take over the server a predecessor left running, if it is provably that server.
 
@@ -403,9 +467,7 @@ async def adopt_server(sup: Supervisor) -> bool:
     if why is None and rung is None:
         why = f"its rung {record.rung!r} is no longer in the ladder"
     if why is not None:
-        sup.server_record = None
-        sup.journal.append("adoption_refused", pid=record.pid, reason=why)
-        log.warning("adoption_refused", pid=record.pid, reason=why)
+        refuse_adoption(sup, why)
         return False
     assert rung is not None
     sup.ladder = replace(sup.ladder, current=rung)

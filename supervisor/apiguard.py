@@ -27,6 +27,7 @@ MIN_CONNECTIONS = 16
 # a client (slowloris). Long answers (a bundle download) are not limited by this: only the headers.
 HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5
+ACCEPT_BURST = 64
 
 
 @dataclass
@@ -114,4 +115,8 @@ def uvicorn_options(stats: GuardStats, *, soft_nofile: int | None = None) -> dic
         "http": guarded_protocol(cap, HEADER_TIMEOUT_S, stats),
         "limit_concurrency": cap,
         "timeout_keep_alive": KEEP_ALIVE_S,
+        # asyncio accepts up to `backlog` connections per wake-up before any of them is refused, and
+        # uvicorn re-listens the socket with it: 2048 (uvicorn's default) let a burst of reconnects
+        # hold a thousand descriptors for a moment.
+        "backlog": ACCEPT_BURST,
     }

@@ -88,7 +88,7 @@ class ProcessControl(Protocol):
 
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport: ...
 
-    def kill_marked(self, marker: str) -> StopReport: ...
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport: ...
 
 
 class RealProcessControl:
@@ -112,8 +112,8 @@ class RealProcessControl:
         self._reap_keepers()
         return report
 
-    def kill_marked(self, marker: str) -> StopReport:
-        return process.kill_marked(marker)
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
+        return process.kill_leftovers(marker, host, port)
 
     def _reap_keepers(self) -> None:
         """Keepers end when their server does; reap those that did, so none stays a zombie."""

@@ -27,13 +27,13 @@ from supervisor.config import Settings, arg_names, render_rung
 from supervisor.control import Child, ProcessControl, RealProcessControl
 from supervisor.diagnostics import self_check
 from supervisor.journal import Journal
-from supervisor.ladder import LadderState, fresh_start, record_ready, record_stable, resume_rung
+from supervisor.ladder import LadderState, fresh_start, record_end, record_ready, record_stable, resume_rung
 from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
-from supervisor.persist import Persisted, load, new_marker, save
-from supervisor.publish import Facts, build
+from supervisor.persist import OpenIncident, Persisted, load, new_marker, save
+from supervisor.publish import Facts, build, iso
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, Mode, Verdict, assess, new_history
@@ -93,6 +93,8 @@ class Supervisor:
         self.next_attempt_at: float | None = None
         self.failed_retry_at: float | None = None  # monotonic; when `failed` starts again by itself
         self.loop_errors = 0
+        self.incident_ids: list[str] = []  # recent ids, so two in one second differ
+        self.open_incident: OpenIncident | None = None  # persisted while its capture runs
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
         self.resume_after_error = False  # a restart was cut short by an exception: finish it
         self.unknown_observations = 0
@@ -228,18 +230,35 @@ class Supervisor:
             self.marker, self.ladder, self.server_record = saved.marker, saved.ladder, saved.server
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
         self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
+        if saved is not None and saved.open_incident is not None:
+            self.record_interrupted(saved.open_incident)
         self.persist()
-        if await actions.adopt_server(self):
-            self.publish()
-            return
-        leftovers = await actions.kill_leftovers(self)
-        if leftovers:
-            self.journal.append("leftovers_killed", pids=list(leftovers))
-            log.warning("leftovers_killed", pids=list(leftovers))
+        if saved is None or saved.open_incident is None:
+            if await actions.adopt_server(self):
+                self.publish()
+                return
+        else:  # the predecessor had judged this server and was stopping it: its verdict stands
+            actions.refuse_adoption(
+                self, f"incident {saved.open_incident.id} ({saved.open_incident.cause}) was under way"
+            )
+        await actions.kill_leftovers(self)
+        # The previous daemon's server, if any, was just stopped: its attempt ends here.
+        self.ladder = record_end(self.ladder, "daemon_restarted", self.clock.wall())
         if autostart:
             rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
             await actions.launch(self, rung, after_incident=False)
         self.publish()
+
+    def record_interrupted(self, inc: OpenIncident) -> None:
+        """The previous daemon died capturing evidence: the incident is recorded as it stood."""
+        self.incidents += 1
+        self.metrics.incident(inc.cause, "none")
+        self.last_incident = IncidentView(
+            id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail="capture interrupted"
+        )
+        self.journal.append("incident", **self.last_incident.model_dump(), interrupted=True)
+        log.warning("incident_interrupted", id=inc.id, cause=inc.cause, rung=inc.rung)
+        self.ladder = record_end(self.ladder, inc.cause, self.clock.wall())
 
     def persist(self) -> None:
         try:
@@ -248,7 +267,7 @@ class Supervisor:
             if record is not None and self.capture is not None:
                 record = replace(record, log=self.capture.position or record.log)
                 self.server_record = record
-            save(self.state_dir / "state.json", Persisted(self.marker, self.ladder, names, record))
+            save(self.state_dir / "state.json", Persisted(self.marker, self.ladder, names, self.open_incident, record))
             self.persisted_at = self.clock.monotonic()
         except OSError as err:
             self.state_write_errors += 1

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from supervisor.actions import capture_bundle, incident, launch, stop_server
+from supervisor.actions import capture_bundle, incident, launch, stop_server, unique_incident_id
 from supervisor.commands import Command, CommandResult, finish
 from supervisor.config import ConfigError, load_settings
-from supervisor.diagnostics import new_incident_id
+from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict
 
@@ -73,6 +73,8 @@ async def handle_command(sup: Supervisor, cmd: Command) -> None:
         if sup.lifecycle.state != State.STOPPED:
             sup.move(State.RESTARTING, cmd.reason or "stop requested")
             await stop_server(sup, "stop requested")
+            sup.ladder = record_end(sup.ladder, "stopped", sup.clock.wall())
+            sup.persist()
             sup.move(State.STOPPED, cmd.reason or "stopped by request")
     elif cmd.kind == "start":
         idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
@@ -140,7 +142,7 @@ async def manual_restart(sup: Supervisor, cmd: Command) -> None:
     obs = sup.obs
     verdict = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")
     # Answer at once with the incident's id; the restart itself takes minutes.
-    pending_id = new_incident_id(sup.clock.wall(), "manual")
+    pending_id = unique_incident_id(sup, "manual")
     finish(cmd, CommandResult("accepted", incident_id_hint, st.value, incident_id=pending_id))
     await incident(sup, "manual", verdict, obs, forced_rung=idx, diagnose=cmd.diagnose, incident_id=pending_id)
 
@@ -151,7 +153,7 @@ async def manual_diagnose(sup: Supervisor, cmd: Command) -> None:
         finish(cmd, CommandResult("invalid", "no server process to diagnose", sup.lifecycle.state.value))
         return
     hung = sup.lifecycle.state == State.HUNG
-    incident_id = new_incident_id(sup.clock.wall(), "diagnose")
+    incident_id = unique_incident_id(sup, "diagnose")
     result = await capture_bundle(
         sup, incident_id, "hung" if hung else "manual", None, obs, None, native=cmd.native, gdb=cmd.gdb
     )

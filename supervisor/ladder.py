@@ -148,6 +148,15 @@ def record_launch(
     )
 
 
+def record_end(state: LadderState, outcome: str, now_wall: float) -> LadderState:
+    """Close the newest attempt if it is still open ("running" or "ready"): a manual restart, a
+    stop, a daemon shutdown or restart; every attempt ends with an outcome."""
+    attempts = state.attempts
+    if attempts and attempts[-1].outcome in ("running", "ready"):
+        attempts = (*attempts[:-1], replace(attempts[-1], outcome=outcome, ended_at=now_wall))
+    return replace(state, attempts=attempts)
+
+
 def record_ready(state: LadderState) -> LadderState:
     attempts = state.attempts
     if attempts and attempts[-1].outcome == "running":

@@ -27,9 +27,11 @@ __all__ = [
     "SpawnError",
     "StopReport",
     "find_tree",
+    "kill_leftovers",
     "kill_marked",
     "port_holders",
     "port_is_free",
+    "port_markers",
     "resume_stopped",
     "send_signal",
     "spawn_log_keeper",
@@ -429,3 +431,43 @@ def kill_marked(
         raise ValueError("kill_marked needs a non-empty marker")
     endpoint = (host, port) if host is not None and port is not None else None
     return _stop(None, marker, endpoint, grace_s, kill_wait_s, port_wait_s, sleep, monotonic, proc_root)
+
+
+def port_markers(port: int, proc_root: str = "/proc") -> tuple[str, ...]:
+    """The markers carried by whoever listens on `port`: a tree some supervisor launched there."""
+    found: set[str] = set()
+    prefix = f"{MARKER_ENV}=".encode()
+    for pid in port_holders(port) or ():
+        try:
+            with open(f"{proc_root}/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(prefix) and len(item) > len(prefix):
+                found.add(item[len(prefix) :].decode("utf-8", "replace"))
+    return tuple(sorted(found))
+
+
+def kill_leftovers(marker: str, host: str, port: int, *, grace_s: float = 2.0, port_wait_s: float = 5.0) -> StopReport:
+    """At daemon start: stop the tree with `marker`, and any tree another marker put on `port` (a
+    state.json lost or malformed loses the marker, not the tree); the port is verified free."""
+    markers = [marker, *(m for m in port_markers(port) if m != marker)]
+    reports = [kill_marked(m, grace_s=grace_s) for m in markers]
+    start = time.monotonic()
+    port_free, holders = _wait_port(host, port, start + port_wait_s, time.sleep, time.monotonic)
+
+    def union(attr: str) -> tuple[int, ...]:
+        return tuple(sorted({pid for r in reports for pid in getattr(r, attr)}))
+
+    return StopReport(
+        pids_found=union("pids_found"),
+        termed=union("termed"),
+        killed=union("killed"),
+        survivors=union("survivors"),
+        port_free=port_free,
+        port_holders=holders,
+        exit_code=None,
+        duration_s=sum(r.duration_s for r in reports) + time.monotonic() - start,
+        grace_expired=any(r.grace_expired for r in reports),
+    )

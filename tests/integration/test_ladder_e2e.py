@@ -39,7 +39,9 @@ async def test_full_story_deadlock_then_fallback_rung_serves(daemon, sim) -> Non
     assert (bundle / "summary.json").exists() and "_sync_weights_to_graph_pool" in (bundle / "summary.txt").read_text()
     ev = events(s.paths.state_dir)
     stopped = next(e for e in ev if e["event"] == "server_stopped")
-    assert stopped["survivors"] == [] and stopped["port_free"] is True and stopped["gpu_released"] is True
+    assert stopped["survivors"] == [] and stopped["port_free"] is True
+    # true only when NVML verified it; this machine may have no NVML
+    assert stopped["gpu_released"] == (True if stopped["gpu_check"] == "nvml" else "unverified")
     launches = [e["rung"] for e in ev if e["event"] == "server_launched"]
     assert launches == ["base", "no-cuda-graph"]
     assert (
@@ -150,9 +152,10 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify
             assert st["rung"] == "no-cuda-graph"
             ev = events(s.paths.state_dir)
             restart_at = max(
-                i for i, e in enumerate(ev) if e["event"] == "state_loaded" or e["event"] == "leftovers_killed"
+                i for i, e in enumerate(ev) if e["event"] == "state_loaded" or e["event"] == "leftovers_stopped"
             )
-            assert any(e["event"] == "leftovers_killed" and old_pid in e["pids"] for e in ev)
+            stopped = [e for e in ev if e["event"] == "leftovers_stopped" and old_pid in e["pids_found"]]
+            assert stopped and stopped[0]["port_free"] is True and stopped[0]["survivors"] == []
             later = [e["rung"] for e in ev[restart_at:] if e["event"] == "server_launched"]
             assert later == ["no-cuda-graph"], "the failed rung was not tried again"
             assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE

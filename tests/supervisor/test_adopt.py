@@ -106,9 +106,9 @@ def test_a_malformed_server_record_is_not_adopted(tmp_path: Path, server: object
 def test_the_record_survives_a_save_and_load(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     record = record_of(1234, 5678)
-    save(path, Persisted("m", LadderState(), ("base",), record))
+    save(path, Persisted("m", LadderState(), ("base",), server=record))
     saved, _ = load(path, ("base",))
     assert saved is not None and saved.server == record
-    save(path, Persisted("m", LadderState(), ("base",), ServerRecord(1234, 5678, "base", 2.0, None)))
+    save(path, Persisted("m", LadderState(), ("base",), server=ServerRecord(1234, 5678, "base", 2.0, None)))
     saved, _ = load(path, ("base",))
     assert saved is not None and saved.server is not None and saved.server.log is None

@@ -70,7 +70,7 @@ class FakeControl:
             root.exit(-15)
         return StopReport((pid,), (pid,), (), (), True, (), -15, 0.01, False)
 
-    def kill_marked(self, marker: str) -> StopReport:
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
         return StopReport((), (), (), (), True, (), None, 0.0, False)
 
 
