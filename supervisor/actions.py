@@ -1,26 +1,28 @@
 """What the supervisor does about a verdict or a command: launch, capture, stop, verify, relaunch.
 
-A mixin of `Supervisor` kept apart so each file reads as one concern: daemon.py is the loop and its
-decisions, this is the acting. Only `supervisor.process` sends signals or spawns.
+Free functions over the supervisor's `Core` (its state and primitives), kept apart so each file reads
+as one concern: daemon.py is the loop and its decisions, this is the acting. They never import the
+owner (`supervisor.daemon`): imports flow daemon -> handlers -> actions -> core. Only
+`supervisor.process` sends signals or spawns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shlex
-from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import structlog
 
 from probes.types import Observation
-from supervisor.adopt import ServerRecord, refusal, starttime_of
+from supervisor.adopt import ServerRecord, starttime_of
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
-from supervisor.control import AdoptedChild, LogFiles, SpawnError, StopReport
+from supervisor.control import SpawnError, StopReport
+from supervisor.core import Core
 from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
 from supervisor.evidence import collect, provisional_class
-from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
+from supervisor.ladder import Decision, Incident, fresh_start, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
 from supervisor.persist import OpenIncident
 from supervisor.publish import iso
@@ -28,15 +30,12 @@ from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict, new_history
 
-if TYPE_CHECKING:
-    from supervisor.daemon import Supervisor
-
 log = structlog.get_logger("supervisor")
 
 HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 
 
-async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
+async def kill_leftovers(sup: Core) -> tuple[int, ...]:
     """Stop what an earlier daemon left running, verified like any stop (port free, GPU released)."""
     srv = sup.settings.server
     report = await sup.beating(asyncio.to_thread(sup.control.kill_marked, sup.marker, srv.host, srv.port))
@@ -62,12 +61,7 @@ async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
 # ---- launch -----------------------------------------------------------------------------
 
 
-def log_files(sup: Supervisor) -> LogFiles:
-    logs = sup.settings.logs
-    return LogFiles(sup.state_dir / "logs", int(logs.max_file_mb * 1024 * 1024), logs.backups)
-
-
-async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> None:
+async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     rung = sup.settings.ladder[rung_index]
     rendered = render_rung(sup.settings.server, rung)
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
@@ -82,7 +76,7 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
     sup.spec_alerted = False
     sup.launched_at = sup.clock.monotonic()
     sup.launched_wall = sup.clock.wall()
-    files = log_files(sup)
+    files = sup.log_files()
     # This launch's lines begin at the log's current end; the keeper appends after it.
     sup.capture = LogCapture(
         files.dir,
@@ -120,10 +114,19 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
     sup.move(State.STARTING, f"launched rung {rung.name}")
 
 
+async def leave_failed(sup: Core, event: str, why: str, rung: int) -> None:
+    """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
+    sup.ladder = fresh_start(sup.ladder)
+    name = sup.settings.ladder[rung].name
+    sup.journal.append(event, reason=why, rung=name)
+    log.info(event, reason=why, rung=name)
+    await launch(sup, rung, after_incident=False)
+
+
 # ---- incidents ----------------------------------------------------------------------------
 
 
-def unique_incident_id(sup: Supervisor, cause: str) -> str:
+def unique_incident_id(sup: Core, cause: str) -> str:
     """The time-and-cause id, with `-2`, `-3`... when that second already has one (two restarts
     0.28 s apart got the same id, and the second bundle overwrote the first)."""
     base = new_incident_id(sup.clock.wall(), cause)
@@ -138,7 +141,7 @@ def unique_incident_id(sup: Supervisor, cause: str) -> str:
 
 
 async def incident(
-    sup: Supervisor,
+    sup: Core,
     cause: str,
     verdict: Verdict | None,
     obs: Observation | None,
@@ -185,7 +188,7 @@ async def incident(
 
 
 async def capture_bundle(
-    sup: Supervisor,
+    sup: Core,
     incident_id: str,
     trigger: str,
     cause: str | None,
@@ -244,7 +247,7 @@ async def capture_bundle(
 # ---- recovery -----------------------------------------------------------------------------
 
 
-async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
+async def recover(sup: Core, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
     if sup.lifecycle.state != State.RESTARTING:
         sup.move(State.RESTARTING, f"stopping after {incident.cause}")
     ok = await stop_server(sup, f"incident {incident.cause}")
@@ -298,7 +301,7 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
         await launch(sup, decision.rung, after_incident=not manual)
 
 
-async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
+async def wait_backoff(sup: Core, seconds: float) -> bool:
     """Sleep out the backoff while still answering commands; False if told not to relaunch."""
     until = sup.clock.monotonic() + seconds
     sup.next_attempt_at = until
@@ -331,7 +334,7 @@ async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
         sup.next_attempt_at = None
 
 
-async def stop_server(sup: Supervisor, why: str) -> bool:
+async def stop_server(sup: Core, why: str) -> bool:
     """Stop the tree, then verify the port and GPU memory are free. True when verified."""
     server = sup.server
     pids = sup.obs.tree.pids if sup.obs is not None else ()
@@ -374,7 +377,7 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
 Release = Literal["released", "held", "unverified"]
 
 
-async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[Release, int, float]:
+async def verify_release(sup: Core, pids: tuple[int, ...]) -> tuple[Release, int, float]:
     """Bounded wait until NVML shows none of the old tree's pids holding GPU memory.
 
     "unverified" when NVML cannot answer: nothing is known, which is not "released".
@@ -402,11 +405,8 @@ def gpu_verdict(release: Release) -> bool | str:
     return {"released": True, "held": False}.get(release, "unverified")
 
 
-async def shutdown(sup: Supervisor) -> None:
+async def shutdown(sup: Core) -> None:
     sup.notifier.stopping()
-    if sup.handoff and sup.server is not None and sup.server_record is not None:
-        await hand_over(sup)
-        return
     if sup.server is not None or sup.lifecycle.state in RUNNING:
         try:
             if sup.lifecycle.state != State.RESTARTING:
@@ -422,71 +422,3 @@ async def shutdown(sup: Supervisor) -> None:
     while not sup.queue.empty():
         cmd = sup.queue.get_nowait()
         finish(cmd, CommandResult("failed", "daemon shut down", State.STOPPED.value))
-
-
-async def hand_over(sup: Supervisor) -> None:
-    """Exit for a successor (an upgrade): the server keeps running, state.json says how to adopt it."""
-    if sup.capture is not None:
-        cap = sup.capture
-        await asyncio.to_thread(cap.close)  # its position now covers every line read
-    sup.persist()
-    record = sup.server_record
-    assert record is not None
-    sup.journal.append("daemon_handoff", pid=record.pid, rung=record.rung, state=sup.lifecycle.state.value)
-    log.info("daemon_handoff", pid=record.pid, rung=record.rung, state=sup.lifecycle.state.value)
-    await sup.observer.close()
-    while not sup.queue.empty():
-        cmd = sup.queue.get_nowait()
-        finish(cmd, CommandResult("failed", "daemon handed over to its successor", sup.lifecycle.state.value))
-
-
-# ---- adoption ------------------------------------------------------------------------------
-
-
-def refuse_adoption(sup: Supervisor, why: str) -> None:
-    """The saved server is not taken over; the caller stops whatever carries the marker."""
-    record = sup.server_record
-    sup.server_record = None
-    if record is not None:
-        sup.journal.append("adoption_refused", pid=record.pid, reason=why)
-        log.warning("adoption_refused", pid=record.pid, reason=why)
-
-
-async def adopt_server(sup: Supervisor) -> bool:
-    """At start: take over the server a predecessor left running, if it is provably that server.
-
-    Ladder position and attempt stay as saved; probes start afresh and the usual rules judge it
-    from `starting` (a serving server is `ready` at the first good health probe). False when
-    there is nothing to adopt or it cannot be proven ours (the caller then stops it by marker).
-    """
-    record = sup.server_record
-    if record is None:
-        return False
-    rung = sup.settings.rung_index(record.rung)
-    why = await asyncio.to_thread(refusal, record, sup.marker)
-    if why is None and rung is None:
-        why = f"its rung {record.rung!r} is no longer in the ladder"
-    if why is not None:
-        refuse_adoption(sup, why)
-        return False
-    assert rung is not None
-    sup.ladder = replace(sup.ladder, current=rung)
-    sup.observer.reset()
-    sup.history = new_history(sup.clock.monotonic())
-    sup.obs = None
-    sup.ready_at = None
-    sup.time_to_ready_s = None
-    sup.spec_alerted = False
-    sup.launched_at = sup.clock.monotonic()
-    sup.launched_wall = record.launched_wall
-    files = log_files(sup)
-    sup.capture = LogCapture(
-        files.dir, memory_lines=sup.settings.logs.memory_lines, start=record.log, monotonic=sup.clock.monotonic
-    ).start()
-    sup.log_seq = 0
-    sup.server = AdoptedChild(record.pid, record.starttime)
-    sup.persist()
-    sup.journal.append("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)
-    log.info("server_adopted", pid=record.pid, rung=record.rung)
-    sup.move(State.STARTING, f"adopted server pid {record.pid} on rung {record.rung}")
-    return True

@@ -7,24 +7,21 @@ operator never waits behind a restart to hear "already under way".
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import structlog
 
-from supervisor.actions import capture_bundle, incident, launch, stop_server, unique_incident_id
+from supervisor.actions import capture_bundle, incident, launch, leave_failed, stop_server, unique_incident_id
 from supervisor.commands import Command, CommandResult, finish
 from supervisor.config import ConfigError, load_settings
+from supervisor.core import Core
 from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict
 
-if TYPE_CHECKING:
-    from supervisor.daemon import Supervisor
-
 log = structlog.get_logger("supervisor")
 
 
-def answer_now(sup: Supervisor, c: Command) -> CommandResult | None:
+def answer_now(sup: Core, c: Command) -> CommandResult | None:
     st = sup.lifecycle.state
     if c.kind == "restart":
         if c.rung is not None and sup.settings.rung_index(c.rung) is None:
@@ -44,7 +41,7 @@ def answer_now(sup: Supervisor, c: Command) -> CommandResult | None:
     return None
 
 
-async def handle(sup: Supervisor, cmd: Command) -> None:
+async def handle(sup: Core, cmd: Command) -> None:
     try:
         await handle_command(sup, cmd)
     except Exception as err:  # a command must never kill the loop
@@ -58,7 +55,7 @@ async def handle(sup: Supervisor, cmd: Command) -> None:
         sup.publish()
 
 
-async def handle_command(sup: Supervisor, cmd: Command) -> None:
+async def handle_command(sup: Core, cmd: Command) -> None:
     early = None if cmd.kind in ("shutdown", "handoff", "reload") else answer_now_queued(sup, cmd)
     if early is not None:
         finish(cmd, early)
@@ -81,7 +78,7 @@ async def handle_command(sup: Supervisor, cmd: Command) -> None:
         finish(cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
         target = idx if idx is not None else sup.ladder.current
         if sup.lifecycle.state == State.FAILED:
-            await sup.leave_failed("failed_left", "start requested", target)
+            await leave_failed(sup, "failed_left", "start requested", target)
         else:
             await launch(sup, target, after_incident=False)
     elif cmd.kind == "restart":
@@ -92,7 +89,7 @@ async def handle_command(sup: Supervisor, cmd: Command) -> None:
         await reload_config(sup, cmd)
 
 
-async def reload_config(sup: Supervisor, cmd: Command) -> None:
+async def reload_config(sup: Core, cmd: Command) -> None:
     """SIGHUP: re-read the config; an invalid one is refused and the old one stays in force."""
     if sup.config_path is None:
         finish(cmd, CommandResult("invalid", "no config file to reload", sup.lifecycle.state.value))
@@ -113,7 +110,7 @@ async def reload_config(sup: Supervisor, cmd: Command) -> None:
         sup.notifier.ready()
 
 
-def answer_now_queued(sup: Supervisor, cmd: Command) -> CommandResult | None:
+def answer_now_queued(sup: Core, cmd: Command) -> CommandResult | None:
     if cmd.kind == "restart":
         return None
     if cmd.kind == "diagnose":
@@ -126,7 +123,7 @@ def answer_now_queued(sup: Supervisor, cmd: Command) -> CommandResult | None:
     return None
 
 
-async def manual_restart(sup: Supervisor, cmd: Command) -> None:
+async def manual_restart(sup: Core, cmd: Command) -> None:
     idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
     incident_id_hint = f"manual restart to {cmd.rung or sup.current_rung_name()}"
     st = sup.lifecycle.state
@@ -135,7 +132,7 @@ async def manual_restart(sup: Supervisor, cmd: Command) -> None:
         target = idx if idx is not None else sup.ladder.current
         if st == State.FAILED:
             sup.move(State.RESTARTING, cmd.reason or "restart requested")
-            await sup.leave_failed("failed_left", cmd.reason or "restart requested", target)
+            await leave_failed(sup, "failed_left", cmd.reason or "restart requested", target)
         else:
             await launch(sup, target, after_incident=False)
         return
@@ -147,7 +144,7 @@ async def manual_restart(sup: Supervisor, cmd: Command) -> None:
     await incident(sup, "manual", verdict, obs, forced_rung=idx, diagnose=cmd.diagnose, incident_id=pending_id)
 
 
-async def manual_diagnose(sup: Supervisor, cmd: Command) -> None:
+async def manual_diagnose(sup: Core, cmd: Command) -> None:
     obs = sup.obs if sup.obs is not None else await sup.observe()
     if not obs.tree.processes:
         finish(cmd, CommandResult("invalid", "no server process to diagnose", sup.lifecycle.state.value))
