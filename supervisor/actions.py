@@ -15,10 +15,10 @@ import structlog
 from probes.types import Observation
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
-from supervisor.control import SpawnError, StopReport
+from supervisor.control import PendingLaunch, SpawnError, StopReport, port_holder
 from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
 from supervisor.evidence import collect, provisional_class
-from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
+from supervisor.ladder import Decision, Incident, backoff, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
 from supervisor.persist import OpenIncident
 from supervisor.publish import iso
@@ -63,6 +63,8 @@ async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
 async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> None:
     rung = sup.settings.ladder[rung_index]
     rendered = render_rung(sup.settings.server, rung)
+    if not await port_available(sup, rung_index, after_incident=after_incident):
+        return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     if after_incident:
         sup.restarts += 1
@@ -102,6 +104,31 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
     log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=shlex.join(shown))
     sup.journal.append("server_launched", rung=rung.name, pid=sup.server.pid, argv=list(shown))
     sup.move(State.STARTING, f"launched rung {rung.name}")
+
+
+async def port_available(sup: Supervisor, rung_index: int, *, after_incident: bool) -> bool:
+    """A launch onto a port someone else holds would only exit at once, again and again: it is
+    refused with the holder named, and retried after a growing backoff (the tick relaunches)."""
+    srv = sup.settings.server
+    holder = await asyncio.to_thread(port_holder, srv.host, srv.port)
+    if holder is None:
+        sup.port_refusals = 0
+        sup.pending_launch = None
+        sup.next_attempt_at = None
+        return True
+    sup.port_refusals += 1
+    delay = backoff(sup.port_refusals, sup.settings.restart, sup.random())
+    name = sup.settings.ladder[rung_index].name
+    reason = f"port {srv.port} is held by {holder}: not launching rung {name}; next try in {delay:.1f} s"
+    log.error("launch_refused", reason=reason, backoff_s=round(delay, 3))
+    sup.journal.append("launch_refused", rung=name, port=srv.port, holder=holder, backoff_s=round(delay, 3))
+    if sup.lifecycle.state != State.RESTARTING:
+        sup.move(State.RESTARTING, reason)
+    sup.reason = reason
+    sup.pending_launch = PendingLaunch(rung_index, after_incident, sup.clock.monotonic() + delay)
+    sup.next_attempt_at = sup.pending_launch.at
+    sup.publish()
+    return False
 
 
 # ---- incidents ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from supervisor.apiguard import GuardStats
 from supervisor.clock import Clock
 from supervisor.commands import Command, CommandResult
 from supervisor.config import Settings, arg_names, render_rung
-from supervisor.control import Child, ProcessControl, RealProcessControl
+from supervisor.control import Child, PendingLaunch, ProcessControl, RealProcessControl
 from supervisor.diagnostics import self_check
 from supervisor.journal import Journal
 from supervisor.ladder import LadderState, fresh_start, record_end, record_ready, record_stable, resume_rung
@@ -88,6 +88,8 @@ class Supervisor:
         self.next_attempt_at: float | None = None
         self.failed_retry_at: float | None = None  # monotonic; when `failed` starts again by itself
         self.loop_errors = 0
+        self.port_refusals = 0  # launches refused in a row because the port was held
+        self.pending_launch: PendingLaunch | None = None
         self.incident_ids: list[str] = []  # recent ids, so two in one second differ
         self.open_incident: OpenIncident | None = None  # persisted while its capture runs
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
@@ -259,6 +261,8 @@ class Supervisor:
         self.reason = reason
         if state != State.FAILED:
             self.failed_retry_at = None
+        if state != State.RESTARTING:
+            self.pending_launch = None
         if old != state:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
@@ -299,6 +303,13 @@ class Supervisor:
             why = "a restart was interrupted by an internal error"
             await actions.incident(self, cause, Verdict(status="incident", cause=cause, reason=why), None)
             return
+        pending = self.pending_launch
+        if st == State.RESTARTING and pending is not None and self.clock.monotonic() >= pending.at:
+            self.pending_launch = None
+            await actions.launch(self, pending.rung, after_incident=pending.after_incident)
+            return
+        # Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit.
+        await asyncio.to_thread(self.control.reap, self.server_pid())
         if st not in RUNNING:
             self.publish()
             return

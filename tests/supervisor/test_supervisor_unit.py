@@ -82,6 +82,9 @@ class FakeControl:
             root.exit(-15)
         return StopReport((pid,), (pid,), (), (), True, (), -15, 0.01, False)
 
+    def reap(self, exclude: int | None) -> list[int]:
+        return []
+
     def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
         return StopReport((), (), (), (), True, (), None, 0.0, False)
 
