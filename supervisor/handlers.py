@@ -13,7 +13,7 @@ import structlog
 
 from supervisor.actions import capture_bundle, incident, launch, stop_server, unique_incident_id
 from supervisor.commands import Command, CommandResult, finish
-from supervisor.config import ConfigError, load_settings
+from supervisor.config import ConfigError, Settings, load_settings
 from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict
@@ -99,6 +99,7 @@ async def reload_config(sup: Supervisor, cmd: Command) -> None:
     sup.notifier.reloading()
     try:
         new = await asyncio.to_thread(load_settings, sup.config_path)
+        refuse_restart_only_changes(sup, new)
         if sup.on_reload is not None:
             await sup.on_reload(new)
     except ConfigError as err:
@@ -110,6 +111,24 @@ async def reload_config(sup: Supervisor, cmd: Command) -> None:
         finish(cmd, CommandResult("done", "reloaded", sup.lifecycle.state.value))
     finally:
         sup.notifier.ready()
+
+
+def refuse_restart_only_changes(sup: Supervisor, new: Settings) -> None:
+    """What a reload cannot apply whole is refused, so nothing is half applied: the state directory
+    (journal, state.json, logs and bundles are open there) and the server port (the running server
+    listens on the old one, and its stop is verified there)."""
+    old = sup.settings
+    if new.state_dir.resolve() != old.state_dir.resolve():
+        raise ConfigError(
+            f"[paths] state_dir changed from {old.state_dir} to {new.state_dir}: a reload cannot move the "
+            "journal, state and bundles; restart the daemon (systemctl restart) to apply it"
+        )
+    if (new.server.host, new.server.port) != (old.server.host, old.server.port):
+        raise ConfigError(
+            f"[server] host/port changed from {old.server.host}:{old.server.port} to "
+            f"{new.server.host}:{new.server.port}: a reload cannot move a running server; restart the "
+            "daemon (systemctl restart) to apply it"
+        )
 
 
 def answer_now_queued(sup: Supervisor, cmd: Command) -> CommandResult | None:
