@@ -248,7 +248,10 @@ async def capture_bundle(
         duration_s=round(result.duration_s, 3),
         error=result.error,
     )
-    log.info("bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error)
+    # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
+    (log.info if result.path is not None else log.warning)(
+        "bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error
+    )
     return result
 
 
