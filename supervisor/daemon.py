@@ -17,7 +17,7 @@ import structlog
 
 from probes.gpu import GpuProbe
 from probes.types import Observation
-from supervisor import actions, handlers
+from supervisor import actions, handlers, upkeep
 from supervisor.apiguard import GuardStats
 from supervisor.clock import Clock
 from supervisor.commands import Command, CommandResult
@@ -25,13 +25,13 @@ from supervisor.config import Settings, arg_names, render_rung
 from supervisor.control import Child, PendingLaunch, ProcessControl, RealProcessControl
 from supervisor.diagnostics import self_check
 from supervisor.journal import Journal
-from supervisor.ladder import LadderState, fresh_start, record_end, record_ready, record_stable, resume_rung
+from supervisor.ladder import LadderState, record_end, record_ready, record_stable, resume_rung
 from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
 from supervisor.persist import OpenIncident, Persisted, load, new_marker, save
-from supervisor.publish import Facts, build, iso
+from supervisor.publish import Facts, build
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, Mode, Verdict, assess, new_history
@@ -98,7 +98,7 @@ class Supervisor:
         self.state_write_errors = 0
         self.bundle_write_errors = 0
         self.closed_log_write_errors = 0  # of the server logs of earlier launches
-        self._counted_writes = WriteErrorsView()  # what the metrics counter has been told
+        self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
         self.stable_marked = False
@@ -158,24 +158,9 @@ class Supervisor:
                     next_tick = self.clock.monotonic() + self.settings.watchdog.poll_interval_s
                     await self.tick()
                 except Exception as err:  # the loop outlives any one poll, probe, write or command
-                    await self.survive(err)
+                    await upkeep.survive(self, err)
         finally:
             await actions.shutdown(self)
-
-    async def survive(self, err: Exception) -> None:
-        """An exception escaped a poll or a command: log it, count it, and leave no half-done restart.
-
-        A restart cut short (state hung, diagnosing or restarting with nobody finishing it) is taken
-        up again as an incident, so the server is stopped, verified and relaunched by the ladder.
-        """
-        self.loop_errors += 1
-        log.error("loop_error", error=repr(err), state=self.lifecycle.state.value, exc_info=err)
-        self.metrics.loop_error(type(err).__name__)
-        self.journal.append("loop_error", error=repr(err)[:500], state=self.lifecycle.state.value)
-        self.diagnosing = False
-        self.publish()
-        if self.lifecycle.state in (State.HUNG, State.DIAGNOSING, State.RESTARTING) and not self.shutdown_requested:
-            self.resume_after_error = True
 
     async def next_command(self, timeout: float) -> Command | None:
         """The next queued command, or None once `timeout` has passed on the injected clock."""
@@ -225,7 +210,7 @@ class Supervisor:
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
         self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
         if saved is not None and saved.open_incident is not None:
-            self.record_interrupted(saved.open_incident)
+            upkeep.record_interrupted(self, saved.open_incident)
         self.persist()
         await actions.kill_leftovers(self)
         # The previous daemon's server, if any, was just stopped: its attempt ends here.
@@ -234,17 +219,6 @@ class Supervisor:
             rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
             await actions.launch(self, rung, after_incident=False)
         self.publish()
-
-    def record_interrupted(self, inc: OpenIncident) -> None:
-        """The previous daemon died capturing evidence: the incident is recorded as it stood."""
-        self.incidents += 1
-        self.metrics.incident(inc.cause, "none")
-        self.last_incident = IncidentView(
-            id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail="capture interrupted"
-        )
-        self.journal.append("incident", **self.last_incident.model_dump(), interrupted=True)
-        log.warning("incident_interrupted", id=inc.id, cause=inc.cause, rung=inc.rung)
-        self.ladder = record_end(self.ladder, inc.cause, self.clock.wall())
 
     def persist(self) -> None:
         try:
@@ -292,24 +266,8 @@ class Supervisor:
 
     async def tick(self) -> None:
         st = self.lifecycle.state
-        if st == State.FAILED and self.failed_retry_at is not None and self.clock.monotonic() >= self.failed_retry_at:
-            await self.leave_failed(
-                "failed_cooldown_over", "failed_cooldown_s passed: starting again from the preferred rung", 0
-            )
+        if await upkeep.chores(self):
             return
-        if self.resume_after_error:
-            self.resume_after_error = False
-            cause = self.last_incident.cause if self.last_incident is not None else "exited"
-            why = "a restart was interrupted by an internal error"
-            await actions.incident(self, cause, Verdict(status="incident", cause=cause, reason=why), None)
-            return
-        pending = self.pending_launch
-        if st == State.RESTARTING and pending is not None and self.clock.monotonic() >= pending.at:
-            self.pending_launch = None
-            await actions.launch(self, pending.rung, after_incident=pending.after_incident)
-            return
-        # Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit.
-        await asyncio.to_thread(self.control.reap, self.server_pid())
         if st not in RUNNING:
             self.publish()
             return
@@ -328,14 +286,6 @@ class Supervisor:
         verdict, self.history = assess(self.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec)
         await self.act(verdict, obs)
         self.publish()
-
-    async def leave_failed(self, event: str, why: str, rung: int) -> None:
-        """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
-        self.ladder = fresh_start(self.ladder)
-        name = self.settings.ladder[rung].name
-        self.journal.append(event, reason=why, rung=name)
-        log.info(event, reason=why, rung=name)
-        await actions.launch(self, rung, after_incident=False)
 
     async def observe(self) -> Observation:
         server = self.server
@@ -456,26 +406,10 @@ class Supervisor:
                 serving=self.observer.last_serving,
                 running=running,
                 loop_errors=self.loop_errors,
-                write_errors=self.write_errors(),
+                write_errors=upkeep.write_errors(self),
             )
         )
-        self.count_write_errors()
-
-    def write_errors(self) -> WriteErrorsView:
-        log_now = self.capture.stats.write_errors if self.capture is not None else 0
-        return WriteErrorsView(
-            journal=self.journal.write_errors,
-            server_log=self.closed_log_write_errors + log_now,
-            state=self.state_write_errors,
-            bundle=self.bundle_write_errors,
-        )
-
-    def count_write_errors(self) -> None:
-        """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""
-        now, before = self._snapshot.write_errors, self._counted_writes
-        for what in ("journal", "server_log", "state", "bundle"):
-            self.metrics.write_error(what, getattr(now, what) - getattr(before, what))
-        self._counted_writes = now
+        upkeep.count_write_errors(self)
 
     def reload(self, settings: Settings) -> None:
         """SIGHUP: thresholds and ladder change without touching a healthy server."""

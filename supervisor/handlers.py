@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from supervisor.actions import capture_bundle, incident, launch, stop_server, unique_incident_id
+from supervisor import upkeep
+from supervisor.actions import capture_bundle, incident, launch, stop_server
 from supervisor.commands import Command, CommandResult, finish
 from supervisor.config import ConfigError, Settings, load_settings
+from supervisor.guards import unique_incident_id
 from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict
@@ -49,7 +51,7 @@ async def handle(sup: Supervisor, cmd: Command) -> None:
         await handle_command(sup, cmd)
     except Exception as err:  # a command must never kill the loop
         finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", sup.lifecycle.state.value))
-        await sup.survive(err)
+        await upkeep.survive(sup, err)
     finally:
         if cmd.kind == "restart":
             sup.restart_pending = False
@@ -80,7 +82,7 @@ async def handle_command(sup: Supervisor, cmd: Command) -> None:
         finish(cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
         target = idx if idx is not None else sup.ladder.current
         if sup.lifecycle.state == State.FAILED:
-            await sup.leave_failed("failed_left", "start requested", target)
+            await upkeep.leave_failed(sup, "failed_left", "start requested", target)
         else:
             await launch(sup, target, after_incident=False)
     elif cmd.kind == "restart":
@@ -153,7 +155,7 @@ async def manual_restart(sup: Supervisor, cmd: Command) -> None:
         target = idx if idx is not None else sup.ladder.current
         if st == State.FAILED:
             sup.move(State.RESTARTING, cmd.reason or "restart requested")
-            await sup.leave_failed("failed_left", cmd.reason or "restart requested", target)
+            await upkeep.leave_failed(sup, "failed_left", cmd.reason or "restart requested", target)
         else:
             await launch(sup, target, after_incident=False)
         return
