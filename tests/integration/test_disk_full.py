@@ -61,6 +61,14 @@ async def test_full_disk_is_counted_and_survived(daemon, sim, tmp_path: Path) ->
             assert snap.write_errors.server_log > 0, snap.write_errors
             status = (await c.get(f"{r.api}/status")).json()
             assert status["write_errors"]["journal"] > 0
+            # An evidence bundle cannot be written either: a warning, no half-written bundle left.
+            diag = (await c.post(f"{r.api}/diagnose", json={})).json()
+            assert diag["bundle_id"] is None and diag["message"], diag
+            assert r.snap().write_errors.bundle >= 1 and r.snap().state == "ready"
+            leftovers = (
+                list((s.state_dir / "diagnostics").glob(".tmp-*")) if (s.state_dir / "diagnostics").exists() else []
+            )
+            assert leftovers == [], "the temporary bundle directory was removed"
             metrics = (await c.get(f"{r.api}/metrics")).text
         journal_errors = [
             float(x.rsplit(" ", 1)[1])
