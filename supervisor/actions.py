@@ -20,9 +20,10 @@ from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
 from supervisor.control import SpawnError, StopReport
 from supervisor.core import Core
-from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
+from supervisor.diagnostics import BundleResult, Redactor
 from supervisor.evidence import collect, provisional_class
-from supervisor.ladder import Decision, Incident, fresh_start, next_rung, record_end, record_incident, record_launch
+from supervisor.guards import port_available, unique_incident_id
+from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
 from supervisor.persist import OpenIncident
 from supervisor.publish import iso
@@ -64,6 +65,8 @@ async def kill_leftovers(sup: Core) -> tuple[int, ...]:
 async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     rung = sup.settings.ladder[rung_index]
     rendered = render_rung(sup.settings.server, rung)
+    if not await port_available(sup, rung_index, after_incident=after_incident):
+        return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     if after_incident:
         sup.restarts += 1
@@ -114,30 +117,7 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     sup.move(State.STARTING, f"launched rung {rung.name}")
 
 
-async def leave_failed(sup: Core, event: str, why: str, rung: int) -> None:
-    """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
-    sup.ladder = fresh_start(sup.ladder)
-    name = sup.settings.ladder[rung].name
-    sup.journal.append(event, reason=why, rung=name)
-    log.info(event, reason=why, rung=name)
-    await launch(sup, rung, after_incident=False)
-
-
 # ---- incidents ----------------------------------------------------------------------------
-
-
-def unique_incident_id(sup: Core, cause: str) -> str:
-    """The time-and-cause id, with `-2`, `-3`... when that second already has one (two restarts
-    0.28 s apart got the same id, and the second bundle overwrote the first)."""
-    base = new_incident_id(sup.clock.wall(), cause)
-    diag = sup.settings.state_dir / "diagnostics"
-    candidate, n = base, 1
-    while candidate in sup.incident_ids or (diag / candidate).exists():
-        n += 1
-        candidate = f"{base}-{n}"
-    sup.incident_ids.append(candidate)
-    del sup.incident_ids[:-100]
-    return candidate
 
 
 async def incident(
@@ -240,7 +220,10 @@ async def capture_bundle(
         duration_s=round(result.duration_s, 3),
         error=result.error,
     )
-    log.info("bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error)
+    # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
+    (log.info if result.path is not None else log.warning)(
+        "bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error
+    )
     return result
 
 

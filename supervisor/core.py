@@ -27,15 +27,15 @@ from supervisor.apiguard import GuardStats
 from supervisor.clock import Clock
 from supervisor.commands import Command
 from supervisor.config import Settings, arg_names, render_rung
-from supervisor.control import Child, LogFiles, ProcessControl, RealProcessControl
+from supervisor.control import Child, LogFiles, PendingLaunch, ProcessControl, RealProcessControl
 from supervisor.journal import Journal
-from supervisor.ladder import LadderState, record_end
+from supervisor.ladder import LadderState
 from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
 from supervisor.persist import OpenIncident, Persisted, new_marker, save
-from supervisor.publish import Facts, build, iso
+from supervisor.publish import Facts, build
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History
@@ -95,6 +95,8 @@ class Core:
         self.next_attempt_at: float | None = None
         self.failed_retry_at: float | None = None  # monotonic; when `failed` starts again by itself
         self.loop_errors = 0
+        self.port_refusals = 0  # launches refused in a row because the port was held
+        self.pending_launch: PendingLaunch | None = None
         self.incident_ids: list[str] = []  # recent ids, so two in one second differ
         self.open_incident: OpenIncident | None = None  # persisted while its capture runs
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
@@ -103,7 +105,7 @@ class Core:
         self.state_write_errors = 0
         self.bundle_write_errors = 0
         self.closed_log_write_errors = 0  # of the server logs of earlier launches
-        self._counted_writes = WriteErrorsView()  # what the metrics counter has been told
+        self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
         self.stable_marked = False
@@ -167,32 +169,6 @@ class Core:
             if done:
                 return task.result()
 
-    async def survive(self, err: Exception) -> None:
-        """An exception escaped a poll or a command: log it, count it, and leave no half-done restart.
-
-        A restart cut short (state hung, diagnosing or restarting with nobody finishing it) is taken
-        up again as an incident, so the server is stopped, verified and relaunched by the ladder.
-        """
-        self.loop_errors += 1
-        log.error("loop_error", error=repr(err), state=self.lifecycle.state.value, exc_info=err)
-        self.metrics.loop_error(type(err).__name__)
-        self.journal.append("loop_error", error=repr(err)[:500], state=self.lifecycle.state.value)
-        self.diagnosing = False
-        self.publish()
-        if self.lifecycle.state in (State.HUNG, State.DIAGNOSING, State.RESTARTING) and not self.shutdown_requested:
-            self.resume_after_error = True
-
-    def record_interrupted(self, inc: OpenIncident) -> None:
-        """The previous daemon died capturing evidence: the incident is recorded as it stood."""
-        self.incidents += 1
-        self.metrics.incident(inc.cause, "none")
-        self.last_incident = IncidentView(
-            id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail="capture interrupted"
-        )
-        self.journal.append("incident", **self.last_incident.model_dump(), interrupted=True)
-        log.warning("incident_interrupted", id=inc.id, cause=inc.cause, rung=inc.rung)
-        self.ladder = record_end(self.ladder, inc.cause, self.clock.wall())
-
     def persist(self) -> None:
         try:
             names = tuple(r.name for r in self.settings.ladder)
@@ -221,6 +197,8 @@ class Core:
         self.reason = reason
         if state != State.FAILED:
             self.failed_retry_at = None
+        if state != State.RESTARTING:
+            self.pending_launch = None
         if old != state:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
@@ -325,10 +303,10 @@ class Core:
 
     def count_write_errors(self) -> None:
         """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""
-        now, before = self._snapshot.write_errors, self._counted_writes
+        now, before = self._snapshot.write_errors, self.counted_writes
         for what in ("journal", "server_log", "state", "bundle"):
             self.metrics.write_error(what, getattr(now, what) - getattr(before, what))
-        self._counted_writes = now
+        self.counted_writes = now
 
     def reload(self, settings: Settings) -> None:
         """SIGHUP: thresholds and ladder change without touching a healthy server."""

@@ -11,7 +11,7 @@ import asyncio
 import structlog
 
 from probes.types import Observation
-from supervisor import actions, handlers, handover
+from supervisor import actions, handlers, handover, upkeep
 from supervisor.commands import Command, CommandResult
 from supervisor.core import Core
 from supervisor.diagnostics import self_check
@@ -60,7 +60,7 @@ class Supervisor(Core):
                     next_tick = self.clock.monotonic() + self.settings.watchdog.poll_interval_s
                     await self.tick()
                 except Exception as err:  # the loop outlives any one poll, probe, write or command
-                    await self.survive(err)
+                    await upkeep.survive(self, err)
         finally:
             if self.handoff and self.server is not None and self.server_record is not None:
                 await handover.hand_over(self)  # SIGUSR2: the server stays for the successor
@@ -80,7 +80,7 @@ class Supervisor(Core):
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
         self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
         if saved is not None and saved.open_incident is not None:
-            self.record_interrupted(saved.open_incident)
+            upkeep.record_interrupted(self, saved.open_incident)
         self.persist()
         if saved is None or saved.open_incident is None:
             if await handover.adopt_server(self):
@@ -100,16 +100,7 @@ class Supervisor(Core):
 
     async def tick(self) -> None:
         st = self.lifecycle.state
-        if st == State.FAILED and self.failed_retry_at is not None and self.clock.monotonic() >= self.failed_retry_at:
-            await actions.leave_failed(
-                self, "failed_cooldown_over", "failed_cooldown_s passed: starting again from the preferred rung", 0
-            )
-            return
-        if self.resume_after_error:
-            self.resume_after_error = False
-            cause = self.last_incident.cause if self.last_incident is not None else "exited"
-            why = "a restart was interrupted by an internal error"
-            await actions.incident(self, cause, Verdict(status="incident", cause=cause, reason=why), None)
+        if await upkeep.chores(self):
             return
         if st not in RUNNING:
             self.publish()

@@ -10,10 +10,12 @@ import asyncio
 
 import structlog
 
-from supervisor.actions import capture_bundle, incident, launch, leave_failed, stop_server, unique_incident_id
+from supervisor import upkeep
+from supervisor.actions import capture_bundle, incident, launch, stop_server
 from supervisor.commands import Command, CommandResult, finish
-from supervisor.config import ConfigError, load_settings
+from supervisor.config import ConfigError, Settings, load_settings
 from supervisor.core import Core
+from supervisor.guards import unique_incident_id
 from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict
@@ -46,7 +48,7 @@ async def handle(sup: Core, cmd: Command) -> None:
         await handle_command(sup, cmd)
     except Exception as err:  # a command must never kill the loop
         finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", sup.lifecycle.state.value))
-        await sup.survive(err)
+        await upkeep.survive(sup, err)
     finally:
         if cmd.kind == "restart":
             sup.restart_pending = False
@@ -78,7 +80,7 @@ async def handle_command(sup: Core, cmd: Command) -> None:
         finish(cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
         target = idx if idx is not None else sup.ladder.current
         if sup.lifecycle.state == State.FAILED:
-            await leave_failed(sup, "failed_left", "start requested", target)
+            await upkeep.leave_failed(sup, "failed_left", "start requested", target)
         else:
             await launch(sup, target, after_incident=False)
     elif cmd.kind == "restart":
@@ -97,6 +99,7 @@ async def reload_config(sup: Core, cmd: Command) -> None:
     sup.notifier.reloading()
     try:
         new = await asyncio.to_thread(load_settings, sup.config_path)
+        refuse_restart_only_changes(sup, new)
         if sup.on_reload is not None:
             await sup.on_reload(new)
     except ConfigError as err:
@@ -108,6 +111,24 @@ async def reload_config(sup: Core, cmd: Command) -> None:
         finish(cmd, CommandResult("done", "reloaded", sup.lifecycle.state.value))
     finally:
         sup.notifier.ready()
+
+
+def refuse_restart_only_changes(sup: Core, new: Settings) -> None:
+    """What a reload cannot apply whole is refused, so nothing is half applied: the state directory
+    (journal, state.json, logs and bundles are open there) and the server port (the running server
+    listens on the old one, and its stop is verified there)."""
+    old = sup.settings
+    if new.state_dir.resolve() != old.state_dir.resolve():
+        raise ConfigError(
+            f"[paths] state_dir changed from {old.state_dir} to {new.state_dir}: a reload cannot move the "
+            "journal, state and bundles; restart the daemon (systemctl restart) to apply it"
+        )
+    if (new.server.host, new.server.port) != (old.server.host, old.server.port):
+        raise ConfigError(
+            f"[server] host/port changed from {old.server.host}:{old.server.port} to "
+            f"{new.server.host}:{new.server.port}: a reload cannot move a running server; restart the "
+            "daemon (systemctl restart) to apply it"
+        )
 
 
 def answer_now_queued(sup: Core, cmd: Command) -> CommandResult | None:
@@ -132,7 +153,7 @@ async def manual_restart(sup: Core, cmd: Command) -> None:
         target = idx if idx is not None else sup.ladder.current
         if st == State.FAILED:
             sup.move(State.RESTARTING, cmd.reason or "restart requested")
-            await leave_failed(sup, "failed_left", cmd.reason or "restart requested", target)
+            await upkeep.leave_failed(sup, "failed_left", cmd.reason or "restart requested", target)
         else:
             await launch(sup, target, after_incident=False)
         return

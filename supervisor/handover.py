@@ -15,7 +15,6 @@ import structlog
 
 from supervisor.adopt import refusal
 from supervisor.commands import CommandResult, finish
-from supervisor.control import AdoptedChild
 from supervisor.core import Core
 from supervisor.logcapture import LogCapture
 from supervisor.state import State
@@ -81,7 +80,7 @@ async def adopt_server(sup: Core) -> bool:
         files.dir, memory_lines=sup.settings.logs.memory_lines, start=record.log, monotonic=sup.clock.monotonic
     ).start()
     sup.log_seq = 0
-    sup.server = AdoptedChild(record.pid, record.starttime)
+    sup.server = await asyncio.to_thread(sup.control.adopt, record.pid, record.starttime, sup.marker)
     sup.persist()
     sup.journal.append("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)
     log.info("server_adopted", pid=record.pid, rung=record.rung)

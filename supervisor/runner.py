@@ -23,9 +23,11 @@ from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
 from supervisor import __version__
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
+from supervisor.cgroup import CgroupRoot, become_subreaper
 from supervisor.clock import Clock, SystemClock
 from supervisor.commands import Command
 from supervisor.config import ConfigError, Settings
+from supervisor.control import RealProcessControl
 from supervisor.daemon import Supervisor
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier
@@ -114,6 +116,9 @@ def make_supervisor(
     notifier: Notifier,
     clock: Clock | None = None,
 ) -> Supervisor:
+    subreaper = become_subreaper()
+    cgroups, why = CgroupRoot.find()
+    log.info("containment", subreaper=subreaper, cgroup=why)
     return Supervisor(
         settings,
         clock=clock or SystemClock(),
@@ -123,6 +128,7 @@ def make_supervisor(
         config_path=config_path,
         notifier=notifier,
         version=__version__,
+        control=RealProcessControl(cgroups, subreaper=subreaper),
     )
 
 

@@ -70,6 +70,12 @@ class FakeControl:
             root.exit(-15)
         return StopReport((pid,), (pid,), (), (), True, (), -15, 0.01, False)
 
+    def adopt(self, pid: int, starttime: int, marker: str) -> FakeChild:
+        return FakeChild(pid)
+
+    def reap(self, exclude: int | None) -> list[int]:
+        return []
+
     def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
         return StopReport((), (), (), (), True, (), None, 0.0, False)
 
