@@ -143,3 +143,34 @@ def test_a_process_that_reuses_the_saved_pid_is_never_adopted(sim, tmp_path: Pat
             proc.wait(30)
         finally:
             cleanup(proc, str(state_dir))
+
+
+def test_an_adopted_server_is_judged_by_the_usual_rules(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A load slow enough to kill the daemon mid-way; one retry, so an exit is relaunched on the same rung.
+    s = sim("ok", tp=2, env={"SGLANG_SIM_PACE": "0.6"}, restart={"retries_per_rung": 1})
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    api = f"http://127.0.0.1:{s.api.port}"
+    state_dir = s.paths.state_dir
+    proc = start(cfg, dict(os.environ))
+    try:
+        pid = wait_status(api, lambda x: x["state"] == "starting" and x["pid"] is not None, 40, proc)["pid"]
+        proc.kill()
+        proc.wait(10)
+        proc = start(cfg, dict(os.environ))
+        # Still loading when adopted: it is left to finish, and becomes ready under the new daemon.
+        st = wait_status(api, lambda x: x["pid"] == pid, 20, proc)
+        assert st["state"] == "starting", st
+        assert wait_for(lambda: any(e["event"] == "server_adopted" for e in events(state_dir)), 10)
+        wait_status(api, lambda x: x["state"] == "ready" and x["pid"] == pid, 60, proc)
+
+        os.kill(pid, signal.SIGKILL)  # not the daemon's child: the exit is seen through /proc
+        st = wait_status(api, lambda x: x["state"] == "ready" and x["pid"] not in (None, pid), 60, proc)
+        assert st["last_incident"]["cause"] == "exited"
+        assert st["restarts"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        finally:
+            cleanup(proc, state_dir)

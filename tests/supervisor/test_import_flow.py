@@ -1,4 +1,5 @@
-"""The lifecycle has one owner and imports flow one way: daemon -> handlers -> actions -> core (STYLE 16)."""
+"""The lifecycle has one owner and imports flow one way (STYLE 16):
+daemon -> handlers -> upkeep -> actions -> guards -> core, and handover -> core."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "supervisor"
 # module -> the lifecycle modules it must never import (at run time or for type checking)
 FORBIDDEN = {
-    "core": {"daemon", "handlers", "actions", "handover"},
-    "actions": {"daemon", "handlers", "handover"},
-    "handover": {"daemon", "handlers", "actions"},
+    "core": {"daemon", "handlers", "upkeep", "actions", "guards", "handover"},
+    "guards": {"daemon", "handlers", "upkeep", "actions", "handover"},
+    "actions": {"daemon", "handlers", "upkeep", "handover"},
+    "handover": {"daemon", "handlers", "upkeep", "actions"},
+    "upkeep": {"daemon", "handlers"},
     "handlers": {"daemon"},
 }
 
