@@ -1,49 +1,72 @@
 """What the supervisor does about a verdict or a command: launch, capture, stop, verify, relaunch.
 
-A mixin of `Supervisor` kept apart so each file reads as one concern: daemon.py is the loop and its
-decisions, this is the acting. Only `supervisor.process` sends signals or spawns.
+Free functions over the supervisor's `Core` (its state and primitives), kept apart so each file reads
+as one concern: daemon.py is the loop and its decisions, this is the acting. They never import the
+owner (`supervisor.daemon`): imports flow daemon -> handlers -> actions -> core. Only
+`supervisor.process` sends signals or spawns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shlex
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import structlog
 
 from probes.types import Observation
+from supervisor.adopt import ServerRecord, starttime_of
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
 from supervisor.control import SpawnError, StopReport
-from supervisor.diagnostics import BundleResult, Redactor, new_incident_id
+from supervisor.core import Core
+from supervisor.diagnostics import BundleResult, Redactor
 from supervisor.evidence import collect, provisional_class
-from supervisor.ladder import Decision, Incident, next_rung, record_incident, record_launch
+from supervisor.guards import port_available, unique_incident_id
+from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
+from supervisor.persist import OpenIncident
 from supervisor.publish import iso
 from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict, new_history
-
-if TYPE_CHECKING:
-    from supervisor.daemon import Supervisor
 
 log = structlog.get_logger("supervisor")
 
 HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 
 
-async def kill_leftovers(sup: Supervisor) -> tuple[int, ...]:
-    report = await asyncio.to_thread(sup.control.kill_marked, sup.marker)
+async def kill_leftovers(sup: Core) -> tuple[int, ...]:
+    """Stop what an earlier daemon left running, verified like any stop (port free, GPU released)."""
+    srv = sup.settings.server
+    report = await sup.beating(asyncio.to_thread(sup.control.kill_marked, sup.marker, srv.host, srv.port))
+    if not report.pids_found:
+        return ()
+    released, held, waited = await verify_release(sup, report.pids_found)
+    doc = {
+        "pids_found": list(report.pids_found),
+        "killed": list(report.killed),
+        "survivors": list(report.survivors),
+        "port_free": report.port_free,
+        "port_holders": list(report.port_holders),
+        "stop_s": round(report.duration_s, 3),
+        "gpu_released": gpu_verdict(released),
+        "gpu_held_bytes": held,
+        "release_wait_s": round(waited, 3),
+    }
+    sup.journal.append("leftovers_stopped", **doc)
+    (log.warning if report.ok and released != "held" else log.error)("leftovers_stopped", **doc)
     return report.pids_found
 
 
 # ---- launch -----------------------------------------------------------------------------
 
 
-async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> None:
+async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     rung = sup.settings.ladder[rung_index]
     rendered = render_rung(sup.settings.server, rung)
+    if not await port_available(sup, rung_index, after_incident=after_incident):
+        return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     if after_incident:
         sup.restarts += 1
@@ -56,28 +79,37 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
     sup.spec_alerted = False
     sup.launched_at = sup.clock.monotonic()
     sup.launched_wall = sup.clock.wall()
-    logs = sup.settings.logs
+    files = sup.log_files()
+    # This launch's lines begin at the log's current end; the keeper appends after it.
     sup.capture = LogCapture(
-        sup.state_dir / "logs",
-        max_file_bytes=int(logs.max_file_mb * 1024 * 1024),
-        backups=logs.backups,
-        memory_lines=logs.memory_lines,
+        files.dir,
+        memory_lines=sup.settings.logs.memory_lines,
+        start=LogCapture.end_of(files.dir, files.name),
         monotonic=sup.clock.monotonic,
     )
     sup.log_seq = 0
     try:
         env = sup.child_env(rendered.env)
-        sup.server = await asyncio.to_thread(sup.control.spawn, rendered.argv, env, sup.marker, sup.settings.server.cwd)
+        sup.server = await asyncio.to_thread(
+            sup.control.spawn, rendered.argv, env, sup.marker, sup.settings.server.cwd, files
+        )
     except SpawnError as err:
         sup.server = None
-        sup.capture.close()
+        sup.server_record = None
+        sup.capture = None
         log.error("spawn_failed", rung=rung.name, error=str(err))
         sup.journal.append("spawn_failed", rung=rung.name, error=str(err))
         sup.move(State.STARTING, f"launching rung {rung.name}")
         await incident(sup, "exited", Verdict(status="incident", cause="exited", reason=str(err)), None)
         return
-    sup.capture.attach(sup.server.stdout, "stdout")
-    sup.capture.attach(sup.server.stderr, "stderr")
+    sup.capture.start()
+    starttime = starttime_of(sup.server.pid)
+    sup.server_record = (
+        None
+        if starttime is None
+        else ServerRecord(sup.server.pid, starttime, rung.name, sup.launched_wall, sup.capture.position)
+    )
+    sup.persist()  # from here on a successor daemon can adopt this server
     # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
     shown = Redactor.from_envs([env]).argv(rendered.argv)
     log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=shlex.join(shown))
@@ -89,7 +121,7 @@ async def launch(sup: Supervisor, rung_index: int, *, after_incident: bool) -> N
 
 
 async def incident(
-    sup: Supervisor,
+    sup: Core,
     cause: str,
     verdict: Verdict | None,
     obs: Observation | None,
@@ -98,7 +130,7 @@ async def incident(
     diagnose: bool = True,
     incident_id: str | None = None,
 ) -> None:
-    incident_id = incident_id or new_incident_id(sup.clock.wall(), cause)
+    incident_id = incident_id or unique_incident_id(sup, cause)
     hang_class = provisional_class(verdict)
     bundle_id: str | None = None
     detail = verdict.reason if verdict is not None else ""
@@ -108,9 +140,14 @@ async def incident(
         if cause in HUNG_CAUSES:
             sup.move(State.HUNG, detail)
         sup.move(State.DIAGNOSING, f"capturing evidence for {incident_id}")
-        result = await capture_bundle(
-            sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
-        )
+        sup.open_incident = OpenIncident(incident_id, cause, sup.current_rung_name(), sup.clock.wall())
+        sup.persist()
+        try:
+            result = await capture_bundle(
+                sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
+            )
+        finally:
+            sup.open_incident = None
         if result is not None:
             bundle_id = result.id if result.path is not None else None
             if result.hang_class not in ("unknown", "") or hang_class is None:
@@ -131,7 +168,7 @@ async def incident(
 
 
 async def capture_bundle(
-    sup: Supervisor,
+    sup: Core,
     incident_id: str,
     trigger: str,
     cause: str | None,
@@ -173,6 +210,8 @@ async def capture_bundle(
     finally:
         sup.diagnosing = False
     outcome = "written" if result.path is not None else "write_failed"
+    if result.path is None:
+        sup.bundle_write_errors += 1
     sup.metrics.diagnostic(result.duration_s, outcome)
     sup.journal.append(
         "bundle_written" if result.path is not None else "bundle_write_failed",
@@ -181,14 +220,17 @@ async def capture_bundle(
         duration_s=round(result.duration_s, 3),
         error=result.error,
     )
-    log.info("bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error)
+    # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
+    (log.info if result.path is not None else log.warning)(
+        "bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error
+    )
     return result
 
 
 # ---- recovery -----------------------------------------------------------------------------
 
 
-async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
+async def recover(sup: Core, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
     if sup.lifecycle.state != State.RESTARTING:
         sup.move(State.RESTARTING, f"stopping after {incident.cause}")
     ok = await stop_server(sup, f"incident {incident.cause}")
@@ -196,6 +238,7 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
         sup.move(State.FAILED, "the old server did not release its port or GPU memory (release_policy=fail)")
         return
     if manual:
+        sup.ladder = record_end(sup.ladder, "manual", sup.clock.wall())
         target = forced_rung if forced_rung is not None else sup.ladder.current
         decision = Decision("relaunch", target, "manual restart", 0.0)
     else:
@@ -230,13 +273,18 @@ async def recover(sup: Supervisor, incident: Incident, *, forced_rung: int | Non
     )
     if decision.action == "give_up":
         sup.move(State.FAILED, decision.reason)
+        cooldown = sup.settings.restart.failed_cooldown_s
+        if cooldown > 0:
+            sup.failed_retry_at = sup.clock.monotonic() + cooldown
+            sup.journal.append("failed_cooldown", retry_in_s=cooldown, reason=decision.reason)
+            sup.publish()
         return
     sup.reason = decision.reason
     if await wait_backoff(sup, decision.backoff_s):
         await launch(sup, decision.rung, after_incident=not manual)
 
 
-async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
+async def wait_backoff(sup: Core, seconds: float) -> bool:
     """Sleep out the backoff while still answering commands; False if told not to relaunch."""
     until = sup.clock.monotonic() + seconds
     sup.next_attempt_at = until
@@ -249,8 +297,9 @@ async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
             cmd = await sup.next_command(min(left, 1.0))
             if cmd is None:
                 continue
-            if cmd.kind == "shutdown":
+            if cmd.kind in ("shutdown", "handoff"):  # no server during a backoff: nothing to hand over
                 sup.shutdown_requested = True
+                sup.handoff = cmd.kind == "handoff"  # still exit 75, so systemd starts the successor
                 finish(cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
                 return False
             if cmd.kind == "stop":
@@ -268,7 +317,7 @@ async def wait_backoff(sup: Supervisor, seconds: float) -> bool:
         sup.next_attempt_at = None
 
 
-async def stop_server(sup: Supervisor, why: str) -> bool:
+async def stop_server(sup: Core, why: str) -> bool:
     """Stop the tree, then verify the port and GPU memory are free. True when verified."""
     server = sup.server
     pids = sup.obs.tree.pids if sup.obs is not None else ()
@@ -283,9 +332,12 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     if sup.capture is not None:
         cap = sup.capture
         await asyncio.to_thread(cap.close)
+        sup.closed_log_write_errors += cap.stats.write_errors
+        sup.capture = None
     sup.server = None
+    sup.server_record = None
     sup.history = None
-    ok = report.ok and released
+    ok = report.ok and released != "held"
     doc = {
         "why": why,
         "pids_found": list(report.pids_found),
@@ -294,8 +346,9 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
         "port_free": report.port_free,
         "exit_code": report.exit_code,
         "stop_s": round(report.duration_s, 3),
-        "gpu_released": released,
-        "gpu_check": "nvml" if sup.obs is not None and sup.obs.gpu.status == "ok" else "unavailable",
+        "gpu_released": gpu_verdict(released),
+        "gpu_check": "unavailable" if released == "unverified" else "nvml",
+        "port_holders": list(report.port_holders),
         "gpu_held_bytes": held,
         "release_wait_s": round(waited, 3),
     }
@@ -304,24 +357,38 @@ async def stop_server(sup: Supervisor, why: str) -> bool:
     return ok
 
 
-async def verify_release(sup: Supervisor, pids: tuple[int, ...]) -> tuple[bool, int, float]:
-    """Bounded wait until NVML shows none of the old tree's pids holding GPU memory."""
+Release = Literal["released", "held", "unverified"]
+
+
+async def verify_release(sup: Core, pids: tuple[int, ...]) -> tuple[Release, int, float]:
+    """Bounded wait until NVML shows none of the old tree's pids holding GPU memory.
+
+    "unverified" when NVML cannot answer: nothing is known, which is not "released".
+    """
     start = sup.clock.monotonic()
     if not pids:
-        return True, 0, 0.0
+        return "released", 0, 0.0
     deadline = start + sup.settings.restart.release_timeout_s
     while True:
-        held = await asyncio.to_thread(sup.observer.gpu.held_by, pids)
-        total = sum(held.values())
+        gpu = await asyncio.to_thread(sup.observer.gpu.observe, pids)
+        if gpu.status != "ok":
+            return "unverified", 0, sup.clock.monotonic() - start
+        held = {p.pid for p in gpu.processes if p.pid in pids}
+        total = sum(p.used_bytes for p in gpu.processes if p.pid in pids)
         if not held:  # a pid listed with unknown memory (0 bytes) still holds a context
-            return True, 0, sup.clock.monotonic() - start
+            return "released", 0, sup.clock.monotonic() - start
         if sup.clock.monotonic() >= deadline:
-            return False, total, sup.clock.monotonic() - start
+            return "held", total, sup.clock.monotonic() - start
         sup.beat()
         await sup.clock.sleep(0.1)
 
 
-async def shutdown(sup: Supervisor) -> None:
+def gpu_verdict(release: Release) -> bool | str:
+    """The journal's `gpu_released`: true only when NVML verified it, "unverified" when it could not."""
+    return {"released": True, "held": False}.get(release, "unverified")
+
+
+async def shutdown(sup: Core) -> None:
     sup.notifier.stopping()
     if sup.server is not None or sup.lifecycle.state in RUNNING:
         try:
@@ -332,6 +399,7 @@ async def shutdown(sup: Supervisor) -> None:
             log.exception("shutdown_stop_failed")
     if sup.lifecycle.state != State.STOPPED:
         sup.move(State.STOPPED, "daemon shut down")
+    sup.ladder = record_end(sup.ladder, "daemon_shutdown", sup.clock.wall())
     sup.persist()
     await sup.observer.close()
     while not sup.queue.empty():

@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 
 from supervisor.snapshot import StatusSnapshot
 
-CommandKind = Literal["restart", "stop", "start", "diagnose", "reload", "shutdown"]
+CommandKind = Literal["restart", "stop", "start", "diagnose", "reload", "shutdown", "handoff"]
 Outcome = Literal["accepted", "done", "conflict", "busy", "invalid", "failed"]
 
 

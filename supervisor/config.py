@@ -156,6 +156,10 @@ class RestartSettings(_Section):
     stable_s: PositiveFloat = 600.0
     start_from: Literal["last_good", "preferred"] = "last_good"
     promote_after_s: NonNegFloat = 0.0  # 0 = never try the preferred rung again by itself
+    # After the ladder or the hourly budget is spent: wait this long in `failed`, then start again
+    # from the preferred rung with fresh counters. Minutes: long enough for a transient cause (a
+    # neighbour holding the GPU, a storage hiccup) to clear, short against an unattended night.
+    failed_cooldown_s: NonNegFloat = 600.0  # 0 = stay failed until an operator acts
 
     @model_validator(mode="after")
     def _backoff(self) -> RestartSettings:

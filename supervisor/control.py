@@ -1,48 +1,183 @@
 """The supervisor's small interface to process control, so unit tests can use a fake child.
 
-`ProcessControl` is what the supervisor needs: spawn a server tree, stop it (verified), and kill
-what an earlier daemon left behind. `RealProcessControl` delegates to `supervisor.process`, the only
-module that spawns or signals.
+`ProcessControl` is what the supervisor needs: spawn a server tree (its output going to the log
+keeper, never to a pipe the daemon holds), stop it (verified), kill what an earlier daemon left
+behind, and adopt a tree an earlier daemon started. `RealProcessControl` delegates to
+`supervisor.process`, the only module that spawns or signals. `AdoptedChild` stands for a server an
+earlier daemon started and this one adopted.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Mapping, Sequence
-from typing import IO, Protocol
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
+from probes.proctree import read_stat
 from supervisor import process
+from supervisor.cgroup import CgroupRoot, LaunchCgroup, reap_orphans
+from supervisor.leftovers import kill_leftovers
 from supervisor.process import SpawnError, StopReport
 
-__all__ = ["Child", "ProcessControl", "RealProcessControl", "SpawnError", "StopReport"]
+__all__ = [
+    "EXIT_UNKNOWN",
+    "AdoptedChild",
+    "Child",
+    "LogFiles",
+    "PendingLaunch",
+    "ProcessControl",
+    "RealProcessControl",
+    "SpawnError",
+    "StopReport",
+    "port_holder",
+]
+
+# The exit status of a process that is not our child cannot be read (only its parent may wait for
+# it): an adopted server that ended reports this.
+EXIT_UNKNOWN = 255
+
+# What the log keeper must not inherit from the daemon: it neither notifies systemd nor serves.
+_NOT_FOR_KEEPER = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"})
+
+
+@dataclass(frozen=True)
+class PendingLaunch:
+    """A launch refused because the port was held, to be tried again at `at` (monotonic)."""
+
+    rung: int
+    after_incident: bool
+    at: float
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Who holds the server port, in words (pids and names), or None when it is free."""
+    if process.port_is_free(host, port):
+        return None
+    pids = process.port_holders(port) or ()
+    if not pids:
+        return "a socket whose owner is not visible to the daemon"
+    named = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                named.append(f"pid {pid} ({f.read().strip()})")
+        except OSError:
+            named.append(f"pid {pid}")
+    return ", ".join(named)
 
 
 class Child(Protocol):
     @property
     def pid(self) -> int: ...
 
-    @property
-    def stdout(self) -> IO[bytes]: ...
-
-    @property
-    def stderr(self) -> IO[bytes]: ...
-
     def poll(self) -> int | None: ...
 
 
+@dataclass(frozen=True)
+class LogFiles:
+    """Where the log keeper writes the server's output, and how much of it is kept."""
+
+    dir: Path
+    max_bytes: int
+    backups: int
+    name: str = "server.log"
+
+
+class AdoptedChild:
+    """The main process of a server tree an earlier daemon started, proven ours at adoption.
+
+    Not our child, so it cannot be waited for: it is alive while /proc shows the same pid with the
+    same start time and not a zombie. Once it is gone `poll()` stays at EXIT_UNKNOWN, so a reused
+    pid is never taken for it again.
+    """
+
+    def __init__(self, pid: int, starttime: int, cgroup: LaunchCgroup | None = None, proc_root: str = "/proc") -> None:
+        self._pid = pid
+        self.starttime = starttime
+        self.cgroup = cgroup  # its launch cgroup, when the predecessor made one: the stop uses it
+        self._proc_root = proc_root
+        self._code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def poll(self) -> int | None:
+        if self._code is None:
+            st = read_stat(self._pid, self._proc_root)
+            if st is None or st.starttime != self.starttime or st.zombie:
+                self._code = EXIT_UNKNOWN
+        return self._code
+
+
 class ProcessControl(Protocol):
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None) -> Child: ...
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None, logs: LogFiles
+    ) -> Child: ...
+
+    def adopt(self, pid: int, starttime: int, marker: str) -> Child: ...
 
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport: ...
 
-    def kill_marked(self, marker: str) -> StopReport: ...
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport: ...
+
+    def reap(self, exclude: int | None) -> list[int]: ...
 
 
 class RealProcessControl:
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None) -> Child:
-        return process.ServerProcess.spawn(argv, env, marker, cwd)
+    """`cgroups`: where each launch gets its own cgroup v2 (None: not writable here); `subreaper`:
+    the daemon is PR_SET_CHILD_SUBREAPER, so orphans of the tree are its children and stopped too;
+    `keeper_env`: the log keeper's environment (default: the daemon's)."""
+
+    def __init__(
+        self,
+        cgroups: CgroupRoot | None = None,
+        *,
+        subreaper: bool = False,
+        keeper_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cgroups = cgroups
+        self.subreaper = subreaper
+        self._keeper_env = keeper_env
+        self._keepers: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None, logs: LogFiles) -> Child:
+        self._reap_keepers()
+        cgroup = None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.create(marker)
+            except OSError:
+                cgroup = None  # the marker and the subreaper still find the tree
+        base = self._keeper_env if self._keeper_env is not None else os.environ
+        keeper_env = {k: v for k, v in base.items() if k not in _NOT_FOR_KEEPER}
+        keeper, write_end = process.spawn_log_keeper(str(logs.dir), logs.name, logs.max_bytes, logs.backups, keeper_env)
+        self._keepers.append(keeper)
+        try:
+            return process.ServerProcess.spawn(argv, env, marker, cwd, output=write_end, cgroup=cgroup)
+        finally:
+            os.close(write_end)  # the server holds the only write end: the keeper ends with it
+
+    def adopt(self, pid: int, starttime: int, marker: str) -> Child:
+        """The predecessor's server (proven ours by the caller), with its launch cgroup if it is in one."""
+        found = self.cgroups.leftovers_of(marker) if self.cgroups is not None else []
+        cgroup = next((cg for cg in found if pid in cg.procs()), None)
+        return AdoptedChild(pid, starttime, cgroup)
 
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport:
-        return process.stop_tree(root, marker, host, port, grace_s)
+        report = process.stop_tree(root, marker, host, port, grace_s, adopt_orphans=self.subreaper)
+        self._reap_keepers()
+        return report
 
-    def kill_marked(self, marker: str) -> StopReport:
-        return process.kill_marked(marker)
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
+        return kill_leftovers(marker, host, port, cgroups=self.cgroups)
+
+    def reap(self, exclude: int | None) -> list[int]:
+        return reap_orphans((exclude,) if exclude is not None else ()) if self.subreaper else []
+
+    def _reap_keepers(self) -> None:
+        """Keepers end when their server does; reap those that did, so none stays a zombie."""
+        self._keepers = [k for k in self._keepers if k.poll() is None]

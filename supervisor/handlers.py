@@ -7,24 +7,23 @@ operator never waits behind a restart to hear "already under way".
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import structlog
 
+from supervisor import upkeep
 from supervisor.actions import capture_bundle, incident, launch, stop_server
 from supervisor.commands import Command, CommandResult, finish
-from supervisor.config import ConfigError, load_settings
-from supervisor.diagnostics import new_incident_id
+from supervisor.config import ConfigError, Settings, load_settings
+from supervisor.core import Core
+from supervisor.guards import unique_incident_id
+from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
 from supervisor.watchdog import Verdict
-
-if TYPE_CHECKING:
-    from supervisor.daemon import Supervisor
 
 log = structlog.get_logger("supervisor")
 
 
-def answer_now(sup: Supervisor, c: Command) -> CommandResult | None:
+def answer_now(sup: Core, c: Command) -> CommandResult | None:
     st = sup.lifecycle.state
     if c.kind == "restart":
         if c.rung is not None and sup.settings.rung_index(c.rung) is None:
@@ -44,12 +43,12 @@ def answer_now(sup: Supervisor, c: Command) -> CommandResult | None:
     return None
 
 
-async def handle(sup: Supervisor, cmd: Command) -> None:
+async def handle(sup: Core, cmd: Command) -> None:
     try:
         await handle_command(sup, cmd)
     except Exception as err:  # a command must never kill the loop
-        log.exception("command_failed", kind=cmd.kind)
         finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", sup.lifecycle.state.value))
+        await upkeep.survive(sup, err)
     finally:
         if cmd.kind == "restart":
             sup.restart_pending = False
@@ -58,25 +57,32 @@ async def handle(sup: Supervisor, cmd: Command) -> None:
         sup.publish()
 
 
-async def handle_command(sup: Supervisor, cmd: Command) -> None:
-    early = None if cmd.kind in ("shutdown", "reload") else answer_now_queued(sup, cmd)
+async def handle_command(sup: Core, cmd: Command) -> None:
+    early = None if cmd.kind in ("shutdown", "handoff", "reload") else answer_now_queued(sup, cmd)
     if early is not None:
         finish(cmd, early)
         return
     sup.journal.append("command", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
-    if cmd.kind == "shutdown":
+    if cmd.kind in ("shutdown", "handoff"):
         sup.shutdown_requested = True
+        sup.handoff = cmd.kind == "handoff"
         finish(cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
     elif cmd.kind == "stop":
         finish(cmd, CommandResult("accepted", "stopping", sup.lifecycle.state.value))
         if sup.lifecycle.state != State.STOPPED:
             sup.move(State.RESTARTING, cmd.reason or "stop requested")
             await stop_server(sup, "stop requested")
+            sup.ladder = record_end(sup.ladder, "stopped", sup.clock.wall())
+            sup.persist()
             sup.move(State.STOPPED, cmd.reason or "stopped by request")
     elif cmd.kind == "start":
         idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
         finish(cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
-        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+        target = idx if idx is not None else sup.ladder.current
+        if sup.lifecycle.state == State.FAILED:
+            await upkeep.leave_failed(sup, "failed_left", "start requested", target)
+        else:
+            await launch(sup, target, after_incident=False)
     elif cmd.kind == "restart":
         await manual_restart(sup, cmd)
     elif cmd.kind == "diagnose":
@@ -85,7 +91,7 @@ async def handle_command(sup: Supervisor, cmd: Command) -> None:
         await reload_config(sup, cmd)
 
 
-async def reload_config(sup: Supervisor, cmd: Command) -> None:
+async def reload_config(sup: Core, cmd: Command) -> None:
     """SIGHUP: re-read the config; an invalid one is refused and the old one stays in force."""
     if sup.config_path is None:
         finish(cmd, CommandResult("invalid", "no config file to reload", sup.lifecycle.state.value))
@@ -93,6 +99,7 @@ async def reload_config(sup: Supervisor, cmd: Command) -> None:
     sup.notifier.reloading()
     try:
         new = await asyncio.to_thread(load_settings, sup.config_path)
+        refuse_restart_only_changes(sup, new)
         if sup.on_reload is not None:
             await sup.on_reload(new)
     except ConfigError as err:
@@ -106,7 +113,25 @@ async def reload_config(sup: Supervisor, cmd: Command) -> None:
         sup.notifier.ready()
 
 
-def answer_now_queued(sup: Supervisor, cmd: Command) -> CommandResult | None:
+def refuse_restart_only_changes(sup: Core, new: Settings) -> None:
+    """What a reload cannot apply whole is refused, so nothing is half applied: the state directory
+    (journal, state.json, logs and bundles are open there) and the server port (the running server
+    listens on the old one, and its stop is verified there)."""
+    old = sup.settings
+    if new.state_dir.resolve() != old.state_dir.resolve():
+        raise ConfigError(
+            f"[paths] state_dir changed from {old.state_dir} to {new.state_dir}: a reload cannot move the "
+            "journal, state and bundles; restart the daemon (systemctl restart) to apply it"
+        )
+    if (new.server.host, new.server.port) != (old.server.host, old.server.port):
+        raise ConfigError(
+            f"[server] host/port changed from {old.server.host}:{old.server.port} to "
+            f"{new.server.host}:{new.server.port}: a reload cannot move a running server; restart the "
+            "daemon (systemctl restart) to apply it"
+        )
+
+
+def answer_now_queued(sup: Core, cmd: Command) -> CommandResult | None:
     if cmd.kind == "restart":
         return None
     if cmd.kind == "diagnose":
@@ -119,31 +144,34 @@ def answer_now_queued(sup: Supervisor, cmd: Command) -> CommandResult | None:
     return None
 
 
-async def manual_restart(sup: Supervisor, cmd: Command) -> None:
+async def manual_restart(sup: Core, cmd: Command) -> None:
     idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
     incident_id_hint = f"manual restart to {cmd.rung or sup.current_rung_name()}"
     st = sup.lifecycle.state
     if st in (State.STOPPED, State.FAILED) or sup.server is None:
         finish(cmd, CommandResult("accepted", incident_id_hint, st.value))
+        target = idx if idx is not None else sup.ladder.current
         if st == State.FAILED:
             sup.move(State.RESTARTING, cmd.reason or "restart requested")
-        await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+            await upkeep.leave_failed(sup, "failed_left", cmd.reason or "restart requested", target)
+        else:
+            await launch(sup, target, after_incident=False)
         return
     obs = sup.obs
     verdict = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")
     # Answer at once with the incident's id; the restart itself takes minutes.
-    pending_id = new_incident_id(sup.clock.wall(), "manual")
+    pending_id = unique_incident_id(sup, "manual")
     finish(cmd, CommandResult("accepted", incident_id_hint, st.value, incident_id=pending_id))
     await incident(sup, "manual", verdict, obs, forced_rung=idx, diagnose=cmd.diagnose, incident_id=pending_id)
 
 
-async def manual_diagnose(sup: Supervisor, cmd: Command) -> None:
+async def manual_diagnose(sup: Core, cmd: Command) -> None:
     obs = sup.obs if sup.obs is not None else await sup.observe()
     if not obs.tree.processes:
         finish(cmd, CommandResult("invalid", "no server process to diagnose", sup.lifecycle.state.value))
         return
     hung = sup.lifecycle.state == State.HUNG
-    incident_id = new_incident_id(sup.clock.wall(), "diagnose")
+    incident_id = unique_incident_id(sup, "diagnose")
     result = await capture_bundle(
         sup, incident_id, "hung" if hung else "manual", None, obs, None, native=cmd.native, gdb=cmd.gdb
     )

@@ -7,6 +7,8 @@ a torn last line, garbage lines, a rotation between two reads.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -61,8 +63,7 @@ class Journal:
             data = line.encode("utf-8", errors="replace")
             with self._lock:
                 self._rotate_if_needed(len(data))
-                with open(self.path, "a+b") as f:
-                    f.write(_after_torn_line(f) + data)
+                _append_whole(self.path, data)
         except Exception:  # a journal line is never worth the daemon
             self.write_errors += 1
 
@@ -101,13 +102,26 @@ class Journal:
         return newest_first[::-1]
 
 
-def _after_torn_line(f: BinaryIO) -> bytes:
-    """A newline to end a line a crash left unfinished, so the next record starts on its own."""
-    size = f.seek(0, os.SEEK_END)
-    if size == 0:
-        return b""
-    f.seek(size - 1)
-    return b"" if f.read(1) == b"\n" else b"\n"
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append one line, all of it or none: a short or failed write (a full disk) is cut back off."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data  # a line a crash left unfinished ends here; the next starts on its own
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(fd, view)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "short write")
+                view = view[n:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _parse(line: bytes) -> dict[str, object] | None:

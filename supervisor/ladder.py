@@ -53,11 +53,14 @@ class Decision:
     backoff_s: float = 0.0
 
 
+MAX_EXPONENT = 60  # 2**60 times any sane initial delay is past any cap: no OverflowError from a huge count
+
+
 def backoff(consecutive_failures: int, s: RestartSettings, rand: float) -> float:
     """Exponential from backoff_initial_s, capped at backoff_max_s, with +-jitter (rand in [0, 1))."""
     if consecutive_failures <= 0:
         return 0.0
-    raw = s.backoff_initial_s * (2.0 ** (consecutive_failures - 1))
+    raw = s.backoff_initial_s * (2.0 ** min(consecutive_failures - 1, MAX_EXPONENT))
     base = min(raw, s.backoff_max_s)
     return max(0.0, base * (1.0 + s.backoff_jitter * (2.0 * rand - 1.0)))
 
@@ -80,11 +83,16 @@ def next_rung(
     rand: float = 0.5,
     speculative: Sequence[bool] = (),
 ) -> Decision:
-    """Where to relaunch after `incident` on rung `state.current` (pure)."""
+    """Where to relaunch after `incident` on rung `state.current` (pure).
+
+    `state` already counts this incident (`record_incident` ran first, as the daemon does): the
+    retries done on this rung are `failures_on_current - 1`, and the first backoff is
+    `backoff_initial_s` (consecutive_failures == 1).
+    """
     used = state.restarts_within_hour(now_wall)
     if used >= s.max_restarts_per_hour:
         return Decision("give_up", state.current, f"restart budget spent: {used} restarts in the last hour")
-    delay = backoff(state.consecutive_failures + 1, s, rand)
+    delay = backoff(max(1, state.consecutive_failures), s, rand)
     if incident.cause == "spec_regression" and speculative:
         for i in range(state.current + 1, len(ladder)):
             if i < len(speculative) and not speculative[i]:
@@ -96,8 +104,9 @@ def next_rung(
     if jump is not None:
         what = incident.hang_class if incident.hang_class in ladder[jump].on else incident.cause
         return Decision("relaunch", jump, f"rung {ladder[jump].name} answers {what}", delay)
-    if state.failures_on_current < s.retries_per_rung:
-        n = state.failures_on_current + 1
+    retried = max(0, state.failures_on_current - 1)
+    if retried < s.retries_per_rung:
+        n = retried + 1
         return Decision(
             "relaunch", state.current, f"retry {n}/{s.retries_per_rung} of rung {ladder[state.current].name}", delay
         )
@@ -139,6 +148,15 @@ def record_launch(
     )
 
 
+def record_end(state: LadderState, outcome: str, now_wall: float) -> LadderState:
+    """Close the newest attempt if it is still open ("running" or "ready"): a manual restart, a
+    stop, a daemon shutdown or restart; every attempt ends with an outcome."""
+    attempts = state.attempts
+    if attempts and attempts[-1].outcome in ("running", "ready"):
+        attempts = (*attempts[:-1], replace(attempts[-1], outcome=outcome, ended_at=now_wall))
+    return replace(state, attempts=attempts)
+
+
 def record_ready(state: LadderState) -> LadderState:
     attempts = state.attempts
     if attempts and attempts[-1].outcome == "running":
@@ -149,6 +167,12 @@ def record_ready(state: LadderState) -> LadderState:
 def record_stable(state: LadderState) -> LadderState:
     """After `stable_s` of service the retry counters start afresh."""
     return replace(state, failures_on_current=0, consecutive_failures=0)
+
+
+def fresh_start(state: LadderState) -> LadderState:
+    """Counters afresh (retries, backoff, hourly budget) for a start out of `failed`, by hand or after
+    `failed_cooldown_s`; the ladder's memory of what served (last_good, attempts) is kept."""
+    return replace(state, failures_on_current=0, consecutive_failures=0, restart_times=())
 
 
 def resume_rung(state: LadderState, ladder_len: int, start_from: Literal["last_good", "preferred"]) -> int:

@@ -172,7 +172,28 @@ class SupervisorMetrics:
             buckets=READY_BUCKETS,
             registry=registry,
         )
+        self._loop_errors = Counter(
+            PREFIX + "loop_errors",
+            "Exceptions the supervisor loop caught and survived, by exception type",
+            ["type"],
+            registry=registry,
+        )
+        self._write_errors = Counter(
+            PREFIX + "write_errors",
+            "Failed writes of the daemon's own files (journal, server log, state, bundle), by file",
+            ["file"],
+            registry=registry,
+        )
+        for what in ("journal", "server_log", "state", "bundle"):
+            self._write_errors.labels(file=what)
         registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
+
+    def loop_error(self, kind: str) -> None:
+        self._loop_errors.labels(type=kind).inc()
+
+    def write_error(self, what: str, n: int = 1) -> None:
+        if n > 0:
+            self._write_errors.labels(file=what).inc(n)
 
     def restart(self, cause: str) -> None:
         self._restarts.labels(cause=cause).inc()

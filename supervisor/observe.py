@@ -104,8 +104,11 @@ class Observer:
         now = self._monotonic()
         health = self._take_health()
         serving = self._take_serving()
-        if ports.server_port_accepts and tree.root_alive:
+        # Once serving, a port that stops accepting is a failed health check, not a reason to stop
+        # checking: otherwise a server that closed its socket stayed `ready` forever.
+        if tree.root_alive and (ports.server_port_accepts or t.serving):
             self._maybe_probe_health(now, t.serving)
+        if ports.server_port_accepts and tree.root_alive:
             self._maybe_scrape(now, t)
         return Observation(
             at=now,

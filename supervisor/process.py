@@ -7,10 +7,10 @@ the group or outlived its parent is still found and stopped.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +18,8 @@ from typing import IO, Protocol
 
 from probes.ports import port_holders, port_is_free
 from probes.proctree import MARKER_ENV, ProcStat, find_tree, read_stat, scan_tree
+from supervisor.cgroup import LaunchCgroup, adopted_orphans, reap_orphans
+from supervisor.preexec import ambient_dropper, pre_exec
 
 __all__ = [
     "MARKER_ENV",
@@ -31,48 +33,15 @@ __all__ = [
     "port_is_free",
     "resume_stopped",
     "send_signal",
+    "spawn_log_keeper",
     "stop_tree",
 ]
 
 POLL_S = 0.05
-_PR_CAP_AMBIENT = 47
-_PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 
 class SpawnError(Exception):
     """The server could not be started; the message names the program and what to check."""
-
-
-def _has_ambient_caps() -> bool:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapAmb:"):
-                    return int(line.split()[1], 16) != 0
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
-def _ambient_dropper() -> Callable[[], None] | None:
-    """A pre-exec hook clearing ambient capabilities (CAP_SYS_PTRACE is for the dump tools only).
-
-    Only built when the daemon has ambient capabilities: a pre-exec hook forces fork instead of
-    vfork and runs Python code in the child of a threaded process, so it is avoided when useless.
-    """
-    if not _has_ambient_caps():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-
-    def drop() -> None:
-        prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # failure ignored: best effort
-
-    return drop
 
 
 class ChildHandle(Protocol):
@@ -87,11 +56,19 @@ class ChildHandle(Protocol):
 class ServerProcess:
     """The launched main process of the server. Only `poll()` reaps it; nothing else may wait on it."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], argv: tuple[str, ...], marker: str, started_at: float):
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        argv: tuple[str, ...],
+        marker: str,
+        started_at: float,
+        cgroup: LaunchCgroup | None = None,
+    ):
         self._popen = popen
         self.argv = argv
         self.marker = marker
         self.started_at = started_at
+        self.cgroup = cgroup  # the launch's own cgroup v2, when the daemon may make one
 
     @classmethod
     def spawn(
@@ -101,9 +78,14 @@ class ServerProcess:
         marker: str,
         cwd: str | None = None,
         *,
+        output: int | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        cgroup: LaunchCgroup | None = None,
     ) -> ServerProcess:
-        """Start `argv` in a new session with `env` plus the marker; stdout and stderr are pipes.
+        """Start `argv` in a new session with `env` plus the marker; stdout and stderr go to `output`.
+
+        `output` is a file descriptor (the log keeper's pipe; the caller closes its copy); without
+        it stdout and stderr are pipes of their own, read through `stdout` and `stderr`.
 
         `SPT_NOENV=1` and `PYTHONUNBUFFERED=1` are added unless `env` sets them: setproctitle
         would otherwise overwrite the environment block, hiding the marker in
@@ -118,21 +100,25 @@ class ServerProcess:
         child_env[MARKER_ENV] = marker
         child_env.setdefault("SPT_NOENV", "1")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
+        attach = cgroup.attach_fd() if cgroup is not None else None
         try:
             popen = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=subprocess.PIPE if output is None else output,
+                stderr=subprocess.PIPE if output is None else subprocess.STDOUT,
                 env=child_env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_ambient_dropper(),
+                preexec_fn=pre_exec(ambient_dropper(), attach),
                 bufsize=0,
             )
         except OSError as e:
             raise SpawnError(_spawn_error_message(args[0], cwd, e)) from e
-        return cls(popen, args, marker, monotonic())
+        finally:
+            if attach is not None:
+                os.close(attach)
+        return cls(popen, args, marker, monotonic(), cgroup)
 
     @property
     def pid(self) -> int:
@@ -157,6 +143,35 @@ class ServerProcess:
             return self._popen.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+
+
+def spawn_log_keeper(
+    log_dir: str, file_name: str, max_bytes: int, backups: int, env: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the log keeper on a new pipe; returns it and the pipe's write end, for the server.
+
+    The keeper runs in a session of its own and without the server's marker: it is not part of
+    the server tree (not stopped with it, not in its evidence); it ends by itself once every
+    writer of the pipe is gone.
+    """
+    read_end, write_end = os.pipe()
+    argv = [sys.executable, "-m", "supervisor.logkeeper", "--dir", log_dir, "--name", file_name]
+    argv += ["--max-bytes", str(max_bytes), "--backups", str(backups)]
+    try:
+        keeper = subprocess.Popen(
+            argv,
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=ambient_dropper(),
+        )
+    except OSError as e:
+        os.close(write_end)
+        raise SpawnError(f"cannot start the log keeper ({sys.executable}): {e.strerror or e}") from e
+    finally:
+        os.close(read_end)
+    return keeper, write_end
 
 
 def _spawn_error_message(program: str, cwd: str | None, e: OSError) -> str:
@@ -243,9 +258,13 @@ class _Stop:
         proc_root: str,
         sleep: Callable[[float], None],
         monotonic: Callable[[], float],
+        cgroup: LaunchCgroup | None = None,
+        adopt_orphans: bool = False,
     ) -> None:
         self.root = root
         self.marker = marker
+        self.cgroup = cgroup
+        self.adopt_orphans = adopt_orphans
         self.proc_root = proc_root
         self.sleep = sleep
         self.monotonic = monotonic
@@ -257,9 +276,19 @@ class _Stop:
         # Once reaped, the root's pid may be reused: only an unreaped root seeds the scan.
         seed = self.root.pid if self.root is not None and self.root.poll() is None else None
         known = {pid: st.starttime for pid, st in self.seen.items()}
+        for st in self.held_elsewhere():
+            known.setdefault(st.pid, st.starttime)
         members = scan_tree(seed, self.marker, self.proc_root, known=known)
         self.seen.update(members)
         return {pid: st for pid, st in members.items() if not st.zombie}
+
+    def held_elsewhere(self) -> list[ProcStat]:
+        """Members that neither descent nor the marker shows: the launch cgroup's processes, and
+        orphans of the tree re-parented to this daemon (a subreaper)."""
+        pids = set(self.cgroup.procs()) if self.cgroup is not None else set()
+        if self.adopt_orphans:
+            pids |= {st.pid for st in adopted_orphans(self.proc_root)}
+        return [st for pid in pids if (st := read_stat(pid, self.proc_root)) is not None]
 
     def signal_all(self, live: Mapping[int, ProcStat], sig: int, sent: set[int], *, group: bool = True) -> None:
         pgid = self._signal_group(live, sig) if group else None
@@ -312,9 +341,11 @@ def _stop(
     sleep: Callable[[float], None],
     monotonic: Callable[[], float],
     proc_root: str,
+    cgroup: LaunchCgroup | None = None,
+    adopt_orphans: bool = False,
 ) -> StopReport:
     start = monotonic()
-    stop = _Stop(root, marker, proc_root, sleep, monotonic)
+    stop = _Stop(root, marker, proc_root, sleep, monotonic, cgroup, adopt_orphans)
     live = stop.live()
     stop.signal_all(live, signal.SIGTERM, stop.termed)
     live = stop.wait_terminated(live, start + grace_s)
@@ -322,10 +353,16 @@ def _stop(
     if live:
         stop.signal_all(live, signal.SIGKILL, stop.killed)
         live = stop.wait_killed(live, monotonic() + kill_wait_s)
+    if cgroup is not None:  # whatever is still inside, however it hid, goes with the cgroup
+        killed, _ = cgroup.kill_and_remove(kill_wait_s, sleep=sleep)
+        stop.killed.update(killed)
+        live = stop.live()
+    if adopt_orphans:
+        reap_orphans(exclude=(root.pid,) if root is not None else (), proc_root=proc_root)
     port_free: bool = True
     holders: tuple[int, ...] = ()
     if endpoint is not None:
-        port_free, holders = _wait_port(*endpoint, monotonic() + port_wait_s, sleep, monotonic)
+        port_free, holders = wait_port(*endpoint, monotonic() + port_wait_s, sleep, monotonic)
     return StopReport(
         pids_found=tuple(sorted(stop.seen)),
         termed=tuple(sorted(stop.termed)),
@@ -339,7 +376,7 @@ def _stop(
     )
 
 
-def _wait_port(
+def wait_port(
     host: str, port: int, until: float, sleep: Callable[[float], None], monotonic: Callable[[], float]
 ) -> tuple[bool, tuple[int, ...]]:
     while True:
@@ -362,6 +399,7 @@ def stop_tree(
     port_wait_s: float = 5.0,
     kill_wait_s: float = 10.0,
     proc_root: str = "/proc",
+    adopt_orphans: bool = False,
 ) -> StopReport:
     """Stop the whole tree and verify it is gone and the port free. Blocking: run it in a thread.
 
@@ -371,7 +409,22 @@ def stop_tree(
     """
     if not marker:
         raise ValueError("stop_tree needs the marker the tree was launched with")
-    return _stop(root, marker, (host, port), grace_s, kill_wait_s, port_wait_s, sleep, monotonic, proc_root)
+    # A launched or an adopted root may carry its launch cgroup (supervisor.control.AdoptedChild).
+    found = getattr(root, "cgroup", None)
+    cgroup = found if isinstance(found, LaunchCgroup) else None
+    return _stop(
+        root,
+        marker,
+        (host, port),
+        grace_s,
+        kill_wait_s,
+        port_wait_s,
+        sleep,
+        monotonic,
+        proc_root,
+        cgroup,
+        adopt_orphans,
+    )
 
 
 def kill_marked(

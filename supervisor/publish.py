@@ -15,6 +15,7 @@ from supervisor.snapshot import (
     ServingView,
     StatusSnapshot,
     ToolCheck,
+    WriteErrorsView,
 )
 from supervisor.watchdog import History, mean_accept
 
@@ -88,6 +89,8 @@ class Facts:
     health: HealthObservation | None  # the latest answers, which most polls do not carry
     serving: ServingObservation | None
     running: bool  # a server tree is up (starting or serving)
+    loop_errors: int = 0
+    write_errors: WriteErrorsView | None = None
 
 
 def build(f: Facts) -> StatusSnapshot:
@@ -152,4 +155,6 @@ def build(f: Facts) -> StatusSnapshot:
         diagnosing=f.diagnosing,
         ladder=f.ladder,
         version=f.version,
+        loop_errors=f.loop_errors,
+        write_errors=f.write_errors or WriteErrorsView(),
     )

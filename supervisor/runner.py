@@ -1,6 +1,6 @@
 """`sglang-supervisor run`: one asyncio loop hosting the API (uvicorn) and the supervisor task.
 
-Signals only enqueue commands (SIGTERM/SIGINT: shutdown, SIGHUP: reload). systemd hears READY=1
+Signals only enqueue commands (SIGTERM/SIGINT: shutdown, SIGHUP: reload, SIGUSR2: handoff). systemd hears READY=1
 once the loop and the API run; the server's readiness is the API's business, not systemd's.
 """
 
@@ -22,14 +22,18 @@ from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
 from supervisor import __version__
+from supervisor.apiguard import raise_nofile_limit, uvicorn_options
+from supervisor.cgroup import CgroupRoot, become_subreaper
 from supervisor.clock import Clock, SystemClock
 from supervisor.commands import Command
 from supervisor.config import ConfigError, Settings
+from supervisor.control import RealProcessControl
 from supervisor.daemon import Supervisor
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier
 
 log = structlog.get_logger("supervisor")
+EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
 
 
 class _ApiServer(uvicorn.Server):
@@ -83,7 +87,14 @@ async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str],
         liveness=sup.heartbeat_age,
         version=__version__,
     )
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        **uvicorn_options(sup.api_guard),
+    )
     server = _ApiServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(500):
@@ -105,6 +116,9 @@ def make_supervisor(
     notifier: Notifier,
     clock: Clock | None = None,
 ) -> Supervisor:
+    subreaper = become_subreaper()
+    cgroups, why = CgroupRoot.find()
+    log.info("containment", subreaper=subreaper, cgroup=why)
     return Supervisor(
         settings,
         clock=clock or SystemClock(),
@@ -114,6 +128,7 @@ def make_supervisor(
         config_path=config_path,
         notifier=notifier,
         version=__version__,
+        control=RealProcessControl(cgroups, subreaper=subreaper),
     )
 
 
@@ -125,6 +140,7 @@ def install_signals(sup: Supervisor) -> None:
 
     loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown")
     loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGUSR2, enqueue, "handoff")
     loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
 
 
@@ -137,7 +153,13 @@ async def serve(
     holder: list[Supervisor] | None = None,
     signals: bool = True,
 ) -> int:
-    """Run the daemon until a shutdown command; the server tree is always stopped on the way out."""
+    """Run the daemon until a shutdown command, which stops the server tree on the way out.
+
+    After a handoff (SIGUSR2) the server keeps running for the successor to adopt, and the exit
+    status is EXIT_HANDOFF, which the systemd unit turns into an immediate restart.
+    """
+    soft, hard = raise_nofile_limit()
+    log.info("nofile_limit", soft=soft, hard=hard)
     notifier = Notifier.from_env(env)
     registry = CollectorRegistry()
     sup = make_supervisor(settings, env, registry, config_path=config_path, notifier=notifier)
@@ -171,5 +193,5 @@ async def serve(
         await sup.run()
     finally:
         await api.close()
-    log.info("daemon_exit", state=sup.snapshot().state)
-    return 0
+    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
+    return EXIT_HANDOFF if sup.handoff else 0

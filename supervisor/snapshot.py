@@ -77,6 +77,15 @@ class ProcessView(_Frozen):
     rss_bytes: int
 
 
+class WriteErrorsView(_Frozen):
+    """Failed writes of the daemon's own files since it started (disk full, read-only state_dir)."""
+
+    journal: int = 0
+    server_log: int = 0
+    state: int = 0
+    bundle: int = 0
+
+
 class StatusSnapshot(_Frozen):
     state: str  # State value
     phase: str | None = None  # probes.types.Phase while starting
@@ -104,3 +113,5 @@ class StatusSnapshot(_Frozen):
     diagnosing: bool = False
     ladder: tuple[str, ...] = ()
     version: str = ""
+    loop_errors: int = 0  # exceptions the supervisor loop caught and survived
+    write_errors: WriteErrorsView = WriteErrorsView()

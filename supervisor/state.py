@@ -19,7 +19,8 @@ class State(str, Enum):
 
 _S = State
 LEGAL: dict[State, frozenset[State]] = {
-    _S.STOPPED: frozenset({_S.STARTING, _S.STOPPED}),
+    # A start refused because the port is held waits out its backoff in `restarting`.
+    _S.STOPPED: frozenset({_S.STARTING, _S.STOPPED, _S.RESTARTING}),
     _S.STARTING: frozenset({_S.READY, _S.HUNG, _S.RESTARTING, _S.STOPPED, _S.DIAGNOSING, _S.FAILED}),
     _S.READY: frozenset({_S.DEGRADED, _S.HUNG, _S.RESTARTING, _S.STOPPED, _S.DIAGNOSING, _S.FAILED}),
     _S.DEGRADED: frozenset({_S.READY, _S.HUNG, _S.RESTARTING, _S.STOPPED, _S.DIAGNOSING, _S.FAILED}),

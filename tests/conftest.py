@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -17,7 +18,7 @@ import pytest
 
 from probes.proctree import scan_tree
 from supervisor.logcapture import LogCapture
-from supervisor.process import ServerProcess
+from supervisor.process import ServerProcess, spawn_log_keeper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,10 +78,14 @@ def spawn(marker: str) -> Iterator[SpawnFn]:
     started: list[ServerProcess] = []
 
     def _spawn(
-        argv: Sequence[str], env: dict[str, str] | None = None, *, other_marker: str | None = None
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        *,
+        other_marker: str | None = None,
+        output: int | None = None,
     ) -> ServerProcess:
         full_env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
-        proc = ServerProcess.spawn(argv, full_env, other_marker or marker)
+        proc = ServerProcess.spawn(argv, full_env, other_marker or marker, output=output)
         started.append(proc)
         return proc
 
@@ -89,8 +94,9 @@ def spawn(marker: str) -> Iterator[SpawnFn]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()
+        for stream in (proc._popen.stdout, proc._popen.stderr):  # pipes only without `output`
+            if stream is not None:
+                stream.close()
     _kill_marked(marker)
 
 
@@ -113,23 +119,33 @@ SimFn = Callable[..., Simulated]
 def simulator(spawn: SpawnFn, marker: str, free_port: int, tmp_path: Path) -> Iterator[SimFn]:
     """`simulator(scenario, tp_size=4, env=None, *extra_args)`: the SGLang simulator on `free_port`.
 
-    Its output is drained into a LogCapture under tmp_path/sim-logs. Skips while the simulator is absent.
+    Its output goes through the log keeper to tmp_path/sim-logs, followed by a LogCapture, as the
+    daemon runs a server. Skips while the simulator is absent.
     """
     if not os.path.exists(os.path.join(ROOT, "supervisor", "simulator", "__main__.py")):
         pytest.skip("supervisor/simulator is not there yet")
     captures: list[LogCapture] = []
+    keepers: list[subprocess.Popen[bytes]] = []
 
     def _start(scenario: str, tp_size: int = 4, env: dict[str, str] | None = None, *extra: str) -> Simulated:
         argv = [sys.executable, "-m", "supervisor.simulator", "--model-path", "/models/sim-model"]
         argv += ["--tp-size", str(tp_size), "--host", "127.0.0.1", "--port", str(free_port), *extra]
-        proc = spawn(argv, {"SGLANG_SIM_SCENARIO": scenario, "SGLANG_SIM_PACE": "0.1", **(env or {})})
-        logs = LogCapture(tmp_path / "sim-logs", max_file_bytes=50 << 20, backups=1, memory_lines=5000)
-        logs.attach(proc.stdout, "stdout")
-        logs.attach(proc.stderr, "stderr")
+        log_dir = tmp_path / "sim-logs"
+        start = LogCapture.end_of(log_dir)  # before the keeper can write: this launch's lines follow
+        keeper, write_end = spawn_log_keeper(str(log_dir), "server.log", 50 << 20, 1, dict(os.environ))
+        keepers.append(keeper)
+        try:
+            sim_env = {"SGLANG_SIM_SCENARIO": scenario, "SGLANG_SIM_PACE": "0.1", **(env or {})}
+            proc = spawn(argv, sim_env, output=write_end)
+        finally:
+            os.close(write_end)
+        logs = LogCapture(log_dir, memory_lines=5000, start=start).start()
         captures.append(logs)
         return Simulated(proc, logs, free_port)
 
     yield _start
-    _kill_marked(marker)  # first, so the readers see EOF and close the pipes themselves
+    _kill_marked(marker)  # first, so the keepers see EOF and end by themselves
+    for keeper in keepers:
+        keeper.wait(10)
     for logs in captures:
         logs.close(timeout=5)

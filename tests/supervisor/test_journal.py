@@ -162,3 +162,26 @@ def test_read_survives_any_bytes(tmp_path_factory: pytest.TempPathFactory, data:
     assert all(isinstance(r, dict) for r in records)
     j.append("after")
     assert j.read(1)[-1]["event"] == "after"  # a torn last line does not swallow the next record
+
+
+def test_a_line_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import supervisor.journal as journal_module
+
+    j = Journal(tmp_path / "events.jsonl")
+    j.append("before")
+    good = (tmp_path / "events.jsonl").read_bytes()
+    real = os.write
+
+    def disk_full(fd: int, data: object) -> int:
+        view = memoryview(data)  # type: ignore[arg-type]
+        if len(view) > 20:
+            return real(fd, view[:20])  # a short write, then nothing more fits
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal_module.os, "write", disk_full)
+    j.append("lost", payload="x" * 200)
+    monkeypatch.undo()
+    assert (tmp_path / "events.jsonl").read_bytes() == good, "the partial line was cut back off"
+    assert j.write_errors == 1
+    j.append("after")
+    assert [r["event"] for r in j.read(10)] == ["before", "after"]

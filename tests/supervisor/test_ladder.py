@@ -9,6 +9,7 @@ from supervisor.ladder import (
     Incident,
     LadderState,
     backoff,
+    fresh_start,
     next_rung,
     record_incident,
     record_launch,
@@ -43,8 +44,39 @@ NOW = 1_000_000.0
     ],
 )
 def test_next_rung_table(state: LadderState, incident: Incident, action: str, rung: int) -> None:
-    d = next_rung(LADDER, state, incident, S, now_wall=NOW)
+    # As the daemon calls it: the incident is recorded first, then the ladder decides.
+    d = next_rung(LADDER, record_incident(state, incident, NOW), incident, S, now_wall=NOW)
     assert (d.action, d.rung) == (action, rung), d.reason
+
+
+def test_retries_per_rung_counts_relaunches_of_the_same_rung() -> None:
+    one = (Rung(name="base"),)
+    for retries in (0, 1, 3):
+        s = S.model_copy(update={"retries_per_rung": retries})
+        st = record_launch(LadderState(), 0, "base", NOW, after_incident=False)
+        relaunches = 0
+        while True:
+            st = record_incident(st, Incident("exited"), NOW)
+            d = next_rung(one, st, Incident("exited"), s, now_wall=NOW)
+            if d.action == "give_up":
+                break
+            relaunches += 1
+            st = record_launch(st, d.rung, "base", NOW, after_incident=True)
+        assert relaunches == retries
+
+
+def test_first_backoff_is_the_initial_one_and_a_huge_count_is_capped() -> None:
+    st = record_incident(LadderState(), Incident("exited"), NOW)
+    assert next_rung(LADDER, st, Incident("exited"), S, now_wall=NOW).backoff_s == 5
+    assert backoff(1100, S, 0.5) == 60
+    assert backoff(10**9, S, 0.5) == 60
+
+
+def test_fresh_start_clears_counters_keeps_memory() -> None:
+    st = LadderState(current=2, failures_on_current=3, consecutive_failures=9, last_good=1, restart_times=(NOW,))
+    f = fresh_start(st)
+    assert (f.failures_on_current, f.consecutive_failures, f.restart_times) == (0, 0, ())
+    assert (f.current, f.last_good) == (2, 1)
 
 
 def test_budget_gives_up() -> None:

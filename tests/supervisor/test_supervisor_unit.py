@@ -11,7 +11,6 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
 
 import pytest
 from observations import obs, proc
@@ -22,7 +21,7 @@ from probes.types import Observation
 from supervisor.clock import FakeClock
 from supervisor.commands import Command
 from supervisor.config import Settings, settings_from_mapping
-from supervisor.control import SpawnError, StopReport
+from supervisor.control import LogFiles, SpawnError, StopReport
 from supervisor.daemon import Supervisor
 from supervisor.metrics import SupervisorMetrics
 from supervisor.observe import Observer, Target
@@ -33,22 +32,11 @@ NO_SUCH_PID = 4_000_000  # above pid_max: the evidence tools find nothing to att
 class FakeChild:
     def __init__(self, pid: int) -> None:
         self._pid = pid
-        r1, self._w1 = os.pipe()
-        r2, self._w2 = os.pipe()
-        self._out, self._err = os.fdopen(r1, "rb", 0), os.fdopen(r2, "rb", 0)
         self.code: int | None = None
 
     @property
     def pid(self) -> int:
         return self._pid
-
-    @property
-    def stdout(self) -> IO[bytes]:
-        return self._out
-
-    @property
-    def stderr(self) -> IO[bytes]:
-        return self._err
 
     def poll(self) -> int | None:
         return self.code
@@ -56,8 +44,6 @@ class FakeChild:
     def exit(self, code: int) -> None:
         if self.code is None:
             self.code = code
-            os.close(self._w1)
-            os.close(self._w2)
 
 
 class FakeControl:
@@ -67,7 +53,9 @@ class FakeControl:
         self.stops = 0
         self.fail_spawn = False
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None) -> FakeChild:
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None, logs: LogFiles
+    ) -> FakeChild:
         if self.fail_spawn:
             raise SpawnError(f"cannot run {argv[0]!r}: no such file")
         self.spawned.append((tuple(argv), dict(env)))
@@ -82,7 +70,13 @@ class FakeControl:
             root.exit(-15)
         return StopReport((pid,), (pid,), (), (), True, (), -15, 0.01, False)
 
-    def kill_marked(self, marker: str) -> StopReport:
+    def adopt(self, pid: int, starttime: int, marker: str) -> FakeChild:
+        return FakeChild(pid)
+
+    def reap(self, exclude: int | None) -> list[int]:
+        return []
+
+    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
         return StopReport((), (), (), (), True, (), None, 0.0, False)
 
 

@@ -1,0 +1,59 @@
+"""What the forked server child does before exec: join its launch cgroup, drop ambient capabilities.
+
+Kept to the minimum: code between fork and exec in a threaded process must not take locks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+def _has_ambient_caps() -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapAmb:"):
+                    return int(line.split()[1], 16) != 0
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def ambient_dropper() -> Callable[[], None] | None:
+    """A pre-exec hook clearing ambient capabilities (CAP_SYS_PTRACE is for the dump tools only).
+
+    Only built when the daemon has ambient capabilities: a pre-exec hook forces fork instead of
+    vfork and runs Python code in the child of a threaded process, so it is avoided when useless.
+    """
+    if not _has_ambient_caps():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+
+    def drop() -> None:
+        prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # failure ignored: best effort
+
+    return drop
+
+
+def pre_exec(drop_caps: Callable[[], None] | None, cgroup_fd: int | None) -> Callable[[], None] | None:
+    """The forked child's last steps before exec: join the launch's cgroup (one write to an fd the
+    parent opened, so no Python allocation or import happens between fork and exec), drop caps."""
+    if cgroup_fd is None:
+        return drop_caps
+
+    def pre() -> None:
+        os.write(cgroup_fd, b"0")  # an error here fails the spawn: better than a server outside it
+        if drop_caps is not None:
+            drop_caps()
+
+    return pre

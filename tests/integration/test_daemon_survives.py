@@ -1,0 +1,142 @@
+"""The loop survives everything, through the running daemon: an exception in a poll or in the middle
+of a restart, /proc that cannot be read, API clients that hold connections open."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from supervisor import apiguard
+
+pytestmark = pytest.mark.integration
+
+
+def ready(s: Any) -> bool:
+    return bool(s.state == "ready")
+
+
+def events(state_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(state_dir) / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+async def metric(api: str, name: str) -> float:
+    async with httpx.AsyncClient() as c:
+        text = (await c.get(f"{api}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def test_an_exception_in_a_poll_is_counted_and_survived(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("ok"))
+    await r.wait_for(ready, 30, "ready")
+    real = r.sup.observer.observe
+    calls = 0
+
+    async def broken(target: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise RuntimeError("probe blew up")
+        return await real(target)
+
+    r.sup.observer.observe = broken  # type: ignore[method-assign]
+    await r.wait_for(lambda x: x.loop_errors >= 3, 20, "three survived loop errors")
+    await asyncio.sleep(3 * r.settings.watchdog.poll_interval_s)
+    snap = r.snap()
+    assert snap.state == "ready" and snap.incidents == 0 and not r.task.done()
+    assert await metric(r.api, "sglang_supervisor_loop_errors_total") >= 3
+    async with httpx.AsyncClient() as c:
+        assert (await c.get(f"{r.api}/status")).json()["loop_errors"] >= 3
+    assert any(e["event"] == "loop_error" and "probe blew up" in e["error"] for e in events(r.settings.state_dir))
+
+
+async def test_an_exception_in_the_middle_of_a_restart_is_finished_by_the_loop(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("ok"))
+    await r.wait_for(ready, 30, "ready")
+    first_pid = r.snap().pid
+    real_stop = r.sup.control.stop
+    calls = 0
+
+    def stop_once_broken(*a: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError(24, "Too many open files")
+        return real_stop(*a)
+
+    r.sup.control.stop = stop_once_broken  # type: ignore[method-assign]
+    async with httpx.AsyncClient() as c:
+        assert (await c.post(f"{r.api}/restart", json={})).status_code == 202
+    await r.wait_for(lambda x: x.loop_errors >= 1, 20, "the stop's error survived")
+    snap = await r.wait_for(lambda x: x.state == "ready" and x.pid != first_pid, 60, "ready on a new server")
+    assert calls >= 2 and snap.incidents >= 1
+    stopped = [e for e in events(r.settings.state_dir) if e["event"] == "server_stopped"]
+    assert stopped and stopped[-1]["survivors"] == [] and stopped[-1]["port_free"] is True
+
+
+async def test_unreadable_proc_is_unknown_not_exited(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("ok"))
+    await r.wait_for(ready, 30, "ready")
+    probe = r.sup.observer.tree_probe
+    real_proc = probe._proc
+    (tmp_path / "no-proc").mkdir()
+    probe._proc = str(tmp_path / "no-proc")  # every /proc read fails, as under EMFILE or EACCES
+    try:
+        for _ in range(int(4 / r.settings.watchdog.poll_interval_s)):
+            await asyncio.sleep(r.settings.watchdog.poll_interval_s)
+            assert r.snap().state == "ready", r.snap().reason
+    finally:
+        probe._proc = real_proc
+    assert r.sup.unknown_observations >= 3
+    await asyncio.sleep(2 * r.settings.watchdog.poll_interval_s)
+    snap = r.snap()
+    assert snap.state == "ready" and snap.incidents == 0 and snap.restarts == 0
+
+
+def _open_idle(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /status HTTP/1.1\r\n")  # a request line, and headers that never end
+        socks.append(s)
+    return socks
+
+
+def _closed_by_peer(s: socket.socket, timeout: float) -> bool:
+    s.settimeout(timeout)
+    try:
+        return s.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+async def test_slow_header_connections_are_capped_and_timed_out(daemon, sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(apiguard, "MAX_CONNECTIONS", 20)
+    monkeypatch.setattr(apiguard, "MIN_CONNECTIONS", 20)
+    monkeypatch.setattr(apiguard, "HEADER_TIMEOUT_S", 2.0)
+    r = await daemon(sim("ok"))
+    await r.wait_for(ready, 30, "ready")
+    port = r.settings.api.port
+    socks = await asyncio.to_thread(_open_idle, port, 30)
+    try:
+        await asyncio.sleep(0.5)
+        over = await asyncio.to_thread(lambda: sum(_closed_by_peer(s, 0.2) for s in socks[20:]))
+        assert over == 10, "connections over the cap are closed at once"
+        assert r.sup.api_guard.refused >= 10
+        late = await asyncio.to_thread(lambda: sum(_closed_by_peer(s, 5.0) for s in socks[:20]))
+        assert late == 20, "headers not complete within the deadline: closed"
+        assert r.sup.api_guard.header_timeouts >= 20
+    finally:
+        for s in socks:
+            s.close()
+    async with httpx.AsyncClient(timeout=2) as c:
+        assert (await c.get(f"{r.api}/status")).json()["state"] == "ready"
+    assert r.snap().incidents == 0
