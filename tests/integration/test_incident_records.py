@@ -41,8 +41,11 @@ async def test_incidents_within_one_second_get_distinct_ids(daemon, sim) -> None
     await r.wait_for(lambda x: x.state == "failed", 60, "failed")
     ids = [e["id"] for e in events(s.state_dir) if e["event"] == "incident"]
     assert len(ids) == 7 and len(set(ids)) == 7, ids
+    # Whether two of them fell in one second depends on the machine's load; when they did, the later
+    # ones carry a suffix (the same-second rule itself is pinned in tests/supervisor/test_guards.py).
     stamps = [i.split("-")[0] for i in ids]
-    assert len(set(stamps)) < len(stamps), "some incidents really fell in the same second"
+    if len(set(stamps)) < len(stamps):
+        assert any(i.rsplit("-", 1)[-1].isdigit() for i in ids), ids
 
 
 async def test_every_attempt_ends_with_an_outcome(daemon, sim) -> None:  # type: ignore[no-untyped-def]
