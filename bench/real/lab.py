@@ -6,10 +6,8 @@ Nothing here reads the daemon's internals: `/status`, `/events`, `/diagnostics` 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,49 +20,15 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.common import free_port
+from supervisor.config import dump_toml, settings_from_mapping
+
+__all__ = ["Daemon", "Load", "Recorder", "free_port", "schedulers", "titles"]
+
 ROOT = Path(__file__).resolve().parents[2]
 # NVLink multicast stays off on the lent machines (device docs): in every environment we start.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BUSY_STATES = ("hung", "diagnosing", "restarting")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"no TOML for {v!r}")
-
-
-def to_toml(config: Mapping[str, Any]) -> str:
-    """A config mapping as TOML: plain sections, `[server.args]`, `[[fallback]]` rungs."""
-    out: list[str] = []
-    for section, body in config.items():
-        if section == "fallback":
-            for rung in body:
-                out.append("[[fallback]]")
-                out += [f"{k} = {toml_value(v)}" for k, v in rung.items()]
-            continue
-        out.append(f"[{section}]")
-        nested = {k: v for k, v in body.items() if k == "args"}
-        out += [f"{k} = {toml_value(v)}" for k, v in body.items() if k not in nested]
-        for k, v in nested.items():
-            out.append(f"[{section}.{k}]")
-            out += [f"{json.dumps(str(a))} = {toml_value(x)}" for a, x in v.items()]
-    return "\n".join(out) + "\n"
 
 
 class Daemon:
@@ -78,7 +42,7 @@ class Daemon:
         config.setdefault("paths", {})["state_dir"] = str(work / "state")
         self.config = config
         self.config_path = work / "config.toml"
-        self.config_path.write_text(to_toml(config))
+        self.config_path.write_text(dump_toml(settings_from_mapping(config)))  # validated, as `run` reads it
         check = subprocess.run(
             [sys.executable, "-m", "supervisor", "check-config", "--config", str(self.config_path)],
             env=dict(env), cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -18,15 +18,35 @@ own journal (`/events`) and API, plus the wall time at which the recipe did some
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.real import configs
 from bench.real.lab import Daemon, Load, Recorder, free_port, iso, schedulers, titles, ts
+
+
+@contextlib.contextmanager
+def _recording(res: dict[str, Any], d: Daemon, rec: Recorder) -> Iterator[None]:
+    """A lane keeps what it measured when a step fails, and always stops its server and daemon."""
+    try:
+        yield
+    except Exception as err:
+        res["error"] = repr(err)
+    finally:
+        res["timeline"] = rec.stop()
+        res["close"] = d.close()
+
+
+def _fault_env(work: Path, rank: str | None = None) -> dict[str, str]:
+    env = {"REAL_FAULT": "kv_deadlock", "REAL_FAULT_ONCE": str(work / "fault.once"),
+           "REAL_FAULT_ONSET": str(work / "fault.onset")}
+    return {**env, "REAL_FAULT_RANK": rank} if rank is not None else env
 
 
 def _new_daemon(work: Path, cfg: dict[str, Any], real: Path) -> Daemon:
@@ -148,7 +168,7 @@ def lane_serve(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]
     res: dict[str, Any] = {"lane": "serve", "gpu": gpu}
     d = _new_daemon(work, configs.config(real, models, gpus=gpu, watchdog=dict(configs.FAST)), real)
     rec = Recorder(d).start()
-    try:
+    with _recording(res, d, rec):
         res["a_start"] = _start(d, rec)
         res["a_start"]["phases"] = _phases(list(rec.rows))
         port = int(d.config["server"]["port"])
@@ -164,28 +184,17 @@ def lane_serve(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]
         res["d_sigkill"] = incident_record(d, onset)
         res["load"] = load.stop()
         res["false_incidents_while_serving"] = None  # filled by the report from the events
-    except Exception as err:
-        res["error"] = repr(err)
-    finally:
-        res["timeline"] = rec.stop()
-        res["close"] = d.close()
     return res
 
 
 def lane_ladder(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     res: dict[str, Any] = {"lane": "ladder", "gpu": gpu}
-    fault = {"REAL_FAULT": "kv_deadlock", "REAL_FAULT_ONCE": str(work / "fault.once"),
-             "REAL_FAULT_ONSET": str(work / "fault.onset")}
     wd = dict(configs.FAST, startup_stall_s=30.0, on_spec_regression="fallback", spec_window_s=20.0)
-    cfg = configs.config(real, models, gpus=gpu, watchdog=wd, env_extra=fault, inject=True)
+    cfg = configs.config(real, models, gpus=gpu, watchdog=wd, env_extra=_fault_env(work), inject=True)
     d = _new_daemon(work, cfg, real)
     rec = Recorder(d).start()
-    try:
-        onset_file = work / "fault.onset"
-        end = time.time() + 300
-        while not onset_file.exists() and time.time() < end:
-            time.sleep(0.2)
-        onset = float(onset_file.read_text()) if onset_file.exists() else time.time()
+    with _recording(res, d, rec):
+        onset = _wait_onset(work)
         res["e_deadlock"] = incident_record(d, onset)
         frames = _bundle_grep(d, res["e_deadlock"].get("bundle_id"), "alloc_memory_pool")
         res["e_deadlock"]["frames_naming_alloc_memory_pool"] = frames
@@ -210,15 +219,10 @@ def lane_ladder(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any
         res["f_served_on_fallback"] = {"rung": d.status().get("rung"), "requests_ok": load.ok - ok_before}
         res["load"] = load.stop()
         res["accept_seen"] = sorted({r["accept"] for r in rec.rows if r.get("accept") is not None})
-    except Exception as err:
-        res["error"] = repr(err)
-    finally:
-        res["timeline"] = rec.stop()
-        res["close"] = d.close()
-        res["launches"] = [
-            {"rung": e.get("rung"), "argv": e.get("argv"), "ts": e.get("ts")}
-            for e in res["close"].get("events", []) if e.get("event") == "server_launched"
-        ]
+    res["launches"] = [
+        {"rung": e.get("rung"), "argv": e.get("argv"), "ts": e.get("ts")}
+        for e in res["close"].get("events", []) if e.get("event") == "server_launched"
+    ]
     return res
 
 
@@ -227,7 +231,7 @@ def lane_piecewise(work: Path, real: Path, models: Path, gpu: str) -> dict[str, 
     cfg = configs.config(real, models, gpus=gpu, watchdog={}, piecewise=True)  # shipped default windows
     d = _new_daemon(work, cfg, real)
     rec = Recorder(d).start()
-    try:
+    with _recording(res, d, rec):
         res["b_start"] = _start(d, rec)
         rows = list(rec.rows)
         res["b_start"]["phases"] = _phases(rows)
@@ -235,11 +239,6 @@ def lane_piecewise(work: Path, real: Path, models: Path, gpu: str) -> dict[str, 
         res["b_start"]["max_quiet_s"] = round(quiet, 1)
         res["b_start"]["startup_stall_s"] = 180.0
         res["b_start"]["margin_s"] = round(180.0 - quiet, 1)
-    except Exception as err:
-        res["error"] = repr(err)
-    finally:
-        res["timeline"] = rec.stop()
-        res["close"] = d.close()
     return res
 
 
@@ -251,41 +250,30 @@ def _wait_onset(work: Path, timeout: float = 300.0) -> float:
     return float(onset_file.read_text()) if onset_file.exists() else time.time()
 
 
+def _tp2_daemon(work: Path, real: Path, models: Path, gpus: str) -> tuple[Daemon, Recorder]:
+    """Tensor parallelism 2 with the start-up fault armed in rank 1 only (one-shot)."""
+    wd = dict(configs.FAST, startup_stall_s=30.0, cpu_only_stall_s=30.0)
+    cfg = configs.config(real, models, gpus=gpus, watchdog=wd, tp=2, env_extra=_fault_env(work, "1"), inject=True)
+    d = _new_daemon(work, cfg, real)
+    return d, Recorder(d).start()
+
+
 def lane_tp2_deadlock(work: Path, real: Path, models: Path, gpus: str = "0,1") -> dict[str, Any]:
     """Issue 15: a start-up deadlock in rank 1 only; rank 0 waits for it in its first collective."""
     res: dict[str, Any] = {"lane": "tp2_deadlock", "gpus": gpus}
-    fault = {"REAL_FAULT": "kv_deadlock", "REAL_FAULT_RANK": "1", "REAL_FAULT_ONCE": str(work / "fault.once"),
-             "REAL_FAULT_ONSET": str(work / "fault.onset")}
-    wd = dict(configs.FAST, startup_stall_s=30.0, cpu_only_stall_s=30.0)
-    cfg = configs.config(real, models, gpus=gpus, watchdog=wd, tp=2, env_extra=fault, inject=True)
-    d = _new_daemon(work, cfg, real)
-    rec = Recorder(d).start()
-    try:
+    d, rec = _tp2_daemon(work, real, models, gpus)
+    with _recording(res, d, rec):
         onset = _wait_onset(work)
         res["fault_fired"] = (work / "fault.onset").exists()
         res["startup_deadlock_rank1"] = incident_record(d, onset, ready_timeout=0)
-    except Exception as err:
-        res["error"] = repr(err)
-    finally:
-        res["timeline"] = rec.stop()
-        res["close"] = d.close()
     return res
 
 
 def lane_tp2(work: Path, real: Path, models: Path, gpus: str = "0,1") -> dict[str, Any]:
     res: dict[str, Any] = {"lane": "tp2", "gpus": gpus}
-    fault = {"REAL_FAULT": "kv_deadlock", "REAL_FAULT_RANK": "1", "REAL_FAULT_ONCE": str(work / "fault.once"),
-             "REAL_FAULT_ONSET": str(work / "fault.onset")}
-    wd = dict(configs.FAST, startup_stall_s=30.0, cpu_only_stall_s=30.0)
-    cfg = configs.config(real, models, gpus=gpus, watchdog=wd, tp=2, env_extra=fault, inject=True)
-    d = _new_daemon(work, cfg, real)
-    rec = Recorder(d).start()
-    try:
-        onset_file = work / "fault.onset"
-        end = time.time() + 300
-        while not onset_file.exists() and time.time() < end:
-            time.sleep(0.2)
-        onset = float(onset_file.read_text()) if onset_file.exists() else time.time()
+    d, rec = _tp2_daemon(work, real, models, gpus)
+    with _recording(res, d, rec):
+        onset = _wait_onset(work)
         res["startup_deadlock_rank1"] = incident_record(d, onset)
         st = d.status()
         res["ready"] = {"rung": st.get("rung"), "processes": st.get("processes"), "gpu": st.get("gpu"),
@@ -297,11 +285,6 @@ def lane_tp2(work: Path, real: Path, models: Path, gpus: str = "0,1") -> dict[st
         res["stop_victim"] = _signal_scheduler(d, signal.SIGSTOP, rank=-1)
         res["sigstop_rank1"] = incident_record(d, onset)
         res["load"] = load.stop()
-    except Exception as err:
-        res["error"] = repr(err)
-    finally:
-        res["timeline"] = rec.stop()
-        res["close"] = d.close()
     return res
 
 
