@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from supervisor.clock import FakeClock
+from supervisor.control import keeper_env
 from supervisor.logcapture import LogCapture, LogPosition, _Splitter
 from supervisor.process import ServerProcess, spawn_log_keeper
 
@@ -502,3 +503,15 @@ def test_simulator_log_flood(simulator: Callable[..., Any], wait_until: WaitFn) 
     assert growth_mb < 150, growth_mb
     assert wait_until(lambda: any("\ufffd" in line.text for line in sim.logs.lines_since(0)), timeout=10)
     assert sim.logs.stats.lines > 0
+
+
+def test_the_keeper_gets_no_secret_and_can_still_import_its_package(tmp_path: Path) -> None:
+    base = {"PATH": "/usr/bin", "HF_TOKEN": "hf_x", "SGLANG_SUPERVISOR_TOKEN": "t", "NOTIFY_SOCKET": "/run/n"}
+    env = keeper_env(base)
+    assert set(env) == {"PATH", "PYTHONPATH"}
+    # Run from "/" with only that environment, as the daemon starts it: it imports and keeps lines.
+    proc, fd = spawn_log_keeper(str(tmp_path / "logs"), "server.log", 1000, 1, {**env, "PATH": os.environ["PATH"]})
+    with os.fdopen(fd, "wb", buffering=0) as out:
+        out.write(b"hello\n")
+    assert proc.wait(20) == 0
+    assert (tmp_path / "logs" / "server.log").read_bytes() == b"hello\n"
