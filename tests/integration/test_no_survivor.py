@@ -121,6 +121,7 @@ async def test_without_either_the_escapee_survives_and_holds_the_port(daemon, si
         stopped = await stop_and_check(r, pid)
         assert alive(pid) and stopped["port_free"] is False
         assert pid in stopped["port_holders"], "the stop record names who holds the port"
+        assert f"pid {pid} (python" in stopped["port_held_by"]
         # A launch onto the busy port is refused with the holder named, and retried with a backoff.
         from supervisor.commands import Command
 
