@@ -97,6 +97,8 @@ async def test_escapee_is_stopped_with_the_launch_cgroup(daemon, sim, tmp_path: 
     stopped = await stop_and_check(r, pid)
     assert not alive(pid) and stopped["survivors"] == [] and stopped["port_free"] is True
     assert not cg.path.exists(), "the launch cgroup is removed"
+    contained = [e for e in events(r.settings.state_dir) if e["event"] == "containment"]
+    assert contained and contained[0]["cgroup_in_use"] is True and contained[0]["subreaper"] is True
 
 
 async def test_escapee_is_stopped_as_an_orphan_without_cgroups(daemon, sim, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
