@@ -18,7 +18,7 @@ from probes.types import Observation
 from supervisor.adopt import ServerRecord, starttime_of
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
-from supervisor.control import SpawnError, StopReport
+from supervisor.control import SpawnError, StopReport, describe_holders
 from supervisor.core import Core
 from supervisor.diagnostics import BundleResult, Redactor
 from supervisor.evidence import collect, provisional_class
@@ -349,6 +349,7 @@ async def stop_server(sup: Core, why: str) -> bool:
         "gpu_released": gpu_verdict(released),
         "gpu_check": "unavailable" if released == "unverified" else "nvml",
         "port_holders": list(report.port_holders),
+        "port_held_by": None if report.port_free else describe_holders(report.port_holders),
         "gpu_held_bytes": held,
         "release_wait_s": round(waited, 3),
     }

@@ -32,6 +32,7 @@ __all__ = [
     "RealProcessControl",
     "SpawnError",
     "StopReport",
+    "describe_holders",
     "port_holder",
 ]
 
@@ -65,7 +66,11 @@ def port_holder(host: str, port: int) -> str | None:
     """Who holds the server port, in words (pids and names), or None when it is free."""
     if process.port_is_free(host, port):
         return None
-    pids = process.port_holders(port) or ()
+    return describe_holders(process.port_holders(port) or ())
+
+
+def describe_holders(pids: Sequence[int]) -> str:
+    """`pid 123 (python3), pid 456 (sglang::sched)`; a listener the daemon cannot see said so."""
     if not pids:
         return "a socket whose owner is not visible to the daemon"
     named = []
