@@ -259,6 +259,25 @@ def test_a_new_reader_resumes_at_the_saved_position(
     assert second.stats.files_skipped == 0
 
 
+def test_closing_shows_a_partial_line_but_a_successor_resumes_before_it(
+    tmp_path: Path, keeper: Callable[..., Keeper], follow: Callable[..., LogCapture], wait_until: WaitFn
+) -> None:
+    k = keeper()
+    cap = follow()
+    k.write(b"whole\n", b"half")
+    log = tmp_path / "logs" / "server.log"
+    assert wait_until(lambda: log.exists() and log.stat().st_size == 10, timeout=10)
+    cap.close()  # a handoff: the daemon exits, the server goes on writing that line
+    assert _texts(cap) == ["whole", "half"]
+    position = cap.position
+    assert position is not None and position.offset == 6
+    k.write(b" done\n")
+    k.finish()
+    successor = follow(start=position)
+    successor.close()
+    assert _texts(successor) == ["half done"]
+
+
 def test_a_position_whose_file_is_gone_starts_at_the_oldest_file(
     keeper: Callable[..., Keeper], follow: Callable[..., LogCapture]
 ) -> None:
