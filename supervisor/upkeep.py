@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from supervisor import actions
-from supervisor.ladder import fresh_start, record_end
+from supervisor.control import PendingLaunch
+from supervisor.ladder import fresh_start, record_end, resume_rung
 from supervisor.persist import OpenIncident
 from supervisor.publish import iso
 from supervisor.snapshot import IncidentView, WriteErrorsView
@@ -61,6 +62,16 @@ async def chores(sup: Supervisor) -> bool:
     # Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit.
     await asyncio.to_thread(sup.control.reap, sup.server_pid())
     return False
+
+
+def start_later(sup: Supervisor, why: str) -> None:
+    """Start-up failed before the first launch: try it from the tick after `backoff_initial_s`."""
+    delay = sup.settings.restart.backoff_initial_s
+    rung = resume_rung(sup.ladder, len(sup.settings.ladder), sup.settings.restart.start_from)
+    sup.move(State.RESTARTING, f"{why}; launching in {delay:g} s")
+    sup.pending_launch = PendingLaunch(rung, False, sup.clock.monotonic() + delay)
+    sup.next_attempt_at = sup.pending_launch.at
+    sup.publish()
 
 
 async def leave_failed(sup: Supervisor, event: str, why: str, rung: int) -> None:
