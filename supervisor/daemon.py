@@ -48,7 +48,12 @@ class Supervisor(Core):
     async def run(self, *, autostart: bool = True) -> None:
         """Start (resuming the ladder), then poll until a shutdown command; always stop the tree."""
         try:
-            await self.startup(autostart)
+            try:
+                await self.startup(autostart)
+            except Exception as err:  # not even start-up may end the daemon
+                await upkeep.survive(self, err)
+                if autostart and self.lifecycle.state == State.STOPPED:
+                    upkeep.start_later(self, f"start-up failed ({err!r})")
             next_tick = self.clock.monotonic()
             while not self.shutdown_requested:
                 wait = max(0.0, next_tick - self.clock.monotonic())
