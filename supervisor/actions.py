@@ -18,7 +18,7 @@ from probes.types import Observation
 from supervisor.adopt import ServerRecord, starttime_of
 from supervisor.commands import CommandResult, finish
 from supervisor.config import render_rung
-from supervisor.control import SpawnError, StopReport
+from supervisor.control import SpawnError, StopReport, describe_holders
 from supervisor.core import Core
 from supervisor.diagnostics import BundleResult, Redactor
 from supervisor.evidence import collect, provisional_class
@@ -68,6 +68,7 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     if not await port_available(sup, rung_index, after_incident=after_incident):
         return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
+    sup.stopped_by_request = False
     if after_incident:
         sup.restarts += 1
     sup.persist()
@@ -303,6 +304,8 @@ async def wait_backoff(sup: Core, seconds: float) -> bool:
                 finish(cmd, CommandResult("accepted", "shutting down", sup.lifecycle.state.value))
                 return False
             if cmd.kind == "stop":
+                sup.stopped_by_request = True
+                sup.persist()
                 sup.move(State.STOPPED, cmd.reason or "stopped by request during backoff")
                 finish(cmd, CommandResult("done", "stopped", State.STOPPED.value))
                 return False
@@ -349,6 +352,7 @@ async def stop_server(sup: Core, why: str) -> bool:
         "gpu_released": gpu_verdict(released),
         "gpu_check": "unavailable" if released == "unverified" else "nvml",
         "port_holders": list(report.port_holders),
+        "port_held_by": None if report.port_free else describe_holders(report.port_holders),
         "gpu_held_bytes": held,
         "release_wait_s": round(waited, 3),
     }
@@ -400,6 +404,8 @@ async def shutdown(sup: Core) -> None:
     if sup.lifecycle.state != State.STOPPED:
         sup.move(State.STOPPED, "daemon shut down")
     sup.ladder = record_end(sup.ladder, "daemon_shutdown", sup.clock.wall())
+    if not sup.handoff:  # a service stop: the next service start starts the server again
+        sup.stopped_by_request = False
     sup.persist()
     await sup.observer.close()
     while not sup.queue.empty():

@@ -32,6 +32,7 @@ __all__ = [
     "RealProcessControl",
     "SpawnError",
     "StopReport",
+    "describe_holders",
     "port_holder",
 ]
 
@@ -39,8 +40,17 @@ __all__ = [
 # it): an adopted server that ended reports this.
 EXIT_UNKNOWN = 255
 
-# What the log keeper must not inherit from the daemon: it neither notifies systemd nor serves.
-_NOT_FOR_KEEPER = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"})
+# All the log keeper gets of the daemon's environment: what Python needs to start. No secrets (the
+# API token, HF_TOKEN), no systemd variables (NOTIFY_SOCKET): it only copies bytes to a file.
+_FOR_KEEPER = ("PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+# The directory holding the `supervisor` package: the keeper runs from "/" and must still import it.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def keeper_env(base: Mapping[str, str]) -> dict[str, str]:
+    env = {k: base[k] for k in _FOR_KEEPER if k in base}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,11 @@ def port_holder(host: str, port: int) -> str | None:
     """Who holds the server port, in words (pids and names), or None when it is free."""
     if process.port_is_free(host, port):
         return None
-    pids = process.port_holders(port) or ()
+    return describe_holders(process.port_holders(port) or ())
+
+
+def describe_holders(pids: Sequence[int]) -> str:
+    """`pid 123 (python3), pid 456 (sglang::sched)`; a listener the daemon cannot see said so."""
     if not pids:
         return "a socket whose owner is not visible to the daemon"
     named = []
@@ -152,9 +166,8 @@ class RealProcessControl:
                 cgroup = self.cgroups.create(marker)
             except OSError:
                 cgroup = None  # the marker and the subreaper still find the tree
-        base = self._keeper_env if self._keeper_env is not None else os.environ
-        keeper_env = {k: v for k, v in base.items() if k not in _NOT_FOR_KEEPER}
-        keeper, write_end = process.spawn_log_keeper(str(logs.dir), logs.name, logs.max_bytes, logs.backups, keeper_env)
+        env_k = keeper_env(self._keeper_env if self._keeper_env is not None else os.environ)
+        keeper, write_end = process.spawn_log_keeper(str(logs.dir), logs.name, logs.max_bytes, logs.backups, env_k)
         self._keepers.append(keeper)
         try:
             return process.ServerProcess.spawn(argv, env, marker, cwd, output=write_end, cgroup=cgroup)

@@ -115,6 +115,7 @@ class Core:
         self.on_reload: Callable[[Settings], Awaitable[None]] | None = None
         self.server: Child | None = None
         self.server_record: ServerRecord | None = None  # what a successor needs to adopt `server`
+        self.stopped_by_request = False  # persisted: a daemon restart leaves such a server stopped
         self.handoff = False  # exiting for a successor (SIGUSR2): leave the server running
         self.persisted_at = clock.monotonic()
         self.capture: LogCapture | None = None
@@ -176,7 +177,8 @@ class Core:
             if record is not None and self.capture is not None:
                 record = replace(record, log=self.capture.position or record.log)
                 self.server_record = record
-            save(self.state_dir / "state.json", Persisted(self.marker, self.ladder, names, self.open_incident, record))
+            saved = Persisted(self.marker, self.ladder, names, self.open_incident, record, self.stopped_by_request)
+            save(self.state_dir / "state.json", saved)
             self.persisted_at = self.clock.monotonic()
         except OSError as err:
             self.state_write_errors += 1

@@ -48,7 +48,12 @@ class Supervisor(Core):
     async def run(self, *, autostart: bool = True) -> None:
         """Start (resuming the ladder), then poll until a shutdown command; always stop the tree."""
         try:
-            await self.startup(autostart)
+            try:
+                await self.startup(autostart)
+            except Exception as err:  # not even start-up may end the daemon
+                await upkeep.survive(self, err)
+                if autostart and self.lifecycle.state == State.STOPPED and not self.stopped_by_request:
+                    upkeep.start_later(self, f"start-up failed ({err!r})")
             next_tick = self.clock.monotonic()
             while not self.shutdown_requested:
                 wait = max(0.0, next_tick - self.clock.monotonic())
@@ -77,6 +82,7 @@ class Supervisor(Core):
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
             self.marker, self.ladder, self.server_record = saved.marker, saved.ladder, saved.server
+            self.stopped_by_request = saved.stopped
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
         self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
         if saved is not None and saved.open_incident is not None:
@@ -93,7 +99,11 @@ class Supervisor(Core):
         await actions.kill_leftovers(self)
         # The previous daemon's server, if any, was just stopped: its attempt ends here.
         self.ladder = record_end(self.ladder, "daemon_restarted", self.clock.wall())
-        if autostart:
+        if autostart and self.stopped_by_request:  # the operator's stop outlives the daemon
+            self.reason = "stopped by request before the daemon restarted (start it: sglang-supervisor start)"
+            self.journal.append("stayed_stopped", reason=self.reason)
+            log.info("stayed_stopped")
+        elif autostart:
             rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
             await actions.launch(self, rung, after_incident=False)
         self.publish()

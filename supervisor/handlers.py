@@ -73,6 +73,7 @@ async def handle_command(sup: Core, cmd: Command) -> None:
             sup.move(State.RESTARTING, cmd.reason or "stop requested")
             await stop_server(sup, "stop requested")
             sup.ladder = record_end(sup.ladder, "stopped", sup.clock.wall())
+            sup.stopped_by_request = True
             sup.persist()
             sup.move(State.STOPPED, cmd.reason or "stopped by request")
     elif cmd.kind == "start":

@@ -25,6 +25,7 @@ log = structlog.get_logger("supervisor")
 
 async def hand_over(sup: Core) -> None:
     """Exit for a successor (an upgrade): the server keeps running, state.json says how to adopt it."""
+    sup.notifier.stopping()
     if sup.capture is not None:
         cap = sup.capture
         await asyncio.to_thread(cap.close)  # its position now covers every line read

@@ -323,8 +323,11 @@ class LogCapture:
         if self._thread is not None:
             self._thread.join(timeout)
         rest = self._splitter.flush()
-        if rest:
+        if rest:  # an unterminated last line: shown, but a successor resumes before it (it may go on)
+            resume_at = self.position
             self._ingest([rest], 0)
+            with self._lock:
+                self._position = resume_at
 
 
 def _text(entry: _Entry) -> str:

@@ -42,6 +42,7 @@ class Persisted:
     rung_names: tuple[str, ...]  # the ladder the indices refer to
     open_incident: OpenIncident | None = None
     server: ServerRecord | None = None  # the running server, for a successor daemon to adopt
+    stopped: bool = False  # stopped by request (API, CLI): a restarted daemon does not start it
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -93,6 +94,7 @@ def save(path: Path, p: Persisted) -> None:
         "attempts": [asdict(a) for a in p.ladder.attempts],
         "open_incident": asdict(p.open_incident) if p.open_incident is not None else None,
         "server": p.server.to_json() if p.server is not None else None,
+        "stopped": p.stopped,
     }
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
 
@@ -174,12 +176,16 @@ def parse(doc: object, rung_names: tuple[str, ...]) -> Persisted:
     # A server record that is not exactly what this daemon writes is not adopted (the tree is then
     # stopped by marker), but it does not cost the ladder its memory.
     server = ServerRecord.from_json(doc.get("server"))
+    stopped = doc.get("stopped", False)
+    if not isinstance(stopped, bool):
+        raise Malformed("stopped must be true or false")
     return Persisted(
         marker=marker,
         ladder=ladder,
         rung_names=rung_names,
         open_incident=_open(doc.get("open_incident")),
         server=server,
+        stopped=stopped,
     )
 
 

@@ -47,12 +47,16 @@ def ambient_dropper() -> Callable[[], None] | None:
 
 def pre_exec(drop_caps: Callable[[], None] | None, cgroup_fd: int | None) -> Callable[[], None] | None:
     """The forked child's last steps before exec: join the launch's cgroup (one write to an fd the
-    parent opened, so no Python allocation or import happens between fork and exec), drop caps."""
+    parent opened, so nothing is imported or locked between fork and exec), drop caps. A refused join
+    leaves the server outside the cgroup rather than not started."""
     if cgroup_fd is None:
         return drop_caps
 
     def pre() -> None:
-        os.write(cgroup_fd, b"0")  # an error here fails the spawn: better than a server outside it
+        try:  # noqa: SIM105 - the least code possible between fork and exec
+            os.write(cgroup_fd, b"0")
+        except OSError:
+            pass  # refused (e.g. controllers enabled in the parent): the marker and the subreaper remain
         if drop_caps is not None:
             drop_caps()
 

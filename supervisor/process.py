@@ -163,6 +163,7 @@ def spawn_log_keeper(
             stdin=read_end,
             stdout=subprocess.DEVNULL,
             env=dict(env),
+            cwd="/",  # holds no directory busy (an unmount, a deleted checkout)
             start_new_session=True,
             preexec_fn=ambient_dropper(),
         )

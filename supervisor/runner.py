@@ -119,7 +119,7 @@ def make_supervisor(
     subreaper = become_subreaper()
     cgroups, why = CgroupRoot.find()
     log.info("containment", subreaper=subreaper, cgroup=why)
-    return Supervisor(
+    sup = Supervisor(
         settings,
         clock=clock or SystemClock(),
         metrics=lambda snap: SupervisorMetrics(registry, snap),
@@ -130,6 +130,8 @@ def make_supervisor(
         version=__version__,
         control=RealProcessControl(cgroups, subreaper=subreaper),
     )
+    sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    return sup
 
 
 def install_signals(sup: Supervisor) -> None:

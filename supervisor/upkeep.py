@@ -8,8 +8,9 @@ import asyncio
 import structlog
 
 from supervisor import actions
+from supervisor.control import PendingLaunch
 from supervisor.core import Core
-from supervisor.ladder import fresh_start, record_end
+from supervisor.ladder import fresh_start, record_end, resume_rung
 from supervisor.persist import OpenIncident
 from supervisor.publish import iso
 from supervisor.snapshot import IncidentView
@@ -58,6 +59,16 @@ async def chores(sup: Core) -> bool:
     # Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit.
     await asyncio.to_thread(sup.control.reap, sup.server_pid())
     return False
+
+
+def start_later(sup: Core, why: str) -> None:
+    """Start-up failed before the first launch: try it from the tick after `backoff_initial_s`."""
+    delay = sup.settings.restart.backoff_initial_s
+    rung = resume_rung(sup.ladder, len(sup.settings.ladder), sup.settings.restart.start_from)
+    sup.move(State.RESTARTING, f"{why}; launching in {delay:g} s")
+    sup.pending_launch = PendingLaunch(rung, False, sup.clock.monotonic() + delay)
+    sup.next_attempt_at = sup.pending_launch.at
+    sup.publish()
 
 
 async def leave_failed(sup: Core, event: str, why: str, rung: int) -> None:

@@ -174,3 +174,36 @@ def test_an_adopted_server_is_judged_by_the_usual_rules(sim, tmp_path: Path) -> 
             proc.wait(30)
         finally:
             cleanup(proc, state_dir)
+
+
+def test_a_stop_by_request_outlives_a_daemon_restart_and_a_service_stop_does_not(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    s = sim("ok", tp=1)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    api = f"http://127.0.0.1:{s.api.port}"
+    state_dir = s.paths.state_dir
+    proc = start(cfg, dict(os.environ))
+    try:
+        wait_status(api, lambda x: x["state"] == "ready", 40, proc)
+        assert httpx.post(f"{api}/stop", json={}, timeout=30).status_code < 300
+        wait_status(api, lambda x: x["state"] == "stopped", 30, proc)
+        proc.kill()  # a crash while the operator has the server stopped
+        proc.wait(10)
+        proc = start(cfg, dict(os.environ))
+        assert wait_for(lambda: any(e["event"] == "stayed_stopped" for e in events(state_dir)), 20)
+        assert wait_status(api, lambda x: True, 10, proc)["state"] == "stopped"
+        assert [e["event"] for e in events(state_dir)].count("server_launched") == 1
+
+        assert httpx.post(f"{api}/start", json={}, timeout=30).status_code < 300
+        wait_status(api, lambda x: x["state"] == "ready", 40, proc)
+        proc.send_signal(signal.SIGTERM)  # a service stop: the next service start starts the server
+        assert proc.wait(30) == 0
+        proc = start(cfg, dict(os.environ))
+        wait_status(api, lambda x: x["state"] == "ready", 40, proc)
+        assert [e["event"] for e in events(state_dir)].count("server_launched") == 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        finally:
+            cleanup(proc, state_dir)

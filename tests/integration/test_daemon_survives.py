@@ -140,3 +140,16 @@ async def test_slow_header_connections_are_capped_and_timed_out(daemon, sim, mon
     async with httpx.AsyncClient(timeout=2) as c:
         assert (await c.get(f"{r.api}/status")).json()["state"] == "ready"
     assert r.snap().incidents == 0
+
+
+async def test_an_exception_during_start_up_is_survived_and_the_server_started(daemon, sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from supervisor import actions
+
+    async def broken(sup: Any) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(actions, "kill_leftovers", broken)
+    r = await daemon(sim("ok", tp=1))
+    snap = await r.wait_for(lambda x: x.state == "ready", 60, "ready despite the failed start-up")
+    assert snap.loop_errors == 1 and not r.task.done()
+    assert any("start-up failed" in str(e.get("reason", "")) for e in events(r.settings.state_dir))

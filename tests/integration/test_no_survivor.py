@@ -97,6 +97,8 @@ async def test_escapee_is_stopped_with_the_launch_cgroup(daemon, sim, tmp_path: 
     stopped = await stop_and_check(r, pid)
     assert not alive(pid) and stopped["survivors"] == [] and stopped["port_free"] is True
     assert not cg.path.exists(), "the launch cgroup is removed"
+    contained = [e for e in events(r.settings.state_dir) if e["event"] == "containment"]
+    assert contained and contained[0]["cgroup_in_use"] is True and contained[0]["subreaper"] is True
 
 
 async def test_escapee_is_stopped_as_an_orphan_without_cgroups(daemon, sim, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -121,6 +123,7 @@ async def test_without_either_the_escapee_survives_and_holds_the_port(daemon, si
         stopped = await stop_and_check(r, pid)
         assert alive(pid) and stopped["port_free"] is False
         assert pid in stopped["port_holders"], "the stop record names who holds the port"
+        assert f"pid {pid} (python" in stopped["port_held_by"]
         # A launch onto the busy port is refused with the holder named, and retried with a backoff.
         from supervisor.commands import Command
 

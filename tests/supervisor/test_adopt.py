@@ -112,3 +112,13 @@ def test_the_record_survives_a_save_and_load(tmp_path: Path) -> None:
     save(path, Persisted("m", LadderState(), ("base",), server=ServerRecord(1234, 5678, "base", 2.0, None)))
     saved, _ = load(path, ("base",))
     assert saved is not None and saved.server is not None and saved.server.log is None
+
+
+def test_the_stopped_flag_round_trips_and_must_be_a_boolean(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    save(path, Persisted("m", LadderState(), ("base",), stopped=True))
+    saved, _ = load(path, ("base",))
+    assert saved is not None and saved.stopped is True
+    path.write_text(json.dumps({"version": 1, "marker": "m", "stopped": "yes"}))
+    saved, why = load(path, ("base",))
+    assert saved is None and "stopped" in why

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from supervisor.clock import FakeClock
+from supervisor.control import keeper_env
 from supervisor.logcapture import LogCapture, LogPosition, _Splitter
 from supervisor.process import ServerProcess, spawn_log_keeper
 
@@ -256,6 +257,25 @@ def test_a_new_reader_resumes_at_the_saved_position(
     assert [t.split()[0] for t in _texts(second)] == ["000050", *(f"{i:06d}" for i in range(51, 300))]
     assert _texts(second)[0] == "000050 partial line"
     assert second.stats.files_skipped == 0
+
+
+def test_closing_shows_a_partial_line_but_a_successor_resumes_before_it(
+    tmp_path: Path, keeper: Callable[..., Keeper], follow: Callable[..., LogCapture], wait_until: WaitFn
+) -> None:
+    k = keeper()
+    cap = follow()
+    k.write(b"whole\n", b"half")
+    log = tmp_path / "logs" / "server.log"
+    assert wait_until(lambda: log.exists() and log.stat().st_size == 10, timeout=10)
+    cap.close()  # a handoff: the daemon exits, the server goes on writing that line
+    assert _texts(cap) == ["whole", "half"]
+    position = cap.position
+    assert position is not None and position.offset == 6
+    k.write(b" done\n")
+    k.finish()
+    successor = follow(start=position)
+    successor.close()
+    assert _texts(successor) == ["half done"]
 
 
 def test_a_position_whose_file_is_gone_starts_at_the_oldest_file(
@@ -502,3 +522,15 @@ def test_simulator_log_flood(simulator: Callable[..., Any], wait_until: WaitFn) 
     assert growth_mb < 150, growth_mb
     assert wait_until(lambda: any("\ufffd" in line.text for line in sim.logs.lines_since(0)), timeout=10)
     assert sim.logs.stats.lines > 0
+
+
+def test_the_keeper_gets_no_secret_and_can_still_import_its_package(tmp_path: Path) -> None:
+    base = {"PATH": "/usr/bin", "HF_TOKEN": "hf_x", "SGLANG_SUPERVISOR_TOKEN": "t", "NOTIFY_SOCKET": "/run/n"}
+    env = keeper_env(base)
+    assert set(env) == {"PATH", "PYTHONPATH"}
+    # Run from "/" with only that environment, as the daemon starts it: it imports and keeps lines.
+    proc, fd = spawn_log_keeper(str(tmp_path / "logs"), "server.log", 1000, 1, {**env, "PATH": os.environ["PATH"]})
+    with os.fdopen(fd, "wb", buffering=0) as out:
+        out.write(b"hello\n")
+    assert proc.wait(20) == 0
+    assert (tmp_path / "logs" / "server.log").read_bytes() == b"hello\n"
