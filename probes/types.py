@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["main", "scheduler", "detokenizer", "controller", "other"]
+# "pending": a child of the main process that has not set its title yet (still importing SGLang).
+Role = Literal["main", "scheduler", "detokenizer", "controller", "pending", "other"]
 
 Phase = Literal[
     "spawning",  # launched; nothing parsed from the log yet
