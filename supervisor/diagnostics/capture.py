@@ -1,7 +1,9 @@
 """One capture: every process of the tree in parallel, then classify, then one bundle on disk.
 
 Nothing here sends a signal: a tool that leaves a process stopped is undone by the `resume`
-callable the daemon passes (supervisor.process.resume_stopped), called after every tool run.
+callable the daemon passes (supervisor.process.resume_stopped), called after every tool run --
+except for a process that was already stopped (state T) before the capture began: that stop is
+the evidence (a SIGSTOPped rank), and the bundle leaves it as it found it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probes.proctree import read_stat
 from probes.types import ProcInfo, ThreadInfo
 from supervisor.diagnostics import tools
 from supervisor.diagnostics.bundle import enforce_retention, safe_id, unique_id, write_bundle
@@ -35,6 +38,7 @@ from supervisor.diagnostics.runner import RunResult, run_tool
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
 
 Resume = Callable[[Sequence[int]], object]
+CPU_WINDOW_S = 0.2  # per-process CPU rates are measured over this window, before any tool runs
 _FILE_PREFIX: dict[ToolName, str] = {
     "py-spy": "pyspy",
     "py-spy-native": "pyspy-native",
@@ -160,11 +164,10 @@ async def _capture_one(
 def _evidence(
     req: CaptureRequest,
     runs: Sequence[_ProcRun],
-    before: Sequence[ProcSnapshot],
-    after: Sequence[tuple[ThreadInfo, ...]],
+    got: _Collected,
 ) -> Evidence:
     procs = []
-    for run, snap, late in zip(runs, before, after, strict=True):
+    for run, snap, late in zip(runs, got.before, got.after, strict=True):
         samples = tuple(s for s in (run.info.threads, snap.threads, late) if s)
         procs.append(
             ProcEvidence(
@@ -176,6 +179,8 @@ def _evidence(
                 run.python,
                 run.native,
                 run.kernels,
+                stopped=run.info.pid in got.stopped,
+                cpu_cores=got.cpu_cores.get(run.info.pid),
             )
         )
     gpu_util = req.gpu_util_percent
@@ -196,19 +201,47 @@ class _Collected:
     runs: list[_ProcRun]
     after: list[tuple[ThreadInfo, ...]]  # thread states once every tool is done
     durations: dict[str, float]
+    stopped: frozenset[int] = frozenset()  # in state T before any tool attached
+    cpu_cores: dict[int, float] = field(default_factory=dict)  # pid -> CPU rate before the tools
+
+
+def _cpu_times(pids: Sequence[int]) -> dict[int, float]:
+    return {pid: st.cpu_time_s for pid in pids if (st := read_stat(pid)) is not None}
+
+
+def _stopped_before(info: ProcInfo, snap: ProcSnapshot) -> bool:
+    """Stopped by a signal before we came: every thread in T (a tracer's stop reads `t`)."""
+    if snap.threads:
+        return all(t.state == "T" for t in snap.threads)
+    return snap.alive and info.status == "stopped"
+
+
+async def _rates(pids: Sequence[int]) -> tuple[list[ProcSnapshot], dict[int, float]]:
+    """/proc of every process, and each one's CPU rate over CPU_WINDOW_S, before any tool runs."""
+    tic = time.monotonic()
+    first = await asyncio.to_thread(_cpu_times, pids)
+    before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
+    await asyncio.sleep(max(0.0, CPU_WINDOW_S - (time.monotonic() - tic)))
+    second = await asyncio.to_thread(_cpu_times, pids)
+    span = time.monotonic() - tic
+    rates = {pid: round(max(0.0, second[pid] - first[pid]) / span, 3) for pid in second if pid in first}
+    return before, rates
 
 
 async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume | None) -> _Collected:
     start = time.monotonic()
     pids = [p.pid for p in req.processes]
     env = tools.tool_env(dict(os.environ))
-    before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
+    before, rates = await _rates(pids)
+    stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
     proc_s = time.monotonic() - start
-    runs = await asyncio.gather(*(_capture_one(p, req, paths, env, resume) for p in req.processes))
+    runs = await asyncio.gather(
+        *(_capture_one(p, req, paths, env, None if p.pid in stopped else resume) for p in req.processes)
+    )
     tools_s = time.monotonic() - start - proc_s
     after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
     durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4)}
-    return _Collected(before, list(runs), after, durations)
+    return _Collected(before, list(runs), after, durations, stopped, rates)
 
 
 def _redactor(req: CaptureRequest, before: Sequence[ProcSnapshot]) -> Redactor:
@@ -259,7 +292,7 @@ async def capture(
     diag_dir = Path(diag_dir)
     got = await _collect(req, tools.resolve(py_spy_path, gdb_path), resume)
     redactor = _redactor(req, got.before)
-    evidence = _evidence(req, got.runs, got.before, got.after)
+    evidence = _evidence(req, got.runs, got)
     classification = classify(evidence)
 
     blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop

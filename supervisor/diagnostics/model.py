@@ -105,6 +105,14 @@ class ProcEvidence:
     python: tuple[StackThread, ...] = ()  # from py-spy (the native dump when one was taken)
     native: tuple[StackThread, ...] = ()  # from gdb or cuda-gdb
     gpu_kernels: tuple[str, ...] = ()  # from cuda-gdb `info cuda kernels`
+    # State T before any tool attached: SIGSTOP (or a debugger of someone else's) holds it.
+    stopped: bool = False
+    cpu_cores: float | None = None  # its CPU rate over a short window before the tools ran
+
+    @property
+    def rank_like(self) -> bool:
+        """A scheduler, or a child still importing that will be one: where the model's work runs."""
+        return self.role in ("scheduler", "pending")
 
     @property
     def label(self) -> str:

@@ -6,8 +6,10 @@ import errno
 import json
 import os
 import shutil
+import signal
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,8 @@ from supervisor.diagnostics import CaptureRequest, capture
 
 if TYPE_CHECKING:  # fixtures from conftest.py (import mode importlib: not importable at run time)
     from conftest import InfoFn, Launcher, ResumeLog
+
+WaitFn = Callable[..., bool]
 
 pytestmark = pytest.mark.integration
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
@@ -285,3 +289,34 @@ async def test_retention_runs_after_each_capture(tmp_path: Path, proc_info: Info
         request((info,), py_spy=False, incident_id=ids[2]), tmp_path, keep=5, max_bytes=10**9
     )
     assert again.id == f"{ids[2]}-2"
+
+
+@needs_gdb
+async def test_a_sigstopped_scheduler_is_named_and_judged_from_the_schedulers(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, wait_until: WaitFn
+) -> None:
+    """Real SGLang, one scheduler SIGSTOPped under load: the front end still burns a core. The
+    class comes from the schedulers (idle), the bundle names the stopped rank, leaves it stopped."""
+    tree = launch("front", 1)
+    scheduler = tree.children[0]
+    os.kill(scheduler, signal.SIGSTOP)
+    assert wait_until(lambda: psutil.Process(scheduler).status() == psutil.STATUS_STOPPED, timeout=10)
+    # The daemon passes the tree's CPU rate: the front end's spinning core.
+    req = request(tree.infos(), cause="serving_stall", native=True, gdb=True, tree_cpu_cores=1.0)
+    result = await capture(req, tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
+    reasons = result.classification.reasons
+    assert result.hang_class == "idle_deadlock", reasons
+    assert "busy_spin" not in result.classification.candidates
+    assert reasons[0].startswith(f"scheduler TP0 pid {scheduler} stopped (state T"), reasons
+    assert psutil.Process(scheduler).status() == psutil.STATUS_STOPPED  # left as it was found
+    assert all(scheduler not in call for call in resume.calls)
+    assert tree.parent.pid in {pid for call in resume.calls for pid in call}  # the others still resumed
+    assert result.path is not None
+    doc = json.loads((result.path / "summary.json").read_text())
+    assert doc["stopped"] == [scheduler]
+    rows = {p["pid"]: p for p in doc["pids"]}
+    assert rows[scheduler]["stopped"] and not rows[tree.parent.pid]["stopped"]
+    assert rows[tree.parent.pid]["cpu_cores"] > 0.05 and rows[scheduler]["cpu_cores"] == 0.0  # a shared CPU
+    text = (result.path / "summary.txt").read_text()
+    assert f"pid {scheduler} scheduler TP0" in text and "STOPPED (state T before the capture" in text
+    assert "is stopped (state T: SIGSTOP or a debugger)" in text
