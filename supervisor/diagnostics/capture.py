@@ -39,6 +39,7 @@ from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, r
 
 Resume = Callable[[Sequence[int]], object]
 CPU_WINDOW_S = 0.2  # per-process CPU rates are measured over this window, before any tool runs
+_MIN_TOOL_S = 0.3  # a tool given less than this cannot attach and dump: skipped instead
 _FILE_PREFIX: dict[ToolName, str] = {
     "py-spy": "pyspy",
     "py-spy-native": "pyspy-native",
@@ -106,11 +107,17 @@ async def _run(
     timeout_s: float,
     env: dict[str, str],
     resume: Resume | None,
+    deadline: float,
 ) -> RunResult:
     if not os.path.exists(f"/proc/{run.info.pid}"):
         run.outcomes.append(ToolOutcome(run.info.pid, tool, "gone", 0.0, detail="the process had exited"))
         return RunResult(None, "", "", 0.0)
-    res = await run_tool(argv, timeout_s, env=env)
+    left = deadline - time.monotonic()
+    if left < _MIN_TOOL_S:
+        why = "not run: the capture's time budget ([diagnostics] budget) was spent"
+        run.outcomes.append(ToolOutcome(run.info.pid, tool, "skipped", 0.0, detail=why))
+        return RunResult(None, "", "", 0.0)
+    res = await run_tool(argv, min(timeout_s, left), env=env)
     out = _outcome(run.info.pid, tool, res)
     if out.outcome == "missing":
         run.outcomes.append(ToolOutcome(run.info.pid, tool, "missing", out.duration_s, detail=out.detail))
@@ -129,7 +136,12 @@ def _missing(pid: int, tool: ToolName, what: str) -> ToolOutcome:
 
 
 async def _capture_one(
-    info: ProcInfo, req: CaptureRequest, paths: tools.ToolPaths, env: dict[str, str], resume: Resume | None
+    info: ProcInfo,
+    req: CaptureRequest,
+    paths: tools.ToolPaths,
+    env: dict[str, str],
+    resume: Resume | None,
+    deadline: float,
 ) -> _ProcRun:
     """py-spy, then py-spy --native, then gdb: in turn, as two tracers cannot attach at once."""
     run = _ProcRun(info)
@@ -139,26 +151,34 @@ async def _capture_one(
             run.outcomes.append(_missing(pid, "py-spy", "py-spy"))
         else:
             argv = tools.py_spy_argv(paths.py_spy, pid, native=False, nonblocking=req.nonblocking)
-            res = await _run(run, "py-spy", argv, req.py_spy_timeout_s, env, resume)
+            res = await _run(run, "py-spy", argv, req.py_spy_timeout_s, env, resume, deadline)
             run.python = tools.parse_py_spy(res.stdout)
             if req.native and req.nonblocking:
                 why = "py-spy cannot read native frames without pausing the process (--nonblocking asked)"
                 run.outcomes.append(ToolOutcome(pid, "py-spy-native", "skipped", 0.0, detail=why))
             elif req.native:
                 argv = tools.py_spy_argv(paths.py_spy, pid, native=True, nonblocking=False)
-                res = await _run(run, "py-spy-native", argv, req.py_spy_timeout_s, env, resume)
+                res = await _run(run, "py-spy-native", argv, req.py_spy_timeout_s, env, resume, deadline)
                 native_threads = tools.parse_py_spy(res.stdout)
                 if native_threads:
                     run.python = native_threads
     if req.gdb:
-        if paths.gdb is None:
+        exe, kind = paths.debugger(_holds_gpu(info, req))
+        if exe is None:
             run.outcomes.append(_missing(pid, "gdb", "gdb (or cuda-gdb)"))
         else:
-            argv = tools.gdb_argv(paths.gdb, pid, paths.gdb_kind)
-            res = await _run(run, paths.gdb_kind, argv, req.gdb_timeout_s, env, resume)
+            argv = tools.gdb_argv(exe, pid, kind)
+            res = await _run(run, kind, argv, req.gdb_timeout_s, env, resume, deadline)
             run.native = await asyncio.to_thread(tools.parse_gdb, res.stdout)
-            run.kernels = tools.parse_cuda_kernels(res.stdout) if paths.gdb_kind == "cuda-gdb" else ()
+            run.kernels = tools.parse_cuda_kernels(res.stdout) if kind == "cuda-gdb" else ()
     return run
+
+
+def _holds_gpu(info: ProcInfo, req: CaptureRequest) -> bool:
+    """NVML's word where there is one; else the processes where the model runs."""
+    if req.gpu is not None and req.gpu.status == "ok":
+        return any(p.pid == info.pid for p in req.gpu.processes)
+    return info.role in ("scheduler", "pending")
 
 
 def _evidence(
@@ -235,8 +255,12 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     before, rates = await _rates(pids)
     stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
     proc_s = time.monotonic() - start
+    deadline = time.monotonic() + req.budget_s
     runs = await asyncio.gather(
-        *(_capture_one(p, req, paths, env, None if p.pid in stopped else resume) for p in req.processes)
+        *(
+            _capture_one(p, req, paths, env, None if p.pid in stopped else resume, deadline)
+            for p in req.processes
+        )
     )
     tools_s = time.monotonic() - start - proc_s
     after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
-from probes.types import GpuDevice, GpuObservation
+from probes.types import GpuDevice, GpuObservation, GpuProcess
 from supervisor.diagnostics import CaptureRequest, capture
 
 if TYPE_CHECKING:  # fixtures from conftest.py (import mode importlib: not importable at run time)
@@ -320,3 +320,37 @@ async def test_a_sigstopped_scheduler_is_named_and_judged_from_the_schedulers(
     text = (result.path / "summary.txt").read_text()
     assert f"pid {scheduler} scheduler TP0" in text and "STOPPED (state T before the capture" in text
     assert "is stopped (state T: SIGSTOP or a debugger)" in text
+
+
+async def test_the_capture_budget_bounds_every_tool_and_skips_what_cannot_start(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    tree = launch("deadlock", 1)
+    # A py-spy that never finishes and shrugs off SIGTERM: only the budget ends it.
+    hanging = fake_tool(tmp_path / "py-spy", "trap '' TERM\necho 'Thread 1 (idle): \"partial\"'\nsleep 30 & wait")
+    gdb = fake_tool(tmp_path / "gdb", "echo '#0  0x1 in never_run ()'")
+    req = request(tree.infos(), gdb=True, py_spy_timeout_s=20.0, gdb_timeout_s=20.0, budget_s=1.0)
+    result = await capture(req, tmp_path / "diag", py_spy_path=hanging, gdb_path=gdb, resume=resume, **KEEP)
+    assert [tool(result, pid, "py-spy") for pid in tree.pids] == ["timeout", "timeout"]
+    assert [tool(result, pid, "gdb") for pid in tree.pids] == ["skipped", "skipped"]
+    assert all("budget" in t.detail for t in result.tools if t.outcome == "skipped")
+    assert result.duration_s < 8, result.summary["durations"]  # 1 s budget, 1+2 s kill grace, the rest
+    assert result.path is not None
+    assert "partial" in (result.path / f"pyspy-{tree.children[0]}.txt").read_text()
+
+
+async def test_cuda_gdb_only_for_the_processes_holding_gpu_memory(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = launch("deadlock", 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_tool(bin_dir / "gdb", "echo 'Thread 1 (Thread 0x1 (LWP 1) \"python\"):'\necho '#0  0x1 in plain_gdb ()'")
+    fake_tool(bin_dir / "cuda-gdb", "echo 'Thread 1 (Thread 0x1 (LWP 1) \"python\"):'\necho '#0  0x1 in cuda_gdb ()'")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    child = tree.children[0]
+    gpu = GpuObservation("ok", "", (GpuDevice(0, "GPU-1", "H200", 0.0, 10, 100),), (GpuProcess(child, 0, "GPU-1", 10),))
+    req = request(tree.infos(), py_spy=False, gdb=True, gpu=gpu)
+    result = await capture(req, tmp_path / "diag", resume=resume, **KEEP)
+    assert tool(result, child, "cuda-gdb") == "ok" and tool(result, child, "gdb") == "absent"
+    assert tool(result, tree.parent.pid, "gdb") == "ok" and tool(result, tree.parent.pid, "cuda-gdb") == "absent"
