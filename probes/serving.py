@@ -4,8 +4,9 @@ How series are combined: the scheduler publishes gauges with labels such as `tp_
 `model_name` (and `pid` under Prometheus' multiprocess mode). Tensor-parallel ranks of one
 scheduler group run the same batch, so their series repeat one number: take the largest over
 `tp_rank`, `moe_ep_rank` (SGLang 0.5.16 labels every scheduler series with it; expert-parallel
-ranks of one group run the same batch too) and `pid`. Any other label set (a data-parallel rank, another model) is a different
-batch, so those add up. Acceptance length is a per-step mean, so it is averaged, never added.
+ranks of one group run the same batch too) and `pid`. Any other label set (a data-parallel
+rank, another model) is a different batch, so those add up. Acceptance length is a per-step
+mean, so it is averaged, never added.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from supervisor.simulator.serverargs import server_args_items
 from supervisor.simulator.settings import SimSettings
 from supervisor.simulator.tokenizer import ClientDisconnected, GenerateResult, ServerStatus, TokenizerManager
 
-SGLANG_VERSION = "0.5.6"
+SGLANG_VERSION = "0.5.16"
 DEFAULT_MAX_NEW_TOKENS = 128
 
 
@@ -125,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
             "/get_model_info": self._model_info,
             "/model_info": self._model_info,
             "/v1/models": self._models,
-            "/get_server_info": self._server_info,
+            "/get_server_info": self._deprecated_server_info,
             "/server_info": self._server_info,
         }
         if self.front.args.enable_metrics:
@@ -169,6 +169,13 @@ class Handler(BaseHTTPRequestHandler):
         }
         self._json(200, {"object": "list", "data": [card]})
 
+    def _deprecated_server_info(self) -> None:
+        self.front.log.warning(
+            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead."
+        )
+        self._server_info()
+
     def _server_info(self) -> None:
         state = self.front.manager.internal_state()  # no timeout: blocks forever on a hung scheduler
         info: dict[str, object] = dict(server_args_items(self.front.args, self.front.facts))
@@ -178,6 +185,7 @@ class Handler(BaseHTTPRequestHandler):
                 "max_req_input_len": self.front.facts.context_len - 1,
                 "internal_states": [state],
                 "version": SGLANG_VERSION,
+                "kv_events": None,
             }
         )
         self._json(200, info)

@@ -1,8 +1,9 @@
-"""SGLang's Prometheus exposition, rendered at scrape time from the tokenizer manager's snapshot.
+"""SGLang 0.5.16's Prometheus exposition, rendered at scrape time from the tokenizer manager's snapshot.
 
-Scheduler gauges carry `model_name, engine_type, tp_rank, pp_rank` and exist only once rank 0 has
-published them (after the first prefill or decode log); they freeze while the scheduler hangs,
-because nothing new arrives. Tokenizer counters and histograms carry `model_name`.
+Scheduler gauges carry `engine_type, model_name, moe_ep_rank, pp_rank, tp_rank` (in that order: the
+multiprocess collector sorts label names) and exist only once rank 0 has published them (after the
+first prefill or decode log); they freeze while the scheduler hangs, because nothing new arrives.
+Tokenizer counters and histograms carry `engine_type, model_name`.
 """
 
 from __future__ import annotations
@@ -26,11 +27,23 @@ _GAUGES = (
     ("num_queue_reqs", "The number of requests in the waiting queue."),
     ("cache_hit_rate", "The prefix cache hit rate."),
     ("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
-    ("spec_accept_length", "The average acceptance length of speculative decoding."),
     (
-        "spec_accept_rate",
-        "The average acceptance rate of speculative decoding (`accepted tokens / total draft tokens` in batch).",
+        "spec_accept_length",
+        "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
     ),
+    ("spec_accept_rate", "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch)."),
+    (
+        "spec_cap_length",
+        "Mean DSpark confidence-scheduled verify window per verify step, incl the bonus slot (0 when no cap is "
+        "scheduled).",
+    ),
+    (
+        "spec_block_accept_length",
+        "Mean uncapped full-block accept length per verify step (accept + cap-trimmed drafts; exact only in DSpark "
+        "cap-accept mode).",
+    ),
+    ("spec_num_steps", "Currently active speculative_num_steps."),
+    ("spec_num_draft_tokens", "Currently active speculative_num_draft_tokens (decouples from steps under topk>1)."),
     ("is_cuda_graph", "Whether the batch is using CUDA graph."),
 )
 
@@ -42,9 +55,10 @@ class SGLangCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        name = [self._model_name]
-        labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
-        values = [self._model_name, "unified", "0", "0"]
+        tokenizer = ["engine_type", "model_name"]
+        name = ["unified", self._model_name]
+        labels = ["engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"]
+        values = ["unified", self._model_name, "0", "0", "0"]
         if snap.stats is not None:
             for field, doc in _GAUGES:
                 gauge = GaugeMetricFamily(f"sglang:{field}", doc, labels=labels)
@@ -57,7 +71,7 @@ class SGLangCollector(Collector):
             ("num_aborted_requests", "Number of requests aborted.", snap.num_aborted_requests_total),
         )
         for field, doc, value in counters:
-            counter = CounterMetricFamily(f"sglang:{field}", doc, labels=["model_name"])
+            counter = CounterMetricFamily(f"sglang:{field}", doc, labels=tokenizer)
             counter.add_metric(name, float(value))
             yield counter
         realtime = CounterMetricFamily(
@@ -71,13 +85,13 @@ class SGLangCollector(Collector):
         yield realtime
         ttft = HistogramMetricFamily(
             "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            labels=["model_name"],
+            labels=tokenizer,
         )
         ttft.add_metric(name, snap.ttft, snap.ttft_sum)
         yield ttft
         e2e = HistogramMetricFamily(
             "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-            labels=["model_name"],
+            labels=tokenizer,
         )
         e2e.add_metric(name, snap.e2e, snap.e2e_sum)
         yield e2e
