@@ -26,6 +26,7 @@ class SimArgs:
     disable_piecewise_cuda_graph: bool
     cuda_graph_max_bs: int | None
     cuda_graph_backend_decode: str | None
+    cuda_graph_backend_prefill: str | None
     disable_custom_all_reduce: bool
     attention_backend: str | None
     mem_fraction_static: float | None
@@ -57,7 +58,9 @@ class SimArgs:
     @property
     def prefill_cuda_graph(self) -> bool:
         """SGLang 0.5.16 captures a piecewise prefill graph by default, after the decode graph."""
-        return self.cuda_graph and not self.disable_piecewise_cuda_graph
+        return (
+            self.cuda_graph and not self.disable_piecewise_cuda_graph and self.cuda_graph_backend_prefill != "disabled"
+        )
 
     @property
     def num_steps(self) -> int:
@@ -88,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-piecewise-cuda-graph", action="store_true")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--cuda-graph-backend-decode", default=None)
+    p.add_argument("--cuda-graph-backend-prefill", default=None)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--mem-fraction-static", type=float, default=None)
@@ -151,6 +155,7 @@ def parse_args(argv: Sequence[str]) -> SimArgs:
         disable_piecewise_cuda_graph=ns.disable_piecewise_cuda_graph,
         cuda_graph_max_bs=ns.cuda_graph_max_bs,
         cuda_graph_backend_decode=ns.cuda_graph_backend_decode,
+        cuda_graph_backend_prefill=ns.cuda_graph_backend_prefill,
         disable_custom_all_reduce=ns.disable_custom_all_reduce,
         attention_backend=ns.attention_backend,
         mem_fraction_static=ns.mem_fraction_static,

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
@@ -23,7 +24,7 @@ from supervisor.simulator.messages import FiredUp
 from supervisor.simulator.model import ModelFacts, model_facts
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
-from supervisor.simulator.serverargs import server_args_line
+from supervisor.simulator.serverargs import deprecation_warnings, server_args_line
 from supervisor.simulator.settings import Scenario, SettingsError, SimSettings, load_settings
 from supervisor.simulator.startup import RankContext
 from supervisor.simulator.tokenizer import ServerStatus, TokenizerManager
@@ -38,7 +39,10 @@ def _exitcode(status: int) -> int:
 
 
 class MainProcess:
-    def __init__(self, args: SimArgs, settings: SimSettings, facts: ModelFacts, log: LogWriter) -> None:
+    def __init__(
+        self, args: SimArgs, settings: SimSettings, facts: ModelFacts, log: LogWriter, argv: Sequence[str] = ()
+    ) -> None:
+        self.argv = list(argv)
         self.args = args
         self.settings = settings
         self.facts = facts
@@ -124,6 +128,8 @@ class MainProcess:
         signal.signal(signal.SIGCHLD, self._on_sigchld)
         signal.signal(signal.SIGQUIT, self._on_sigquit)
         modules = import_sglang(self.settings.import_seconds / 4)  # `python -m sglang.launch_server`
+        for warning in deprecation_warnings(self.argv):
+            self.log.raw(warning + "\n")
         if self.args.speculative and self.args.max_running_requests is None:
             self.log.info(  # arg_groups/speculative_hook.py, while the arguments resolve
                 "Max running requests is reset to 48 for speculative decoding. You can override this by "
@@ -266,7 +272,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     log = LogWriter("")
     try:
-        MainProcess(args, settings, model_facts(args), log).run()
+        MainProcess(args, settings, model_facts(args), log, argv).run()
     except KeyboardInterrupt:
         kill_process_tree(include_parent=False)
         return 130
