@@ -13,7 +13,7 @@ from typing import Literal
 Role = Literal["main", "scheduler", "detokenizer", "controller", "pending", "other"]
 
 Phase = Literal[
-    "spawning",  # launched; nothing parsed from the log yet
+    "spawning",  # launched, importing SGLang: no start-up line yet (progress: reads, RSS, CPU)
     "initializing",  # distributed init, before weights
     "loading_weights",  # target model weights
     "loading_draft",  # the EAGLE draft model's weights
