@@ -8,6 +8,7 @@ values), /get_server_info, the /health answers, and roles from the process title
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -85,11 +86,13 @@ def test_rank_tags_match_the_tp_size(run: Transcript) -> None:
 
 
 def test_importing_sglang_is_a_long_silence_after_server_args(run: Transcript) -> None:
-    """The fact the watchdog must live through: no line for tens of seconds while SGLang imports."""
-    stamped = [(stamp_of(m), m) for m in run.messages()]
-    stamped = [(s, m) for s, m in stamped if s is not None]
-    i = next(i for i, (_, m) in enumerate(stamped) if "server_args=" in m)
-    gap = dt.datetime.fromisoformat(stamped[i + 1][0]) - dt.datetime.fromisoformat(stamped[i][0])
+    """The fact the watchdog must live through: no line for many seconds while the children import
+    SGLang, between `server_args=` and the first rank's first line."""
+    stamped = [(s, m) for m in run.messages() if (s := stamp_of(m)) is not None]
+    start = next(i for i, (_, m) in enumerate(stamped) if "server_args=" in m)
+    end = next(i for i, (_, m) in enumerate(stamped) if "Init torch distributed begin" in m or "Load weight begin" in m)
+    times = [dt.datetime.fromisoformat(s) for s, _ in stamped[start : end + 1]]
+    gap = max(b - a for a, b in itertools.pairwise(times))
     assert gap.total_seconds() >= 5, gap
 
 
@@ -109,13 +112,15 @@ def test_metrics_parse_with_0516_labels(run: Transcript) -> None:
             continue
         obs = parse_metrics(text, 0.0)
         assert obs.available, obs.error
-        assert (obs.running_reqs or 0) > 0 if running else obs.running_reqs == 0, (phase, obs)
-        assert obs.decode_tokens_total is not None and obs.generation_tokens_total is not None
-        if run.speculative:
-            assert obs.spec_accept_length is not None
+        assert (obs.running_reqs or 0) > 0 if running else (obs.running_reqs or 0) == 0, (phase, obs)
         families = {f.name: f for f in text_string_to_metric_families(text)}
-        running_family = families["sglang:num_running_reqs"]
-        assert {k for s in running_family.samples for k in s.labels} >= SCHEDULER_LABELS
+        if running:  # under load every series the watchdog reads exists
+            assert obs.decode_tokens_total is not None and obs.generation_tokens_total is not None
+            assert obs.spec_accept_length is not None or not run.speculative
+            assert "sglang:num_running_reqs" in families
+        if "sglang:num_running_reqs" in families:
+            running_family = families["sglang:num_running_reqs"]
+            assert {k for s in running_family.samples for k in s.labels} >= SCHEDULER_LABELS
     load = run.metrics("load")
     assert load is not None and (parse_metrics(load, 0.0).gen_throughput or 0) > 0
 
@@ -134,21 +139,23 @@ def test_server_info_carries_what_the_probe_reads(run: Transcript) -> None:
 
 
 def test_health_answers_by_phase(run: Transcript) -> None:
-    rows = run.health()
-    assert {r.phase for r in rows} >= {"starting", "ready"}
-    for r in rows:
-        if r.phase == "ready":
-            assert r.status == 200, r
-        elif r.phase == "starting":
-            assert r.status in (None, 503), r  # refused before the bind, 503 while it warms up
-        else:
-            assert r.status != 200, r  # a stopped scheduler: 503 after SGLang's timeout, or no answer
+    assert run.health_in("starting") and run.health_in("ready")
+    for r in run.health_in("ready"):
+        assert r.status == 200, r
+    for r in run.health_in("starting"):
+        assert r.status in (None, 503), r  # refused before the bind, 503 while it warms up
+    for r in run.health_in("stalled"):
+        assert r.status != 200, r  # a stopped scheduler: 503 after SGLang's timeout, or no answer
 
 
 def roles_at(run: Transcript, t: float) -> list[tuple[str, int | None, str]]:
-    rows = [r for r in run.titles() if r.t == t]
-    pids = {r.pid for r in rows}
-    root = next(r for r in rows if r.ppid not in pids)
+    """Roles of the main process and its direct children at one sample (grandchildren, such as a
+    compiler's worker pool, are no rank)."""
+    root_pid = run.root_pid()
+    rows = [r for r in run.titles() if r.t == t and (r.pid == root_pid or r.ppid == root_pid)]
+    root = next((r for r in rows if r.pid == root_pid), None)
+    if root is None:
+        return []
     return [
         (*role_of(r.title, r.pid == root.pid, root.title if r.ppid == root.pid else None), r.title) for r in rows
     ]
@@ -156,6 +163,9 @@ def roles_at(run: Transcript, t: float) -> list[tuple[str, int | None, str]]:
 
 def test_roles_from_the_titles_over_time(run: Transcript) -> None:
     times = sorted({r.t for r in run.titles()})
+    stop = run.mark("sigterm")
+    if stop is not None:  # the tree going down is not what is tested here
+        times = [t for t in times if t < stop]
     last = roles_at(run, times[-1])
     schedulers = sorted(rank for role, rank, _ in last if role == "scheduler")
     assert schedulers == list(range(run.tp_size)), last

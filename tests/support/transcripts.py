@@ -71,8 +71,32 @@ class Transcript:
         for flag in ("--tp-size", "--tp"):
             if flag in argv:
                 return int(argv[argv.index(flag) + 1])
-        raw = self.meta.get("tp_size")
+        raw = self.meta.get("tp_size", self.meta.get("tp"))
         return int(raw) if isinstance(raw, int) else 1
+
+    def mark(self, name: str) -> float | None:
+        """A moment of the run (`ready_line`, `sigstop`, `sigcont`, `sigterm`), seconds after launch."""
+        marks = self.meta.get("marks")
+        events = self.meta.get("events")
+        for source in (marks, events):
+            if isinstance(source, dict):
+                value = source.get(name, source.get(f"{name}_at"))
+                if isinstance(value, (int, float)):
+                    return float(value)
+        return None
+
+    def health_in(self, phase: str) -> list[HealthRow]:
+        """Rows that describe the phase cleanly: a probe straddling a SIGSTOP or sent after the
+        SIGCONT, or sent in the second before the ready line was noticed, is left out."""
+        stop, cont, ready = self.mark("sigstop"), self.mark("sigcont"), self.mark("ready_line")
+        rows = [r for r in self.health() if r.phase == phase]
+        if phase == "ready" and stop is not None:
+            rows = [r for r in rows if r.t + r.latency_s < stop]
+        if phase == "stalled" and cont is not None:
+            rows = [r for r in rows if r.t + r.latency_s < cont]
+        if phase == "starting" and ready is not None:
+            rows = [r for r in rows if r.t < ready - 1.0]
+        return rows
 
     def raw(self, stream: str) -> bytes:
         f = self.path / f"{stream}.log"
@@ -96,6 +120,11 @@ class Transcript:
                 d = json.loads(raw)
                 rows.append(HealthRow(float(d["t"]), d["phase"], d.get("status"), d.get("error"), d["latency_s"]))
         return rows
+
+    def root_pid(self) -> int:
+        rows = self.titles()
+        pids = {r.pid for r in rows}
+        return next(r.pid for r in rows if r.ppid not in pids)
 
     def titles(self) -> list[TitleRow]:
         rows = []
