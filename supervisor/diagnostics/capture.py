@@ -38,7 +38,7 @@ from supervisor.diagnostics.runner import RunResult, run_tool
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
 
 Resume = Callable[[Sequence[int]], object]
-CPU_WINDOW_S = 0.2  # per-process CPU rates are measured over this window, before any tool runs
+CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
 _MIN_TOOL_S = 0.3  # a tool given less than this cannot attach and dump: skipped instead
 _FILE_PREFIX: dict[ToolName, str] = {
     "py-spy": "pyspy",
@@ -164,7 +164,10 @@ async def _capture_one(
                     run.python = native_threads
     if req.gdb:
         exe, kind = paths.debugger(_holds_gpu(info, req))
-        if exe is None:
+        if exe is None and kind == "cuda-gdb":
+            why = "only cuda-gdb is installed, and this process holds no GPU memory: py-spy covers it"
+            run.outcomes.append(ToolOutcome(pid, "cuda-gdb", "skipped", 0.0, detail=why))
+        elif exe is None:
             run.outcomes.append(_missing(pid, "gdb", "gdb (or cuda-gdb)"))
         else:
             argv = tools.gdb_argv(exe, pid, kind)

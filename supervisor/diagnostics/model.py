@@ -47,7 +47,7 @@ class CaptureRequest:
     gdb_timeout_s: float = 30.0
     # Every tool of the capture ends within this many seconds of the first one starting; each
     # tool's own timeout is cut to what is left, so a bundle never holds up the restart for long.
-    budget_s: float = 8.0
+    budget_s: float = 20.0
     log_tail: tuple[str, ...] = ()
     rung: str = ""
     argv: tuple[str, ...] = ()

@@ -37,11 +37,15 @@ class ToolPaths:
 
     def debugger(self, holds_gpu: bool) -> tuple[str | None, ToolName]:
         """cuda-gdb for a process that holds GPU memory (it names the kernels); plain gdb for the
-        rest where there is one: cuda-gdb's attach costs seconds more per process, and the real
-        4-process tree spent most of its 31 s bundle in it."""
+        rest where there is one, else none (None, "cuda-gdb"): cuda-gdb's attach costs ~10 s per
+        torch process, and the real 4-process tree spent most of its 31 s bundle in it."""
         if holds_gpu and self.cuda_gdb is not None:
             return self.cuda_gdb, "cuda-gdb"
-        return self.gdb, self.gdb_kind
+        if self.gdb is not None and self.gdb_kind == "gdb":
+            return self.gdb, "gdb"
+        if self.cuda_gdb is not None:
+            return None, "cuda-gdb"  # only cuda-gdb, and this process has no GPU work to show
+        return None, "gdb"
 
 
 def _executable(path: str) -> str | None:

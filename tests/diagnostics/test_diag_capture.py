@@ -354,3 +354,19 @@ async def test_cuda_gdb_only_for_the_processes_holding_gpu_memory(
     result = await capture(req, tmp_path / "diag", resume=resume, **KEEP)
     assert tool(result, child, "cuda-gdb") == "ok" and tool(result, child, "gdb") == "absent"
     assert tool(result, tree.parent.pid, "gdb") == "ok" and tool(result, tree.parent.pid, "cuda-gdb") == "absent"
+
+
+async def test_only_cuda_gdb_installed_skips_the_processes_without_gpu_memory(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = launch("deadlock", 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_tool(bin_dir / "cuda-gdb", "echo 'Thread 1 (Thread 0x1 (LWP 1) \"python\"):'\necho '#0  0x1 in cuda_gdb ()'")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    child = tree.children[0]
+    gpu = GpuObservation("ok", "", (GpuDevice(0, "GPU-1", "H200", 0.0, 10, 100),), (GpuProcess(child, 0, "GPU-1", 10),))
+    result = await capture(request(tree.infos(), py_spy=False, gdb=True, gpu=gpu), tmp_path / "diag", **KEEP)
+    assert tool(result, child, "cuda-gdb") == "ok"
+    assert tool(result, tree.parent.pid, "cuda-gdb") == "skipped"
+    assert tool(result, tree.parent.pid, "gdb") == "absent"
