@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
+import itertools
 import os
 import signal
 import sysconfig
@@ -34,6 +36,17 @@ def log_prefix(rank: int, tp_size: int) -> str:
     return f" TP{rank}" if tp_size > 1 else ""
 
 
+@functools.lru_cache(maxsize=1)
+def _stdlib_sources() -> tuple[str, ...]:
+    paths = (
+        os.path.join(root, name)
+        for root, _, names in os.walk(sysconfig.get_paths()["stdlib"])
+        for name in names
+        if name.endswith(".py")
+    )
+    return tuple(itertools.islice(paths, 4000))
+
+
 def import_sglang(seconds: float) -> list[bytes]:
     """What importing SGLang (torch, triton, transformers) looks like from /proc: no output, files
     read, CPU spent compiling, memory growing. Returns the "modules" so the memory stays held."""
@@ -41,12 +54,7 @@ def import_sglang(seconds: float) -> list[bytes]:
     if seconds <= 0:
         return held
     deadline = time.monotonic() + seconds
-    sources = [
-        os.path.join(root, name)
-        for root, _, names in os.walk(sysconfig.get_paths()["stdlib"])
-        for name in names
-        if name.endswith(".py")
-    ][:4000]
+    sources = _stdlib_sources()
     i = 0
     while time.monotonic() < deadline and sources:
         path = sources[i % len(sources)]
