@@ -89,12 +89,18 @@ def shapes(messages: list[str]) -> dict[str, set[tuple[str, ...]]]:
 class SimRun:
     stderr: str = ""
     roles_seen: set[str] = field(default_factory=set)
+    untitled: set[str] = field(default_factory=set)  # how children looked before naming themselves
     final_titles: list[str] = field(default_factory=list)
     metrics: str = ""
     server_info: dict[str, object] = field(default_factory=dict)
     model_info: dict[str, object] = field(default_factory=dict)
     health_ready: tuple[int, float] = (0, 0.0)
     health_stopped: int | None = None
+
+
+def _untitled_kind(title: str) -> str:
+    """A child before setproctitle: multiprocessing's spawn bootstrap, or its parent's argv."""
+    return "spawn bootstrap" if "spawn_main" in title else "parent's command line"
 
 
 def _free_port() -> int:
@@ -158,7 +164,9 @@ def _simulate(run: Transcript, tmp: Path) -> SimRun:
         deadline = time.monotonic() + 60
         while READY not in err_path.read_text(errors="replace"):
             assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text(errors="replace")[-3000:]
-            got.roles_seen |= {p.role for p in probe.observe(proc.pid, marker).processes}
+            seen = probe.observe(proc.pid, marker).processes
+            got.roles_seen |= {p.role for p in seen}
+            got.untitled |= {_untitled_kind(p.title) for p in seen if p.role == "pending"}
             time.sleep(0.05)
         got.final_titles = sorted(p.title for p in probe.observe(proc.pid, marker).processes if p.pid != proc.pid)
         status, _, latency = _get(base + "/health")
@@ -254,6 +262,14 @@ def test_the_same_titles_set_late(pair: tuple[Transcript, SimRun]) -> None:
     mine = sorted(t for t in sim.final_titles if "resource_tracker" not in t)
     assert mine == real
     assert "pending" in sim.roles_seen  # children seen before they named themselves, as on the real host
+    root_title = next(r.title for r in rows if r.pid == root)
+    real_untitled = {
+        _untitled_kind(r.title)
+        for r in rows
+        if r.ppid == root and not r.title.startswith("sglang::") and "resource_tracker" not in r.title
+        and ("spawn_main" in r.title or r.title == root_title)
+    }
+    assert real_untitled <= sim.untitled, (real_untitled, sim.untitled)
 
 
 def test_health_answers_the_same_way_by_phase(pair: tuple[Transcript, SimRun]) -> None:
