@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from supervisor.simulator.httpstats import HttpStats
 from supervisor.simulator.tokenizer import MetricsSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,9 +50,10 @@ _GAUGES = (
 
 
 class SGLangCollector(Collector):
-    def __init__(self, snapshot: Callable[[], MetricsSnapshot], model_name: str) -> None:
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot], model_name: str, http: HttpStats | None = None) -> None:
         self._snapshot = snapshot
         self._model_name = model_name
+        self._http = http
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -95,9 +97,35 @@ class SGLangCollector(Collector):
         )
         e2e.add_metric(name, snap.e2e, snap.e2e_sum)
         yield e2e
+        if self._http is not None:
+            yield from _http_families(self._http)
 
 
-def render(snapshot: Callable[[], MetricsSnapshot], model_name: str) -> bytes:
+def _http_families(http: HttpStats) -> Iterator[Metric]:
+    requests, responses, active = http.snapshot()
+    total = CounterMetricFamily(
+        "sglang:http_requests", "Total number of HTTP requests by endpoint and method", labels=["endpoint", "method"]
+    )
+    for (endpoint, method), n in sorted(requests.items()):
+        total.add_metric([endpoint, method], float(n))
+    yield total
+    answered = CounterMetricFamily(
+        "sglang:http_responses",
+        "Total number of HTTP responses by endpoint and status code",
+        labels=["endpoint", "status_code", "method"],
+    )
+    for (endpoint, status, method), n in sorted(responses.items()):
+        answered.add_metric([endpoint, status, method], float(n))
+    yield answered
+    live = GaugeMetricFamily(
+        "sglang:http_requests_active", "Number of currently active HTTP requests", labels=["endpoint", "method"]
+    )
+    for (endpoint, method), n in sorted(active.items()):
+        live.add_metric([endpoint, method], float(n))
+    yield live
+
+
+def render(snapshot: Callable[[], MetricsSnapshot], model_name: str, http: HttpStats | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SGLangCollector(snapshot, model_name))
+    registry.register(SGLangCollector(snapshot, model_name, http))
     return generate_latest(registry)

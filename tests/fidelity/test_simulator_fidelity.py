@@ -243,7 +243,7 @@ def test_the_same_metric_names_and_labels(pair: tuple[Transcript, SimRun]) -> No
     real, mine = families(real_text), families(sim.metrics)
     read_by_the_probe = {
         "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput", "sglang:generation_tokens",
-        "sglang:realtime_tokens", "sglang:num_requests", "sglang:spec_accept_length",
+        "sglang:realtime_tokens", "sglang:num_requests", "sglang:spec_accept_length", "sglang:http_requests_active",
     }
     spec = {n for n in real if n.startswith("sglang:spec_")}
     for name in (read_by_the_probe | spec) & set(real):

@@ -122,6 +122,10 @@ def test_serving_stall_admits_but_never_decodes(sim: SimStarter) -> None:
     assert after["sglang:generation_tokens_total"] == before["sglang:generation_tokens_total"]
     assert after["sglang:realtime_tokens_total"] == before["sglang:realtime_tokens_total"]
     assert s.request("/health")[0] == 200  # /health cannot see it
+    # SGLang 0.5.16's HTTP middleware keeps counting the requests it holds open.
+    text = s.request("/metrics")[1].decode()
+    assert 'sglang:http_requests_active{endpoint="/generate",method="POST"} 2.0' in text
+    assert 'sglang:http_responses_total{endpoint="/health",method="GET",status_code="200"}' in text
     assert s.onset()["scenario"] == "serving_stall"
 
 
