@@ -51,7 +51,10 @@ _ERROR_MARKERS = (
     "NCCL WARN",
     "NCCL error",
     "Health check failed",
-    "Received sigquit from a child",
+    "Received sigquit from a child",  # SGLang's launch-phase SIGQUIT handler
+    "SIGQUIT received",  # its running-phase handler (0.5.16)
+    "Triggering SIGQUIT for cleanup",  # its subprocess-watchdog found a dead child (0.5.16)
+    "watchdog timeout",
 )
 _HEALTH_FAILED = "Health check failed"
 _READY = "The server is fired up and ready to roll"
@@ -117,7 +120,9 @@ def parse_progress(message: str) -> Progress | None:
     if "(" in label:  # `Capturing batches (bs=160 avail_mem=20.12 GB)`: keep the stable part
         label = label[: label.index("(")].rstrip()
     lowered = label.lower()
-    unit = "shards" if "shard" in lowered else "batches" if "batch" in lowered else "items"
+    # `Capturing num tokens (...)`: SGLang 0.5.16's piecewise prefill graph, one shape per step.
+    graph = "batch" in lowered or lowered.startswith("capturing")
+    unit = "shards" if "shard" in lowered else "batches" if graph else "items"
     return Progress(done=done, total=total, unit=unit, label=label, rate=_parse_rate(m.group("tail")))
 
 

@@ -20,6 +20,8 @@ MARKER_ENV = "SGLANG_SUPERVISOR_MARKER"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _RANK = re.compile(r"_TP(\d+)")
+# multiprocessing's "spawn" child before it runs its target (SGLang starts every child this way).
+_SPAWN_BOOTSTRAP = "from multiprocessing.spawn import spawn_main"
 
 # psutil's names for the state letters of /proc/<pid>/stat.
 _STATUS = {
@@ -192,12 +194,21 @@ def title_of(pid: int, comm: str, proc_root: str = "/proc") -> str:
     return b" ".join(parts).decode("utf-8", "replace") if parts else comm
 
 
-def role_of(title: str, is_root: bool) -> tuple[Role, int | None]:
+def role_of(title: str, is_root: bool, root_title: str | None = None) -> tuple[Role, int | None]:
+    """The process's role and tensor-parallel rank, from its title.
+
+    SGLang names a scheduler `sglang::scheduler` with no suffix at tp-size 1, so a scheduler
+    without `_TPn` is rank 0. A child sets its title only once it has imported SGLang (tens of
+    seconds); until then it shows Python's spawn bootstrap or its parent's command line, and is
+    `pending`: one of the server's own children, role not known yet.
+    """
     if is_root:
         return "main", None
     if title.startswith("sglang::scheduler"):
         match = _RANK.search(title)
-        return "scheduler", int(match.group(1)) if match else None
+        return "scheduler", int(match.group(1)) if match else 0
+    if _SPAWN_BOOTSTRAP in title or (root_title is not None and title == root_title):
+        return "pending", None
     if title.startswith("sglang::detokenizer"):
         return "detokenizer", None
     if title.startswith("sglang::data_parallel_controller"):
@@ -227,11 +238,9 @@ class ProcessTreeProbe:
         self._with_threads = with_threads
 
     def observe(self, root_pid: int | None, marker: str | None, root_exit: int | None = None) -> TreeObservation:
-        infos = [
-            info
-            for st in scan_tree(root_pid, marker, self._proc).values()
-            if (info := self._proc_info(st, root_pid)) is not None
-        ]
+        stats = scan_tree(root_pid, marker, self._proc)
+        root_title = title_of(root_pid, stats[root_pid].comm, self._proc) if root_pid in stats else None
+        infos = [info for st in stats.values() if (info := self._proc_info(st, root_pid, root_title)) is not None]
         root = next((p for p in infos if p.pid == root_pid), None)
         return TreeObservation(
             root_pid=root_pid,
@@ -244,13 +253,14 @@ class ProcessTreeProbe:
             write_chars=sum(p.write_chars for p in infos),
         )
 
-    def _proc_info(self, st: ProcStat, root_pid: int | None) -> ProcInfo | None:
+    def _proc_info(self, st: ProcStat, root_pid: int | None, root_title: str | None = None) -> ProcInfo | None:
         # Re-read stat: the scan's copy may be a few milliseconds old and the process gone.
         fresh = read_stat(st.pid, self._proc)
         if fresh is None or fresh.starttime != st.starttime:
             return None
         title = title_of(fresh.pid, fresh.comm, self._proc)
-        role, rank = role_of(title, fresh.pid == root_pid)
+        is_root = fresh.pid == root_pid
+        role, rank = role_of(title, is_root, root_title if fresh.ppid == root_pid else None)
         io_text = _read_text(f"{self._proc}/{fresh.pid}/io")
         read_chars, write_chars = parse_io(io_text) if io_text else (0, 0)
         return ProcInfo(

@@ -3,8 +3,10 @@
 How series are combined: the scheduler publishes gauges with labels such as `tp_rank`, `dp_rank`,
 `model_name` (and `pid` under Prometheus' multiprocess mode). Tensor-parallel ranks of one
 scheduler group run the same batch, so their series repeat one number: take the largest over
-`tp_rank` and `pid`. Any other label set (a data-parallel rank, another model) is a different
-batch, so those add up. Acceptance length is a per-step mean, so it is averaged, never added.
+`tp_rank`, `moe_ep_rank` (SGLang 0.5.16 labels every scheduler series with it; expert-parallel
+ranks of one group run the same batch too) and `pid`. Any other label set (a data-parallel
+rank, another model) is a different batch, so those add up. Acceptance length is a per-step
+mean, so it is averaged, never added.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from probes.http import describe_error, fetch, join_url, make_client
 from probes.types import ServingObservation
 
 MAX_METRICS_BYTES = 4 * 1024 * 1024  # SGLang with TP8 and histograms is a few hundred KB
-_REPLICA_LABELS = frozenset({"tp_rank", "pid"})
+_REPLICA_LABELS = frozenset({"tp_rank", "moe_ep_rank", "pid"})
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["main", "scheduler", "detokenizer", "controller", "other"]
+# "pending": a child of the main process that has not set its title yet (still importing SGLang).
+Role = Literal["main", "scheduler", "detokenizer", "controller", "pending", "other"]
 
 Phase = Literal[
-    "spawning",  # launched; nothing parsed from the log yet
+    "spawning",  # launched, importing SGLang: no start-up line yet (progress: reads, RSS, CPU)
     "initializing",  # distributed init, before weights
     "loading_weights",  # target model weights
     "loading_draft",  # the EAGLE draft model's weights

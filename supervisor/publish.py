@@ -93,6 +93,17 @@ class Facts:
     write_errors: WriteErrorsView | None = None
 
 
+def _current(at: float, ok: bool, h: History | None) -> bool:
+    """Whether an HTTP answer describes the server as it is now.
+
+    Answers from before this launch belong to the previous server; a failure from before ready
+    (SGLang answers 503 while it warms up) says nothing about the server once it serves.
+    """
+    if h is None or at < h.launched_at:
+        return False
+    return ok or h.ready_at is None or at >= h.ready_at
+
+
 def build(f: Facts) -> StatusSnapshot:
     obs = f.observation if f.running else None
     h = f.history if f.running else None
@@ -113,8 +124,8 @@ def build(f: Facts) -> StatusSnapshot:
         moved = tuple(sorted(c for c, t in h.moved_at.items() if f.now - t <= max(window, 5.0)))
     serving = ServingView()
     if obs is not None:
-        hv = f.health
-        sv = f.serving
+        hv = f.health if f.health is not None and _current(f.health.at, f.health.ok, h) else None
+        sv = f.serving if f.serving is not None and _current(f.serving.at, True, h) else None
         serving = ServingView(
             health_ok=hv.ok if hv is not None else None,
             health_status=hv.status_code if hv is not None else None,

@@ -1,7 +1,9 @@
 """One capture: every process of the tree in parallel, then classify, then one bundle on disk.
 
 Nothing here sends a signal: a tool that leaves a process stopped is undone by the `resume`
-callable the daemon passes (supervisor.process.resume_stopped), called after every tool run.
+callable the daemon passes (supervisor.process.resume_stopped), called after every tool run --
+except for a process that was already stopped (state T) before the capture began: that stop is
+the evidence (a SIGSTOPped rank), and the bundle leaves it as it found it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probes.proctree import read_stat
 from probes.types import ProcInfo, ThreadInfo
 from supervisor.diagnostics import tools
 from supervisor.diagnostics.bundle import enforce_retention, safe_id, unique_id, write_bundle
@@ -35,6 +38,8 @@ from supervisor.diagnostics.runner import RunResult, run_tool
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
 
 Resume = Callable[[Sequence[int]], object]
+CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
+_MIN_TOOL_S = 0.3  # a tool given less than this cannot attach and dump: skipped instead
 _FILE_PREFIX: dict[ToolName, str] = {
     "py-spy": "pyspy",
     "py-spy-native": "pyspy-native",
@@ -102,11 +107,17 @@ async def _run(
     timeout_s: float,
     env: dict[str, str],
     resume: Resume | None,
+    deadline: float,
 ) -> RunResult:
     if not os.path.exists(f"/proc/{run.info.pid}"):
         run.outcomes.append(ToolOutcome(run.info.pid, tool, "gone", 0.0, detail="the process had exited"))
         return RunResult(None, "", "", 0.0)
-    res = await run_tool(argv, timeout_s, env=env)
+    left = deadline - time.monotonic()
+    if left < _MIN_TOOL_S:
+        why = "not run: the capture's time budget ([diagnostics] budget) was spent"
+        run.outcomes.append(ToolOutcome(run.info.pid, tool, "skipped", 0.0, detail=why))
+        return RunResult(None, "", "", 0.0)
+    res = await run_tool(argv, min(timeout_s, left), env=env)
     out = _outcome(run.info.pid, tool, res)
     if out.outcome == "missing":
         run.outcomes.append(ToolOutcome(run.info.pid, tool, "missing", out.duration_s, detail=out.detail))
@@ -125,7 +136,12 @@ def _missing(pid: int, tool: ToolName, what: str) -> ToolOutcome:
 
 
 async def _capture_one(
-    info: ProcInfo, req: CaptureRequest, paths: tools.ToolPaths, env: dict[str, str], resume: Resume | None
+    info: ProcInfo,
+    req: CaptureRequest,
+    paths: tools.ToolPaths,
+    env: dict[str, str],
+    resume: Resume | None,
+    deadline: float,
 ) -> _ProcRun:
     """py-spy, then py-spy --native, then gdb: in turn, as two tracers cannot attach at once."""
     run = _ProcRun(info)
@@ -135,36 +151,46 @@ async def _capture_one(
             run.outcomes.append(_missing(pid, "py-spy", "py-spy"))
         else:
             argv = tools.py_spy_argv(paths.py_spy, pid, native=False, nonblocking=req.nonblocking)
-            res = await _run(run, "py-spy", argv, req.py_spy_timeout_s, env, resume)
+            res = await _run(run, "py-spy", argv, req.py_spy_timeout_s, env, resume, deadline)
             run.python = tools.parse_py_spy(res.stdout)
             if req.native and req.nonblocking:
                 why = "py-spy cannot read native frames without pausing the process (--nonblocking asked)"
                 run.outcomes.append(ToolOutcome(pid, "py-spy-native", "skipped", 0.0, detail=why))
             elif req.native:
                 argv = tools.py_spy_argv(paths.py_spy, pid, native=True, nonblocking=False)
-                res = await _run(run, "py-spy-native", argv, req.py_spy_timeout_s, env, resume)
+                res = await _run(run, "py-spy-native", argv, req.py_spy_timeout_s, env, resume, deadline)
                 native_threads = tools.parse_py_spy(res.stdout)
                 if native_threads:
                     run.python = native_threads
     if req.gdb:
-        if paths.gdb is None:
+        exe, kind = paths.debugger(_holds_gpu(info, req))
+        if exe is None and kind == "cuda-gdb":
+            why = "only cuda-gdb is installed, and this process holds no GPU memory: py-spy covers it"
+            run.outcomes.append(ToolOutcome(pid, "cuda-gdb", "skipped", 0.0, detail=why))
+        elif exe is None:
             run.outcomes.append(_missing(pid, "gdb", "gdb (or cuda-gdb)"))
         else:
-            argv = tools.gdb_argv(paths.gdb, pid, paths.gdb_kind)
-            res = await _run(run, paths.gdb_kind, argv, req.gdb_timeout_s, env, resume)
+            argv = tools.gdb_argv(exe, pid, kind)
+            res = await _run(run, kind, argv, req.gdb_timeout_s, env, resume, deadline)
             run.native = await asyncio.to_thread(tools.parse_gdb, res.stdout)
-            run.kernels = tools.parse_cuda_kernels(res.stdout) if paths.gdb_kind == "cuda-gdb" else ()
+            run.kernels = tools.parse_cuda_kernels(res.stdout) if kind == "cuda-gdb" else ()
     return run
+
+
+def _holds_gpu(info: ProcInfo, req: CaptureRequest) -> bool:
+    """NVML's word where there is one; else the processes where the model runs."""
+    if req.gpu is not None and req.gpu.status == "ok":
+        return any(p.pid == info.pid for p in req.gpu.processes)
+    return info.role in ("scheduler", "pending")
 
 
 def _evidence(
     req: CaptureRequest,
     runs: Sequence[_ProcRun],
-    before: Sequence[ProcSnapshot],
-    after: Sequence[tuple[ThreadInfo, ...]],
+    got: _Collected,
 ) -> Evidence:
     procs = []
-    for run, snap, late in zip(runs, before, after, strict=True):
+    for run, snap, late in zip(runs, got.before, got.after, strict=True):
         samples = tuple(s for s in (run.info.threads, snap.threads, late) if s)
         procs.append(
             ProcEvidence(
@@ -176,6 +202,8 @@ def _evidence(
                 run.python,
                 run.native,
                 run.kernels,
+                stopped=run.info.pid in got.stopped,
+                cpu_cores=got.cpu_cores.get(run.info.pid),
             )
         )
     gpu_util = req.gpu_util_percent
@@ -196,19 +224,51 @@ class _Collected:
     runs: list[_ProcRun]
     after: list[tuple[ThreadInfo, ...]]  # thread states once every tool is done
     durations: dict[str, float]
+    stopped: frozenset[int] = frozenset()  # in state T before any tool attached
+    cpu_cores: dict[int, float] = field(default_factory=dict)  # pid -> CPU rate before the tools
+
+
+def _cpu_times(pids: Sequence[int]) -> dict[int, float]:
+    return {pid: st.cpu_time_s for pid in pids if (st := read_stat(pid)) is not None}
+
+
+def _stopped_before(info: ProcInfo, snap: ProcSnapshot) -> bool:
+    """Stopped by a signal before we came: every thread in T (a tracer's stop reads `t`)."""
+    if snap.threads:
+        return all(t.state == "T" for t in snap.threads)
+    return snap.alive and info.status == "stopped"
+
+
+async def _rates(pids: Sequence[int]) -> tuple[list[ProcSnapshot], dict[int, float]]:
+    """/proc of every process, and each one's CPU rate over CPU_WINDOW_S, before any tool runs."""
+    tic = time.monotonic()
+    first = await asyncio.to_thread(_cpu_times, pids)
+    before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
+    await asyncio.sleep(max(0.0, CPU_WINDOW_S - (time.monotonic() - tic)))
+    second = await asyncio.to_thread(_cpu_times, pids)
+    span = time.monotonic() - tic
+    rates = {pid: round(max(0.0, second[pid] - first[pid]) / span, 3) for pid in second if pid in first}
+    return before, rates
 
 
 async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume | None) -> _Collected:
     start = time.monotonic()
     pids = [p.pid for p in req.processes]
     env = tools.tool_env(dict(os.environ))
-    before = await asyncio.to_thread(lambda: [read_proc(pid) for pid in pids])
+    before, rates = await _rates(pids)
+    stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
     proc_s = time.monotonic() - start
-    runs = await asyncio.gather(*(_capture_one(p, req, paths, env, resume) for p in req.processes))
+    deadline = time.monotonic() + req.budget_s
+    runs = await asyncio.gather(
+        *(
+            _capture_one(p, req, paths, env, None if p.pid in stopped else resume, deadline)
+            for p in req.processes
+        )
+    )
     tools_s = time.monotonic() - start - proc_s
     after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
     durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4)}
-    return _Collected(before, list(runs), after, durations)
+    return _Collected(before, list(runs), after, durations, stopped, rates)
 
 
 def _redactor(req: CaptureRequest, before: Sequence[ProcSnapshot]) -> Redactor:
@@ -259,7 +319,7 @@ async def capture(
     diag_dir = Path(diag_dir)
     got = await _collect(req, tools.resolve(py_spy_path, gdb_path), resume)
     redactor = _redactor(req, got.before)
-    evidence = _evidence(req, got.runs, got.before, got.after)
+    evidence = _evidence(req, got.runs, got)
     classification = classify(evidence)
 
     blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop

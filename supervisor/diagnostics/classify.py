@@ -2,6 +2,11 @@
 
 Precedence, first match wins (DIAGNOSTICS.md explains why):
 cuda_graph_capture > collective > io_wait > busy_spin > idle_deadlock > unknown.
+
+Busy or idle is judged from the schedulers when the tree has them: the HTTP front end keeps
+burning a core for its clients while a scheduler is stopped or deadlocked, and that core says
+nothing about where the model's work hangs. A scheduler stopped by a signal (state T before any
+tool attached) runs nothing: it is named first and counts as idle.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from supervisor.diagnostics.model import Classification, Evidence, Frame, HangClass, StackThread
+from supervisor.diagnostics.model import Classification, Evidence, Frame, HangClass, ProcEvidence, StackThread
 from supervisor.diagnostics.waits import ThreadView, thread_views
 
 _GRAPH_FUNC = re.compile(
@@ -144,13 +149,46 @@ def _io_wait(views: list[ThreadView], ev: Evidence) -> _Finding | None:
     return _Finding(tuple(reasons), tuple(frames)) if reasons else None
 
 
+def _ranks(ev: Evidence) -> tuple[ProcEvidence, ...]:
+    return tuple(p for p in ev.processes if p.rank_like)
+
+
+def _rank_views(views: list[ThreadView], ev: Evidence) -> list[ThreadView]:
+    """The schedulers' threads when the tree has schedulers, else every thread."""
+    pids = {p.pid for p in _ranks(ev)}
+    return [v for v in views if v.pid in pids] if pids else views
+
+
+def _cpu_reason(ev: Evidence) -> str | None:
+    ranks = _ranks(ev)
+    rates = [p.cpu_cores for p in ranks]
+    if ranks and all(r is not None for r in rates):
+        cores = sum(r for r in rates if r is not None)
+        if cores >= ev.busy_cpu_cores:
+            return f"schedulers' CPU {cores:.2f} cores >= {ev.busy_cpu_cores:g}"
+        return None
+    if ev.tree_cpu_cores is not None and ev.tree_cpu_cores >= ev.busy_cpu_cores:
+        return f"tree CPU {ev.tree_cpu_cores:.2f} cores >= {ev.busy_cpu_cores:g}"
+    return None
+
+
+def _stopped(ev: Evidence) -> _Finding | None:
+    stopped = [p for p in ev.processes if p.stopped]
+    if not stopped:
+        return None
+    names = ", ".join(p.label for p in stopped)
+    reason = f"{names} stopped (state T before any tool attached: SIGSTOP or a debugger); it runs no code"
+    return _Finding((reason,), tuple(f"{p.label}: stopped (state T)" for p in stopped))
+
+
 def _busy(views: list[ThreadView], ev: Evidence) -> _Finding | None:
     reasons: list[str] = []
-    if ev.tree_cpu_cores is not None and ev.tree_cpu_cores >= ev.busy_cpu_cores:
-        reasons.append(f"tree CPU {ev.tree_cpu_cores:.2f} cores >= {ev.busy_cpu_cores:g}")
+    cpu = _cpu_reason(ev)
+    if cpu is not None:
+        reasons.append(cpu)
     if ev.gpu_util_percent is not None and ev.gpu_util_percent >= ev.busy_gpu_percent:
         reasons.append(f"GPU util {ev.gpu_util_percent:.0f} % >= {ev.busy_gpu_percent:g} %")
-    looping = [v for v in views if v.looping]
+    looping = [v for v in _rank_views(views, ev) if v.looping]
     if looping:
         reasons.append(
             f"{_n(len(looping), 'thread')} running Python code in {len(looping[0].states)} successive samples"
@@ -159,13 +197,18 @@ def _busy(views: list[ThreadView], ev: Evidence) -> _Finding | None:
 
 
 def _idle(views: list[ThreadView], ev: Evidence) -> _Finding | None:
-    locked = [v for v in views if v.kind == "lock" and not v.background]
-    if not locked or any(v.kind == "running" for v in views):
+    mine = _rank_views(views, ev)
+    locked = [v for v in mine if v.kind == "lock" and not v.background]
+    stopped = [p for p in _ranks(ev) if p.stopped]
+    if (not locked and not stopped) or any(v.kind == "running" for v in mine):
         return None
-    procs = len({v.pid for v in locked})
-    what = "wait on locks (futex, condition, Lock.acquire), none runs"
-    reasons = [f"{_n(len(locked), 'thread')} in {_n(procs, 'process')} {what}"]
-    return _Finding(tuple(reasons), tuple(v.sentence() for v in locked))
+    reasons = [f"{p.label} is stopped: nothing in it runs" for p in stopped]
+    if locked:
+        procs = len({v.pid for v in locked})
+        what = "wait on locks (futex, condition, Lock.acquire), none runs"
+        reasons.append(f"{_n(len(locked), 'thread')} in {_n(procs, 'process')} {what}")
+    frames = [f"{p.label}: stopped (state T)" for p in stopped] + [v.sentence() for v in locked]
+    return _Finding(tuple(reasons), tuple(frames))
 
 
 def _figures(ev: Evidence) -> str:
@@ -190,10 +233,14 @@ def classify(evidence: Evidence) -> Classification:
     if not matched:
         kinds = sorted({v.kind for v in views})
         why = f"no rule matched ({len(views)} threads seen; wait kinds: {', '.join(kinds) or 'none'})"
-        return Classification("unknown", (why, figures), (), ("unknown",))
+        stopped_first = _stopped(evidence)
+        head = stopped_first.reasons if stopped_first else ()
+        return Classification("unknown", (*head, why, figures), (), ("unknown",))
     cls, finding = matched[0]
     also = [c for c, _ in matched[1:]]
-    reasons = [*finding.reasons, figures]
+    stopped = _stopped(evidence)
+    first = tuple(r for r in (stopped.reasons if stopped else ()) if r not in finding.reasons)
+    reasons = [*first, *finding.reasons, figures]
     if also:
         reasons.append(f"also matched, lower precedence: {', '.join(also)}")
     return Classification(cls, tuple(reasons), finding.frames[:_MAX_FRAMES], tuple(c for c, _ in matched))

@@ -45,6 +45,9 @@ class CaptureRequest:
     nonblocking: bool = False  # py-spy --nonblocking: a healthy server that a person only asked about
     py_spy_timeout_s: float = 20.0
     gdb_timeout_s: float = 30.0
+    # Every tool of the capture ends within this many seconds of the first one starting; each
+    # tool's own timeout is cut to what is left, so a bundle never holds up the restart for long.
+    budget_s: float = 20.0
     log_tail: tuple[str, ...] = ()
     rung: str = ""
     argv: tuple[str, ...] = ()
@@ -105,6 +108,14 @@ class ProcEvidence:
     python: tuple[StackThread, ...] = ()  # from py-spy (the native dump when one was taken)
     native: tuple[StackThread, ...] = ()  # from gdb or cuda-gdb
     gpu_kernels: tuple[str, ...] = ()  # from cuda-gdb `info cuda kernels`
+    # State T before any tool attached: SIGSTOP (or a debugger of someone else's) holds it.
+    stopped: bool = False
+    cpu_cores: float | None = None  # its CPU rate over a short window before the tools ran
+
+    @property
+    def rank_like(self) -> bool:
+        """A scheduler, or a child still importing that will be one: where the model's work runs."""
+        return self.role in ("scheduler", "pending")
 
     @property
     def label(self) -> str:

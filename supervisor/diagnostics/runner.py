@@ -1,15 +1,22 @@
-"""Run one dump tool as an asyncio subprocess: bounded in time and in output size."""
+"""Run one dump tool as an asyncio subprocess: bounded in time and in output size.
+
+Each tool runs in a session of its own, so that at its timeout (and after it exits) the helpers it
+forked -- cuda-gdb starts a backend per attach -- go with it instead of outliving the capture.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_CAP_BYTES = 2 * 1024 * 1024
 _KILL_GRACE_S = 2.0  # after kill(): how long to wait for the exit and the pipes to close
+_TERM_GRACE_S = 1.0  # at the timeout, SIGTERM first: gdb then detaches cleanly and flushes its output
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,12 @@ async def _drain(stream: asyncio.StreamReader | None, buf: bytearray, cap: int, 
             buf += chunk[:room]
 
 
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal the tool's own session (its pid is the group id); gone already is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
 def _text(buf: bytearray) -> str:
     return bytes(buf).decode("utf-8", errors="replace")
 
@@ -58,6 +71,7 @@ async def run_tool(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env) if env is not None else None,
+            start_new_session=True,
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as err:
         return RunResult(
@@ -78,8 +92,11 @@ async def run_tool(
         code: int | None = await asyncio.wait_for(finish(), timeout_s)
     except asyncio.TimeoutError:
         timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()  # our own child; the tracee it attached to is detached by the kernel
+        _signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), _TERM_GRACE_S)
+        # Our own tool's group; the tracee it attached to is detached by the kernel.
+        _signal_group(proc.pid, signal.SIGKILL)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.wait(), _KILL_GRACE_S)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -87,9 +104,8 @@ async def run_tool(
             await asyncio.wait_for(asyncio.shield(readers), _KILL_GRACE_S)
         code = None
     finally:
-        if proc.returncode is None:  # cancelled (daemon stopping): never leave gdb attached behind us
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+        # Cancelled (daemon stopping): never leave gdb attached behind us; and no helper outlives it.
+        _signal_group(proc.pid, signal.SIGKILL)
         if not readers.done():
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -13,7 +13,7 @@ from supervisor.diagnostics.waits import ThreadView, thread_views
 
 SCHEMA_VERSION = 1
 _MAX_LINES_PER_PROCESS = 40
-_ORDER = {"lock": 0, "disk": 1, "gpu": 2, "running": 3, "io": 4, "other": 5, "sleep": 6}
+_ORDER = {"stopped": -1, "lock": 0, "disk": 1, "gpu": 2, "running": 3, "io": 4, "other": 5, "sleep": 6}
 
 
 def iso(wall: float) -> str:
@@ -74,6 +74,7 @@ def build_summary(
     redactor: Redactor,
 ) -> dict[str, object]:
     waits = [_wait_record(v) for p in evidence.processes for v in _shown(thread_views(p))]
+    by_pid = {p.pid: p for p in evidence.processes}
     gpu = gpu_doc(req.gpu)
     summary: dict[str, object] = {
         "schema": SCHEMA_VERSION,
@@ -95,6 +96,7 @@ def build_summary(
             "nonblocking": req.nonblocking,
         },
         "figures": {"tree_cpu_cores": evidence.tree_cpu_cores, "gpu_util_percent": evidence.gpu_util_percent},
+        "stopped": [p.pid for p in evidence.processes if p.stopped],
         "pids": [
             {
                 "pid": r.info.pid,
@@ -103,6 +105,8 @@ def build_summary(
                 "rank": r.info.rank,
                 "title": r.info.title,
                 "status": r.info.status,
+                "stopped": r.info.pid in by_pid and by_pid[r.info.pid].stopped,
+                "cpu_cores": by_pid[r.info.pid].cpu_cores if r.info.pid in by_pid else None,
                 "alive": r.alive,
                 "threads": r.threads or r.info.num_threads,
                 "listening": list(r.listening),
@@ -158,8 +162,10 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     for p in _dicts(s["pids"]):
         rank = f" TP{p['rank']}" if p["rank"] is not None else ""
         listen = ", ".join(_strs(p["listening"])) or "no port"
+        status = "STOPPED (state T before the capture, left stopped)" if p.get("stopped") else p["status"]
+        cpu = f", {float(str(p['cpu_cores'])):.2f} cores" if p.get("cpu_cores") is not None else ""
         lines.append(
-            f"  pid {p['pid']} {p['role']}{rank} '{p['title']}' {p['status']},"
+            f"  pid {p['pid']} {p['role']}{rank} '{p['title']}' {status}{cpu},"
             f" {p['threads']} thread{'' if p['threads'] == 1 else 's'}, {listen}"
         )
     lines += ["", "Tools:"]

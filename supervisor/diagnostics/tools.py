@@ -33,6 +33,19 @@ class ToolPaths:
     py_spy: str | None
     gdb: str | None
     gdb_kind: ToolName  # "gdb" or "cuda-gdb": what `gdb` points at
+    cuda_gdb: str | None = None  # cuda-gdb, when there is one besides a plain gdb
+
+    def debugger(self, holds_gpu: bool) -> tuple[str | None, ToolName]:
+        """cuda-gdb for a process that holds GPU memory (it names the kernels); plain gdb for the
+        rest where there is one, else none (None, "cuda-gdb"): cuda-gdb's attach costs ~10 s per
+        torch process, and the real 4-process tree spent most of its 31 s bundle in it."""
+        if holds_gpu and self.cuda_gdb is not None:
+            return self.cuda_gdb, "cuda-gdb"
+        if self.gdb is not None and self.gdb_kind == "gdb":
+            return self.gdb, "gdb"
+        if self.cuda_gdb is not None:
+            return None, "cuda-gdb"  # only cuda-gdb, and this process has no GPU work to show
+        return None, "gdb"
 
 
 def _executable(path: str) -> str | None:
@@ -65,8 +78,13 @@ def find_gdb(configured: str | None = None) -> tuple[str | None, ToolName]:
 
 
 def resolve(py_spy_path: str | None, gdb_path: str | None) -> ToolPaths:
+    """Where the tools are; with cuda-gdb configured, a plain gdb on PATH still serves CPU-only members."""
     gdb, kind = find_gdb(gdb_path)
-    return ToolPaths(py_spy=find_py_spy(py_spy_path), gdb=gdb, gdb_kind=kind)
+    cuda = gdb if kind == "cuda-gdb" else shutil.which("cuda-gdb")
+    plain = shutil.which("gdb") if kind == "cuda-gdb" else None
+    if plain is not None:
+        gdb, kind = plain, "gdb"
+    return ToolPaths(py_spy=find_py_spy(py_spy_path), gdb=gdb, gdb_kind=kind, cuda_gdb=cuda)
 
 
 def py_spy_argv(exe: str, pid: int, *, native: bool, nonblocking: bool) -> tuple[str, ...]:

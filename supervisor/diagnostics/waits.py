@@ -16,6 +16,7 @@ WaitKind = Literal[
     "gpu",  # a CUDA synchronize call waiting on the device
     "disk",  # state D: uninterruptible, usually I/O or a driver call
     "running",  # state R with py-spy calling it active
+    "stopped",  # state T before any tool attached: SIGSTOP, runs no code until SIGCONT
     "other",  # none of the above could be told
 ]
 
@@ -104,6 +105,8 @@ class ThreadView:
         who = f"{self.proc}: thread '{self.name or '?'}'"
         verb = {"running": "runs", "sleep": "sleeps", "disk": "is in D state"}.get(self.kind, "waits")
         verb += f" in {self.label}" if self.label else ""
+        if self.kind == "stopped":
+            verb = "is stopped (state T: SIGSTOP or a debugger)"
         where = ""
         if self.site is not None:
             where = f" at {self.site.where} ({self.site.function})"
@@ -207,15 +210,21 @@ def thread_views(proc: ProcEvidence) -> tuple[ThreadView, ...]:
     for tid in order:
         python = py_by_tid.get(tid)
         native = by_tid_native.get(tid) if tid is not None else None
-        # A stop by our own tools (t, T) says nothing about the hang: those samples are dropped.
-        infos = [i for i in samples.get(tid, []) if i.state not in ("t", "T")] if tid is not None else []
+        # A stop by our own tools (t, T) says nothing about the hang: those samples are dropped,
+        # unless the process was stopped before any tool attached (then T is the finding).
+        kept = ("t",) if proc.stopped else ("t", "T")
+        infos = [i for i in samples.get(tid, []) if i.state not in kept] if tid is not None else []
         states = tuple(i.state for i in infos)
         wchan = infos[-1].wchan if infos else ""
         frames = native_window(python) if python is not None else ()
         if native is not None and not any(_NATIVE_LOCK.search(f.function) for f in frames):
             frames = frames + native.frames[:NATIVE_WINDOW]
         site, caller = _sites(python)
-        kind, label = _kind(states, wchan, python, frames, site)
+        kind: WaitKind
+        if proc.stopped and (not states or states[-1] == "T"):
+            kind, label = "stopped", "SIGSTOP"
+        else:
+            kind, label = _kind(states, wchan, python, frames, site)
         name = (
             (python.name if python else "")
             or (infos[-1].name if infos else "")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-SHARDS_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]\n"
+# SGLang 0.5.16's BAR_FORMAT (utils/common.py); 0.5.6's ended in a newline, so each refresh was a line.
+SHARDS_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
 _BLOCKS = " " + "".join(chr(c) for c in range(0x258F, 0x2587, -1))  # " ▏▎▍▌▋▊▉█"
 _BAR_WIDTH = 10  # tqdm's width when stderr is not a terminal
 

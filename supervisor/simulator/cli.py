@@ -23,8 +23,10 @@ class SimArgs:
     speculative_num_draft_tokens: int | None
     enable_metrics: bool
     disable_cuda_graph: bool
+    disable_piecewise_cuda_graph: bool
     cuda_graph_max_bs: int | None
     cuda_graph_backend_decode: str | None
+    cuda_graph_backend_prefill: str | None
     disable_custom_all_reduce: bool
     attention_backend: str | None
     mem_fraction_static: float | None
@@ -54,6 +56,13 @@ class SimArgs:
         return not self.disable_cuda_graph and self.cuda_graph_backend_decode != "disabled"
 
     @property
+    def prefill_cuda_graph(self) -> bool:
+        """SGLang 0.5.16 captures a piecewise prefill graph by default, after the decode graph."""
+        return (
+            self.cuda_graph and not self.disable_piecewise_cuda_graph and self.cuda_graph_backend_prefill != "disabled"
+        )
+
+    @property
     def num_steps(self) -> int:
         return self.speculative_num_steps or 3
 
@@ -79,8 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--disable-piecewise-cuda-graph", action="store_true")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--cuda-graph-backend-decode", default=None)
+    p.add_argument("--cuda-graph-backend-prefill", default=None)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--mem-fraction-static", type=float, default=None)
@@ -141,8 +152,10 @@ def parse_args(argv: Sequence[str]) -> SimArgs:
         speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
         enable_metrics=ns.enable_metrics,
         disable_cuda_graph=ns.disable_cuda_graph,
+        disable_piecewise_cuda_graph=ns.disable_piecewise_cuda_graph,
         cuda_graph_max_bs=ns.cuda_graph_max_bs,
         cuda_graph_backend_decode=ns.cuda_graph_backend_decode,
+        cuda_graph_backend_prefill=ns.cuda_graph_backend_prefill,
         disable_custom_all_reduce=ns.disable_custom_all_reduce,
         attention_backend=ns.attention_backend,
         mem_fraction_static=ns.mem_fraction_static,

@@ -7,7 +7,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from supervisor.simulator.messages import TokenOut
-from supervisor.simulator.procutil import become_child, sleep_forever, start_heartbeat
+from supervisor.simulator.procutil import become_child, import_sglang, sleep_forever, start_heartbeat
 
 _WORDS = (
     " Paris", " is", " the", " capital", " of", " France", ".", " It", " has", " a", " population",
@@ -16,7 +16,8 @@ _WORDS = (
 )
 
 
-def run_detokenizer_process(ignore_sigterm: bool, inbox: Connection, outbox: Connection) -> None:
+def run_detokenizer_process(ignore_sigterm: bool, inbox: Connection, outbox: Connection, import_s: float) -> None:
+    modules = import_sglang(import_s)  # named only once imported, as the schedulers
     become_child("sglang::detokenizer", ignore_sigterm)
     start_heartbeat("detokenizer-heartbeat")
     rng = random.Random(0)
@@ -36,4 +37,5 @@ def run_detokenizer_process(ignore_sigterm: bool, inbox: Connection, outbox: Con
         try:
             outbox.send(message)
         except OSError:
+            del modules
             sleep_forever()

@@ -10,18 +10,19 @@ import socket
 import socketserver
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from supervisor.simulator import metrics
 from supervisor.simulator.cli import SimArgs
+from supervisor.simulator.httpstats import HttpStats
 from supervisor.simulator.logs import LogWriter
 from supervisor.simulator.model import ModelFacts
 from supervisor.simulator.serverargs import server_args_items
 from supervisor.simulator.settings import SimSettings
 from supervisor.simulator.tokenizer import ClientDisconnected, GenerateResult, ServerStatus, TokenizerManager
 
-SGLANG_VERSION = "0.5.6"
+SGLANG_VERSION = "0.5.16"
 DEFAULT_MAX_NEW_TOKENS = 128
 
 
@@ -33,6 +34,7 @@ class Front:
     log: LogWriter
     manager: TokenizerManager
     started: float
+    http: HttpStats = field(default_factory=HttpStats)
 
 
 def prompt_tokens(text: str) -> int:
@@ -81,6 +83,8 @@ class Handler(BaseHTTPRequestHandler):
         return self.server.front
 
     def _respond(self, status: int, body: bytes = b"", content_type: str = "application/json") -> None:
+        if self._status is not None:
+            self._status.append(status)
         self.send_response(status)
         self.send_header("content-length", str(len(body)))
         if body or content_type != "application/json":
@@ -100,14 +104,21 @@ class Handler(BaseHTTPRequestHandler):
     def _path(self) -> str:
         return self.path.split("?", 1)[0]
 
+    _status: list[int] | None = None
+
     def do_GET(self) -> None:
-        route = self._get_routes().get(self._path())
-        if route is None:
-            self._not_found()
-        else:
-            route()
+        with self.front.http.track(self._path(), "GET") as self._status:
+            route = self._get_routes().get(self._path())
+            if route is None:
+                self._not_found()
+            else:
+                route()
 
     def do_POST(self) -> None:
+        with self.front.http.track(self._path(), "POST") as self._status:
+            self._post()
+
+    def _post(self) -> None:
         path = self._path()
         if path == "/generate":
             self._generate()
@@ -125,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
             "/get_model_info": self._model_info,
             "/model_info": self._model_info,
             "/v1/models": self._models,
-            "/get_server_info": self._server_info,
+            "/get_server_info": self._deprecated_server_info,
             "/server_info": self._server_info,
         }
         if self.front.args.enable_metrics:
@@ -169,6 +180,13 @@ class Handler(BaseHTTPRequestHandler):
         }
         self._json(200, {"object": "list", "data": [card]})
 
+    def _deprecated_server_info(self) -> None:
+        self.front.log.warning(
+            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead."
+        )
+        self._server_info()
+
     def _server_info(self) -> None:
         state = self.front.manager.internal_state()  # no timeout: blocks forever on a hung scheduler
         info: dict[str, object] = dict(server_args_items(self.front.args, self.front.facts))
@@ -178,12 +196,13 @@ class Handler(BaseHTTPRequestHandler):
                 "max_req_input_len": self.front.facts.context_len - 1,
                 "internal_states": [state],
                 "version": SGLANG_VERSION,
+                "kv_events": None,
             }
         )
         self._json(200, info)
 
     def _metrics(self) -> None:
-        body = metrics.render(self.front.manager.metrics, self.front.args.served_model_name)
+        body = metrics.render(self.front.manager.metrics, self.front.args.served_model_name, self.front.http)
         self._respond(200, body, metrics.CONTENT_TYPE)
 
     def _read_json(self) -> dict[str, object] | None:

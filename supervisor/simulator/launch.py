@@ -39,7 +39,7 @@ class Children:
             return False
 
 
-def launch(contexts: list[RankContext], ignore_sigterm: bool) -> Children:
+def launch(contexts: list[RankContext], ignore_sigterm: bool, import_s: float) -> Children:
     """Start every scheduler, then the detokenizer; main keeps only its own ends of the pipes."""
     mp = multiprocessing.get_context("spawn")
     to_sched_r, to_sched_w = mp.Pipe(duplex=False)
@@ -62,7 +62,7 @@ def launch(contexts: list[RankContext], ignore_sigterm: bool) -> Children:
         proc.start()
         schedulers.append(proc)
     detok = mp.Process(
-        target=run_detokenizer_process, args=(ignore_sigterm, to_detok_r, to_main_w), name="detokenizer"
+        target=run_detokenizer_process, args=(ignore_sigterm, to_detok_r, to_main_w, import_s), name="detokenizer"
     )
     detok.start()
     for pair in peer_pairs:
@@ -74,7 +74,8 @@ def launch(contexts: list[RankContext], ignore_sigterm: bool) -> Children:
 
 def kill_process_tree(include_parent: bool) -> None:
     """SGLang's kill_process_tree: SIGKILL every descendant, then (optionally) this process."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # as SGLang: no log line per killed child
+    with contextlib.suppress(ValueError):  # only the main thread may; SGLang's handler is gone there too
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # as SGLang: no log line per killed child
     try:
         descendants = psutil.Process().children(recursive=True)
     except psutil.Error:

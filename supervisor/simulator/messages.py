@@ -68,6 +68,10 @@ class SchedulerStats:
     cache_hit_rate: float = 0.0
     spec_accept_length: float = 0.0
     spec_accept_rate: float = 0.0
+    spec_cap_length: float = 0.0  # DSpark only: 0 for EAGLE
+    spec_block_accept_length: float = 0.0
+    spec_num_steps: float = 0.0
+    spec_num_draft_tokens: float = 0.0
     is_cuda_graph: float = 0.0
     max_total_num_tokens: int = 0
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
+import itertools
+import os
 import signal
+import sysconfig
 import threading
 import time
 
@@ -20,6 +24,51 @@ def kill_itself_when_parent_died() -> None:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
     except OSError:
         pass
+
+
+def scheduler_title(rank: int, tp_size: int) -> str:
+    """`sglang::scheduler` at tp-size 1 (SGLang 0.5.16 adds `_TP{n}` only with tp-size > 1)."""
+    return f"sglang::scheduler_TP{rank}" if tp_size > 1 else "sglang::scheduler"
+
+
+def log_prefix(rank: int, tp_size: int) -> str:
+    """The rank tag inside `[time TPn]`: none at tp-size 1, as configure_scheduler_process."""
+    return f" TP{rank}" if tp_size > 1 else ""
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_sources() -> tuple[str, ...]:
+    paths = (
+        os.path.join(root, name)
+        for root, _, names in os.walk(sysconfig.get_paths()["stdlib"])
+        for name in names
+        if name.endswith(".py")
+    )
+    return tuple(itertools.islice(paths, 4000))
+
+
+def import_sglang(seconds: float) -> list[bytes]:
+    """What importing SGLang (torch, triton, transformers) looks like from /proc: no output, files
+    read, CPU spent compiling, memory growing. Returns the "modules" so the memory stays held."""
+    held: list[bytes] = []
+    if seconds <= 0:
+        return held
+    deadline = time.monotonic() + seconds
+    sources = _stdlib_sources()
+    i = 0
+    while time.monotonic() < deadline and sources:
+        path = sources[i % len(sources)]
+        i += 1
+        try:
+            with open(path, "rb") as f:
+                code = f.read()
+            if i % 8 == 0:  # most modules come from a .pyc; some compile
+                compile(code, path, "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        if i % 4 == 0 and len(held) < 256:  # up to ~64 MB, pages touched: a real import grows RSS by GBs
+            held.append(b"\x01" * (256 * 1024))
+    return held
 
 
 def become_child(title: str, ignore_sigterm: bool) -> None:

@@ -10,7 +10,7 @@ from typing import NoReturn
 from supervisor.simulator import hangs
 from supervisor.simulator.logs import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
-from supervisor.simulator.procutil import become_child, start_heartbeat
+from supervisor.simulator.procutil import become_child, import_sglang, log_prefix, scheduler_title, start_heartbeat
 from supervisor.simulator.segfault import die_of_segfault, victim_rank
 from supervisor.simulator.serving import ServingLoop
 from supervisor.simulator.settings import Scenario
@@ -43,9 +43,15 @@ def run_scheduler_process(
     outbox: Connection | None,
     peers: list[Connection],
 ) -> None:
-    """Entry point of `sglang::scheduler_TP{rank}`; rank 0 gets the request and output pipes."""
-    become_child(f"sglang::scheduler_TP{ctx.rank}", ctx.settings.scenario is Scenario.IGNORE_SIGTERM)
-    log = LogWriter(f" TP{ctx.rank}")
+    """Entry point of `sglang::scheduler[_TP{rank}]`; rank 0 gets the request and output pipes.
+
+    As in SGLang, the child imports first (tens of seconds on a real host, no output, its command
+    line still multiprocessing's spawn bootstrap) and only then names itself and logs.
+    """
+    modules = import_sglang(ctx.settings.import_seconds)
+    tp = ctx.args.tp_size
+    become_child(scheduler_title(ctx.rank, tp), ctx.settings.scenario is Scenario.IGNORE_SIGTERM)
+    log = LogWriter(log_prefix(ctx.rank, tp))
     start_heartbeat("ProcessGroupNCCL-watchdog")
     try:
         weights = Startup(ctx, log).run()
@@ -60,7 +66,7 @@ def run_scheduler_process(
             ServingLoop(ctx, log, inbox, outbox, peers).run()
         else:
             follow(ctx, log, peers[0])
-        del weights
+        del weights, modules
     except KeyboardInterrupt:
         os._exit(1)
 

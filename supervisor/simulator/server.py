@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
@@ -22,13 +23,15 @@ from supervisor.simulator.logs import LogWriter
 from supervisor.simulator.messages import FiredUp
 from supervisor.simulator.model import ModelFacts, model_facts
 from supervisor.simulator.onset import write_onset
-from supervisor.simulator.procutil import start_heartbeat
-from supervisor.simulator.serverargs import server_args_line
+from supervisor.simulator.procutil import import_sglang, start_heartbeat
+from supervisor.simulator.serverargs import deprecation_warnings, server_args_line
 from supervisor.simulator.settings import Scenario, SettingsError, SimSettings, load_settings
 from supervisor.simulator.startup import RankContext
 from supervisor.simulator.tokenizer import ServerStatus, TokenizerManager
 
 DRAIN_LOG_EVERY_S = 5.0
+WATCHDOG_INTERVAL_S = 1.0  # SGLang's SubprocessWatchdog polls its children every second
+CRASH_DIAG_SLEEP_S = 5.0  # "Sleeping 5 seconds before crash diagnostics" (times pace here)
 
 
 def _exitcode(status: int) -> int:
@@ -36,7 +39,10 @@ def _exitcode(status: int) -> int:
 
 
 class MainProcess:
-    def __init__(self, args: SimArgs, settings: SimSettings, facts: ModelFacts, log: LogWriter) -> None:
+    def __init__(
+        self, args: SimArgs, settings: SimSettings, facts: ModelFacts, log: LogWriter, argv: Sequence[str] = ()
+    ) -> None:
+        self.argv = list(argv)
         self.args = args
         self.settings = settings
         self.facts = facts
@@ -44,25 +50,67 @@ class MainProcess:
         self.stop = threading.Event()
         self.exit_status: dict[int, int] = {}
         self.ignore_sigterm = settings.scenario is Scenario.IGNORE_SIGTERM
+        self.serving = False  # the running-phase SIGQUIT handler replaces the launch-phase one
+        self.children: Children | None = None
+        self.crashing = threading.Event()
 
     def _onset(self, onset: bool = True) -> None:
         s = self.settings
         write_onset(s.onset_file, s.scenario.value, s.requested.value, os.getpid(), self.args.unknown_flags, onset)
 
-    # Signal handlers: SGLang's own, installed at start (SIGCHLD, SIGQUIT) and once serving (SIGTERM).
+    # Signal handlers: SGLang's own (SIGQUIT at start, SIGTERM once serving), and SIGCHLD to reap.
     def _on_sigchld(self, signum: int, frame: FrameType | None) -> None:
         try:
             pid, status = os.waitpid(0, os.WNOHANG)
         except ChildProcessError:
             return
-        if pid:
+        if pid:  # reaped silently: SGLang 0.5.16 has no SIGCHLD handler; its subprocess-watchdog reports
             self.exit_status[pid] = status
-        if status != 0:
-            self.log.warning(f"Child process unexpectedly failed with exitcode={status}. pid={pid}")
 
     def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
-        self.log.error("Received sigquit from a child process. It usually means the child failed.")
+        if not self.serving:  # engine.py launch_phase_sigquit_handler
+            self.log.error("Received sigquit from a child process. It usually means the child failed.")
+            kill_process_tree(include_parent=True)
+            return
+        # tokenizer_manager.py running_phase_sigquit_handler (asyncio passes no arguments), then
+        # dump_requests_before_crash's diagnostics: off the signal handler, as SGLang's event loop.
+        if self.crashing.is_set():
+            return
+        self.crashing.set()
+        self.log.error("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        threading.Thread(target=self._crash_diagnostics, name="crash-dump", daemon=True).start()
+
+    def _crash_diagnostics(self) -> None:
+        self.log.info("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
+        time.sleep(CRASH_DIAG_SLEEP_S * self.settings.pace)
+        children = self.children
+        alive = children is not None and any(
+            children.scheduler_alive(rank) for rank in range(len(children.schedulers))
+        )
+        if alive:
+            wait = self.settings.coredump_wait_seconds
+            self.log.info(f"Waiting {wait:.1f} seconds for CUDA coredumps before exiting.")
+            time.sleep(wait)
+        else:
+            self.log.error("No live scheduler processes found; skipping py-spy and CUDA coredump.")
         kill_process_tree(include_parent=True)
+
+    def _subprocess_watchdog(self, children: Children) -> None:
+        """SGLang 0.5.16's `subprocess-watchdog` thread: a child that died non-zero means SIGQUIT."""
+        procs = [*children.schedulers, children.detokenizer]
+        names = [f"scheduler_{i}" for i in range(len(children.schedulers))] + ["detokenizer"]
+        while not self.stop.wait(WATCHDOG_INTERVAL_S):
+            for proc, name in zip(procs, names, strict=True):
+                status = self.exit_status.get(proc.pid or -1)
+                if status is None or status == 0:
+                    continue
+                code = _exitcode(status)
+                self.log.error(
+                    f"Subprocess {name} (pid={proc.pid}) crashed with exit code {code}. "
+                    "Triggering SIGQUIT for cleanup..."
+                )
+                os.kill(os.getpid(), signal.SIGQUIT)
+                return
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if not self.stop.is_set():
@@ -79,14 +127,27 @@ class MainProcess:
             self._onset(onset=False)
         signal.signal(signal.SIGCHLD, self._on_sigchld)
         signal.signal(signal.SIGQUIT, self._on_sigquit)
+        modules = import_sglang(self.settings.import_seconds / 4)  # `python -m sglang.launch_server`
+        for warning in deprecation_warnings(self.argv):
+            self.log.raw(warning + "\n")
+        if self.args.speculative and self.args.max_running_requests is None:
+            self.log.info(  # arg_groups/speculative_hook.py, while the arguments resolve
+                "Max running requests is reset to 48 for speculative decoding. You can override this by "
+                "explicitly setting --max-running-requests."
+            )
         self.log.info(server_args_line(self.args, self.facts))
         start_heartbeat("tokenizer-manager-watchdog")
         contexts = [
             RankContext(rank, self.args, self.settings, self.facts, os.getpid()) for rank in range(self.args.tp_size)
         ]
-        children = launch(contexts, self.ignore_sigterm)
+        children = launch(contexts, self.ignore_sigterm, self.settings.import_seconds)
         children.exit_status = self.exit_status
+        self.children = children
         self._wait_for_schedulers(children)
+        del modules
+        threading.Thread(
+            target=self._subprocess_watchdog, args=(children,), name="subprocess-watchdog", daemon=True
+        ).start()
         manager = TokenizerManager(self.log, children.to_scheduler, children.from_detokenizer)
         manager.start()
         server = self._bind(Front(self.args, self.settings, self.facts, self.log, manager, time.time()))
@@ -175,6 +236,7 @@ class MainProcess:
         if self.stop.is_set():
             return
         manager.status = ServerStatus.UP
+        self.serving = True
         self.log.info("The server is fired up and ready to roll!")
         manager.send(FiredUp())
         self._after_ready()
@@ -210,7 +272,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     log = LogWriter("")
     try:
-        MainProcess(args, settings, model_facts(args), log).run()
+        MainProcess(args, settings, model_facts(args), log, argv).run()
     except KeyboardInterrupt:
         kill_process_tree(include_parent=False)
         return 130

@@ -50,7 +50,6 @@ def server_args_items(args: SimArgs, facts: ModelFacts) -> list[tuple[str, Value
         ("tp_size", args.tp_size),
         ("pp_size", 1),
         ("stream_interval", 1),
-        ("stream_output", False),
         ("random_seed", seed),
         ("watchdog_timeout", args.watchdog_timeout),
         ("dist_timeout", args.dist_timeout),
@@ -88,8 +87,8 @@ def server_args_items(args: SimArgs, facts: ModelFacts) -> list[tuple[str, Value
         ("speculative_accept_threshold_acc", 1.0),
         ("ep_size", 1),
         ("enable_hierarchical_cache", False),
-        ("cuda_graph_max_bs", args.cuda_graph_max_bs if args.cuda_graph_max_bs is not None else 160),
-        ("cuda_graph_bs", None),
+        ("cuda_graph_max_bs_decode", args.cuda_graph_max_bs if args.cuda_graph_max_bs is not None else 160),
+        ("cuda_graph_bs_decode", None),
         ("disable_cuda_graph", args.disable_cuda_graph),
         ("disable_cuda_graph_padding", False),
         ("enable_nccl_nvls", False),
@@ -100,7 +99,6 @@ def server_args_items(args: SimArgs, facts: ModelFacts) -> list[tuple[str, Value
         ("enable_dp_attention", False),
         ("enable_torch_compile", False),
         ("torch_compile_max_bs", 32),
-        ("enable_nan_detection", False),
         ("enable_p2p_check", False),
         ("triton_attention_num_kv_splits", 8),
         ("num_continuous_decode_steps", 1),
@@ -112,13 +110,38 @@ def server_args_items(args: SimArgs, facts: ModelFacts) -> list[tuple[str, Value
     ]
     if args.cuda_graph_backend_decode is not None:
         items.append(("cuda_graph_backend_decode", args.cuda_graph_backend_decode))
-    known = {name for name, _ in items}
+    if not args.prefill_cuda_graph:
+        items.append(("cuda_graph_backend_prefill", "disabled"))
+    known = {name for name, _ in items} | set(DEPRECATED_FLAGS)
     for name, value in args.extra:
         field = name.replace("-", "_")
         if field not in known:
             known.add(field)
             items.append((field, value))
     return items
+
+
+# SGLang 0.5.16's deprecated spellings (server_args.py) -> what to use instead; each one given
+# prints a warning while the arguments parse, before logging is configured (so no timestamp).
+DEPRECATED_FLAGS = {
+    "cuda_graph_max_bs": "--cuda-graph-max-bs-decode",
+    "cuda_graph_bs": "--cuda-graph-bs-decode",
+    "disable_cuda_graph": "--cuda-graph-backend-{decode,prefill}=disabled",
+    "disable_piecewise_cuda_graph": "--cuda-graph-backend-prefill=disabled",
+    "enable_breakable_cuda_graph": "--cuda-graph-backend-prefill=breakable",
+}
+
+
+def deprecation_warnings(argv: list[str]) -> list[str]:
+    """`print_deprecated_warning` (arg_groups/argparse_actions.py): yellow, bare, in argv order."""
+    out = []
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        new = DEPRECATED_FLAGS.get(flag.lstrip("-").replace("-", "_")) if flag.startswith("--") else None
+        if new is not None:
+            message = f"'{flag}' is deprecated and will be removed in a future release. Use '{new}' instead."
+            out.append(f"\033[1;33m{message}\033[0m")
+    return out
 
 
 def server_args_line(args: SimArgs, facts: ModelFacts) -> str:

@@ -81,7 +81,11 @@ class ServingLoop:
         self.spec_total_accepted = self.spec_total_forward = 0
         self.last_publish = time.monotonic()
         self.last_cuda_graph = 0.0
-        self.stats = SchedulerStats()
+        spec = bool(ctx.args.speculative)
+        self.stats = SchedulerStats(
+            spec_num_steps=float(ctx.args.num_steps) if spec else 0.0,
+            spec_num_draft_tokens=float(ctx.args.num_draft_tokens) if spec else 0.0,
+        )
         self.forward_since: float | None = None  # when the forward pass in progress began
 
     def _watchdog(self) -> None:
@@ -92,7 +96,7 @@ class ServingLoop:
             since = self.forward_since
             if since is not None and time.monotonic() - since > timeout:
                 break
-        self.log.error(f"Watchdog timeout (self.watchdog_timeout={timeout!r})")
+        self.log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
         time.sleep(5)  # "so that the parent process can print the error"
         with contextlib.suppress(OSError):
             os.kill(self.ctx.main_pid, signal.SIGQUIT)
@@ -195,9 +199,12 @@ class ServingLoop:
         running_bs = len(self.running)
         if real:
             _, usage = self._token_usage()
-            self.log.info(
-                f"Prefill batch, #new-seq: {len(real)}, #new-token: {sum(r.prompt_tokens for r in real)}, "
+            new_tokens_in = sum(r.prompt_tokens for r in real)
+            self.log.info(  # SGLang 0.5.16 metrics_reporter.py
+                f"Prefill batch, #new-seq: {len(real)}, #new-token: {new_tokens_in}, "
                 f"#cached-token: 0, token usage: {usage:.2f}, #running-req: {running_bs}, #queue-req: 0, "
+                f"#pending-token: 0, cuda graph: False, "
+                f"input throughput (token/s): {new_tokens_in / max(self.ctx.settings.decode_step_s, 1e-3):.2f}"
             )
         self._forward("prefill")
         time.sleep(self.ctx.settings.decode_step_s)
@@ -252,14 +259,16 @@ class ServingLoop:
         accept_len = accept_rate = 0.0
         if self.spec and self.spec_forward:
             accept_len = self.spec_accepted / self.spec_forward
-            accept_rate = self.spec_accepted / (self.spec_forward * self.ctx.args.num_draft_tokens)
+            # 0.5.16: drafts accepted (the bonus token aside) over drafts proposed
+            drafts = self.spec_forward * max(1, self.ctx.args.num_draft_tokens - 1)
+            accept_rate = (self.spec_accepted - self.spec_forward) / drafts
             self.spec_total_accepted += self.spec_accepted
             self.spec_total_forward += self.spec_forward
             self.spec_accepted = self.spec_forward = 0
             msg += f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, "
         msg += (
             f"cuda graph: {cuda_graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
-            f"#queue-req: {len(self.waiting)}, "
+            f"#queue-req: {len(self.waiting)}"
         )
         self.log.info(msg)
         spec_fields = {"spec_accept_length": accept_len, "spec_accept_rate": accept_rate} if self.spec else {}

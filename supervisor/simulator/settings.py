@@ -53,6 +53,22 @@ class SimSettings:
     mem_mb: float = 16.0
     decode_step_s: float = 0.02
     idle_metrics_s: float = 30.0
+    import_s: float | None = None  # None: 0.5 s times pace (real SGLang 0.5.16: ~33 s)
+    prefill_compile_s: float | None = None  # None: 0.5 s times pace (real: 68-105 s at 0/58)
+    coredump_wait_s: float | None = None  # None: SGLang's 60 s times pace
+
+    @property
+    def import_seconds(self) -> float:
+        """A child's silent import of SGLang before it names itself and logs (the main's: a quarter)."""
+        return self.import_s if self.import_s is not None else 0.5 * self.pace
+
+    @property
+    def prefill_compile_seconds(self) -> float:
+        return self.prefill_compile_s if self.prefill_compile_s is not None else 0.5 * self.pace
+
+    @property
+    def coredump_wait_seconds(self) -> float:
+        return self.coredump_wait_s if self.coredump_wait_s is not None else 60.0 * self.pace
 
     @property
     def shard_seconds(self) -> float:
@@ -119,4 +135,7 @@ def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
         mem_mb=_float(env, "SGLANG_SIM_MEM_MB", 16.0),
         decode_step_s=_float(env, "SGLANG_SIM_DECODE_STEP_S", 0.02, minimum=0.001),
         idle_metrics_s=_float(env, "SGLANG_SIM_IDLE_METRICS_S", 30.0, minimum=0.1),
+        import_s=_optional_float(env, "SGLANG_SIM_IMPORT_S"),
+        prefill_compile_s=_optional_float(env, "SGLANG_SIM_PREFILL_COMPILE_S"),
+        coredump_wait_s=_optional_float(env, "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS"),
     )

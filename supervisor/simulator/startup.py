@@ -17,6 +17,7 @@ from supervisor.simulator.cli import SimArgs
 from supervisor.simulator.logs import LogWriter
 from supervisor.simulator.model import DIST_INIT_GB, DRAFT_GRAPH_GB, ModelFacts, shard_files
 from supervisor.simulator.onset import write_onset
+from supervisor.simulator.procutil import import_sglang
 from supervisor.simulator.settings import Scenario, SimSettings
 from supervisor.simulator.weights import WeightReader
 
@@ -24,6 +25,8 @@ MB = 1024 * 1024
 LOAD_RATE = 64 * MB  # bytes/s while loading normally (page cache or a fast disk)
 SLOW_RATE = 2 * MB  # a slow network filesystem
 QUIET_RATE = 8 * MB
+# The piecewise prefill graph's 58 token counts (SGLang 0.5.16's default list, smallest first).
+PREFILL_NUM_TOKENS = tuple([4 * i for i in range(1, 33)] + [160 + 32 * i for i in range(26)])
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,17 @@ class Startup:
 
     def _init_distributed(self) -> None:
         self.log.info("Init torch distributed begin.")
+        tic = time.monotonic()
         time.sleep(0.5 * self.pace)
-        self.log.info(f"Init torch distributed ends. mem usage={DIST_INIT_GB:.2f} GB")
+        self.log.info(
+            f"Init torch distributed ends. elapsed={time.monotonic() - tic:.2f} s, mem usage={DIST_INIT_GB:.2f} GB"
+        )
 
     def _load_target(self) -> None:
         facts = self.ctx.facts
         settings = self.ctx.settings
         self.log.info(f"Load weight begin. avail mem={facts.avail_after_dist:.2f} GB")
+        tic = time.monotonic()
         if self.scenario is Scenario.SLOW_LOAD:
             self._onset()
         if self.scenario is Scenario.QUIET_LOAD:
@@ -103,25 +110,26 @@ class Startup:
         if bar is not None:
             bar.close()
         self.log.info(
-            f"Load weight end. type={facts.architecture}, dtype={_dtype(self.ctx.args.dtype)}, "
+            f"Load weight end. elapsed={time.monotonic() - tic:.2f} s, type={facts.architecture}, "
             f"avail mem={facts.avail_after_weights:.2f} GB, mem usage={facts.weight_gb:.2f} GB."
         )
 
     def _shard_bar(self, total: int) -> Bar | None:
         if self.ctx.rank != 0:
             return None
-        return Bar(total, self._bar_writer, desc="Loading safetensors checkpoint shards", bar_format=SHARDS_FORMAT)
+        return Bar(total, self._bar_writer, desc="Multi-thread loading shards", bar_format=SHARDS_FORMAT)
 
     def _load_draft(self) -> None:
         facts = self.ctx.facts
         self.log.info(f"Load weight begin. avail mem={facts.avail_after_weights:.2f} GB")
+        tic = time.monotonic()
         bar = self._shard_bar(1)
         self.reader.read_for(1.0 * self.pace, LOAD_RATE, int(self.ctx.settings.mem_mb * MB * 0.1))
         if bar is not None:
             bar.update()
             bar.close()
         self.log.info(
-            f"Load weight end. type={facts.draft_architecture}, dtype={_dtype(self.ctx.args.dtype)}, "
+            f"Load weight end. elapsed={time.monotonic() - tic:.2f} s, type={facts.draft_architecture}, "
             f"avail mem={facts.avail_after_draft:.2f} GB, mem usage={facts.draft_gb:.2f} GB."
         )
 
@@ -129,7 +137,8 @@ class Startup:
         facts = self.ctx.facts
         time.sleep(0.25 * self.pace)
         self.log.info(
-            f"KV Cache is allocated. #tokens: {facts.kv_tokens}, K size: {facts.kv_k_gb:.2f} GB, "
+            f"KV Cache is allocated. dtype: {_dtype(self.ctx.args.kv_cache_dtype)}, #tokens: {facts.kv_tokens}, "
+            f"K size: {facts.kv_k_gb:.2f} GB, "
             f"V size: {facts.kv_k_gb:.2f} GB"
         )
         if self.scenario is Scenario.DEADLOCK_AFTER_LOAD:
@@ -142,16 +151,41 @@ class Startup:
         self.log.info(f"Memory pool end. avail mem={facts.avail_after_kv:.2f} GB")
 
     def _capture_graphs(self) -> None:
-        facts = self.ctx.facts
-        target_gb = facts.graph_gb - (DRAFT_GRAPH_GB if self.ctx.args.speculative else 0.0)
+        """SGLang 0.5.16: the target's decode (verify, with speculation) graph, its piecewise prefill
+        graph, then the draft's decode and extend graphs (logged by rank 0 only)."""
+        facts, args = self.ctx.facts, self.ctx.args
+        target_gb = facts.graph_gb - (DRAFT_GRAPH_GB if args.speculative else 0.0)
         avail = facts.avail_after_kv
-        avail = self._capture("", avail, target_gb, 2.0 * self.pace, facts.capture_bs)
-        if self.ctx.args.speculative:
+        name = "target verify" if args.speculative else "target decode"
+        per_req = args.num_draft_tokens if args.speculative else 1
+        avail = self._capture(name, per_req, avail, target_gb * 0.8, 2.0 * self.pace, facts.capture_bs)
+        if args.prefill_cuda_graph:
+            avail = self._capture_prefill(avail, target_gb * 0.2)
+        if args.speculative:
             draft_bs = tuple(bs for bs in facts.capture_bs if bs <= 64) or (1,)
-            self._capture("draft ", avail, facts.graph_gb - target_gb, 0.5 * self.pace, draft_bs)
+            draft_gb = facts.graph_gb - target_gb
+            topk = args.speculative_eagle_topk or 1
+            seconds = 0.25 * self.pace
+            avail = self._capture("draft decode", topk, avail, draft_gb / 2, seconds, draft_bs, rank0_only=True)
+            per_req = args.num_draft_tokens
+            self._capture("draft extend", per_req, avail, draft_gb / 2, seconds, draft_bs, rank0_only=True)
 
-    def _capture(self, kind: str, avail: float, mem_gb: float, seconds: float, sizes: tuple[int, ...]) -> float:
-        self.log.info(f"Capture {kind}cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
+    def _capture(
+        self,
+        name: str,
+        per_req: int,
+        avail: float,
+        mem_gb: float,
+        seconds: float,
+        sizes: tuple[int, ...],
+        rank0_only: bool = False,
+    ) -> float:
+        quiet = rank0_only and self.ctx.rank != 0
+        if not quiet:
+            self.log.info(
+                f"Capture {name} CUDA graph begin. backend=full, num_tokens_per_req={per_req}, "
+                f"bs={sorted(sizes)}, avail mem={avail:.2f} GB"
+            )
         tic = time.monotonic()
         bar = Bar(len(sizes), self._bar_writer) if self.ctx.rank == 0 else None
         for i, bs in enumerate(sizes):
@@ -164,9 +198,40 @@ class Startup:
         if bar is not None:
             bar.close()
         after = avail - mem_gb
+        if not quiet:
+            self.log.info(
+                f"Capture {name} CUDA graph end. elapsed={time.monotonic() - tic:.2f} s, "
+                f"mem usage={mem_gb:.2f} GB, avail mem={after:.2f} GB."
+            )
+        return after
+
+    def _capture_prefill(self, avail: float, mem_gb: float) -> float:
+        """The piecewise prefill graph: its bar sits at 0/58 while the first size compiles (no line,
+        but CPU, reads and memory move), then the sizes go by quickly."""
+        sizes = PREFILL_NUM_TOKENS
         self.log.info(
-            f"Capture {kind}cuda graph end. Time elapsed: {time.monotonic() - tic:.2f} s. "
-            f"mem usage={mem_gb:.2f} GB. avail mem={after:.2f} GB."
+            f"Capture target prefill CUDA graph begin. backend=breakable, num_tokens={list(sizes)}, "
+            f"avail mem={avail:.2f} GB"
+        )
+        tic = time.monotonic()
+        bar = Bar(len(sizes), self._bar_writer) if self.ctx.rank == 0 else None
+        compiled: list[bytes] = []
+        for i, n in enumerate(reversed(sizes)):
+            if bar is not None:
+                now_avail = avail - mem_gb * i / len(sizes)
+                bar.set_description(f"Capturing num tokens (num_tokens={n} avail_mem={now_avail:.2f} GB)")
+            if i == 0:
+                compiled = import_sglang(self.ctx.settings.prefill_compile_seconds)  # the first compilation
+            time.sleep(0.5 * self.pace / len(sizes))
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+        del compiled
+        after = avail - mem_gb
+        self.log.info(
+            f"Capture target prefill CUDA graph end. elapsed={time.monotonic() - tic:.2f} s, "
+            f"mem usage={mem_gb:.2f} GB, avail mem={after:.2f} GB."
         )
         return after
 

@@ -2,8 +2,8 @@
 
 `python deadlock_prog.py deadlock N`: the parent starts N child processes; in each child two
 threads take two locks in opposite order and deadlock; a heartbeat thread keeps sleeping. The
-parent waits forever. `busy` spins a Python loop instead. Prints "ready <pids>" once all children
-have deadlocked, so a test knows when to capture.
+parent waits forever. `busy` spins a Python loop instead (`front`: see idle_child). Prints
+"ready <pids>" once all children have deadlocked, so a test knows when to capture.
 """
 
 from __future__ import annotations
@@ -59,10 +59,19 @@ def busy_child(ready: mp.synchronize.Event) -> None:
     spin_forever()
 
 
+def idle_child(ready: mp.synchronize.Event) -> None:
+    """`front`, SGLang's shape under load: children wait idly, a thread of the parent spins (HTTP)."""
+    threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
+    ready.set()
+    threading.Event().wait()
+
+
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "deadlock"
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    target = deadlock_child if mode == "deadlock" else busy_child
+    target = {"deadlock": deadlock_child, "front": idle_child}.get(mode, busy_child)
+    if mode == "front":
+        threading.Thread(target=spin_forever, name="uvicorn", daemon=True).start()
     ctx = mp.get_context("fork")
     events = [ctx.Event() for _ in range(count)]
     children = [ctx.Process(target=target, args=(ev,), name=f"child{i}") for i, ev in enumerate(events)]

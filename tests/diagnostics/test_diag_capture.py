@@ -6,19 +6,23 @@ import errno
 import json
 import os
 import shutil
+import signal
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 
-from probes.types import GpuDevice, GpuObservation
+from probes.types import GpuDevice, GpuObservation, GpuProcess
 from supervisor.diagnostics import CaptureRequest, capture
 
 if TYPE_CHECKING:  # fixtures from conftest.py (import mode importlib: not importable at run time)
     from conftest import InfoFn, Launcher, ResumeLog
+
+WaitFn = Callable[..., bool]
 
 pytestmark = pytest.mark.integration
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
@@ -285,3 +289,84 @@ async def test_retention_runs_after_each_capture(tmp_path: Path, proc_info: Info
         request((info,), py_spy=False, incident_id=ids[2]), tmp_path, keep=5, max_bytes=10**9
     )
     assert again.id == f"{ids[2]}-2"
+
+
+@needs_gdb
+async def test_a_sigstopped_scheduler_is_named_and_judged_from_the_schedulers(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, wait_until: WaitFn
+) -> None:
+    """Real SGLang, one scheduler SIGSTOPped under load: the front end still burns a core. The
+    class comes from the schedulers (idle), the bundle names the stopped rank, leaves it stopped."""
+    tree = launch("front", 1)
+    scheduler = tree.children[0]
+    os.kill(scheduler, signal.SIGSTOP)
+    assert wait_until(lambda: psutil.Process(scheduler).status() == psutil.STATUS_STOPPED, timeout=10)
+    # The daemon passes the tree's CPU rate: the front end's spinning core.
+    req = request(tree.infos(), cause="serving_stall", native=True, gdb=True, tree_cpu_cores=1.0)
+    result = await capture(req, tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
+    reasons = result.classification.reasons
+    assert result.hang_class == "idle_deadlock", reasons
+    assert "busy_spin" not in result.classification.candidates
+    assert reasons[0].startswith(f"scheduler TP0 pid {scheduler} stopped (state T"), reasons
+    assert psutil.Process(scheduler).status() == psutil.STATUS_STOPPED  # left as it was found
+    assert all(scheduler not in call for call in resume.calls)
+    assert tree.parent.pid in {pid for call in resume.calls for pid in call}  # the others still resumed
+    assert result.path is not None
+    doc = json.loads((result.path / "summary.json").read_text())
+    assert doc["stopped"] == [scheduler]
+    rows = {p["pid"]: p for p in doc["pids"]}
+    assert rows[scheduler]["stopped"] and not rows[tree.parent.pid]["stopped"]
+    assert rows[tree.parent.pid]["cpu_cores"] > 0.05 and rows[scheduler]["cpu_cores"] == 0.0  # a shared CPU
+    text = (result.path / "summary.txt").read_text()
+    assert f"pid {scheduler} scheduler TP0" in text and "STOPPED (state T before the capture" in text
+    assert "is stopped (state T: SIGSTOP or a debugger)" in text
+
+
+async def test_the_capture_budget_bounds_every_tool_and_skips_what_cannot_start(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    tree = launch("deadlock", 1)
+    # A py-spy that never finishes and shrugs off SIGTERM: only the budget ends it.
+    hanging = fake_tool(tmp_path / "py-spy", "trap '' TERM\necho 'Thread 1 (idle): \"partial\"'\nsleep 30 & wait")
+    gdb = fake_tool(tmp_path / "gdb", "echo '#0  0x1 in never_run ()'")
+    req = request(tree.infos(), gdb=True, py_spy_timeout_s=20.0, gdb_timeout_s=20.0, budget_s=1.0)
+    result = await capture(req, tmp_path / "diag", py_spy_path=hanging, gdb_path=gdb, resume=resume, **KEEP)
+    assert [tool(result, pid, "py-spy") for pid in tree.pids] == ["timeout", "timeout"]
+    assert [tool(result, pid, "gdb") for pid in tree.pids] == ["skipped", "skipped"]
+    assert all("budget" in t.detail for t in result.tools if t.outcome == "skipped")
+    assert result.duration_s < 8, result.summary["durations"]  # 1 s budget, 1+2 s kill grace, the rest
+    assert result.path is not None
+    assert "partial" in (result.path / f"pyspy-{tree.children[0]}.txt").read_text()
+
+
+async def test_cuda_gdb_only_for_the_processes_holding_gpu_memory(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = launch("deadlock", 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_tool(bin_dir / "gdb", "echo 'Thread 1 (Thread 0x1 (LWP 1) \"python\"):'\necho '#0  0x1 in plain_gdb ()'")
+    fake_tool(bin_dir / "cuda-gdb", "echo 'Thread 1 (Thread 0x1 (LWP 1) \"python\"):'\necho '#0  0x1 in cuda_gdb ()'")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    child = tree.children[0]
+    gpu = GpuObservation("ok", "", (GpuDevice(0, "GPU-1", "H200", 0.0, 10, 100),), (GpuProcess(child, 0, "GPU-1", 10),))
+    req = request(tree.infos(), py_spy=False, gdb=True, gpu=gpu)
+    result = await capture(req, tmp_path / "diag", resume=resume, **KEEP)
+    assert tool(result, child, "cuda-gdb") == "ok" and tool(result, child, "gdb") == "absent"
+    assert tool(result, tree.parent.pid, "gdb") == "ok" and tool(result, tree.parent.pid, "cuda-gdb") == "absent"
+
+
+async def test_only_cuda_gdb_installed_skips_the_processes_without_gpu_memory(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = launch("deadlock", 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_tool(bin_dir / "cuda-gdb", "echo 'Thread 1 (Thread 0x1 (LWP 1) \"python\"):'\necho '#0  0x1 in cuda_gdb ()'")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    child = tree.children[0]
+    gpu = GpuObservation("ok", "", (GpuDevice(0, "GPU-1", "H200", 0.0, 10, 100),), (GpuProcess(child, 0, "GPU-1", 10),))
+    result = await capture(request(tree.infos(), py_spy=False, gdb=True, gpu=gpu), tmp_path / "diag", **KEEP)
+    assert tool(result, child, "cuda-gdb") == "ok"
+    assert tool(result, tree.parent.pid, "cuda-gdb") == "skipped"
+    assert tool(result, tree.parent.pid, "gdb") == "absent"

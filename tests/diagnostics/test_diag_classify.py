@@ -257,3 +257,54 @@ def test_collective_names_the_rank_the_others_wait_for() -> None:
     assert any("TP0, TP2 wait in the collective" in r and "TP1 (pid 101) never joined" in r for r in c.reasons)
     alone = classify(Evidence((tp0, tp2)))
     assert not any("never joined" in r for r in alone.reasons)
+
+
+STOPPED_SAMPLE = (ThreadInfo(300, "python", "T", "do_signal_stop"), ThreadInfo(301, "python", "T", "do_signal_stop"))
+FRONT_SAMPLE = (ThreadInfo(200, "python", "R", "0"),)
+
+
+def front_end(**kw: object) -> ProcEvidence:
+    """The HTTP main process spinning its core for the clients, as real SGLang's did."""
+    base = ProcEvidence(200, "main", None, "python3 -m sglang.launch_server", (FRONT_SAMPLE, FRONT_SAMPLE))
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def stopped_rank(pid: int = 300, rank: int = 0) -> ProcEvidence:
+    return ProcEvidence(
+        pid, "scheduler", rank, "sglang::scheduler", (STOPPED_SAMPLE, STOPPED_SAMPLE), stopped=True, cpu_cores=0.0
+    )
+
+
+def test_a_stopped_rank_is_named_and_the_front_ends_core_does_not_make_it_busy() -> None:
+    ev = Evidence((front_end(cpu_cores=1.0), stopped_rank()), tree_cpu_cores=1.0, gpu_util_percent=0.0)
+    c = classify(ev)
+    assert c.hang_class == "idle_deadlock", c.reasons
+    assert c.reasons[0].startswith("scheduler TP0 pid 300 stopped (state T")
+    assert "scheduler TP0 pid 300: stopped (state T)" in c.frames
+
+
+def test_the_same_core_in_a_scheduler_is_busy() -> None:
+    spinning = busy(cpu_cores=1.0)
+    c = classify(Evidence((front_end(cpu_cores=0.0), spinning), tree_cpu_cores=1.0))
+    assert c.hang_class == "busy_spin"
+    assert any(r.startswith("schedulers' CPU 1.00 cores") for r in c.reasons)
+
+
+def test_without_schedulers_the_tree_cpu_still_decides() -> None:
+    c = classify(Evidence((front_end(),), tree_cpu_cores=1.0))
+    assert c.hang_class == "busy_spin" and any(r.startswith("tree CPU 1.00") for r in c.reasons)
+
+
+def test_a_stopped_rank_is_the_one_the_collective_waits_for() -> None:
+    tp0 = replace(collective_pyspy(), pid=100, rank=0, cpu_cores=1.0)
+    c = classify(Evidence((tp0, stopped_rank(pid=101, rank=1))))
+    assert c.hang_class == "collective"
+    assert c.reasons[0].startswith("scheduler TP1 pid 101 stopped")
+    assert any("TP1 (pid 101) never joined" in r for r in c.reasons)
+
+
+def test_a_tool_stop_is_not_a_signal_stop() -> None:
+    # Not stopped before the capture: T samples are our own tools' and are dropped as before.
+    traced = tuple(replace(t, state="T") for t in DEADLOCK_SAMPLE)
+    c = classify(Evidence((deadlock(samples=(DEADLOCK_SAMPLE, traced)),)))
+    assert c.hang_class == "idle_deadlock" and not any("stopped" in r for r in c.reasons)

@@ -3,10 +3,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 
 from supervisor.diagnostics.runner import run_tool
+
+WaitFn = Callable[..., bool]
 
 
 def live_children(needle: str) -> list[int]:
@@ -59,3 +62,27 @@ async def test_cancelling_the_capture_kills_the_tool() -> None:
     while live_children(code) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not live_children(code)
+
+
+async def test_helpers_the_tool_forked_do_not_outlive_it(wait_until: WaitFn) -> None:
+    # cuda-gdb leaves a backend per attach; a tool's helpers go with the tool.
+    res = await run_tool(("/bin/sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"), 10)
+    helper = int(res.stdout.strip())
+    assert res.exit_code == 0
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(helper).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert wait_until(gone, timeout=10)
+
+
+async def test_a_tool_that_ignores_sigterm_is_killed_at_its_timeout() -> None:
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('x', flush=True); time.sleep(60)"
+    start = time.monotonic()
+    res = await run_tool((sys.executable, "-c", code), 0.5)
+    assert res.timed_out and res.stdout == "x\n"
+    assert time.monotonic() - start < 10
+    assert not live_children("SIG_IGN")

@@ -88,7 +88,9 @@ async def test_crash_after_ready_is_exited_and_restarted(daemon, sim) -> None:  
     r = await daemon(sim("crash_after_ready", restart={"retries_per_rung": 3}))
     await r.wait_for(ready, 30, "ready")
     snap = await r.wait_for(lambda x: x.last_incident is not None, 20, "exited")
-    assert snap.last_incident is not None and snap.last_incident.cause == "exited"
+    # SGLang 0.5.16: the failed rank exits and main lives on through its crash diagnostics (a 5 s
+    # sleep, then a coredump wait while the other rank lives), so the next poll sees a dead rank.
+    assert snap.last_incident is not None and snap.last_incident.cause in ("rank_died", "exited")
     await r.wait_for(lambda x: x.state in ("starting", "ready") and x.restarts >= 1, 20, "relaunched")
 
 

@@ -146,7 +146,8 @@ def test_parse_io() -> None:
         ("python3 -m sglang.launch_server", True, ("main", None)),
         ("sglang::scheduler_TP3", False, ("scheduler", 3)),
         ("sglang::scheduler_DP1_TP12", False, ("scheduler", 12)),
-        ("sglang::scheduler", False, ("scheduler", None)),
+        ("sglang::scheduler", False, ("scheduler", 0)),  # tp-size 1: no rank suffix
+        ("sglang::scheduler_DP1", False, ("scheduler", 0)),
         ("sglang::detokenizer", False, ("detokenizer", None)),
         ("sglang::data_parallel_controller", False, ("controller", None)),
         ("python3 -c from multiprocessing.resource_tracker import main", False, ("other", None)),
@@ -154,6 +155,48 @@ def test_parse_io() -> None:
 )
 def test_role_of(title: str, is_root: bool, expected: tuple[str, int | None]) -> None:
     assert role_of(title, is_root) == expected
+
+
+SPAWN = (
+    "/usr/bin/python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)"
+    " --multiprocessing-fork"
+)
+LAUNCH = "python3 -m sglang.launch_server --model-path /m"
+
+
+@pytest.mark.parametrize(
+    ("title", "root_title", "expected"),
+    [
+        (SPAWN, LAUNCH, ("pending", None)),  # spawned, still importing SGLang
+        (SPAWN, None, ("pending", None)),
+        (LAUNCH, LAUNCH, ("pending", None)),  # still carries its parent's command line
+        (LAUNCH, None, ("other", None)),  # not a child of the main process: nothing to compare
+        ("sleep 60", LAUNCH, ("other", None)),
+        ("python3 -c from multiprocessing.resource_tracker import main;main(5)", LAUNCH, ("other", None)),
+        ("sglang::scheduler", LAUNCH, ("scheduler", 0)),
+    ],
+)
+def test_role_of_children_before_their_titles(
+    title: str, root_title: str | None, expected: tuple[str, int | None]
+) -> None:
+    assert role_of(title, False, root_title) == expected
+
+
+def test_observe_children_that_have_not_named_themselves(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    launch = b"python3\0-m\0sglang.launch_server\0--model-path\0/m\0"
+    _write_proc(proc, ROOT, comm="python3", ppid=1, cmdline=launch)
+    _write_proc(proc, TP0, comm="python3", ppid=ROOT, cmdline=SPAWN.replace(" -c ", "\0-c\0").encode() + b"\0")
+    _write_proc(proc, TP1, comm="python3", ppid=ROOT, cmdline=launch)  # parent's argv, title not set yet
+    _write_proc(proc, DETOK, comm="sleep", ppid=TP1, cmdline=launch)  # a grandchild: not the main's child
+    obs = ProcessTreeProbe(str(proc)).observe(ROOT, None)
+    assert [(p.pid, p.role) for p in obs.processes] == [
+        (ROOT, "main"),
+        (TP0, "pending"),
+        (TP1, "pending"),
+        (DETOK, "other"),
+    ]
 
 
 def test_find_tree_by_parentage_and_marker(fake_proc: str) -> None:

@@ -125,7 +125,7 @@ class Sim:
         out = []
         for child in self.children():
             try:
-                if child.cmdline()[:1] and child.cmdline()[0].startswith("sglang::scheduler_TP"):
+                if child.cmdline()[:1] and child.cmdline()[0].startswith("sglang::scheduler"):
                     out.append(child)
             except psutil.Error:
                 continue

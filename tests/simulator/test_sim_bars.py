@@ -6,15 +6,15 @@ import pytest
 
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar, bar_cells, format_interval, format_meter, format_rate
 
-SHARDS = "Loading safetensors checkpoint shards"
+SHARDS = "Multi-thread loading shards"
 
 
 @pytest.mark.parametrize(
     ("n", "total", "elapsed", "rate", "desc", "fmt", "expected"),
     [
-        (0, 8, 0.0, None, SHARDS, SHARDS_FORMAT, f"{SHARDS}:   0% Completed | 0/8 [00:00<?, ?it/s]\n"),
-        (4, 8, 2.26, 1.77, SHARDS, SHARDS_FORMAT, f"{SHARDS}:  50% Completed | 4/8 [00:02<00:02,  1.77it/s]\n"),
-        (1, 8, 33.0, 1 / 33, SHARDS, SHARDS_FORMAT, f"{SHARDS}:  12% Completed | 1/8 [00:33<03:51, 33.00s/it]\n"),
+        (0, 8, 0.0, None, SHARDS, SHARDS_FORMAT, f"{SHARDS}:   0% Completed | 0/8 [00:00<?, ?it/s]"),
+        (4, 8, 2.26, 1.77, SHARDS, SHARDS_FORMAT, f"{SHARDS}:  50% Completed | 4/8 [00:02<00:02,  1.77it/s]"),
+        (1, 8, 33.0, 1 / 33, SHARDS, SHARDS_FORMAT, f"{SHARDS}:  12% Completed | 1/8 [00:33<03:51, 33.00s/it]"),
         (0, 23, 0.0, None, "", None, "  0%|          | 0/23 [00:00<?, ?it/s]"),
         (
             8,
@@ -63,7 +63,7 @@ class FakeClock:
 
 
 def test_shard_bar_sequence_is_tqdms() -> None:
-    """Each refresh is `\\r<line>\\n`; closing repeats the last line and adds a blank line, as in SGLang's logs."""
+    """SGLang 0.5.16's BAR_FORMAT: each refresh is `\\r<line>` in place; closing repeats it and ends the line."""
     out: list[str] = []
     clock = FakeClock(100.0)
     bar = Bar(3, out.append, desc=SHARDS, bar_format=SHARDS_FORMAT, clock=clock)
@@ -72,11 +72,11 @@ def test_shard_bar_sequence_is_tqdms() -> None:
         bar.update()
     bar.close()
     assert "".join(out) == (
-        f"\r{SHARDS}:   0% Completed | 0/3 [00:00<?, ?it/s]\n"
-        f"\r{SHARDS}:  33% Completed | 1/3 [00:00<00:01,  2.00it/s]\n"
-        f"\r{SHARDS}:  67% Completed | 2/3 [00:01<00:00,  2.00it/s]\n"
+        f"\r{SHARDS}:   0% Completed | 0/3 [00:00<?, ?it/s]"
+        f"\r{SHARDS}:  33% Completed | 1/3 [00:00<00:01,  2.00it/s]"
+        f"\r{SHARDS}:  67% Completed | 2/3 [00:01<00:00,  2.00it/s]"
+        f"\r{SHARDS}: 100% Completed | 3/3 [00:01<00:00,  2.00it/s]"
         f"\r{SHARDS}: 100% Completed | 3/3 [00:01<00:00,  2.00it/s]\n"
-        f"\r{SHARDS}: 100% Completed | 3/3 [00:01<00:00,  2.00it/s]\n\n"
     )
 
 
@@ -108,7 +108,7 @@ def test_slow_shards_print_seconds_per_item() -> None:
     bar = Bar(8, out.append, desc=SHARDS, bar_format=SHARDS_FORMAT, clock=clock)
     clock.now += 33.0
     bar.update()
-    assert out[-1] == f"\r{SHARDS}:  12% Completed | 1/8 [00:33<03:51, 33.00s/it]\n"
+    assert out[-1] == f"\r{SHARDS}:  12% Completed | 1/8 [00:33<03:51, 33.00s/it]"
     clock.now += 33.0
     bar.update()  # past tqdm's maxinterval: every slow item still prints
     assert "2/8" in out[-1]

@@ -107,20 +107,22 @@ def test_metrics_text_uses_sglangs_names() -> None:
         e2e_sum=h.total,
     )
     text = render(lambda: snap, "m").decode()
-    labels = 'engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"'
+    labels = 'engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"'  # SGLang 0.5.16
     assert f"sglang:num_running_reqs{{{labels}}} 3.0" in text
     assert f"sglang:spec_accept_length{{{labels}}} 1.15" in text
-    gauges = ("num_queue_reqs", "gen_throughput", "token_usage", "cache_hit_rate", "spec_accept_rate", "is_cuda_graph")
+    gauges = ("num_queue_reqs", "gen_throughput", "token_usage", "cache_hit_rate", "spec_accept_rate", "is_cuda_graph",
+              "spec_cap_length", "spec_block_accept_length", "spec_num_steps", "spec_num_draft_tokens")
     for name in gauges:
         assert f"sglang:{name}{{" in text
-    assert 'sglang:generation_tokens_total{model_name="m"} 9.0' in text
-    assert 'sglang:prompt_tokens_total{model_name="m"} 7.0' in text
-    assert 'sglang:num_requests_total{model_name="m"} 1.0' in text
-    realtime = 'sglang:realtime_tokens_total{engine_type="unified",mode="decode",model_name="m",pp_rank="0",'
-    realtime += 'tp_rank="0"}'
+    tok = 'engine_type="unified",model_name="m"'
+    assert f"sglang:generation_tokens_total{{{tok}}} 9.0" in text
+    assert f"sglang:prompt_tokens_total{{{tok}}} 7.0" in text
+    assert f"sglang:num_requests_total{{{tok}}} 1.0" in text
+    realtime = 'sglang:realtime_tokens_total{engine_type="unified",mode="decode",model_name="m",moe_ep_rank="0",'
+    realtime += 'pp_rank="0",tp_rank="0"}'
     assert f"{realtime} 8.0" in text
-    assert 'sglang:time_to_first_token_seconds_bucket{le="1.0",model_name="m"} 1.0' in text
-    assert 'sglang:time_to_first_token_seconds_count{model_name="m"} 1.0' in text
+    assert 'sglang:time_to_first_token_seconds_bucket{engine_type="unified",le="1.0",model_name="m"} 1.0' in text
+    assert f"sglang:time_to_first_token_seconds_count{{{tok}}} 1.0" in text
 
 
 def test_scheduler_gauges_absent_until_published() -> None:

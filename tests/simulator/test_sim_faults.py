@@ -44,16 +44,34 @@ def test_crash_on_load_exits_1_with_a_cuda_oom(sim: SimStarter) -> None:
 
 
 def test_crash_after_ready_takes_the_tree_down(sim: SimStarter) -> None:
-    s = sim("crash_after_ready", tp=2, env=FAST_FAULT)
+    s = sim("crash_after_ready", tp=2, env={**FAST_FAULT, "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS": "0.5"})
     assert s.wait_log(READY)
     kids = s.children()
     assert s.proc.wait(10) == -signal.SIGKILL  # SGLang's kill_process_tree ends with its own SIGKILL
     log = s.stderr()
     assert "CUDA error: an illegal memory access was encountered" in log
-    assert "Received sigquit from a child process. It usually means the child failed." in log
+    # SGLang 0.5.16's running-phase SIGQUIT handler, then its crash diagnostics: TP1 still lives.
+    assert "] SIGQUIT received. signum=None, frame=None. It usually means one child failed." in log
+    sleeping = log.index("] Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
+    assert log.index("] Waiting 0.5 seconds for CUDA coredumps before exiting.") > sleeping
     assert s.wait_until(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids), 3)
     onset = s.onset()
     assert onset["scenario"] == "crash_after_ready" and onset["onset_wall"] is not None
+
+
+def test_a_dead_rank_ends_the_server_through_sglangs_subprocess_watchdog(sim: SimStarter) -> None:
+    """SGLang 0.5.16: its `subprocess-watchdog` thread sees the dead child, SIGQUITs its own process,
+    sleeps, finds no live scheduler to dump, and kills the tree."""
+    s = sim("ok", tp=1)
+    assert s.wait_log(READY)
+    scheduler = s.schedulers()[0]
+    scheduler.kill()
+    assert s.proc.wait(15) == -signal.SIGKILL
+    log = s.stderr()
+    crashed = log.index(f"] Subprocess scheduler_0 (pid={scheduler.pid}) crashed with exit code -9. Triggering SIGQUIT")
+    assert crashed < log.index("] SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+    assert log.index("] No live scheduler processes found; skipping py-spy and CUDA coredump.") > crashed
+    assert "unexpectedly failed" not in log  # 0.5.6's SIGCHLD line is gone in 0.5.16
 
 
 def test_rank_dies_and_the_front_stays_up(sim: SimStarter) -> None:
@@ -104,6 +122,10 @@ def test_serving_stall_admits_but_never_decodes(sim: SimStarter) -> None:
     assert after["sglang:generation_tokens_total"] == before["sglang:generation_tokens_total"]
     assert after["sglang:realtime_tokens_total"] == before["sglang:realtime_tokens_total"]
     assert s.request("/health")[0] == 200  # /health cannot see it
+    # SGLang 0.5.16's HTTP middleware keeps counting the requests it holds open.
+    text = s.request("/metrics")[1].decode()
+    assert 'sglang:http_requests_active{endpoint="/generate",method="POST"} 2.0' in text
+    assert 'sglang:http_responses_total{endpoint="/health",method="GET",status_code="200"}' in text
     assert s.onset()["scenario"] == "serving_stall"
 
 
@@ -131,9 +153,10 @@ def test_low_accept_without_speculation_is_ok(sim: SimStarter) -> None:
 
 
 def test_sglangs_own_watchdog_ends_a_hung_forward(sim: SimStarter) -> None:
-    s = sim("health_hangs", "--watchdog-timeout", "1", tp=1, env={"SGLANG_SIM_FAULT_AFTER_S": "0.2"})
+    env = {"SGLANG_SIM_FAULT_AFTER_S": "0.2", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS": "0.5"}
+    s = sim("health_hangs", "--watchdog-timeout", "1", tp=1, env=env)
     assert s.wait_log(READY)
     assert s.proc.wait(15) == -signal.SIGKILL  # SIGQUIT to main, which kills the tree and itself
     log = s.stderr()
-    assert "Watchdog timeout (self.watchdog_timeout=1.0)" in log
-    assert log.index("Watchdog timeout") < log.index("Received sigquit from a child process")
+    assert "Scheduler watchdog timeout (self.watchdog_timeout=1.0, self.soft=False)" in log
+    assert log.index("watchdog timeout") < log.index("SIGQUIT received. signum=None, frame=None.")

@@ -17,20 +17,26 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 READY = "The server is fired up and ready to roll!"
-KEY_LINES = [
+KEY_LINES = [  # SGLang 0.5.16's wording (tests/fixtures/real_sglang holds the transcripts)
+    "] Max running requests is reset to 48 for speculative decoding.",
     "server_args=ServerArgs(model_path='/models/sim', ",
     "TP0] Init torch distributed begin.",
-    "TP0] Init torch distributed ends. mem usage=0.12 GB",
+    "TP0] Init torch distributed ends. elapsed=",
     "TP0] Load weight begin. avail mem=",
-    "\rLoading safetensors checkpoint shards:   0% Completed | 0/8 [00:00<?, ?it/s]\n",
-    "\rLoading safetensors checkpoint shards: 100% Completed | 8/8 [",
-    "TP0] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=",
-    "TP0] Load weight end. type=LlamaForCausalLMEagle3, dtype=torch.bfloat16, avail mem=",
-    "TP0] KV Cache is allocated. #tokens: ",
+    "\rMulti-thread loading shards:   0% Completed | 0/8 [00:00<?, ?it/s]",
+    "\rMulti-thread loading shards: 100% Completed | 8/8 [",
+    "TP0] Load weight end. elapsed=",
+    " s, type=LlamaForCausalLMEagle3, avail mem=",
+    "TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: ",
     "TP0] Memory pool end. avail mem=",
-    "TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=",
+    "TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2, 4, 8, 16,",
     "\rCapturing batches (bs=160 avail_mem=",
-    "TP0] Capture cuda graph end. Time elapsed: ",
+    "TP0] Capture target verify CUDA graph end. elapsed=",
+    "TP0] Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[4, 8, 12,",
+    "\rCapturing num tokens (num_tokens=960 avail_mem=",
+    "TP0] Capture target prefill CUDA graph end. elapsed=",
+    "TP0] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[",
+    "TP0] Capture draft extend CUDA graph end. elapsed=",
     "TP0] max_total_num_tokens=",
     "] INFO:     Started server process [",
     "] INFO:     Waiting for application startup.",
@@ -62,9 +68,10 @@ def test_ok_prints_sglangs_start_up_in_order_and_binds_late(sim: SimStarter) -> 
     positions = [log.find(line) for line in KEY_LINES]
     assert all(p >= 0 for p in positions), [line for line, p in zip(KEY_LINES, positions, strict=True) if p < 0]
     assert positions == sorted(positions), "start-up lines out of order"
-    assert log.count("Loading safetensors checkpoint shards: 100% Completed | 8/8") == 2  # tqdm's closing repeat
+    assert log.count("Multi-thread loading shards: 100% Completed | 8/8") == 2  # tqdm's closing repeat
     assert re.search(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP1\] Load weight end\.", log)  # every rank logs
-    assert "Capture draft cuda graph end." in log
+    assert "TP1] Capture target verify CUDA graph end." in log
+    assert "TP1] Capture draft" not in log  # eagle_worker_v2 logs its captures on rank 0 only
     assert "TP1] \rLoading" not in log and log.count("0/8 [00:00<?, ?it/s]") == 1  # bars: rank 0 only
     # uvicorn's access log goes to stdout, warm-up included
     assert s.wait_until(lambda: '"POST /generate HTTP/1.1" 200 OK' in s.stdout(), 5)
@@ -120,10 +127,11 @@ def test_endpoints_answer_like_sglang(sim: SimStarter) -> None:
         assert f"sglang:{name}" in m, name
     assert m["sglang:generation_tokens_total"] >= 40 and m["sglang:num_requests_total"] >= 2  # warm-up too
     assert m["sglang:spec_accept_length"] > 2.5 and m["sglang:is_cuda_graph"] == 1.0
+    assert " TP0]" not in s.stderr()  # tp-size 1: SGLang prints no rank tag
     decode = [line for line in s.stderr().splitlines() if "Decode batch" in line]
     assert decode and re.search(
-        r"TP0\] Decode batch, #running-req: 1, #token: \d+, token usage: 0\.00, accept len: \d\.\d\d, "
-        r"accept rate: 0\.\d\d, cuda graph: True, gen throughput \(token/s\): \d+\.\d\d, #queue-req: 0, $",
+        r"\d\d\] Decode batch, #running-req: 1, #token: \d+, token usage: 0\.00, accept len: \d\.\d\d, "
+        r"accept rate: [01]\.\d\d, cuda graph: True, gen throughput \(token/s\): \d+\.\d\d, #queue-req: 0$",
         decode[-1],
     ), decode[-1]
 

@@ -1,0 +1,77 @@
+"""The status snapshot shows only HTTP answers that describe the server as it is now."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from observations import obs
+
+from probes.types import HealthObservation, ServingObservation
+from supervisor.publish import Facts, build
+from supervisor.watchdog import History, new_history
+
+
+def facts(history: History, health: HealthObservation | None, serving: ServingObservation | None) -> Facts:
+    return Facts(
+        state="ready",
+        reason="",
+        since_wall=0.0,
+        state_age_s=0.0,
+        rung="base",
+        rung_index=0,
+        last_good=None,
+        ladder=("base",),
+        pid=100,
+        restarts=1,
+        restarts_last_hour=1,
+        started_wall=0.0,
+        time_to_ready_s=None,
+        next_attempt_in_s=None,
+        last_incident=None,
+        incidents=1,
+        selfcheck=(),
+        diagnosing=False,
+        version="test",
+        now=200.0,
+        history=history,
+        observation=obs(200.0, ready=True),
+        health=health,
+        serving=serving,
+        running=True,
+    )
+
+
+def health(at: float, ok: bool) -> HealthObservation:
+    code = 200 if ok else 503
+    return HealthObservation(at=at, ok=ok, status_code=code, latency_s=1.0, error="" if ok else "HTTP 503")
+
+
+# Relaunched at t=100, ready at t=150.
+RELAUNCHED = replace(new_history(100.0), ready_at=150.0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "shown"),
+    [
+        (health(90.0, False), None),  # the previous server's 503 (before this launch)
+        (health(90.0, True), None),  # the previous server's 200 is not this one's either
+        (health(140.0, False), None),  # this server's warm-up 503: says nothing once it serves
+        (health(140.0, True), True),  # a 200 during start-up is still true
+        (health(160.0, False), False),  # a failure while serving is shown
+        (health(160.0, True), True),
+    ],
+)
+def test_health_fields_describe_the_current_server(answer: HealthObservation, shown: bool | None) -> None:
+    view = build(facts(RELAUNCHED, answer, None)).serving
+    assert view.health_ok is shown
+    assert view.health_status == (answer.status_code if shown is not None else None)
+
+
+def test_metrics_scraped_from_the_previous_server_are_not_shown() -> None:
+    old = ServingObservation(at=90.0, available=True, running_reqs=4.0, queue_reqs=0.0, gen_throughput=12.0)
+    view = build(facts(RELAUNCHED, None, old)).serving
+    assert view.running_reqs is None and not view.metrics_available
+    new = replace(old, at=160.0)
+    view = build(facts(RELAUNCHED, None, new)).serving
+    assert view.running_reqs == 4.0 and view.metrics_available
