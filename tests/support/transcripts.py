@@ -7,9 +7,9 @@ up by dropping its directory in. Lines are read through the daemon's own LogCapt
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -139,15 +139,16 @@ class Transcript:
 
 
 def _capture(data: bytes, stream: StreamName) -> list[LogLine]:
+    """The daemon's reading of these bytes: as the log keeper writes them to server.log (both streams
+    share its one pipe), followed by LogCapture from the start of the file."""
     with tempfile.TemporaryDirectory() as tmp:
-        capture = LogCapture(Path(tmp), max_file_bytes=1 << 30, backups=0, memory_lines=1_000_000)
-        r, w = os.pipe()
-        capture.attach(os.fdopen(r, "rb", buffering=0), stream)  # the capture owns and closes it
-        with os.fdopen(w, "wb", buffering=0) as writer:
-            writer.write(data)
-        assert capture.join(30)
+        (Path(tmp) / "server.log").write_bytes(data)
+        capture = LogCapture(Path(tmp), memory_lines=1_000_000).start()
+        deadline = time.monotonic() + 30
+        while capture.stats.bytes < len(data) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        capture.close()  # an unterminated last line is shown too
         lines = capture.lines_since(0)
-        capture.close()
     return lines
 
 
