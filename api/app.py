@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -102,6 +102,10 @@ async def _no_unknown_query(request: Request) -> None:
         raise RequestValidationError(
             [{"type": "extra_forbidden", "loc": ("query", name), "msg": "unknown query parameter"} for name in unknown]
         )
+
+
+# Journal event names are snake_case (`state_changed`); anything else (`event=`, a number) is a mistake.
+EventName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
 
 
 def _journal_time(text: str) -> datetime | None:
@@ -281,7 +285,9 @@ def create_app(
     @app.get("/events", response_model=EventList, responses={422: _ERR[422]}, tags=["status"])
     async def events(
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        event: Annotated[list[str] | None, Query(max_length=64, description="only these events (repeatable)")] = None,
+        event: Annotated[
+            list[EventName] | None, Query(max_length=64, description="only these events (repeatable)")
+        ] = None,
         since: Annotated[
             datetime | None,
             BeforeValidator(_rfc3339),
