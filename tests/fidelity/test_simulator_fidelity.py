@@ -59,6 +59,11 @@ MODELLED = (
     READY,
     "Endpoint '/get_server_info' is deprecated and will be removed in a future version",
     "Health check failed",
+    "kill_process_tree called",
+    "Subprocess scheduler_",
+    "SIGQUIT received",
+    "Sleeping 5 seconds before crash diagnostics",
+    "No live scheduler processes found",
 )
 _KEY = re.compile(r"(?:^|, |\. )([#A-Za-z][\w #()/-]*?)(?:=|: )")
 
@@ -184,6 +189,9 @@ def _simulate(run: Transcript, tmp: Path) -> SimRun:
         os.kill(scheduler, signal.SIGSTOP)
         got.health_stopped = _get(base + "/health", timeout=10)[0]
         os.kill(scheduler, signal.SIGCONT)
+        if run.tp_size == 1:  # SGLang's crash path: a dead scheduler, the subprocess-watchdog, the SIGQUIT
+            os.kill(scheduler, signal.SIGKILL)
+            proc.wait(30)
     finally:
         kill_marked(marker, grace_s=0.2)
         proc.wait(10)
@@ -211,6 +219,28 @@ def test_the_same_kinds_of_lines_with_the_same_fields(pair: tuple[Transcript, Si
     assert not missing, f"the simulator never prints: {missing}"
     for kind, fields in real.items():
         assert mine[kind] == fields, (kind, sorted(mine[kind]), sorted(fields))
+
+
+def test_the_same_crash_path(pair: tuple[Transcript, SimRun]) -> None:
+    """A scheduler SIGKILLed while serving: the same lines, with the same fields, in the same order."""
+    run, sim = pair
+    real_lines = run.messages("crash_path")
+    if not real_lines or run.tp_size != 1:
+        pytest.skip("no crash path recorded at tp-size 1")
+    crash = (
+        "Subprocess scheduler_", "SIGQUIT received", "Sleeping 5 seconds", "No live scheduler", "kill_process_tree",
+    )
+
+    def sequence(messages: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+        out = []
+        for m in messages:
+            if m.startswith("["):
+                kind, names = shape(split_prefix(m)[1])
+                if kind.startswith(crash):
+                    out.append((next(c for c in crash if kind.startswith(c)), names))
+        return out
+
+    assert sequence(_sim_messages(sim)) == sequence(real_lines)
 
 
 def test_the_same_rank_tags(pair: tuple[Transcript, SimRun]) -> None:
@@ -299,6 +329,11 @@ def test_the_same_warnings_before_logging_starts(pair: tuple[Transcript, SimRun]
     run, sim = pair
 
     def bare(messages: list[str]) -> set[str]:
-        return {clean(m) for m in messages if not m.startswith("[") and "is deprecated and will be removed" in m}
+        warned = ("is deprecated and will be removed", "is the recommended entrypoint")
+        return {
+            clean(m).split(": UserWarning: ")[-1]  # the file path differs: where SGLang is installed
+            for m in messages
+            if not m.startswith("[") and any(w in m for w in warned)
+        }
 
     assert bare(_sim_messages(sim)) == bare(run.messages())
