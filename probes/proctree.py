@@ -189,9 +189,9 @@ def find_tree(root_pid: int | None, marker: str | None, proc_root: str = "/proc"
 
 def title_of(pid: int, comm: str, proc_root: str = "/proc") -> str:
     raw = _read_bytes(f"{proc_root}/{pid}/cmdline")
-    # setproctitle pads the argv area with NULs: drop the empty pieces.
-    parts = [p for p in (raw or b"").split(b"\0") if p]
-    return b" ".join(parts).decode("utf-8", "replace") if parts else comm
+    # setproctitle pads the argv area with NULs, or (as real SGLang's children show) with spaces.
+    parts = [p for p in (raw or b"").split(b"\0") if p.strip()]
+    return b" ".join(parts).decode("utf-8", "replace").rstrip() if parts else comm
 
 
 def role_of(title: str, is_root: bool, root_title: str | None = None) -> tuple[Role, int | None]:

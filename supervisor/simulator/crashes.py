@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-_PKG = "/usr/local/lib/python3.12/dist-packages"
+PKG = "/usr/local/lib/python3.12/dist-packages"  # where a pip-installed SGLang lives
+_PKG = PKG
 _SRT = f"{_PKG}/sglang/srt"
 
 

@@ -16,6 +16,7 @@ from multiprocessing.process import BaseProcess
 import psutil
 
 from supervisor.simulator.detokenizer import run_detokenizer_process
+from supervisor.simulator.logs import LogWriter
 from supervisor.simulator.scheduler import run_scheduler_process
 from supervisor.simulator.startup import RankContext
 
@@ -72,8 +73,11 @@ def launch(contexts: list[RankContext], ignore_sigterm: bool, import_s: float) -
     return Children(schedulers, detok, ready_readers, to_sched_w, to_main_r)
 
 
-def kill_process_tree(include_parent: bool) -> None:
+def kill_process_tree(include_parent: bool, log: LogWriter | None = None) -> None:
     """SGLang's kill_process_tree: SIGKILL every descendant, then (optionally) this process."""
+    if log is not None:  # 0.5.16 logs every call (utils/common.py)
+        pid = os.getpid()
+        log.info(f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, pid={pid}")
     with contextlib.suppress(ValueError):  # only the main thread may; SGLang's handler is gone there too
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # as SGLang: no log line per killed child
     try:

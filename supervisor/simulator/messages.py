@@ -72,6 +72,7 @@ class SchedulerStats:
     spec_block_accept_length: float = 0.0
     spec_num_steps: float = 0.0
     spec_num_draft_tokens: float = 0.0
+    spec_verify_calls: float = 0.0  # cumulative: the tokenizer's `spec_verify_calls_total` counter
     is_cuda_graph: float = 0.0
     max_total_num_tokens: int = 0
 

@@ -61,6 +61,12 @@ class SGLangCollector(Collector):
         name = ["unified", self._model_name]
         labels = ["engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"]
         values = ["unified", self._model_name, "0", "0", "0"]
+        if snap.stats is not None and snap.stats.spec_verify_calls > 0:  # appears once incremented
+            verify = CounterMetricFamily(
+                "sglang:spec_verify_calls", "Number of speculative decoding verification calls.", labels=tokenizer
+            )
+            verify.add_metric(name, snap.stats.spec_verify_calls)
+            yield verify
         if snap.stats is not None:
             for field, doc in _GAUGES:
                 gauge = GaugeMetricFamily(f"sglang:{field}", doc, labels=labels)

@@ -30,6 +30,12 @@ from supervisor.simulator.startup import RankContext
 from supervisor.simulator.tokenizer import ServerStatus, TokenizerManager
 
 DRAIN_LOG_EVERY_S = 5.0
+_ENTRYPOINT_WARNING = (
+    f"{crashes.PKG}/sglang/launch_server.py:56: UserWarning: 'python -m sglang.launch_server' is still "
+    "supported, but 'sglang serve' is the recommended entrypoint.\n"
+    "  Example: sglang serve --model-path <model> [options]\n"
+    "  warnings.warn(\n"
+)
 WATCHDOG_INTERVAL_S = 1.0  # SGLang's SubprocessWatchdog polls its children every second
 CRASH_DIAG_SLEEP_S = 5.0  # "Sleeping 5 seconds before crash diagnostics" (times pace here)
 
@@ -70,7 +76,7 @@ class MainProcess:
     def _on_sigquit(self, signum: int, frame: FrameType | None) -> None:
         if not self.serving:  # engine.py launch_phase_sigquit_handler
             self.log.error("Received sigquit from a child process. It usually means the child failed.")
-            kill_process_tree(include_parent=True)
+            kill_process_tree(include_parent=True, log=self.log)
             return
         # tokenizer_manager.py running_phase_sigquit_handler (asyncio passes no arguments), then
         # dump_requests_before_crash's diagnostics: off the signal handler, as SGLang's event loop.
@@ -93,7 +99,7 @@ class MainProcess:
             time.sleep(wait)
         else:
             self.log.error("No live scheduler processes found; skipping py-spy and CUDA coredump.")
-        kill_process_tree(include_parent=True)
+        kill_process_tree(include_parent=True, log=self.log)
 
     def _subprocess_watchdog(self, children: Children) -> None:
         """SGLang 0.5.16's `subprocess-watchdog` thread: a child that died non-zero means SIGQUIT."""
@@ -127,7 +133,9 @@ class MainProcess:
             self._onset(onset=False)
         signal.signal(signal.SIGCHLD, self._on_sigchld)
         signal.signal(signal.SIGQUIT, self._on_sigquit)
-        modules = import_sglang(self.settings.import_seconds / 4)  # `python -m sglang.launch_server`
+        # `python -m sglang.launch_server`: 0.5.16 warns first (launch_server.py, under __main__)
+        self.log.raw(_ENTRYPOINT_WARNING)
+        modules = import_sglang(self.settings.import_seconds / 4)
         for warning in deprecation_warnings(self.argv):
             self.log.raw(warning + "\n")
         if self.args.speculative and self.args.max_running_requests is None:
@@ -169,7 +177,7 @@ class MainProcess:
                 self._scheduler_died(children, rank)
             if not isinstance(data, dict) or data.get("status") != "ready":
                 self.log.error("Initialization failed. Please see the error messages above.")
-                kill_process_tree(include_parent=False)
+                kill_process_tree(include_parent=False, log=self.log)
                 os._exit(1)
 
     def _scheduler_died(self, children: Children, rank: int) -> NoReturn:
@@ -179,7 +187,7 @@ class MainProcess:
         status = self.exit_status.get(proc.pid or -1)
         self.log.error(f"Exit code: {_exitcode(status) if status is not None else proc.exitcode}")
         self.log.raw(crashes.launch_eof_traceback())
-        kill_process_tree(include_parent=False)
+        kill_process_tree(include_parent=False, log=self.log)
         os._exit(1)
 
     def _bind(self, front: Front) -> SimHTTPServer:
@@ -195,7 +203,7 @@ class MainProcess:
                              f"{(e.strerror or str(e)).lower()}", "ERROR")
             self.log.uvicorn("Waiting for application shutdown.")
             self.log.uvicorn("Application shutdown complete.")
-            kill_process_tree(include_parent=False)
+            kill_process_tree(include_parent=False, log=self.log)
             os._exit(1)
         if self.settings.scenario is Scenario.ESCAPE_GROUP:
             self._spawn_escapee(server.socket.fileno())
@@ -229,7 +237,7 @@ class MainProcess:
             opener.open(request, timeout=600).read()
         except OSError as e:
             self.log.error(f"Initialization failed. warmup error: {e!r}")
-            kill_process_tree(include_parent=True)
+            kill_process_tree(include_parent=True, log=self.log)
 
     def _warm_up_then_serve(self, manager: TokenizerManager) -> None:
         self._warm_up()
@@ -258,7 +266,7 @@ class MainProcess:
                 self.log.info(f"Gracefully exiting... Remaining number of requests {remaining}.")
                 last_log = time.monotonic()
             time.sleep(0.1)
-        kill_process_tree(include_parent=False)
+        kill_process_tree(include_parent=False, log=self.log)
         server.server_close()
         os._exit(0)
 
@@ -274,6 +282,6 @@ def main(argv: list[str]) -> int:
     try:
         MainProcess(args, settings, model_facts(args), log, argv).run()
     except KeyboardInterrupt:
-        kill_process_tree(include_parent=False)
+        kill_process_tree(include_parent=False, log=log)
         return 130
     return 0

@@ -264,6 +264,7 @@ class ServingLoop:
             accept_rate = (self.spec_accepted - self.spec_forward) / drafts
             self.spec_total_accepted += self.spec_accepted
             self.spec_total_forward += self.spec_forward
+            self.stats = replace(self.stats, spec_verify_calls=float(self.spec_total_forward))
             self.spec_accepted = self.spec_forward = 0
             msg += f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, "
         msg += (
@@ -309,7 +310,8 @@ class ServingLoop:
                 "graph": facts.graph_gb,
             },
         }
-        total_forward = self.spec_total_forward + self.spec_forward
-        if self.spec and total_forward:
-            state["avg_spec_accept_length"] = (self.spec_total_accepted + self.spec_accepted) / total_forward
+        # SGLang 0.5.16 adds a decode-log interval's verify steps to its totals only when it logs
+        # the `Decode batch` line: before the first one (a short warm-up) there is no figure.
+        if self.spec_total_forward:
+            state["avg_spec_accept_length"] = self.spec_total_accepted / self.spec_total_forward
         return state

@@ -131,9 +131,11 @@ def test_server_info_carries_what_the_probe_reads(run: Transcript) -> None:
     state = info["internal_states"][0]
     assert "last_gen_throughput" in state and "memory_usage" in state
     assert info["tp_size"] == run.tp_size
-    if run.speculative:
-        accept = accept_length_from_server_info(info)
-        assert accept is not None and accept >= 1.0
+    # Taken 3 s after ready: SGLang adds verify steps to its totals only when it logs a decode line,
+    # so after a short warm-up there is no `avg_spec_accept_length` yet (and the probe reads None).
+    accept = accept_length_from_server_info(info)
+    assert (accept is None) == ("avg_spec_accept_length" not in state)
+    assert accept is None or accept >= 1.0
     model = run.json("model_info.json")
     assert isinstance(model, dict) and model["is_generation"] is True
 
@@ -152,7 +154,7 @@ def roles_at(run: Transcript, t: float) -> list[tuple[str, int | None, str]]:
     """Roles of the main process and its direct children at one sample (grandchildren, such as a
     compiler's worker pool, are no rank)."""
     root_pid = run.root_pid()
-    rows = [r for r in run.titles() if r.t == t and (r.pid == root_pid or r.ppid == root_pid)]
+    rows = [r for r in run.state_at(t) if r.pid == root_pid or r.ppid == root_pid]
     root = next((r for r in rows if r.pid == root_pid), None)
     if root is None:
         return []

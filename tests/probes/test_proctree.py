@@ -363,3 +363,14 @@ def test_simulator_roles_and_ranks(simulator: Callable[..., Any], marker: str, w
     assert all(p.title.startswith("sglang::") for p in obs.processes if p.role in ("scheduler", "detokenizer"))
     assert obs.cpu_time_s > 0 and obs.rss_bytes > 0 and obs.read_chars > 0
     assert all(t.state for p in obs.processes for t in p.threads)
+
+
+def test_a_title_padded_with_spaces_is_stripped(tmp_path: Path) -> None:
+    # Real SGLang 0.5.16's children: setproctitle filled the old argv area with spaces, no NUL.
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    _write_proc(proc, ROOT, comm="python3", ppid=1, cmdline=b"python3\0-m\0sglang.launch_server\0")
+    _write_proc(proc, TP0, comm="sglang::schedul", ppid=ROOT, cmdline=b"sglang::scheduler" + b" " * 120)
+    obs = ProcessTreeProbe(str(proc)).observe(ROOT, None)
+    tp0 = next(p for p in obs.processes if p.pid == TP0)
+    assert (tp0.title, tp0.role, tp0.rank) == ("sglang::scheduler", "scheduler", 0)

@@ -41,7 +41,8 @@ class TitleRow:
 
     @property
     def title(self) -> str:
-        return " ".join(a for a in self.cmdline if a) or self.name
+        # setproctitle pads with spaces (psutil then splits on them): the title without the padding
+        return " ".join(a for a in self.cmdline if a.strip()).rstrip() or self.name
 
 
 class Transcript:
@@ -120,6 +121,14 @@ class Transcript:
                 d = json.loads(raw)
                 rows.append(HealthRow(float(d["t"]), d["phase"], d.get("status"), d.get("error"), d["latency_s"]))
         return rows
+
+    def state_at(self, t: float) -> list[TitleRow]:
+        """Each process's latest row at or before `t` (the recipe writes a row when something changed)."""
+        latest: dict[int, TitleRow] = {}
+        for r in self.titles():
+            if r.t <= t:
+                latest[r.pid] = r
+        return sorted(latest.values(), key=lambda r: r.pid)
 
     def root_pid(self) -> int:
         rows = self.titles()
