@@ -55,7 +55,7 @@ CASES = (
     Case("deadlock_after_load", "startup_stall", W.startup_stall_s, "startup_stall_s"),
     Case("busy_hang_after_load", "startup_stall", W.cpu_only_stall_s, "cpu_only_stall_s (CPU still moves)"),
     Case("crash_on_load", "exited", 0.0, "none: next poll"),
-    Case("crash_after_ready", "exited", 0.0, "none: next poll"),
+    Case("crash_after_ready", "rank_died", 0.0, "none: next poll (0.5.16: main outlives the crashed rank)"),
     Case("rank_dies", "rank_died", 0.0, "none: next poll"),
     Case("health_hangs", "unhealthy", W.health_window_s, "health_failures x max(interval, timeout)"),
     Case("serving_stall", "serving_stall", W.serving_stall_s, "serving_stall_s", traffic=True),
