@@ -29,7 +29,7 @@ from supervisor.persist import OpenIncident
 from supervisor.publish import iso
 from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
-from supervisor.watchdog import Verdict, new_history
+from supervisor.watchdog import Verdict
 
 log = structlog.get_logger("supervisor")
 
@@ -72,14 +72,8 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     if after_incident:
         sup.restarts += 1
     sup.persist()
-    sup.observer.reset()
-    sup.history = new_history(sup.clock.monotonic())
-    sup.obs = None
-    sup.ready_at = None
-    sup.time_to_ready_s = None
-    sup.spec_alerted = False
-    sup.launched_at = sup.clock.monotonic()
-    sup.launched_wall = sup.clock.wall()
+    launched_wall = sup.clock.wall()
+    sup.fresh_server_view(launched_wall)
     files = sup.log_files()
     # This launch's lines begin at the log's current end; the keeper appends after it.
     sup.capture = LogCapture(
@@ -108,7 +102,7 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     sup.server_record = (
         None
         if starttime is None
-        else ServerRecord(sup.server.pid, starttime, rung.name, sup.launched_wall, sup.capture.position)
+        else ServerRecord(sup.server.pid, starttime, rung.name, launched_wall, sup.capture.position)
     )
     sup.persist()  # from here on a successor daemon can adopt this server
     # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.

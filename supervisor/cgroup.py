@@ -14,7 +14,6 @@ and the subreaper remain.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probes.proctree import ProcStat, read_stat
+from supervisor.preexec import libc_prctl
 
 PR_SET_CHILD_SUBREAPER = 36
 PREFIX = "sglang-server-"
@@ -30,13 +30,8 @@ PREFIX = "sglang-server-"
 
 def become_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants; False where prctl refuses."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return False
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return bool(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    prctl = libc_prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def _cgroup2_mount(mountinfo: str) -> Path | None:

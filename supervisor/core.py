@@ -38,7 +38,7 @@ from supervisor.persist import OpenIncident, Persisted, new_marker, save
 from supervisor.publish import Facts, build
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
-from supervisor.watchdog import History
+from supervisor.watchdog import History, new_history
 
 log = structlog.get_logger("supervisor")
 T = TypeVar("T")
@@ -327,6 +327,17 @@ class Core:
         self.journal.append("config_reloaded", ladder=[r.name for r in settings.ladder])
         log.info("config_reloaded", ladder=[r.name for r in settings.ladder])
         self.publish()
+
+    def fresh_server_view(self, launched_wall: float) -> None:
+        """A new server (launched or adopted): nothing the previous one showed carries over."""
+        self.observer.reset()
+        self.history = new_history(self.clock.monotonic())
+        self.obs = None
+        self.ready_at = None
+        self.time_to_ready_s = None
+        self.spec_alerted = False
+        self.launched_at = self.clock.monotonic()
+        self.launched_wall = launched_wall
 
     def log_files(self) -> LogFiles:
         """Where the log keeper writes the server's output, and how much it keeps."""

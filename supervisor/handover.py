@@ -18,7 +18,6 @@ from supervisor.commands import CommandResult, finish
 from supervisor.core import Core
 from supervisor.logcapture import LogCapture
 from supervisor.state import State
-from supervisor.watchdog import new_history
 
 log = structlog.get_logger("supervisor")
 
@@ -68,14 +67,7 @@ async def adopt_server(sup: Core) -> bool:
         return False
     assert rung is not None
     sup.ladder = replace(sup.ladder, current=rung)
-    sup.observer.reset()
-    sup.history = new_history(sup.clock.monotonic())
-    sup.obs = None
-    sup.ready_at = None
-    sup.time_to_ready_s = None
-    sup.spec_alerted = False
-    sup.launched_at = sup.clock.monotonic()
-    sup.launched_wall = record.launched_wall
+    sup.fresh_server_view(record.launched_wall)
     files = sup.log_files()
     sup.capture = LogCapture(
         files.dir, memory_lines=sup.settings.logs.memory_lines, start=record.log, monotonic=sup.clock.monotonic

@@ -13,6 +13,17 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 
+def libc_prctl() -> Callable[..., int] | None:
+    """prctl(2) from the C library with its five-argument signature; None where it cannot be loaded."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl  # type: ignore[no-any-return]
+
+
 def _has_ambient_caps() -> bool:
     try:
         with open("/proc/self/status") as f:
@@ -30,14 +41,9 @@ def ambient_dropper() -> Callable[[], None] | None:
     Only built when the daemon has ambient capabilities: a pre-exec hook forces fork instead of
     vfork and runs Python code in the child of a threaded process, so it is avoided when useless.
     """
-    if not _has_ambient_caps():
+    prctl = libc_prctl() if _has_ambient_caps() else None
+    if prctl is None:
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
 
     def drop() -> None:
         prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # failure ignored: best effort
