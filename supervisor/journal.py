@@ -54,7 +54,7 @@ class Journal:
         self._lock = threading.Lock()
         self.write_errors = 0
 
-    def append(self, event: str, **fields: object) -> None:
+    def append(self, event: str, /, **fields: object) -> None:
         """Write one line `{"ts": ISO-8601 UTC, "event": event, **fields}`; never raises."""
         record: dict[str, object] = {"ts": _iso(self._wall()), "event": event}
         record.update((k, v) for k, v in fields.items() if k not in record)

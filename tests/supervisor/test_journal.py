@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from supervisor.journal import Journal
@@ -141,6 +141,7 @@ json_values = st.recursive(
 
 
 @given(fields=st.dictionaries(st.text(min_size=1, max_size=10).filter(lambda k: k != "event"), json_values))
+@example(fields={"self": "a field named like append's own parameter"})
 @settings(max_examples=100, deadline=None)
 def test_any_fields_round_trip_as_one_line(tmp_path_factory: pytest.TempPathFactory, fields: dict[str, object]) -> None:
     path = tmp_path_factory.mktemp("j") / "e.jsonl"
