@@ -217,8 +217,11 @@ class ServingLoop:
         self._send(TokenOut(rids, tuple(new_tokens), finished, "prefill"))
         self.running.extend(r for r in batch if not r.finished)
         if real:
+            # SGLang 0.5.16 (metrics_reporter.py) publishes a prefill's stats with the running batch as it
+            # was before this batch joined it, the "#running-req" of the log line: a stall right after a
+            # prefill of new requests leaves `num_running_reqs` at 0 (seen on real SGLang at tp 2).
             used, usage = self._token_usage()
-            self._publish(num_running_reqs=len(self.running), num_used_tokens=used, token_usage=usage)
+            self._publish(num_running_reqs=running_bs, num_used_tokens=used, token_usage=usage)
 
     def _decode(self) -> None:
         if self.stalled:

@@ -72,6 +72,20 @@ async def test_serving_stall_caught_while_health_says_200(daemon, sim) -> None: 
     assert health is not None and health.ok and health.status_code == 200
 
 
+async def test_serving_stall_with_the_scheduler_gauges_at_zero(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Real SGLang at tp 2: the stall followed a prefill of new requests, so the scheduler's gauges
+    froze at 0 running, 0 queued. The HTTP front's open requests still make it a stall."""
+    onset = tmp_path / "onset.json"
+    s = sim("serving_stall", env={"SGLANG_SIM_ONSET_FILE": str(onset)})
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    await r.wait_for(lambda _: onset.exists() and onset.read_text().strip() != "", 30, "the stall begins")
+    async with traffic(s.server.port, concurrency=1):  # one request, admitted after the stall began
+        snap = await r.wait_for(lambda x: x.last_incident is not None, 30, "serving stall")
+    assert snap.last_incident is not None and snap.last_incident.cause == "serving_stall"
+    assert "0 running and 0 queued requests (1 open at the HTTP front)" in snap.last_incident.detail
+
+
 async def test_rank_death_is_caught_at_the_next_poll(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
     onset_file = tmp_path / "onset.json"
     s = sim("rank_dies", tp=2, env={"SGLANG_SIM_ONSET_FILE": str(onset_file)})
