@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from api.app import create_app
 from api.testing import FakeSupervisor
@@ -90,16 +90,26 @@ CHECKS: dict[str, Any] = {
 }
 
 
+def checks_for(case: Any) -> dict[str, Any]:
+    """A query string has no JSON types: the fuzzer's "non-string" `event=false` arrives as the string
+    "false", a well-formed event name that matches nothing, and an empty list is the right answer.
+    Requests without `event` keep `/events`'s other parameters (limit, since) under the negative check."""
+    query = case.query or {}
+    if case.path == "/events" and "event" in query:
+        return {**CHECKS, "excluded_checks": [*CHECKS["excluded_checks"], negative_data_rejection]}
+    return CHECKS
+
+
 @open_api.parametrize()
 @FUZZ_SETTINGS
 def test_schema_without_token(case: Any) -> None:
-    case.call_and_validate(**CHECKS)
+    case.call_and_validate(**checks_for(case))
 
 
 @authed_api.parametrize()
 @FUZZ_SETTINGS
 def test_schema_with_token(case: Any) -> None:
-    case.call_and_validate(**CHECKS)
+    case.call_and_validate(**checks_for(case))
 
 
 @tokenless_api.parametrize()
