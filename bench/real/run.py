@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 # Lanes of the matrix: (lane, GPU, delay before it starts). Two servers share a GPU only with their
 # start-ups 45 s apart: SGLang sizes its KV pool from the memory free before its weights load.
 MATRIX = (("serve", "0", 0.0), ("ladder", "1", 0.0), ("transcript", "0", 45.0), ("piecewise", "1", 45.0))
+TP2 = (("tp2", "0,1", 0.0), ("tp2_deadlock", "0,1", 45.0))
 
 
 def setup(bundle: Path, real: Path) -> dict[str, Any]:
@@ -143,11 +144,10 @@ def main() -> None:
         print(json.dumps(setup(args.bundle, args.real)))
     elif args.step == "matrix":
         print(json.dumps(run_lanes(MATRIX, args.work, args.real, args.deadline)))
-    elif args.step == "tp2":
-        plan = (("tp2", "0,1", 0.0),)
-        print(json.dumps(run_lanes(plan, args.work, args.real, args.deadline)))
-    elif args.step == "tp2b":  # the rank-1 start-up deadlock, and a two-rank transcript beside it
-        plan = (("tp2_deadlock", "0,1", 0.0), ("transcript_tp2", "0,1", 45.0))
+    elif args.step == "tp2":  # issue 15's two lanes side by side, start-ups 45 s apart
+        print(json.dumps(run_lanes(TP2, args.work, args.real, args.deadline)))
+    elif args.step == "tp2b":  # a two-rank transcript for the fixtures
+        plan = (("transcript_tp2", "0,1", 0.0),)
         print(json.dumps(run_lanes(plan, args.work, args.real, args.deadline)))
     elif args.step == "lane":
         lane(str(args.name), args.work, args.real, args.gpu)
