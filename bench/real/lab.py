@@ -23,7 +23,7 @@ import psutil
 from bench.common import free_port
 from supervisor.config import dump_toml, settings_from_mapping
 
-__all__ = ["Daemon", "Load", "Recorder", "free_port", "schedulers", "titles"]
+__all__ = ["Daemon", "Load", "Recorder", "free_port", "schedulers", "title", "titles"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # NVLink multicast stays off on the lent machines (device docs): in every environment we start.
@@ -214,9 +214,22 @@ def title(p: psutil.Process) -> str:
         return "?"
 
 
+def _live(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def schedulers(pid: int) -> list[psutil.Process]:
-    """The tree's scheduler processes, rank order (`sglang::scheduler`, `..._TP1`)."""
-    procs = [p for p in tree(pid) if title(p).startswith("sglang::scheduler")]
+    """The tree's scheduler processes, rank order (`sglang::scheduler`, `..._TP1`): the main process's
+    live children only. A scheduler's own short-lived forks carry its title until they exec, and one
+    that had just exited (a zombie) was once picked as the victim on the H200."""
+    try:
+        kids = psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+    procs = [p for p in kids if title(p).startswith("sglang::scheduler") and _live(p)]
     return sorted(procs, key=title)
 
 

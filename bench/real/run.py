@@ -74,6 +74,10 @@ def lane(name: str, work: Path, real: Path, gpu: str) -> None:
     from bench.real import scenarios, transcript
 
     work.mkdir(parents=True, exist_ok=True)
+    if name == "cudagdb":
+        subprocess.run([sys.executable, str(ROOT / "bench" / "real" / "cudagdb_probe.py"), "--out", str(work)],
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu}, check=False)
+        return
     if name == "transcript" or name == "transcript_tp2":
         tp = 2 if name.endswith("tp2") else 1
         meta = transcript.record(work / "transcript", real, real / "models", gpu, tp=tp)
@@ -131,7 +135,7 @@ def pack(work: Path, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("setup", "matrix", "tp2", "tp2b", "lane", "pack"))
+    ap.add_argument("step", choices=("setup", "matrix", "tp2", "tp2b", "plan", "lane", "pack"))
     ap.add_argument("name", nargs="?")
     ap.add_argument("--bundle", type=Path, default=ROOT / ".real" / "bundle.tar.xz")
     ap.add_argument("--real", type=Path, default=Path("/tmp/real"))
@@ -139,6 +143,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/real/out")))
     ap.add_argument("--gpu", default="0")
     ap.add_argument("--deadline", type=float, default=1000.0)
+    ap.add_argument("--plan", default="", help="for step plan: lane:gpus:delay,... e.g. serve:0:0,cudagdb:1:0")
     args = ap.parse_args()
     if args.step == "setup":
         print(json.dumps(setup(args.bundle, args.real)))
@@ -148,6 +153,9 @@ def main() -> None:
         print(json.dumps(run_lanes(TP2, args.work, args.real, args.deadline)))
     elif args.step == "tp2b":  # a two-rank transcript for the fixtures
         plan = (("transcript_tp2", "0,1", 0.0),)
+        print(json.dumps(run_lanes(plan, args.work, args.real, args.deadline)))
+    elif args.step == "plan":  # any lanes, e.g. one that failed, again
+        plan = tuple((n, g.replace("+", ","), float(d)) for n, g, d in (x.split(":") for x in args.plan.split(",")))
         print(json.dumps(run_lanes(plan, args.work, args.real, args.deadline)))
     elif args.step == "lane":
         lane(str(args.name), args.work, args.real, args.gpu)

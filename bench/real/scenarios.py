@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.real import configs
-from bench.real.lab import Daemon, Load, Recorder, free_port, iso, schedulers, titles, ts
+from bench.real.lab import Daemon, Load, Recorder, free_port, iso, schedulers, title, titles, ts
 
 
 @contextlib.contextmanager
@@ -162,7 +162,7 @@ def _signal_scheduler(d: Daemon, sig: signal.Signals, rank: int = -1) -> dict[st
     scheds = schedulers(int(st["pid"]))
     victim = scheds[rank]
     os.kill(victim.pid, sig)
-    return {"pid": victim.pid, "title": " ".join(victim.cmdline()), "schedulers": len(scheds)}
+    return {"pid": victim.pid, "title": title(victim), "schedulers": len(scheds)}
 
 
 def lane_serve(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
