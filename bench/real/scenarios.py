@@ -188,6 +188,22 @@ def lane_serve(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]
     return res
 
 
+def lane_stall(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    """a and c only, not waiting for the relaunch: the bundle of a stopped scheduler, in 3 minutes."""
+    res: dict[str, Any] = {"lane": "stall", "gpu": gpu}
+    d = _new_daemon(work, configs.config(real, models, gpus=gpu, watchdog=dict(configs.FAST)), real)
+    rec = Recorder(d).start()
+    with _recording(res, d, rec):
+        res["a_start"] = _start(d, rec)
+        load = Load(int(d.config["server"]["port"]))
+        time.sleep(15)
+        onset = time.time()
+        res["c_victim"] = _signal_scheduler(d, signal.SIGSTOP)
+        res["c_sigstop"] = incident_record(d, onset, ready_timeout=0)
+        res["load"] = load.stop()
+    return res
+
+
 def lane_ladder(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     res: dict[str, Any] = {"lane": "ladder", "gpu": gpu}
     wd = dict(configs.FAST, startup_stall_s=30.0, on_spec_regression="fallback", spec_window_s=20.0)
@@ -310,7 +326,7 @@ def _bundle_grep(d: Daemon, bundle_id: Any, needle: str) -> dict[str, int]:
     return hits
 
 
-LANES = {"serve": lane_serve, "ladder": lane_ladder, "piecewise": lane_piecewise, "tp2": lane_tp2,
+LANES = {"serve": lane_serve, "stall": lane_stall, "ladder": lane_ladder, "piecewise": lane_piecewise, "tp2": lane_tp2,
          "tp2_deadlock": lane_tp2_deadlock}
 
 

@@ -146,6 +146,7 @@ async def _capture_one(
     """py-spy, then py-spy --native, then gdb: in turn, as two tracers cannot attach at once."""
     run = _ProcRun(info)
     pid = info.pid
+    native_named = False  # py-spy --native gave host frames with their names
     if req.py_spy:
         if paths.py_spy is None:
             run.outcomes.append(_missing(pid, "py-spy", "py-spy"))
@@ -162,6 +163,7 @@ async def _capture_one(
                 native_threads = tools.parse_py_spy(res.stdout)
                 if native_threads:
                     run.python = native_threads
+                    native_named = True
     if req.gdb:
         exe, kind = paths.debugger(_holds_gpu(info, req))
         if exe is None and kind == "cuda-gdb":
@@ -170,7 +172,8 @@ async def _capture_one(
         elif exe is None:
             run.outcomes.append(_missing(pid, "gdb", "gdb (or cuda-gdb)"))
         else:
-            argv = tools.gdb_argv(exe, pid, kind)
+            # cuda-gdb is there for the GPU kernels; the host frames py-spy --native already named.
+            argv = tools.gdb_argv(exe, pid, kind, shared_symbols=not (kind == "cuda-gdb" and native_named))
             res = await _run(run, kind, argv, req.gdb_timeout_s, env, resume, deadline)
             run.native = await asyncio.to_thread(tools.parse_gdb, res.stdout)
             run.kernels = tools.parse_cuda_kernels(res.stdout) if kind == "cuda-gdb" else ()

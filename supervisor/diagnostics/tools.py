@@ -18,14 +18,19 @@ GDB_BATCH = (
     "set debuginfod enabled off",
     "-iex",
     "set auto-load no",
+    "-iex",
+    "set print thread-events off",
     "-ex",
     "set pagination off",
-    "-ex",
-    "set print thread-events off",
     "-ex",
     "thread apply all bt",
 )
 CUDA_GDB_EXTRA = ("-ex", "info cuda kernels")
+# Reading the symbols of every shared library (libtorch_cuda alone is hundreds of MB) is most of an
+# attach to a torch process: on the H200, cuda-gdb took 8.3 s with them and 0.6 s without, and still
+# listed the resident kernels (bench/real/cudagdb_probe.py). Used when py-spy --native already holds
+# the host frames with their names.
+NO_SHARED_SYMBOLS = ("-iex", "set auto-solib-add off")
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,10 @@ def py_spy_argv(exe: str, pid: int, *, native: bool, nonblocking: bool) -> tuple
     return tuple(argv)
 
 
-def gdb_argv(exe: str, pid: int, kind: ToolName) -> tuple[str, ...]:
+def gdb_argv(exe: str, pid: int, kind: ToolName, *, shared_symbols: bool = True) -> tuple[str, ...]:
     extra = CUDA_GDB_EXTRA if kind == "cuda-gdb" else ()
-    return (exe, "-p", str(pid), "--batch", "-nx", *GDB_BATCH, *extra)
+    fast = () if shared_symbols else NO_SHARED_SYMBOLS
+    return (exe, "-p", str(pid), "--batch", "-nx", *fast, *GDB_BATCH, *extra)
 
 
 def tool_env(base: dict[str, str]) -> dict[str, str]:
@@ -189,13 +195,28 @@ def parse_gdb(text: str) -> tuple[StackThread, ...]:
 
 
 # `info cuda kernels`: `*  0  -  0  1 Active 0xff (240,1,1) (128,1,1) ncclDevKernel_AllReduce(args)`.
-_KERNEL_ROW = re.compile(r"\(\d+,\d+,\d+\)\s+\(\d+,\d+,\d+\)\s+([^\s(]+)")
+# A row ends `GridDim BlockDim Invocation`; the invocation is the kernel's name with its parameter
+# list, and C++ names carry spaces and parentheses of their own (`at::cuda::(anonymous namespace)::x()`).
+_KERNEL_ROW = re.compile(r"\(\d+,\d+,\d+\)\s+\(\d+,\d+,\d+\)\s+(\S.*?)\s*$", re.M)
+
+
+def _without_params(invocation: str) -> str:
+    """The name without its trailing `(...)` parameter list (balanced, so `<4096ul>` args are fine)."""
+    if not invocation.endswith(")"):
+        return invocation
+    depth = 0
+    for i in range(len(invocation) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(invocation[i], 0)
+        if depth == 0:
+            return invocation[:i].rstrip() or invocation
+    return invocation
 
 
 def parse_cuda_kernels(text: str) -> tuple[str, ...]:
     """Kernel names from cuda-gdb's `info cuda kernels` table."""
     names: list[str] = []
     for m in _KERNEL_ROW.finditer(text):
-        if m.group(1) not in names:
-            names.append(m.group(1))
+        name = _without_params(m.group(1))
+        if name not in names:
+            names.append(name)
     return tuple(names)

@@ -221,6 +221,32 @@ async def test_cuda_gdb_serves_where_gdb_is_missing(
     assert [t.tool for t in result.tools] == ["cuda-gdb"]
     assert result.hang_class == "collective"
     assert any("ncclDevKernel_AllReduce" in f for f in result.classification.frames)
+    # No py-spy ran, so cuda-gdb is the only native view: it reads the libraries' symbols.
+    assert result.path is not None
+    pid = tree.infos()[1].pid
+    assert "auto-solib-add" not in (result.path / f"gdb-{pid}.txt").read_text().splitlines()[0]
+
+
+async def test_cuda_gdb_skips_library_symbols_once_py_spy_named_the_native_frames(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuda-gdb's attach to a torch process is 8 s with every library's symbols and 0.6 s without
+    (H200); py-spy --native already named the host frames, so cuda-gdb is asked for the kernels."""
+    tree = launch("deadlock", 1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "cuda-gdb.argv"
+    fixture = Path(__file__).parent / "fixtures" / "synthetic-collective-cuda-gdb.txt"
+    fake_tool(bin_dir / "cuda-gdb", f'echo "$*" >> {calls}\nexec /bin/cat {fixture}')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    child = tree.infos()[1]
+    req = request((child,), native=True, gdb=True, gpu_util_percent=100.0)
+    result = await capture(req, tmp_path / "diag", py_spy_path=PY_SPY, resume=resume, **KEEP)
+    assert tool(result, child.pid, "py-spy-native") == "ok"
+    assert tool(result, child.pid, "cuda-gdb") == "ok"
+    argv = calls.read_text().splitlines()
+    assert len(argv) == 1 and "set auto-solib-add off" in argv[0] and "info cuda kernels" in argv[0]
+    assert any("ncclDevKernel_AllReduce" in f for f in result.classification.frames)
 
 
 async def test_manual_nonblocking_dump_pauses_nothing(

@@ -79,6 +79,26 @@ def test_gdb_argv_is_batch_and_offline() -> None:
     assert "thread apply all bt" in argv and "set debuginfod enabled off" in argv
     assert "info cuda kernels" not in argv
     assert tools.gdb_argv("/cuda/bin/cuda-gdb", 7, "cuda-gdb")[-1] == "info cuda kernels"
+    assert "set auto-solib-add off" not in tools.gdb_argv("/usr/bin/gdb", 7, "gdb")
+    fast = tools.gdb_argv("/cuda/bin/cuda-gdb", 7, "cuda-gdb", shared_symbols=False)
+    assert fast[fast.index("set auto-solib-add off") - 1] == "-iex"  # before the attach reads them
+
+
+def test_cuda_kernel_names_with_spaces_and_parentheses() -> None:
+    """`info cuda kernels` as cuda-gdb printed it on the H200 for torch's spin kernel, and NCCL's row."""
+    text = (
+        "  Kernel Parent Dev Grid Status                             SMs Mask GridDim BlockDim Invocation\n"
+        "*      0      -   0    4 Active 0x0010000000000000000000000000000000 (1,1,1)  (1,1,1) "
+        "at::cuda::(anonymous namespace)::spin_kernel() \n"
+        "       1      -   0    7 Active 0x00ff (24,1,1) (640,1,1) "
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)\n"
+        "0x00007fc6db7a00b0 in at::cuda::(anonymous namespace)::spin_kernel(long)<<<(1,1,1),(1,1,1)>>> ()\n"
+        "[Switching focus to CUDA kernel 0, grid 4, block (0,0,0), thread (0,0,0), device 0, sm 124]\n"
+    )
+    assert tools.parse_cuda_kernels(text) == (
+        "at::cuda::(anonymous namespace)::spin_kernel",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+    )
 
 
 @pytest.mark.parametrize(
