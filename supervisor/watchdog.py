@@ -144,16 +144,36 @@ def stall_class(cpu_rate: float, obs: Observation, s: WatchdogSettings) -> Stall
     return "busy" if cpu_rate >= s.busy_cpu_cores or busy_gpu else "idle"
 
 
+# What SGLang prints *because* a rank failed, not why: its SIGQUIT handling, and the main process's
+# EOFError when a scheduler died before reporting ready (`_launch_subprocesses` reads its pipe).
+_CRASH_CHATTER = ("Received sigquit from a child", "SIGQUIT received", "Triggering SIGQUIT for cleanup")
+
+
+def _consequence(err: str) -> bool:
+    return any(c in err for c in _CRASH_CHATTER) or err.split(": ", 1)[-1].strip() == "EOFError"
+
+
+def _crash_error(errors: tuple[str, ...]) -> str | None:
+    """The newest error in the log that is not a consequence of another: why the tree went down."""
+    for err in reversed(errors):
+        if not _consequence(err):
+            return err
+    return None
+
+
 def _exited(obs: Observation) -> Verdict | None:
     if obs.tree.root_alive:
         return None
     code = obs.tree.root_exit
     how = "exited" if code is None or code >= 0 else "killed by signal"
     val = "?" if code is None else str(code if code >= 0 else -code)
+    # SGLang kills its own tree with SIGKILL when a rank fails (kill_process_tree): "killed by
+    # signal 9" alone would send the operator to dmesg for an OOM killer that never ran.
+    err = _crash_error(obs.logs.errors)
     return Verdict(
         status="incident",
         cause="exited",
-        reason=f"server main process {how} {val}",
+        reason=f"server main process {how} {val}" + (f"; the log's last error: {err}" if err else ""),
         phase=obs.logs.phase,
         figures=(("exit_code", float(code if code is not None else 0)),),
     )

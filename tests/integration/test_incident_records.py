@@ -48,6 +48,19 @@ async def test_incidents_within_one_second_get_distinct_ids(daemon, sim) -> None
         assert any(i.rsplit("-", 1)[-1].isdigit() for i in ids), ids
 
 
+async def test_a_crash_names_the_error_in_the_log(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    """A tree that went down says why in /status and the journal, not only its exit status."""
+    s = sim("crash_on_load", tp=1, restart={"retries_per_rung": 0, "failed_cooldown_s": 0})
+    r = await daemon(s)
+    snap = await r.wait_for(lambda x: x.state == "failed", 60, "failed")
+    detail = snap.last_incident.detail if snap.last_incident else ""
+    assert snap.last_incident is not None and snap.last_incident.cause == "exited"
+    assert detail.startswith("server main process exited 1; the log's last error: "), detail
+    assert "CUDA out of memory" in detail, detail
+    (inc,) = [e for e in events(s.state_dir) if e["event"] == "incident"]
+    assert inc["detail"] == detail
+
+
 async def test_every_attempt_ends_with_an_outcome(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     s = sim("ok", tp=1)
     r = await daemon(s)

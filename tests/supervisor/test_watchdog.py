@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from observations import MB, obs, proc
 
-from probes.types import DecodeStats, HealthObservation, Observation, Progress, ServingObservation
+from probes.logs import LogParser
+from probes.types import DecodeStats, HealthObservation, LogLine, Observation, Progress, ServingObservation
 from supervisor.config import WatchdogSettings
 from supervisor.watchdog import History, assess, new_history
 
+FIXTURES = Path(__file__).parents[1] / "probes" / "fixtures"
 S = WatchdogSettings(poll_interval_s=2, startup_stall_s=60, startup_timeout_s=3600, cpu_only_stall_s=300)
 
 
@@ -123,6 +126,20 @@ def test_exit_while_starting_and_serving() -> None:
     assert v.cause == "exited" and "signal 9" in v.reason
     v, _ = run(new_history(0.0), [obs(2, alive=False, exit_code=1)], mode="serving")
     assert v.cause == "exited"
+
+
+def test_exit_names_the_error_that_brought_the_tree_down() -> None:
+    """Real SGLang 0.5.16, tp 2, on the H200 (server_args line left out): rank 1 refused to start
+    beside another server's memory, and SGLang SIGKILLed its own tree. The verdict names the
+    RuntimeError, not the SIGQUIT chatter that follows it."""
+    raw = (FIXTURES / "real_0.5.16_tp2_unbalanced_memory_crash.log").read_text(encoding="utf-8")
+    parser = LogParser()
+    parser.feed([LogLine(seq=i, at=i * 0.1, stream="stderr", text=t) for i, t in enumerate(raw.splitlines(), 1)])
+    crashed = replace(obs(2, alive=False, exit_code=-9), logs=parser.observe())
+    v, _ = run(new_history(0.0), [crashed])
+    assert v.cause == "exited" and v.reason.startswith("server main process killed by signal 9; ")
+    assert "TP1: RuntimeError: The memory capacity is unbalanced" in v.reason
+    assert "sigquit" not in v.reason.lower()
 
 
 def test_ready_line_makes_ready() -> None:
