@@ -204,6 +204,20 @@ def lane_stall(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]
     return res
 
 
+def lane_deadlock(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    """e only, not waiting for the relaunch: the verdict and bundle of the real lock deadlock."""
+    res: dict[str, Any] = {"lane": "deadlock", "gpu": gpu}
+    wd = dict(configs.FAST, startup_stall_s=30.0)
+    cfg = configs.config(real, models, gpus=gpu, watchdog=wd, env_extra=_fault_env(work), inject=True)
+    d = _new_daemon(work, cfg, real)
+    rec = Recorder(d).start()
+    with _recording(res, d, rec):
+        res["e_deadlock"] = incident_record(d, _wait_onset(work), ready_timeout=0)
+        res["e_deadlock"]["frames_naming_alloc_memory_pool"] = _bundle_grep(
+            d, res["e_deadlock"].get("bundle_id"), "alloc_memory_pool")
+    return res
+
+
 def lane_ladder(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     res: dict[str, Any] = {"lane": "ladder", "gpu": gpu}
     wd = dict(configs.FAST, startup_stall_s=30.0, on_spec_regression="fallback", spec_window_s=20.0)
@@ -326,8 +340,10 @@ def _bundle_grep(d: Daemon, bundle_id: Any, needle: str) -> dict[str, int]:
     return hits
 
 
-LANES = {"serve": lane_serve, "stall": lane_stall, "ladder": lane_ladder, "piecewise": lane_piecewise, "tp2": lane_tp2,
-         "tp2_deadlock": lane_tp2_deadlock}
+LANES = {
+    "serve": lane_serve, "stall": lane_stall, "deadlock": lane_deadlock, "ladder": lane_ladder,
+    "piecewise": lane_piecewise, "tp2": lane_tp2, "tp2_deadlock": lane_tp2_deadlock,
+}
 
 
 def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
