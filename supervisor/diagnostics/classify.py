@@ -6,7 +6,8 @@ cuda_graph_capture > collective > io_wait > busy_spin > idle_deadlock > unknown.
 Busy or idle is judged from the schedulers when the tree has them: the HTTP front end keeps
 burning a core for its clients while a scheduler is stopped or deadlocked, and that core says
 nothing about where the model's work hangs. A scheduler stopped by a signal (state T before any
-tool attached) runs nothing: it is named first and counts as idle.
+tool attached) runs nothing: it is named first and counts as idle. A tree whose schedulers all
+exited (a detokenizer left, no rank) is `unknown`: busy or idle would describe the front end only.
 """
 
 from __future__ import annotations
@@ -159,6 +160,12 @@ def _rank_views(views: list[ThreadView], ev: Evidence) -> list[ThreadView]:
     return [v for v in views if v.pid in pids] if pids else views
 
 
+def _ranks_gone(ev: Evidence) -> bool:
+    """An SGLang tree (its detokenizer is there) with no scheduler left: every rank died. The HTTP
+    front end's core is all that burns, and it says nothing about how the model's work ended."""
+    return not _ranks(ev) and any(p.role == "detokenizer" for p in ev.processes)
+
+
 def _cpu_reason(ev: Evidence) -> str | None:
     ranks = _ranks(ev)
     rates = [p.cpu_cores for p in ranks]
@@ -182,6 +189,8 @@ def _stopped(ev: Evidence) -> _Finding | None:
 
 
 def _busy(views: list[ThreadView], ev: Evidence) -> _Finding | None:
+    if _ranks_gone(ev):
+        return None
     reasons: list[str] = []
     cpu = _cpu_reason(ev)
     if cpu is not None:
@@ -197,6 +206,8 @@ def _busy(views: list[ThreadView], ev: Evidence) -> _Finding | None:
 
 
 def _idle(views: list[ThreadView], ev: Evidence) -> _Finding | None:
+    if _ranks_gone(ev):
+        return None
     mine = _rank_views(views, ev)
     locked = [v for v in mine if v.kind == "lock" and not v.background]
     stopped = [p for p in _ranks(ev) if p.stopped]
@@ -233,6 +244,8 @@ def classify(evidence: Evidence) -> Classification:
     if not matched:
         kinds = sorted({v.kind for v in views})
         why = f"no rule matched ({len(views)} threads seen; wait kinds: {', '.join(kinds) or 'none'})"
+        if _ranks_gone(evidence):
+            why = "no scheduler is left (every rank exited): the front end's CPU says nothing about the model's work"
         stopped_first = _stopped(evidence)
         head = stopped_first.reasons if stopped_first else ()
         return Classification("unknown", (*head, why, figures), (), ("unknown",))

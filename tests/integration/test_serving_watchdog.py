@@ -8,6 +8,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -96,6 +97,21 @@ async def test_rank_death_is_caught_at_the_next_poll(daemon, sim, tmp_path) -> N
     assert late <= 2 * s.watchdog.poll_interval_s + 0.3, f"{late:.2f} s after the rank died"
     snap = await r.wait_for(lambda x: x.last_incident is not None, 20, "rank_died")
     assert snap.last_incident is not None and snap.last_incident.cause == "rank_died"
+
+
+async def test_the_only_rank_dying_is_no_hang_class(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tp 1: the scheduler is gone and only the front end burns its core. On the H200 that core made
+    the bundle say `busy_spin`; nothing is left to judge, so the class is `unknown`, and says why."""
+    s = sim("rank_dies", tp=1)
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    snap = await r.wait_for(lambda x: x.last_incident is not None, 30, "rank_died")
+    inc = snap.last_incident
+    assert inc is not None and inc.cause == "rank_died" and inc.bundle is not None
+    assert inc.hang_class == "unknown"
+    summary = json.loads((Path(s.paths.state_dir) / "diagnostics" / inc.bundle / "summary.json").read_text())
+    assert summary["hang_class"] == "unknown"
+    assert any("no scheduler is left" in why for why in summary["reasons"]), summary["reasons"]
 
 
 async def test_crash_after_ready_is_exited_and_restarted(daemon, sim) -> None:  # type: ignore[no-untyped-def]
