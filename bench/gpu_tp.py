@@ -33,7 +33,7 @@ import structlog  # noqa: E402
 from bench.gpuserver.harness import events, free_port, start_daemon, wait_file  # noqa: E402
 from bench.gpuserver.measure import ReleaseWatch, device_used, find_gdb, find_py_spy  # noqa: E402
 from bench.gpuserver.tp import NO_MULTICAST  # noqa: E402
-from bench.report import machine, stamp, table, write_section  # noqa: E402
+from bench.report import machine, stamp, table  # noqa: E402
 from probes.gpu import GpuProbe, make_nvml  # noqa: E402
 from supervisor.config import Settings, settings_from_mapping  # noqa: E402
 
@@ -187,26 +187,12 @@ def _ran(result: dict[str, Any]) -> str:
     )
 
 
-def section(results: list[dict[str, Any]]) -> str:
-    runs = "\n".join(_ran(r) for r in results)
-    return f"""## Multi-GPU: a tensor-parallel collective hang (issue 11)
+def write_docs(results: list[dict[str, Any]]) -> None:
+    """The multi-GPU section holds this harness and real SGLang's tp-2 runs together: bench/real/report.py
+    keeps both in one saved copy and writes the section from it."""
+    from bench.real import report
 
-**Not run on several GPUs**: no machine with two or more GPUs was lent to this project's sessions
-(the device tool lent only `nvidia-h200`, one GPU, and NCCL cannot put two ranks on one GPU). So a
-collective hang across GPUs, NCCL's frames and kernels in it, the per-GPU attribution of several
-ranks and the release on every GPU are still unmeasured; the command for them is
-`python bench/gpu_tp.py --backend nccl --tp-size N --write-docs` on an `nvidia-h200-x2` or larger
-(it keeps `NCCL_NVLS_ENABLE=0`).
-
-What ran instead: the same program (`bench/gpuserver/tp.py`, one process per rank titled
-`sglang::scheduler_TP{{n}}`, all-reduces in a loop, the last rank dropping out after 10 steps) under
-the same daemon path, (1) with torch.distributed's gloo backend on the CPU, two ranks, torch from a
-separate virtual environment (never a project dependency), where rank 0 really waits in the
-all-reduce for the missing rank 1; and (2) with NCCL on the one H200, one rank, which checks the
-NCCL path, the per-rank GPU attribution and the release, but cannot hang a collective (the one rank
-is the one that drops out).
-
-{runs}"""
+    report.with_harness(results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render is not None:
         results = [json.loads(p.read_text()) for p in args.render]
-        write_section("multi-gpu", section(results))
+        write_docs(results)
         print("\n\n".join(render(r) for r in results))
         return 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -235,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_tp.json").write_text(json.dumps(result, indent=1, default=str))
     if args.write_docs:
-        write_section("multi-gpu", section([result]))
+        write_docs([result])
     return 0 if result["hang_class"] == "collective" else 1
 
 

@@ -1,10 +1,13 @@
 """Turn the recipe's results into docs/BENCHMARKS.md's "Real SGLang" and "Multi-GPU" sections.
 
-    python3 bench/real/report.py --raw OUT/results-work.json OUT/results-work3.json ... [--gpu-tp gpu_tp.json]
+    python3 bench/real/report.py --raw OUT/results-work.json OUT2/results-work4.json=after_ ... \
+        [--gpu-tp gpu_tp.json] [--nvml nvml.json] [--cudagdb cudagdb.json]
     python3 bench/real/report.py          # re-render from the slim copy kept in bench/real/results/
 
 `--raw` takes what `run.py pack` brought back from the device, keeps a slim copy (no timelines or
-full bundles) under bench/real/results/, and writes the sections. Runs on any machine.
+full bundles) under bench/real/results/, and writes the sections. A later file's lane replaces an
+earlier one of the same name; `FILE=PREFIX` keeps a re-run's lanes apart (`after_deadlock`: lane
+`deadlock` of a run made after a fix). Runs on any machine.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from bench import gpu_tp  # noqa: E402
 from bench.report import table, write_section  # noqa: E402
 
 RESULTS = ROOT / "bench" / "real" / "results"
-SLIM = RESULTS / "h200x2-2026-11-30.json"
+SLIM = RESULTS / "h200x2-2026-12-01.json"
 INCIDENT_KEYS = ("onset", "verdict_at", "detect_s", "cause", "hang_class", "detail", "bundle_id", "bundle_s",
                  "stop_s", "gpu_released", "gpu_check", "release_wait_s", "survivors", "port_free", "decision",
                  "relaunch_rung", "ready_rung", "time_to_ready_s", "onset_to_ready_s", "error", "relaunch_error",
                  "frames_naming_alloc_memory_pool")
+
+
+INCIDENTS = ("c_sigstop", "d_sigkill", "e_deadlock", "f_spec", "sigstop_rank1", "startup_deadlock_rank1")
 
 
 def _slim_incident(x: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -38,6 +44,8 @@ def _slim_incident(x: dict[str, Any] | None) -> dict[str, Any] | None:
     out["bundle_reasons"] = summary.get("reasons")
     out["bundle_durations"] = summary.get("durations")
     out["bundle_summary_head"] = (bundle.get("summary_txt") or "").split("\nCommand:")[0]
+    out["bundle_tools"] = [{k: t.get(k) for k in ("pid", "tool", "outcome", "duration_s")}
+                           for t in summary.get("tools") or [] if t.get("outcome") != "skipped"]
     return out
 
 
@@ -47,7 +55,7 @@ def slim(raw: dict[str, Any]) -> dict[str, Any]:
     for key, val in raw.items():
         if key in ("timeline", "close", "launches") or key.endswith("_victim"):
             continue
-        if (isinstance(val, dict) and "detect_s" in val) or key in ("c_sigstop", "d_sigkill", "e_deadlock", "f_spec"):
+        if (isinstance(val, dict) and "detect_s" in val) or key in INCIDENTS:
             out[key] = _slim_incident(val)
         elif isinstance(val, dict) and "phases" in val:
             out[key] = {k: v for k, v in val.items() if k not in ("titles", "processes", "gpu")}
@@ -67,18 +75,25 @@ def slim(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_slim(paths: list[Path]) -> dict[str, Any]:
+def _raw_arg(arg: str) -> tuple[Path, str]:
+    path, _, prefix = arg.partition("=")
+    return Path(path), prefix
+
+
+def build_slim(args: list[str]) -> dict[str, Any]:
     doc: dict[str, Any] = {"lanes": {}, "versions": {}}
-    for p in paths:
-        raw = json.loads(p.read_text())
-        doc["versions"] = raw.get("versions") or doc["versions"]
+    for arg in args:
+        path, prefix = _raw_arg(arg)
+        raw = json.loads(path.read_text())
+        if not prefix:
+            doc["versions"] = raw.get("versions") or doc["versions"]
         for name, lane in raw.items():
             if name in ("versions", "done"):
                 continue
             if name.startswith("transcript"):
-                doc["lanes"][name] = {"meta": {k: v for k, v in lane.get("meta", {}).items() if k != "argv"}}
+                doc["lanes"][prefix + name] = {"meta": {k: v for k, v in lane.get("meta", {}).items() if k != "argv"}}
             else:
-                doc["lanes"][name] = slim(lane)
+                doc["lanes"][prefix + name] = slim(lane)
     return doc
 
 
@@ -96,7 +111,8 @@ def incident_row(label: str, fault: str, x: dict[str, Any] | None, window: str) 
     nvml = x.get("gpu_released") and x.get("gpu_check") == "nvml"
     released = "verified (NVML)" if nvml else str(x.get("gpu_released"))
     ready = x.get("time_to_ready_s")
-    after = f"{x.get('relaunch_rung')}: ready {_s(ready)}" if ready is not None else f"{x.get('relaunch_rung')}"
+    after = (f"{x.get('relaunch_rung')}: ready {_s(ready)}" if ready is not None
+             else f"{x.get('relaunch_rung')} (ready not waited for)")
     klass = f"`{x.get('hang_class')}`" if x.get("hang_class") else "no class (not a hang)"
     return [label, fault, f"`{x.get('cause')}` / {klass}", _s(x.get("detect_s")), window,
             _s(x.get("bundle_s")), _s(x.get("stop_s")), f"{released}, {_s(x.get('release_wait_s'))}", after]
@@ -108,11 +124,56 @@ def phase_table(phases: list[dict[str, Any]]) -> str:
     return table(["phase (from /status)", "lasted", "channels that moved", "longest quiet"], rows)
 
 
+def _bundle_tools(x: dict[str, Any]) -> str:
+    slow = [t for t in x.get("bundle_tools") or [] if (t.get("duration_s") or 0) >= 1.0]
+    return ", ".join(f"{t['tool']} {t['duration_s']:.1f} s ({t['outcome']})" for t in slow) or "-"
+
+
+def bundle_table(doc: dict[str, Any]) -> str:
+    """The bundle of each real hang before and after cuda-gdb stopped reading the libraries' symbols."""
+    lanes = doc["lanes"]
+    pairs = [
+        ("e. deadlock after weights load (1 GPU process)", (lanes.get("ladder") or {}).get("e_deadlock"),
+         (lanes.get("after_deadlock") or {}).get("e_deadlock")),
+        ("c. scheduler SIGSTOPped (py-spy cannot read it)", (lanes.get("serve") or {}).get("c_sigstop"),
+         (lanes.get("after_stall") or {}).get("c_sigstop")),
+        ("tp 2: start-up deadlock in rank 1 (2 GPU processes)",
+         (lanes.get("tp2_deadlock") or {}).get("startup_deadlock_rank1"),
+         (lanes.get("after_tp2_deadlock") or {}).get("startup_deadlock_rank1")),
+    ]
+    rows = []
+    for label, before, after in pairs:
+        b, a = before or {}, after or {}
+        rows.append([label, _s(b.get("bundle_s")), _bundle_tools(b), _s(a.get("bundle_s")), _bundle_tools(a),
+                     f"`{a.get('hang_class')}`" if a else "-"])
+    head = ["hang", "bundle before", "tools over 1 s before", "bundle after", "tools over 1 s after", "class after"]
+    return table(head, rows)
+
+
+def probe_table(doc: dict[str, Any]) -> str:
+    rows = doc.get("cudagdb") or []
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["variant"], []).append(r)
+    what = {"daemon": "the daemon's batch before (symbols, `thread apply all bt`, `info cuda kernels`)",
+            "no_solib": "the same with `-iex \"set auto-solib-add off\"` (the daemon's batch after py-spy --native)",
+            "kernels_only": "`info cuda kernels` alone, symbols read",
+            "kernels_only_no_solib": "`info cuda kernels` alone, no library symbols"}
+    # "kernels listed": the spin kernel's row was there in every run (the parser of that day cut its
+    # name at the first parenthesis; tests/diagnostics/test_diag_tools.py now holds the whole row).
+    out = [[what.get(k, k), ", ".join(f"{r['seconds']:.2f} s" for r in v),
+            "yes" if all(r["frame0"] for r in v) else "no",
+            "yes" if all(r["kernels"] for r in v) else "no"] for k, v in by.items()]
+    return table(["cuda-gdb batch", "attach to exit", "host frames", "kernels listed"], out)
+
+
 def real_section(doc: dict[str, Any]) -> str:
     v = doc["versions"]
     lanes = doc["lanes"]
     serve, ladder, pw = lanes.get("serve", {}), lanes.get("ladder", {}), lanes.get("piecewise", {})
     a, b = serve.get("a_start", {}), pw.get("b_start", {})
+    after_e = (lanes.get("after_deadlock") or {}).get("e_deadlock")
+    after_c = (lanes.get("after_stall") or {}).get("c_sigstop")
     rows = [
         ["a. clean start (base rung)", "none", f"ready, {a.get('incidents')} incidents", "-", "-", "-", "-", "-",
          f"base: ready {_s(a.get('time_to_ready_s'))}"],
@@ -128,6 +189,10 @@ def real_section(doc: dict[str, Any]) -> str:
         incident_row("f. random EAGLE-3 draft, `on_spec_regression = \"fallback\"`", "acceptance 1.0 under load",
                      ladder.get("f_spec"), "floor 1.5 over 20 s"),
     ]
+    if after_c:
+        rows.append(incident_row("c again, after the cuda-gdb change", "as c", after_c, "10 s + 2 polls of 1 s"))
+    if after_e:
+        rows.append(incident_row("e again, after the cuda-gdb change", "as e", after_e, "30 s + 2 polls"))
     head = ["scenario", "fault", "verdict (cause / class)", "onset -> verdict", "window", "bundle", "stop",
             "GPU release", "relaunch -> ready"]
     launches = ladder.get("launches", [])
@@ -136,6 +201,10 @@ def real_section(doc: dict[str, Any]) -> str:
     e = ladder.get("e_deadlock") or {}
     c = serve.get("c_sigstop") or {}
     d = serve.get("d_sigkill") or {}
+    f = ladder.get("f_spec") or {}
+    stops = [x for x in (c, d, e, f, after_c or {}, after_e or {}) if x]
+    nvml_all = all(x.get("gpu_released") is True and x.get("gpu_check") == "nvml" for x in stops)
+    c_reasons = "\n".join(f"  - {r}" for r in (c.get("bundle_reasons") or []))
     return f"""## Real SGLang: the fault matrix on an H200 (issue 14)
 
 Real `sglang.launch_server` {v.get('sglang')} under the daemon (a real `sglang-supervisor run` process,
@@ -144,13 +213,18 @@ driven over its API), torch {v.get('torch')}, transformers {v.get('transformers'
 {v.get('date')}. Model: the recipe's tiny random Llama (8 layers, hidden 512) with a random EAGLE-3
 draft, `--tp-size 1`, base rung `--speculative-algorithm EAGLE3 ... --cuda-graph-max-bs 8
 --disable-piecewise-cuda-graph --mem-fraction-static 0.25` (b: the same without
-`--disable-piecewise-cuda-graph`); rungs `no-cuda-graph` and `no-speculation`. Windows: poll 1 s,
-`startup_stall_s` 60 (30 in e), `serving_stall_s` 10, health every 2 s with SGLang's 20 s timeout
-behind it; b keeps every shipped default (poll 2 s, `startup_stall_s` 180). gdb is NVIDIA's cuda-gdb
-(the only gdb there). Four lanes ran at once, two servers per GPU (start-ups 45 s apart), so start-up
-times include that contention. Reproduce: `python3 bench/real/build_bundle.py` here, then on the GPU
-machine `python3 bench/real/run.py setup && python3 bench/real/run.py matrix` (and `tp2b`, `tp2`),
-`run.py pack`, and `python3 bench/real/report.py --raw ...` (bench/real/README.md).
+`--disable-piecewise-cuda-graph`); rungs `no-cuda-graph` and `no-speculation`; `retries_per_rung = 1`,
+`stable_s` at its default 600 s. Windows: poll 1 s, `startup_stall_s` 60 (30 in e),
+`serving_stall_s` 10, health every 2 s with SGLang's 20 s timeout behind it; b keeps every shipped
+default (poll 2 s, `startup_stall_s` 180). gdb is NVIDIA's cuda-gdb (the only gdb there). The
+matrix ran its four lanes at once, two servers per GPU (start-ups 45 s apart), so start-up times
+include that contention; a, c and d are from a re-run of lane `serve` (beside the cuda-gdb probe on
+the other GPU; the matrix's own run of it picked a zombie fork as d's victim: fixed in the recipe),
+and the two "again" rows are
+single-lane runs made after the cuda-gdb change below. Reproduce: `python3
+bench/real/build_bundle.py` here, then on the GPU machine `sh bench/real/device.sh` (or `run.py
+setup`, `run.py matrix`, `run.py tp2`, `run.py pack`), and `python3 bench/real/report.py --raw ...`
+(bench/real/README.md).
 
 {table(head, rows)}
 
@@ -164,60 +238,92 @@ log; other channels moved throughout):
 {phase_table(b.get('phases', []))}
 
 What the runs showed:
-- **Detection** was within the window plus two polls wherever a window applies: c
+- **Detection** was within the window plus two polls in every scenario: c
   {_s(c.get('detect_s'))} (10 s window), e {_s(e.get('detect_s'))} (30 s window), d at the next
-  poll ({_s(d.get('detect_s'))}). e's bundle names the SGLang function in the stacks
+  poll ({_s(d.get('detect_s'))}), f's regression {_s(f.get('detect_s'))} after load began. e's bundle
+  names the SGLang function in the stacks
   ({', '.join(sorted((e.get('frames_naming_alloc_memory_pool') or {}).keys())) or 'no file'}).
-- **False incidents**: none in a or b, and no incident before each fault. Under the load of c, a's
-  server went `degraded` with a `spec_regression` alert (`on_spec_regression = "alert"` in that lane):
-  a true reading, the random draft's acceptance is 1.0. b's longest quiet spell was
-  {_s(b.get('max_quiet_s'))} against the shipped 180 s window.
-- **GPU memory** was verified free through NVML after every stop, within
-  {_s(max((x or {}).get('release_wait_s') or 0 for x in (c, d, e)))}.
-- **The ladder, walked for real**: {walk or 'not recorded'}: each rung launched with its own flags and
-  reached ready, so SGLang accepted them; f's fallback then served {served.get('requests_ok')} requests
-  in 10 s on `{served.get('rung')}`.
+- **A stopped scheduler is named and the class judged from the schedulers**: c is `{c.get('hang_class')}`
+  (it was `busy_spin` from the front end's core before issue 14's fix), and the bundle says so first:
+{c_reasons}
+- **False incidents**: none in a or b, and none before any fault. Under the load of c, the server went
+  `degraded` with a `spec_regression` alert (`on_spec_regression = "alert"` in that lane): a true
+  reading, the random draft's acceptance is 1.0. b's longest quiet spell was {_s(b.get('max_quiet_s'))}
+  against the shipped 180 s window.
+- **GPU memory** was {'verified free through NVML after every stop' if nvml_all else 'NOT verified after every stop'},
+  within {_s(max((x.get('release_wait_s') or 0) for x in stops) if stops else None)} of the tree being gone.
+- **Retries, then the ladder, walked for real**: launches {walk or 'not recorded'}. e's deadlock was
+  retried on `base` ({(e.get('decision') or {}).get('reason')}) and, the fault being one-shot, `base`
+  was ready again {_s(e.get('onset_to_ready_s'))} after the onset; `/restart {{"rung": "no-cuda-graph"}}`
+  then took it to `no-cuda-graph`, ready in {_s(ladder.get('g_no_cuda_graph_ready_s'))}; f's regression
+  jumped to `no-speculation` ({(f.get('decision') or {}).get('reason')}), which served
+  {served.get('requests_ok')} requests in 10 s. Every rung was launched with its own flags and reached
+  ready, so SGLang accepted them. In lane `serve`, d came 3 minutes after c's retry of `base`, inside
+  `stable_s`, so d stepped down to `{d.get('relaunch_rung')}` ({(d.get('decision') or {}).get('reason')}):
+  the retry budget of a rung is refilled only after `stable_s` of service, by design.
+- **d's class** was `{d.get('hang_class')}` in this run: with the only scheduler gone, the front end's
+  core was the only figure left. Fixed after the run: a tree with no scheduler left is `unknown`, with
+  the reason "no scheduler is left (every rank exited)" (`tests/integration/test_serving_watchdog.py::
+  test_the_only_rank_dying_is_no_hang_class`); not re-measured on the GPU.
 - **SGLang's own crash path** after d's SIGKILL: `Subprocess scheduler_0 (pid=...) crashed with exit
   code -9. Triggering SIGQUIT for cleanup...`, `Sleeping 5 seconds before crash diagnostics`, `No live
-  scheduler processes found; skipping py-spy and CUDA coredump.`, then `kill_process_tree` 12 s after
-  the kill: the daemon had judged `rank_died` 11 s before SGLang would have ended the tree itself
+  scheduler processes found; skipping py-spy and CUDA coredump.`, then `kill_process_tree` about 12 s
+  after the kill, long after the daemon's verdict
   (tests/fixtures/real_sglang/0.5.16-eagle3-tp1/crash_path.log). A SIGTERM stop always waits out
   the grace: SGLang's watchdog sees the scheduler's -15 and takes the same 5 s crash path.
 
-Misjudged, still to fix (each is an open item, not hidden): c's class was `{c.get('hang_class')}` (the
-bundle did not say the scheduler was stopped, state T); d's class `{d.get('hang_class')}` is a
-hang class on a crash; bundles took {_s(c.get('bundle_s'))} with cuda-gdb against the 10 s target
-(the tools' pass, py-spy and cuda-gdb side by side, was {_s((c.get('bundle_durations') or {}).get('tools_s'))}
-of it: cuda-gdb's attach to a CUDA process); and every first failure
-stepped down the ladder although `retries_per_rung = 1` (issue 16's retry fix was not yet in this run).
+### Bundle time with cuda-gdb (target: under 10 s)
+
+cuda-gdb's attach to a torch process is mostly reading the symbols of every shared library:
+
+{probe_table(doc)}
+
+(`bench/real/cudagdb_probe.py`: a torch process with 4 GB, 100 idle threads and torch's spin kernel
+resident.) So where py-spy `--native` has named a process's host frames, the daemon now runs cuda-gdb
+with `-iex "set auto-solib-add off"`, for the kernels; a process py-spy cannot read still gets the
+full cuda-gdb, its only native view.
+
+{bundle_table(doc)}
+
+The target is met where py-spy can read the GPU processes (e and the two-rank collective). A
+SIGSTOPped rank is at its edge: py-spy fails on a process in state T, so that rank gets the full
+cuda-gdb attach (8.7 s in one run, 10.5 s in the other, with no change in what it did); the verdict
+is already in by then, and the bundle says the rank is stopped whatever cuda-gdb prints. Left so:
+the stopped rank's native stack is the one stack that shows where it stopped.
 """
 
 
 def tp2_rows(doc: dict[str, Any]) -> str:
     lanes = doc["lanes"]
     tp2, dl = lanes.get("tp2", {}), lanes.get("tp2_deadlock", {})
+    after = (lanes.get("after_tp2_deadlock") or {}).get("startup_deadlock_rank1")
     s = tp2.get("sigstop_rank1") or {}
     e = dl.get("startup_deadlock_rank1") or {}
     rows = [
         incident_row("start-up deadlock in rank 1 only", "lock in rank 1's `alloc_memory_pool`", e, "30 s + 2 polls"),
         incident_row("rank 1 SIGSTOPped under load", "SIGSTOP `sglang::scheduler_TP1`, 4 clients", s,
-                     "10 s stall / 3 x health"),
+                     "10 s + 2 polls of 1 s"),
     ]
+    if after:
+        rows.append(incident_row("start-up deadlock in rank 1, after the cuda-gdb change", "as above", after,
+                                 "30 s + 2 polls"))
     head = ["scenario", "fault", "verdict (cause / class)", "onset -> verdict", "window", "bundle", "stop",
             "GPU release", "relaunch -> ready"]
     reasons = "\n".join(f"  - {r}" for r in (e.get("bundle_reasons") or []))
     reasons_s = "\n".join(f"  - {r}" for r in (s.get("bundle_reasons") or []))
     ready = tp2.get("ready") or {}
+    start = tp2.get("start") or {}
     roles = ", ".join(f"`{r[2].strip()}` ({r[0]}{'' if r[1] is None else ' ' + str(r[1])})"
                       for r in ready.get("roles", []) if r[0] in ("scheduler", "detokenizer"))
     return f"""### Real SGLang with `--tp-size 2` under the daemon
 
 Same recipe, versions and windows as the "Real SGLang" section, over both GPUs
 (`NCCL_NVLS_ENABLE=0`, `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`, `NVSHMEM_DISABLE_NVLS=1` in the server's
-environment). Ready on the base rung with {roles or '-'}, the main process (`main`) and
-multiprocessing's resource tracker (`other`); NVML attributed
-{_gb(ready.get('tp0_bytes'))} to TP0 on GPU {ready.get('tp0_gpu')} and {_gb(ready.get('tp1_bytes'))} to TP1 on GPU
-{ready.get('tp1_gpu')} (each scheduler's pid on its own GPU; NVML listed no other process of the tree).
+environment), two lanes at once, start-ups 45 s apart (`run.py tp2`). Ready on the base rung in
+{_s(start.get('time_to_ready_s'))}, 0 incidents, with {roles or '-'}, the main process (`main`) and
+multiprocessing's resource tracker (`other`); NVML attributed {_gb(ready.get('tp0_bytes'))} to TP0 on
+GPU {ready.get('tp0_gpu')} and {_gb(ready.get('tp1_bytes'))} to TP1 on GPU {ready.get('tp1_gpu')} (each
+scheduler's pid on its own GPU; NVML listed no other process of the tree).
 
 {table(head, rows)}
 
@@ -227,22 +333,44 @@ The start-up deadlock's bundle:
 The SIGSTOP's bundle:
 {reasons_s}
 
-Found: with two ranks, the stopped rank was caught as `unhealthy` (three of SGLang's 20 s health
-timeouts) after {_s(s.get('detect_s'))}, not as `serving_stall` within its 10 s window as with one rank.
-The server's log shows why: the last batch before the stop was a prefill (`Prefill batch, ...
-#running-req: 0`), and SGLang refreshes `sglang:num_running_reqs` / `num_queue_reqs` only per logged
-batch, so the gauges froze at 0 running, 0 queued and the daemon took the server for idle. Fixed after
-this run: requests in flight now also come from `sglang:http_requests_active` on generation routes,
-which the HTTP process keeps live (4 open `/generate` requests in both real `metrics_stalled.txt`
-transcripts); `tests/probes/test_serving.py` and `tests/supervisor/test_watchdog.py` hold it against
-the real expositions and the frozen-gauge case. Not yet re-measured on the GPUs (no device time left
-in this session).
+The SIGSTOP under load is now `serving_stall` within its window (it was `unhealthy` after 64 s in
+the first two-GPU run): the stall followed a prefill, and SGLang refreshes its scheduler gauges only
+per logged batch, so they froze at 0 running, 0 queued; the requests in flight now also come from
+`sglang:http_requests_active` on generation routes, which the HTTP process keeps live (the detail
+reads "4 running and 0 queued requests (4 open at the HTTP front)").
+
+Also seen: the "after" run of the rank-1 deadlock shared GPU 0 with lane `stall`'s server, and SGLang
+refused the first two tp-2 launches: `RuntimeError: The memory capacity is unbalanced. Some GPUs may be
+occupied by other processes` in TP1, then `kill_process_tree` of its own tree (the daemon saw
+`exited`, killed by signal 9, retried, stepped down to `no-cuda-graph`, where the fault then fired).
+An `exited` incident now carries that error in its detail (`tests/supervisor/test_watchdog.py::
+test_exit_names_the_error_that_brought_the_tree_down`, on the real log).
+"""
+
+
+def harness_log(text: str) -> dict[str, str]:
+    """The figure/value rows `bench/gpu_tp.py` printed (its JSON did not come back from that call)."""
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] not in ("figure", "") and not set(cells[0]) <= {"-"}:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+def harness_again(rows: dict[str, str], when: str) -> str:
+    if not rows:
+        return ""
+    return f"""Run again on {when} with the code of the matrix (before the cuda-gdb change; printed table):
+
+{table(["figure", "value"], [[k, v] for k, v in rows.items()])}
 """
 
 
 def multi_section(doc: dict[str, Any], harness: list[dict[str, Any]]) -> str:
     runs = "\n".join(gpu_tp._ran(r).replace("on one GPU", "on two GPUs" if r["tp_size"] > 1 else "on one GPU")
                      for r in harness)
+    again = harness_again(doc.get("gpu_tp_again") or {}, str(doc.get("versions", {}).get("date", ""))[:10])
     return f"""## Multi-GPU: tensor-parallel collective hangs on two H200s (issues 11, 15)
 
 Run on `nvidia-h200-x2` (two H200s of one host, NCCL, NVLink multicast off). First the project's
@@ -252,16 +380,16 @@ parallelism 2. Earlier stand-ins (gloo on the CPU, NCCL with one rank on one GPU
 these runs and were removed from this page; they are in the git history.
 
 {runs}
-
+{again}
 {tp2_rows(doc)}"""
 
 
-def add_ranks(doc: dict[str, Any], raw_paths: list[Path]) -> None:
+def add_ranks(doc: dict[str, Any], raw_args: list[str]) -> None:
     """Per-rank GPU memory of the TP2 server from its bundle's nvml.json (kept in the files archive)."""
-    for p in raw_paths:
-        raw = json.loads(p.read_text())
-        lane = raw.get("tp2")
-        if not lane:
+    for arg in raw_args:
+        path, prefix = _raw_arg(arg)
+        lane = json.loads(path.read_text()).get("tp2")
+        if not lane or prefix:
             continue
         bundle = (lane.get("sigstop_rank1") or {}).get("bundle") or {}
         pids = {q.get("pid"): q for q in (bundle.get("summary") or {}).get("pids", [])}
@@ -270,11 +398,30 @@ def add_ranks(doc: dict[str, Any], raw_paths: list[Path]) -> None:
         ready["rank_pids"] = {str(q.get("rank")): q.get("pid") for q in pids.values() if q.get("role") == "scheduler"}
 
 
+def with_harness(results: list[dict[str, Any]]) -> None:
+    """`bench/gpu_tp.py --write-docs`: the harness's run replaces the saved one, and both sections are
+    written again (the multi-GPU section holds the harness and real SGLang together)."""
+    doc = json.loads(SLIM.read_text())
+    doc["gpu_tp"] = results
+    SLIM.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    render()
+
+
+def render() -> None:
+    doc = json.loads(SLIM.read_text())
+    write_section("real-sglang", real_section(doc))
+    write_section("multi-gpu", multi_section(doc, doc.get("gpu_tp", [])))
+    print(f"wrote the real-sglang and multi-gpu sections of docs/BENCHMARKS.md from {SLIM.relative_to(ROOT)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--raw", type=Path, nargs="*", default=None)
+    ap.add_argument("--raw", nargs="*", default=None, help="results-*.json from run.py pack, each FILE or FILE=PREFIX")
     ap.add_argument("--gpu-tp", type=Path, default=None)
     ap.add_argument("--nvml", type=Path, default=None, help="nvml.json of the TP2 SIGSTOP bundle (files archive)")
+    ap.add_argument("--cudagdb", type=Path, default=None, help="cudagdb.json from bench/real/cudagdb_probe.py")
+    ap.add_argument("--keep-harness", type=Path, default=None, help="take gpu_tp from this earlier slim copy")
+    ap.add_argument("--gpu-tp-log", type=Path, default=None, help="what bench/gpu_tp.py printed, for a re-run")
     args = ap.parse_args()
     if args.raw:
         doc = build_slim(args.raw)
@@ -286,14 +433,17 @@ def main() -> int:
                 q = held.get(ready["rank_pids"].get(rank), {})
                 ready[f"tp{rank}_bytes"] = q.get("used_bytes")
                 ready[f"tp{rank}_gpu"] = q.get("gpu_index")
+        if args.cudagdb:
+            doc["cudagdb"] = json.loads(args.cudagdb.read_text())
         if args.gpu_tp:
             doc["gpu_tp"] = [json.loads(args.gpu_tp.read_text())]
+        elif args.keep_harness:
+            doc["gpu_tp"] = json.loads(args.keep_harness.read_text()).get("gpu_tp", [])
+        if args.gpu_tp_log:
+            doc["gpu_tp_again"] = harness_log(args.gpu_tp_log.read_text())
         RESULTS.mkdir(parents=True, exist_ok=True)
         SLIM.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    doc = json.loads(SLIM.read_text())
-    write_section("real-sglang", real_section(doc))
-    write_section("multi-gpu", multi_section(doc, doc.get("gpu_tp", [])))
-    print(f"wrote the real-sglang and multi-gpu sections of docs/BENCHMARKS.md from {SLIM.relative_to(ROOT)}")
+    render()
     return 0
 
 

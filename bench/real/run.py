@@ -3,7 +3,12 @@
     python3 bench/real/run.py setup   --bundle .real/bundle.tar.xz     # unpack, make the tiny models
     python3 bench/real/run.py matrix  --work /tmp/real/work            # issue 14's lanes, in parallel
     python3 bench/real/run.py tp2     --work /tmp/real/work2           # issue 15: tensor parallelism 2
+    python3 bench/real/run.py tp2b    --work /tmp/real/work3           # a two-rank transcript
+    python3 bench/real/run.py plan    --plan stall:0:0,deadlock:1:0    # chosen lanes (lane:gpus:delay)
     python3 bench/real/run.py pack    --work DIR --out DIR             # results.json + transcripts.tar.gz
+
+The lanes import the daemon, so PYTHONPATH must hold the bundle's site/ and the repo (device.sh
+sets it).
 
 The bundle goes into a private directory (`--real`, default /tmp/real): `site/` is put first on the
 server's PYTHONPATH (and the daemon's, for fastapi/pydantic/structlog), `bin/py-spy` on PATH; nothing
