@@ -165,70 +165,66 @@ def _signal_scheduler(d: Daemon, sig: signal.Signals, rank: int = -1) -> dict[st
     return {"pid": victim.pid, "title": title(victim), "schedulers": len(scheds)}
 
 
-def lane_serve(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
-    res: dict[str, Any] = {"lane": "serve", "gpu": gpu}
+def _serve(work: Path, real: Path, models: Path, gpu: str, *, name: str, kill: bool) -> dict[str, Any]:
+    """a and c; with `kill`, c's relaunch is waited for and d follows (lane `serve`), else the lane
+    ends with c's verdict, bundle and stop (lane `stall`, a short re-run)."""
+    res: dict[str, Any] = {"lane": name, "gpu": gpu}
     d = _new_daemon(work, configs.config(real, models, gpus=gpu, watchdog=dict(configs.FAST)), real)
     rec = Recorder(d).start()
     with _recording(res, d, rec):
         res["a_start"] = _start(d, rec)
         res["a_start"]["phases"] = _phases(list(rec.rows))
-        port = int(d.config["server"]["port"])
-        load = Load(port)
+        load = Load(int(d.config["server"]["port"]))
         time.sleep(15)
         res["c_load_before"] = {"ok": load.ok, "failed": load.failed}
         onset = time.time()
         res["c_victim"] = _signal_scheduler(d, signal.SIGSTOP)
-        res["c_sigstop"] = incident_record(d, onset)
-        time.sleep(10)
-        onset = time.time()
-        res["d_victim"] = _signal_scheduler(d, signal.SIGKILL)
-        res["d_sigkill"] = incident_record(d, onset)
+        res["c_sigstop"] = incident_record(d, onset, ready_timeout=420.0 if kill else 0)
+        if kill:
+            time.sleep(10)
+            onset = time.time()
+            res["d_victim"] = _signal_scheduler(d, signal.SIGKILL)
+            res["d_sigkill"] = incident_record(d, onset)
         res["load"] = load.stop()
-        res["false_incidents_while_serving"] = None  # filled by the report from the events
     return res
+
+
+def lane_serve(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    return _serve(work, real, models, gpu, name="serve", kill=True)
 
 
 def lane_stall(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
-    """a and c only, not waiting for the relaunch: the bundle of a stopped scheduler, in 3 minutes."""
-    res: dict[str, Any] = {"lane": "stall", "gpu": gpu}
-    d = _new_daemon(work, configs.config(real, models, gpus=gpu, watchdog=dict(configs.FAST)), real)
-    rec = Recorder(d).start()
-    with _recording(res, d, rec):
-        res["a_start"] = _start(d, rec)
-        load = Load(int(d.config["server"]["port"]))
-        time.sleep(15)
-        onset = time.time()
-        res["c_victim"] = _signal_scheduler(d, signal.SIGSTOP)
-        res["c_sigstop"] = incident_record(d, onset, ready_timeout=0)
-        res["load"] = load.stop()
-    return res
+    return _serve(work, real, models, gpu, name="stall", kill=False)
+
+
+def _deadlock_daemon(work: Path, real: Path, models: Path, gpu: str, **watchdog: Any) -> tuple[Daemon, Recorder]:
+    """The base rung with the one-shot lock in `alloc_memory_pool` armed through the server's env."""
+    wd = dict(configs.FAST, startup_stall_s=30.0, **watchdog)
+    cfg = configs.config(real, models, gpus=gpu, watchdog=wd, env_extra=_fault_env(work), inject=True)
+    d = _new_daemon(work, cfg, real)
+    return d, Recorder(d).start()
+
+
+def _scenario_e(d: Daemon, work: Path, *, ready_timeout: float) -> dict[str, Any]:
+    out = incident_record(d, _wait_onset(work), ready_timeout=ready_timeout)
+    out["frames_naming_alloc_memory_pool"] = _bundle_grep(d, out.get("bundle_id"), "alloc_memory_pool")
+    return out
 
 
 def lane_deadlock(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     """e only, not waiting for the relaunch: the verdict and bundle of the real lock deadlock."""
     res: dict[str, Any] = {"lane": "deadlock", "gpu": gpu}
-    wd = dict(configs.FAST, startup_stall_s=30.0)
-    cfg = configs.config(real, models, gpus=gpu, watchdog=wd, env_extra=_fault_env(work), inject=True)
-    d = _new_daemon(work, cfg, real)
-    rec = Recorder(d).start()
+    d, rec = _deadlock_daemon(work, real, models, gpu)
     with _recording(res, d, rec):
-        res["e_deadlock"] = incident_record(d, _wait_onset(work), ready_timeout=0)
-        res["e_deadlock"]["frames_naming_alloc_memory_pool"] = _bundle_grep(
-            d, res["e_deadlock"].get("bundle_id"), "alloc_memory_pool")
+        res["e_deadlock"] = _scenario_e(d, work, ready_timeout=0)
     return res
 
 
 def lane_ladder(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     res: dict[str, Any] = {"lane": "ladder", "gpu": gpu}
-    wd = dict(configs.FAST, startup_stall_s=30.0, on_spec_regression="fallback", spec_window_s=20.0)
-    cfg = configs.config(real, models, gpus=gpu, watchdog=wd, env_extra=_fault_env(work), inject=True)
-    d = _new_daemon(work, cfg, real)
-    rec = Recorder(d).start()
+    d, rec = _deadlock_daemon(work, real, models, gpu, on_spec_regression="fallback", spec_window_s=20.0)
     with _recording(res, d, rec):
-        onset = _wait_onset(work)
-        res["e_deadlock"] = incident_record(d, onset)
-        frames = _bundle_grep(d, res["e_deadlock"].get("bundle_id"), "alloc_memory_pool")
-        res["e_deadlock"]["frames_naming_alloc_memory_pool"] = frames
+        res["e_deadlock"] = _scenario_e(d, work, ready_timeout=420.0)
         st = d.status()
         res["rungs_ready"] = [st.get("rung")]
         if st.get("rung") == "base":
