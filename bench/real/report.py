@@ -205,6 +205,8 @@ def real_section(doc: dict[str, Any]) -> str:
     stops = [x for x in (c, d, e, f, after_c or {}, after_e or {}) if x]
     nvml_all = all(x.get("gpu_released") is True and x.get("gpu_check") == "nvml" for x in stops)
     c_reasons = "\n".join(f"  - {r}" for r in (c.get("bundle_reasons") or []))
+    stopped_gdb = " and ".join(_s(t.get("duration_s")) for x in (c, after_c or {})
+                               for t in x.get("bundle_tools") or [] if t.get("tool") == "cuda-gdb") or "-"
     return f"""## Real SGLang: the fault matrix on an H200 (issue 14)
 
 Real `sglang.launch_server` {v.get('sglang')} under the daemon (a real `sglang-supervisor run` process,
@@ -258,7 +260,7 @@ What the runs showed:
   then took it to `no-cuda-graph`, ready in {_s(ladder.get('g_no_cuda_graph_ready_s'))}; f's regression
   jumped to `no-speculation` ({(f.get('decision') or {}).get('reason')}), which served
   {served.get('requests_ok')} requests in 10 s. Every rung was launched with its own flags and reached
-  ready, so SGLang accepted them. In lane `serve`, d came 3 minutes after c's retry of `base`, inside
+  ready, so SGLang accepted them. In lane `serve`, d came after c's retry of `base` and inside
   `stable_s`, so d stepped down to `{d.get('relaunch_rung')}` ({(d.get('decision') or {}).get('reason')}):
   the retry budget of a rung is refilled only after `stable_s` of service, by design.
 - **d's class** was `{d.get('hang_class')}` in this run: with the only scheduler gone, the front end's
@@ -287,7 +289,7 @@ full cuda-gdb, its only native view.
 
 The target is met where py-spy can read the GPU processes (e and the two-rank collective). A
 SIGSTOPped rank is at its edge: py-spy fails on a process in state T, so that rank gets the full
-cuda-gdb attach (8.7 s in one run, 10.5 s in the other, with no change in what it did); the verdict
+cuda-gdb attach ({stopped_gdb} in the two runs, with no change in what it did); the verdict
 is already in by then, and the bundle says the rank is stopped whatever cuda-gdb prints. Left so:
 the stopped rank's native stack is the one stack that shows where it stopped.
 """
