@@ -118,7 +118,7 @@ async def test_status_and_metrics_answer_during_a_capture(client: httpx.AsyncCli
             r = await client.get(path)
             worst = max(worst, time.perf_counter() - t0)
             assert r.status_code == 200
-    assert worst < 1.0  # generous: each takes milliseconds
+    assert worst < 2.0  # generous: each takes milliseconds, and a blocked route would never answer
     assert not capture.done()
     handle.release_capture.set()
     assert (await capture).status_code == 200

@@ -313,11 +313,11 @@ async def test_connection_refused_against_a_closed_port() -> None:
 
 
 async def test_get_json_against_a_real_server(server: str) -> None:
-    probe = HealthProbe(server, "/health", 0.3)
+    probe = HealthProbe(server, "/health", 5.0)
     try:
-        good = await probe.get_json("/json", timeout_s=0.3)
+        good = await probe.get_json("/json", timeout_s=5.0)
         slow = await probe.get_json("/slow", timeout_s=0.3)
-        missing = await probe.get_json("/nothing", timeout_s=0.3)
+        missing = await probe.get_json("/nothing", timeout_s=5.0)
     finally:
         await probe.aclose()
     assert good == JsonReply({"internal_states": [{"avg_spec_accept_length": 3.0}]}, 200, "", good.latency_s)

@@ -398,7 +398,8 @@ def test_hostile_line_is_fast(line: str) -> None:
     parser.feed(lines)
     parser.feed(lines_of(["Traceback (most recent call last):", line] * 25))
     elapsed = time.perf_counter() - started
-    assert elapsed < 0.5, f"100 hostile lines took {elapsed:.3f} s"
+    # Catastrophic backtracking on a 4 KB line takes minutes; 2 s leaves room for a loaded CI machine.
+    assert elapsed < 2.0, f"100 hostile lines took {elapsed:.3f} s"
 
 
 FRAGMENTS = [

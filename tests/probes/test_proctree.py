@@ -310,7 +310,7 @@ def test_roles_ranks_and_thread_states_of_a_real_tree(spawn: SpawnFn, marker: st
     t0 = time.perf_counter()
     obs = probe.observe(proc.pid, marker)
     elapsed = time.perf_counter() - t0
-    assert elapsed < 0.5
+    assert elapsed < 2.0  # one /proc walk of a 5-process tree; generous for a loaded CI machine
     assert obs.root_alive and obs.by_role("main")[0].pid == proc.pid
     assert sorted(p.rank for p in obs.by_role("scheduler")) == [0, 1, 2]  # type: ignore[type-var]
     for p in obs.by_role("scheduler"):
