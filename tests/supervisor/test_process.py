@@ -15,8 +15,16 @@ import pytest
 
 from probes.ports import port_accepts, port_is_free
 from probes.proctree import ProcessTreeProbe, find_tree, read_stat, title_of
-from supervisor import process
-from supervisor.process import MARKER_ENV, ServerProcess, SpawnError, kill_marked, resume_stopped, stop_tree
+from supervisor.process import (
+    MARKER_ENV,
+    ServerProcess,
+    SpawnError,
+    kill_marked,
+    resume_stopped,
+    send_signal,
+    stop_tree,
+)
+from supervisor.process.signals import signal_member
 
 SpawnFn = Callable[..., ServerProcess]
 WaitFn = Callable[..., bool]
@@ -243,10 +251,10 @@ def test_reused_pid_is_not_signalled() -> None:
         assert st is not None
         # The same pid with another start time: a process we once saw, now replaced by a stranger.
         stale = dataclasses.replace(st, starttime=st.starttime - 1)
-        assert not process._signal_member(stale, signal.SIGKILL, "/proc")
+        assert not signal_member(stale, signal.SIGKILL, "/proc")
         time.sleep(0.1)
         assert stranger.poll() is None
-        assert process._signal_member(st, signal.SIGKILL, "/proc")
+        assert signal_member(st, signal.SIGKILL, "/proc")
         assert stranger.wait(5) == -signal.SIGKILL
     finally:
         stranger.kill()
@@ -313,9 +321,9 @@ def test_resume_stopped(spawn: SpawnFn, wait_until: WaitFn) -> None:
 
 def test_send_signal() -> None:
     child = subprocess.Popen([sys.executable, "-c", SLEEPER])
-    assert process.send_signal(child.pid, signal.SIGTERM)
+    assert send_signal(child.pid, signal.SIGTERM)
     assert child.wait(5) == -signal.SIGTERM
-    assert not process.send_signal(2**30, signal.SIGTERM)  # above any pid_max: no such process
+    assert not send_signal(2**30, signal.SIGTERM)  # above any pid_max: no such process
 
 
 # --- with the SGLang simulator ---------------------------------------------------
