@@ -27,8 +27,8 @@ import httpx
 from bench.report import machine, stamp, versions, write_section
 from supervisor import __version__
 from supervisor.config import Settings, settings_from_mapping
-from supervisor.config import dump_toml as to_toml
 from supervisor.process import kill_marked
+from supervisor.render import dump_toml as to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.config import RenderedCommand, Settings, render_ladder
+from supervisor.config import Settings
 from supervisor.configcheck import check_settings
 from supervisor.diagnostics import Redactor
+from supervisor.render import RenderedCommand, render_ladder
 
 _SCRIPT = r"""
 import argparse, contextlib, io, json, sys

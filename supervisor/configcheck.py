@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from supervisor.config import ConfigError, Settings, render_rung
+from supervisor.config import ConfigError, Settings
+from supervisor.render import render_rung
 
 Which = Callable[[str, str | None], str | None]
 

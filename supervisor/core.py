@@ -26,7 +26,7 @@ from supervisor.adopt import ServerRecord
 from supervisor.apiguard import GuardStats
 from supervisor.clock import Clock
 from supervisor.commands import Command
-from supervisor.config import Settings, arg_names, render_rung
+from supervisor.config import Settings
 from supervisor.control import Child, LogFiles, PendingLaunch, ProcessControl, RealProcessControl
 from supervisor.journal import Journal
 from supervisor.ladder import LadderState
@@ -36,6 +36,7 @@ from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
 from supervisor.persist import OpenIncident, Persisted, new_marker, save
 from supervisor.publish import Facts, build
+from supervisor.render import arg_names, render_rung
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, new_history

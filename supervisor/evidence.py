@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from probes.types import GpuObservation, Observation
-from supervisor.config import RenderedCommand, Settings
+from supervisor.config import Settings
 from supervisor.diagnostics import BundleResult, CaptureRequest, capture
 from supervisor.process import resume_stopped
+from supervisor.render import RenderedCommand
 from supervisor.watchdog import StallClass, Verdict
 
 

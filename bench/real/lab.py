@@ -21,7 +21,8 @@ import httpx
 import psutil
 
 from bench.common import free_port
-from supervisor.config import dump_toml, settings_from_mapping
+from supervisor.config import settings_from_mapping
+from supervisor.render import dump_toml
 
 __all__ = ["Daemon", "Load", "Recorder", "free_port", "schedulers", "title", "titles"]
 

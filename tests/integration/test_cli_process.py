@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import dump_toml
+from supervisor.render import dump_toml
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "supervisor"]

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from supervisor.config import dump_toml as to_toml
+from supervisor.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import ConfigError, Rung, ServerSettings, load_settings, render_rung, settings_from_mapping
+from supervisor.config import ConfigError, Rung, ServerSettings, load_settings, settings_from_mapping
+from supervisor.render import render_rung
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,7 +99,7 @@ def test_render(rung: Rung, has: list[str], lacks: list[str], env: dict[str, str
 
 
 def test_dump_toml_round_trips(tmp_path: Path) -> None:
-    from supervisor.config import dump_toml
+    from supervisor.render import dump_toml
 
     s = load_settings(ROOT / "systemd" / "config.example.toml")
     out = tmp_path / "again.toml"
