@@ -11,13 +11,14 @@ import asyncio
 import structlog
 
 from supervisor import upkeep
-from supervisor.actions import capture_bundle, incident, launch, stop_server
+from supervisor.actions import capture_bundle, incident, launch
 from supervisor.commands import Command, CommandResult, finish
 from supervisor.config import ConfigError, Settings, load_settings
 from supervisor.core import Core
 from supervisor.guards import unique_incident_id
 from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
+from supervisor.stopping import stop_server
 from supervisor.watchdog import Verdict
 
 log = structlog.get_logger("supervisor")

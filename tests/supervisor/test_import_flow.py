@@ -1,5 +1,6 @@
 """The lifecycle has one owner and imports flow one way (STYLE 16):
-daemon -> handlers -> upkeep -> actions -> guards -> core, and handover -> core."""
+daemon -> handlers -> upkeep -> actions -> guards -> core, actions -> stopping -> core, and
+handover -> core."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "supervisor"
 # module -> the lifecycle modules it must never import (at run time or for type checking)
 FORBIDDEN = {
-    "core": {"daemon", "handlers", "upkeep", "actions", "guards", "handover"},
+    "core": {"daemon", "handlers", "upkeep", "actions", "guards", "stopping", "handover"},
     "guards": {"daemon", "handlers", "upkeep", "actions", "handover"},
     "actions": {"daemon", "handlers", "upkeep", "handover"},
+    "stopping": {"daemon", "handlers", "upkeep", "actions", "guards", "handover"},
     "handover": {"daemon", "handlers", "upkeep", "actions"},
     "upkeep": {"daemon", "handlers"},
     "handlers": {"daemon"},
