@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from freeport import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from transcripts import RUNS, Transcript
 
@@ -108,12 +108,6 @@ def _untitled_kind(title: str) -> str:
     return "spawn bootstrap" if "spawn_main" in title else "parent's command line"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, timeout: float = 30.0) -> tuple[int, bytes, float]:
     tic = time.monotonic()
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -148,7 +142,7 @@ def _argv(run: Transcript, port: int) -> list[str]:
 
 
 def _simulate(run: Transcript, tmp: Path) -> SimRun:
-    port, marker = _free_port(), f"fidelity-{uuid.uuid4().hex[:10]}"
+    port, marker = free_port(), f"fidelity-{uuid.uuid4().hex[:10]}"
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),

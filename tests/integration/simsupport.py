@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from freeport import free_port
+
 from supervisor.config import Settings, settings_from_mapping
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def sim_settings(

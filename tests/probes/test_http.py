@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from freeport import free_port
 from httpserver import QuietHandler, serving
 
 from probes.http import HealthProbe, JsonReply, describe_error, fetch, join_url, make_client
@@ -261,13 +262,6 @@ class Handler(QuietHandler):
 def server() -> Iterator[str]:
     with serving(Handler) as url:
         yield url
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 # The probe's timeout is generous (a loaded CI machine can take a good fraction of a second to

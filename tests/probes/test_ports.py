@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import freeport
 import pytest
 
 from probes.ports import PortsProbe, bind_free, connect_host, port_accepts, port_holders, port_is_free
@@ -37,19 +38,10 @@ time.sleep(60)
 """
 
 
-def _another_free_port(not_this: int) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port != not_this:
-            return port
-
-
 def test_listen_sockets_attributed_and_port_accepts_later(
     spawn: SpawnFn, marker: str, free_port: int, tmp_path: Path, wait_until: WaitFn
 ) -> None:
-    side_port = _another_free_port(free_port)
+    side_port = freeport.free_port()  # never the fixture's port
     go = tmp_path / "go"
     proc = spawn([sys.executable, "-c", LATE_LISTENER, str(free_port), str(side_port), str(go)])
     probe = PortsProbe("127.0.0.1", free_port)

@@ -19,17 +19,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from freeport import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER_ENV = "SGLANG_SUPERVISOR_MARKER"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
