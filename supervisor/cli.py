@@ -12,10 +12,13 @@ from pathlib import Path
 from supervisor import __version__
 from supervisor.config import ConfigError, load_settings
 
+EXIT_LOCKED = 3  # another daemon holds the state directory (the unit does not restart on it)
+
 
 def _run(args: argparse.Namespace) -> int:
     from supervisor import logsetup
     from supervisor.runner import serve
+    from supervisor.statelock import StateDirLocked
 
     logsetup.configure(json=args.log_json, level=args.log_level)
     try:
@@ -28,6 +31,9 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
         return 2
+    except StateDirLocked as err:
+        print(f"sglang-supervisor: refused: {err}", file=sys.stderr)
+        return EXIT_LOCKED
 
 
 def _check_config(args: argparse.Namespace) -> int:

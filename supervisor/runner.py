@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
+from probes.ports import port_holders
 from supervisor import __version__
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.cgroup import CgroupRoot, become_subreaper
@@ -31,6 +32,7 @@ from supervisor.control import RealProcessControl
 from supervisor.daemon import Supervisor
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier
+from supervisor.statelock import StateLock, acquire
 
 log = structlog.get_logger("supervisor")
 EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
@@ -54,10 +56,23 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        raise ConfigError(f"api: cannot listen on {host}:{port}: {err.strerror or err} (set [api] port)") from None
+        held = api_port_holder(port)
+        raise ConfigError(f"api: cannot listen on {host}:{port}: {err.strerror or err}{held} (set [api] port)") from None
     sock.listen(128)
     sock.setblocking(False)
     return sock
+
+
+def api_port_holder(port: int) -> str:
+    """`; held by another sglang-supervisor daemon (pid N)` when one listens there, else ""."""
+    for pid in port_holders(port) or ():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"sglang-supervisor" in a or a == b"supervisor" for a in argv):
+            return f"; held by another sglang-supervisor daemon (pid {pid})"
+    return ""
 
 
 @dataclass
@@ -160,6 +175,23 @@ async def serve(
     After a handoff (SIGUSR2) the server keeps running for the successor to adopt, and the exit
     status is EXIT_HANDOFF, which the systemd unit turns into an immediate restart.
     """
+    lock = acquire(settings.state_dir)  # before anything looks at the server: StateDirLocked
+    try:
+        return await _serve_locked(settings, lock, env=env, config_path=config_path, ready=ready, holder=holder, signals=signals)
+    finally:
+        lock.release()  # the last act: a successor (handoff) waits for exactly this
+
+
+async def _serve_locked(
+    settings: Settings,
+    lock: StateLock,
+    *,
+    env: Mapping[str, str],
+    config_path: Path | None,
+    ready: asyncio.Event | None,
+    holder: list[Supervisor] | None,
+    signals: bool,
+) -> int:
     soft, hard = raise_nofile_limit()
     log.info("nofile_limit", soft=soft, hard=hard)
     notifier = Notifier.from_env(env)
@@ -194,6 +226,8 @@ async def serve(
     try:
         await sup.run()
     finally:
+        if sup.handoff:
+            lock.announce_handoff()
         await api.close()
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
     return EXIT_HANDOFF if sup.handoff else 0

@@ -1,0 +1,127 @@
+"""One daemon per state directory: an flock on `state_dir/daemon.lock`, held for the daemon's life.
+
+Two daemons on one state directory adopt each other's server and kill each other's launches, so a
+second one refuses at once and names the holder. The lock is an `flock` on an O_CLOEXEC descriptor:
+the kernel drops it when the daemon exits however it exits (SIGKILL, watchdog abort), and nothing
+the daemon spawns inherits it (the server and the log keeper get only their pipes), so a server
+that outlives its daemon never keeps the successor out. The file holds the holder's pid and, during
+a SIGUSR2 handoff, the word `handoff`: only then does a newcomer wait (bounded) for the lock,
+because its holder is about to let go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCK_NAME = "daemon.lock"
+# A handoff's last steps (close the log capture, save state, close probes) take well under a
+# second; a successor waits this long for a holder that announced a handoff, then refuses.
+HANDOFF_WAIT_S = 15.0
+
+
+class StateDirLocked(Exception):
+    """Another daemon holds the state directory."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        self.path = path
+        self.holder = holder
+        super().__init__(
+            f"another sglang-supervisor daemon ({holder}) holds {path}: one daemon per state directory; "
+            "stop that one, or give this one another [paths] state_dir"
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int | None
+    handoff: bool
+
+    def describe(self) -> str:
+        return f"pid {self.pid}" if self.pid is not None else "pid unknown"
+
+
+def parse_holder(text: str) -> Holder:
+    """What the lock file says about its holder: `<pid>` or `<pid> handoff`; anything else is unknown."""
+    parts = text.split()
+    pid = int(parts[0]) if parts and parts[0].isdigit() and len(parts[0]) < 10 else None
+    return Holder(pid, len(parts) > 1 and parts[1] == "handoff")
+
+
+class StateLock:
+    """The held lock; `release` (or the process ending) lets the next daemon in."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def _write(self, text: str) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):  # a full disk must not stop the daemon: the flock is what counts
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, text.encode(), 0)
+
+    def announce_handoff(self) -> None:
+        """A successor started now waits for the lock instead of refusing."""
+        self._write(f"{os.getpid()} handoff\n")
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _read_holder(fd: int) -> Holder:
+    try:
+        return parse_holder(os.pread(fd, 64, 0).decode("ascii", "replace"))
+    except OSError:
+        return Holder(None, False)
+
+
+def acquire(
+    state_dir: Path,
+    *,
+    handoff_wait_s: float = HANDOFF_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> StateLock:
+    """Take the state directory's lock, or raise StateDirLocked naming the holder.
+
+    Refuses at once unless the holder announced a handoff; then waits up to `handoff_wait_s`.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    deadline: float | None = None
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                now = monotonic()
+                if holder.handoff and deadline is None:
+                    deadline = now + handoff_wait_s
+                if deadline is None or now >= deadline:
+                    raise StateDirLocked(path, holder.describe()) from None
+                sleep(0.05)
+    except BaseException:
+        os.close(fd)
+        raise
+    lock = StateLock(path, fd)
+    lock._write(f"{os.getpid()}\n")
+    return lock
