@@ -12,6 +12,7 @@ from pathlib import Path
 from supervisor import __version__
 from supervisor.config import ConfigError, load_settings
 
+EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
 EXIT_LOCKED = 3  # another daemon holds the state directory (the unit does not restart on it)
 
 
@@ -27,13 +28,36 @@ def _run(args: argparse.Namespace) -> int:
         print(f"sglang-supervisor: config refused:\n{err}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(serve(settings, env=dict(os.environ), config_path=Path(args.config)))
+        code = asyncio.run(serve(settings, env=dict(os.environ), config_path=Path(args.config)))
     except ConfigError as err:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
         return 2
     except StateDirLocked as err:
         print(f"sglang-supervisor: refused: {err}", file=sys.stderr)
         return EXIT_LOCKED
+    return reexec() if code == EXIT_HANDOFF else code
+
+
+def reexec() -> int:
+    """The SIGUSR2 handoff's second half: run the (upgraded) code on disk in this very process.
+
+    Same pid, so systemd sees no exit and no start (a handoff spends none of the unit's start
+    limit, which is there for crash loops), and the lock on the state directory, dropped with its
+    O_CLOEXEC descriptor, is taken again by the new image. Signals stay blocked across the exec
+    (pending ones included) until the new loop's handlers run. Only if the exec itself fails does
+    the daemon exit 75 (EX_TEMPFAIL) for systemd to start it (RestartForceExitStatus=75).
+    """
+    from supervisor import entry
+
+    entry.hold()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    except OSError as err:
+        why = f"handoff re-exec failed ({err}); exiting {EXIT_HANDOFF} for a restart"
+        print(f"sglang-supervisor: {why}", file=sys.stderr)
+    return EXIT_HANDOFF
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -93,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command != "run":  # only the daemon's loop takes over the signals entry.hold() kept pending
+        from supervisor import entry
+
+        entry.release()
     from supervisor.client import COMMANDS, run_client
 
     if args.command in COMMANDS:

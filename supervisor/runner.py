@@ -22,7 +22,7 @@ from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
 from probes.ports import port_holders
-from supervisor import __version__
+from supervisor import __version__, entry
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.cgroup import CgroupRoot, become_subreaper
 from supervisor.clock import Clock, SystemClock
@@ -35,7 +35,7 @@ from supervisor.notify import Notifier
 from supervisor.statelock import StateLock, acquire
 
 log = structlog.get_logger("supervisor")
-EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
+EXIT_HANDOFF = 75  # the cli re-executes the daemon; exit 75 only if that fails (RestartForceExitStatus=75)
 
 
 class _ApiServer(uvicorn.Server):
@@ -57,7 +57,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         held = api_port_holder(port)
-        raise ConfigError(f"api: cannot listen on {host}:{port}: {err.strerror or err}{held} (set [api] port)") from None
+        why = f"{err.strerror or err}{held}"
+        raise ConfigError(f"api: cannot listen on {host}:{port}: {why} (set [api] port)") from None
     sock.listen(128)
     sock.setblocking(False)
     return sock
@@ -159,6 +160,7 @@ def install_signals(sup: Supervisor) -> None:
     loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
     loop.add_signal_handler(signal.SIGUSR2, enqueue, "handoff")
     loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
+    entry.release()  # what arrived since the process started (held by entry.hold) is queued now
 
 
 async def serve(
@@ -177,7 +179,9 @@ async def serve(
     """
     lock = acquire(settings.state_dir)  # before anything looks at the server: StateDirLocked
     try:
-        return await _serve_locked(settings, lock, env=env, config_path=config_path, ready=ready, holder=holder, signals=signals)
+        return await _serve_locked(
+            settings, lock, env=env, config_path=config_path, ready=ready, holder=holder, signals=signals
+        )
     finally:
         lock.release()  # the last act: a successor (handoff) waits for exactly this
 

@@ -82,6 +82,7 @@ def seconds(value: str) -> float:
         ("Service", "KillMode", "process"),
         ("Service", "RestartForceExitStatus", "75"),
         ("Service", "SuccessExitStatus", "75"),
+        ("Service", "RestartPreventExitStatus", "3"),
         ("Service", "ExecReload", "/bin/kill -HUP $MAINPID"),
         ("Service", "StateDirectory", "sglang-supervisor"),
         ("Service", "UMask", "0027"),
@@ -105,6 +106,17 @@ def test_start_limits_are_in_the_unit_section(unit: Unit) -> None:
     assert seconds(one(unit, "Unit", "StartLimitIntervalSec")) > 0
     assert int(one(unit, "Unit", "StartLimitBurst")) > 0
     assert "StartLimitIntervalSec" not in unit["Service"]
+
+
+def test_handoffs_do_not_spend_the_crash_loop_budget(unit: Unit) -> None:
+    # A handoff re-executes the daemon in place (tests/integration/test_early_signals.py keeps the pid):
+    # systemd counts a start only when the main process exits, which a handoff no longer does. The
+    # budget stays small for real crash loops, and a refused second daemon (exit 3) is not retried.
+    from supervisor.cli import EXIT_HANDOFF, EXIT_LOCKED
+
+    assert int(one(unit, "Unit", "StartLimitBurst")) <= 10
+    assert one(unit, "Service", "RestartPreventExitStatus") == str(EXIT_LOCKED)
+    assert one(unit, "Service", "RestartForceExitStatus") == str(EXIT_HANDOFF)  # only when the re-exec fails
 
 
 def test_exec_start_runs_the_daemon_with_the_etc_config(unit: Unit) -> None:

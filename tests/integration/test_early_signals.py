@@ -1,0 +1,74 @@
+"""Signals in the daemon's first second, and the SIGUSR2 handoff as a re-exec in place.
+
+The attack: SIGUSR2 sent 0.5 s after a start killed the daemon by the signal's default action 9
+times in 10. Now they wait (blocked) until the loop's handlers run, and a handoff keeps the pid, so
+systemd neither sees an exit nor counts a start against the unit's start limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from test_daemon_process import cleanup, start, wait_status
+
+from supervisor.render import dump_toml as to_toml
+
+pytestmark = pytest.mark.integration
+
+
+def events(state_dir: str) -> list[str]:
+    path = Path(state_dir) / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x)["event"] for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_sigusr2_and_sighup_right_after_start_are_handled_not_fatal(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    s = sim("ok", tp=1)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    state_dir = str(s.paths.state_dir)
+    api = f"http://127.0.0.1:{s.api.port}"
+    proc = start(cfg, dict(os.environ))
+    try:
+        # Within the first second, at the attack's pace, before any handler can be installed.
+        for sig, at in ((signal.SIGUSR2, 0.02), (signal.SIGHUP, 0.2), (signal.SIGUSR2, 0.5)):
+            time.sleep(at)
+            assert proc.poll() is None, f"killed by an early signal: {proc.returncode}"
+            proc.send_signal(sig)
+        st = wait_status(api, lambda x: x["state"] == "ready", 60, proc)
+        assert proc.poll() is None
+        ev = events(state_dir)
+        assert "daemon_handoff" in ev or ev.count("daemon_started") >= 2, ev
+        # Re-executed in place: the same pid holds the state directory's lock.
+        assert (Path(state_dir) / "daemon.lock").read_text().split()[0] == str(proc.pid)
+        # A handoff now, once serving: same daemon pid, the server adopted (not relaunched).
+        adopted = events(state_dir).count("server_adopted")
+        proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and events(state_dir).count("server_adopted") <= adopted:
+            time.sleep(0.1)
+        assert events(state_dir).count("server_adopted") == adopted + 1
+        after = wait_status(api, lambda x: x["state"] == "ready", 30, proc)
+        assert after["pid"] == st["pid"] and proc.poll() is None
+        assert events(state_dir).count("server_launched") == 1
+    finally:
+        cleanup(proc, state_dir)
+
+
+def test_sigterm_in_the_first_moments_is_a_clean_stop(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    s = sim("ok", tp=1)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    proc = start(cfg, dict(os.environ))
+    try:
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0  # not -15: the stop went through the daemon's own shutdown
+    finally:
+        cleanup(proc, str(s.paths.state_dir))
