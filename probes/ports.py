@@ -116,9 +116,11 @@ class PortsProbe:
         self._timeout_s = timeout_s
 
     def observe(self, pids: Iterable[int]) -> PortsObservation:
+        listening = listening_sockets(pids)
         return PortsObservation(
-            listening=listening_sockets(pids),
+            listening=listening,
             server_port_accepts=port_accepts(self._host, self._port, self._timeout_s),
+            server_port_owned=any(s.port == self._port for s in listening),
         )
 
 

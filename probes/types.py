@@ -90,6 +90,7 @@ class ListenSocket:
 class PortsObservation:
     listening: tuple[ListenSocket, ...]  # sockets in LISTEN owned by the tree
     server_port_accepts: bool  # a TCP connect to (host, port) succeeded
+    server_port_owned: bool = False  # one of `listening` is the server port: this tree bound it, no one else
 
 
 @dataclass(frozen=True)

@@ -180,10 +180,12 @@ def _exited(obs: Observation) -> Verdict | None:
 
 
 def _ready_now(obs: Observation, h: History) -> bool:
-    if obs.logs.ready_line_seen:
-        return True
-    # Builds whose ready line differs: the port accepts and a health probe succeeded.
-    return obs.ports.server_port_accepts and obs.health is not None and obs.health.ok
+    """Ready is proven, never printed: the server port is bound by a process of this tree and a
+    health request to it answered. The ready line is a phase hint only: a child can print it without
+    binding (a forged or broken server), and an orphan of an earlier launch can print it into the
+    shared server.log. SGLang binds before its warm-up and prints the line after, so this is at most
+    a health interval later than the line."""
+    return obs.ports.server_port_owned and obs.health is not None and obs.health.ok
 
 
 def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSettings) -> tuple[Verdict, History]:
@@ -212,7 +214,8 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
     )
     if _ready_now(obs, h):
         h = replace(h, ready_at=now)
-        return Verdict(status="ready", reason="ready line seen", phase="serving", moved=tuple(moved)), h
+        why = "port bound by the tree and health answered"
+        return Verdict(status="ready", reason=why, phase="serving", moved=tuple(moved)), h
     if now - h.launched_at >= s.startup_timeout_s:
         return (
             Verdict(

@@ -142,15 +142,36 @@ def test_exit_names_the_error_that_brought_the_tree_down() -> None:
     assert "sigquit" not in v.reason.lower()
 
 
-def test_ready_line_makes_ready() -> None:
-    v, h = run(new_history(0.0), [obs(2, ready=True, phase="serving")])
-    assert v.status == "ready" and h.ready_at == 2
+_OK = HealthObservation(at=2, ok=True, status_code=200, latency_s=1.0, error="")
+_BAD = HealthObservation(at=2, ok=False, status_code=503, latency_s=1.0, error="HTTP 503")
 
 
-def test_health_ok_and_port_accepting_makes_ready_without_the_line() -> None:
-    ok = HealthObservation(at=2, ok=True, status_code=200, latency_s=1.0, error="")
-    v, _ = run(new_history(0.0), [obs(2, accepts=True, health=ok)])
-    assert v.status == "ready"
+@pytest.mark.parametrize(
+    ("line", "accepts", "owned", "health", "status"),
+    [
+        (True, False, False, None, "starting"),  # a forged line: nothing bound, nothing answered
+        (True, True, False, _OK, "starting"),  # an orphan of another launch holds the port and answers
+        (True, True, True, None, "starting"),  # bound, no health answer yet (SGLang's warm-up)
+        (True, True, True, _BAD, "starting"),
+        (False, True, True, _OK, "ready"),  # builds whose ready line differs
+        (True, True, True, _OK, "ready"),
+    ],
+)
+def test_ready_needs_the_port_bound_by_the_tree_and_a_health_answer(
+    line: bool, accepts: bool, owned: bool, health: HealthObservation | None, status: str
+) -> None:
+    v, h = run(
+        new_history(0.0),
+        [obs(2, ready=line, phase="serving" if line else "warming_up", accepts=accepts, owned=owned, health=health)],
+    )
+    assert v.status == status
+    assert (h.ready_at == 2) == (status == "ready")
+
+
+def test_a_ready_line_without_a_bound_port_ends_as_a_startup_stall() -> None:
+    # The child prints the line and then nothing moves: the stall rules judge it, not health checks later.
+    v, _ = run(new_history(0.0), still(2, 80, ready=True, phase="serving", accepts=False))
+    assert v.cause == "startup_stall" and "phase serving" in v.reason
 
 
 # ---- serving -------------------------------------------------------------------------------
@@ -197,16 +218,24 @@ def test_serving_stall_with_health_ok() -> None:
 def test_serving_stall_seen_through_open_requests_when_gauges_say_idle() -> None:
     """Real SGLang at tp 2: the stall followed a prefill line, so the scheduler's gauges froze at 0
     running, 0 queued; the HTTP front still held 4 generation requests open."""
+
     def frozen(t: float) -> ServingObservation:
-        return ServingObservation(at=t, available=True, running_reqs=0, queue_reqs=0, decode_tokens_total=8540,
-                                  active_requests=4)
+        return ServingObservation(
+            at=t, available=True, running_reqs=0, queue_reqs=0, decode_tokens_total=8540, active_requests=4
+        )
 
     seq = [obs(1.0 * i, health=health(1.0 * i, True), serving=frozen(1.0 * i)) for i in range(1, 80)]
     v, _ = run(new_history(0.0), seq, mode="serving")
     assert v.cause == "serving_stall" and "4 open at the HTTP front" in v.reason
-    idle = [obs(1.0 * i, serving=ServingObservation(at=1.0 * i, available=True, running_reqs=0, queue_reqs=0,
-                                                    decode_tokens_total=8540, active_requests=0))
-            for i in range(1, 300)]
+    idle = [
+        obs(
+            1.0 * i,
+            serving=ServingObservation(
+                at=1.0 * i, available=True, running_reqs=0, queue_reqs=0, decode_tokens_total=8540, active_requests=0
+            ),
+        )
+        for i in range(1, 300)
+    ]
     assert run(new_history(0.0), idle, mode="serving")[0].status == "ready"
 
 

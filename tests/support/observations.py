@@ -50,6 +50,7 @@ def obs(
     gpu_util: float = 0.0,
     ports: tuple[int, ...] = (),
     accepts: bool = False,
+    owned: bool = False,
     ready: bool = False,
     alive: bool = True,
     exit_code: int | None = None,
@@ -86,7 +87,7 @@ def obs(
     return Observation(
         at=at,
         tree=tree,
-        ports=PortsObservation(tuple(ListenSocket(100, "127.0.0.1", p) for p in ports), accepts),
+        ports=PortsObservation(tuple(ListenSocket(100, "127.0.0.1", p) for p in ports), accepts, owned),
         logs=logs,
         gpu=gpu,
         health=health,
