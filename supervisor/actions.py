@@ -23,7 +23,7 @@ from supervisor.evidence import collect, provisional_class
 from supervisor.guards import port_available, unique_incident_id
 from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
-from supervisor.persist import OpenIncident
+from supervisor.persist import Decided, OpenIncident
 from supervisor.publish import iso
 from supervisor.render import render_rung
 from supervisor.snapshot import IncidentView
@@ -69,6 +69,7 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
         return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     sup.stopped_by_request = False
+    sup.decided = None  # carried out
     if after_incident:
         sup.restarts += 1
     sup.persist()
@@ -251,6 +252,9 @@ async def recover(sup: Core, incident: Incident, *, forced_rung: int | None, man
                 speculative=sup.speculative(),
             )
     sup.metrics.restart(incident.cause)  # manual restarts count too (cause "manual")
+    if decision.action == "relaunch":  # saved before the backoff: a successor relaunches this rung
+        name = sup.settings.ladder[decision.rung].name
+        sup.decided = Decided(name, decision.reason, sup.clock.wall() + decision.backoff_s)
     sup.persist()
     sup.journal.append(
         "ladder_decision",
@@ -277,6 +281,12 @@ async def recover(sup: Core, incident: Incident, *, forced_rung: int | None, man
     sup.reason = decision.reason
     if await wait_backoff(sup, decision.backoff_s):
         await launch(sup, decision.rung, after_incident=not manual)
+
+
+def decided_rung(sup: Core) -> int:
+    """The rung the ladder decided on (a start during the backoff skips only the wait), else the current one."""
+    idx = sup.settings.rung_index(sup.decided.rung) if sup.decided is not None else None
+    return idx if idx is not None else sup.ladder.current
 
 
 async def wait_backoff(sup: Core, seconds: float) -> bool:
@@ -307,7 +317,7 @@ async def wait_backoff(sup: Core, seconds: float) -> bool:
                 idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
                 sup.restart_pending = False
                 finish(cmd, CommandResult("accepted", "relaunching now", sup.lifecycle.state.value))
-                await launch(sup, idx if idx is not None else sup.ladder.current, after_incident=False)
+                await launch(sup, idx if idx is not None else decided_rung(sup), after_incident=False)
                 return False
             await sup.handle(cmd)
     finally:

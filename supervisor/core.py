@@ -34,7 +34,7 @@ from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
-from supervisor.persist import OpenIncident, Persisted, new_marker, save
+from supervisor.persist import Decided, OpenIncident, Persisted, new_marker, save
 from supervisor.publish import Facts, build
 from supervisor.render import arg_names, render_rung
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
@@ -100,6 +100,7 @@ class Core:
         self.pending_launch: PendingLaunch | None = None
         self.incident_ids: list[str] = []  # recent ids, so two in one second differ
         self.open_incident: OpenIncident | None = None  # persisted while its capture runs
+        self.decided: Decided | None = None  # persisted from the ladder's decision until the launch
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
         self.resume_after_error = False  # a restart was cut short by an exception: finish it
         self.unknown_observations = 0
@@ -178,7 +179,9 @@ class Core:
             if record is not None and self.capture is not None:
                 record = replace(record, log=self.capture.position or record.log)
                 self.server_record = record
-            saved = Persisted(self.marker, self.ladder, names, self.open_incident, record, self.stopped_by_request)
+            saved = Persisted(
+                self.marker, self.ladder, names, self.open_incident, record, self.stopped_by_request, self.decided
+            )
             save(self.state_dir / "state.json", saved)
             self.persisted_at = self.clock.monotonic()
         except OSError as err:

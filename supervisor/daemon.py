@@ -83,6 +83,7 @@ class Supervisor(Core):
         if saved is not None:
             self.marker, self.ladder, self.server_record = saved.marker, saved.ladder, saved.server
             self.stopped_by_request = saved.stopped
+            self.decided = saved.decided
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
         self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
         if saved is not None and saved.open_incident is not None:
@@ -103,10 +104,26 @@ class Supervisor(Core):
             self.reason = "stopped by request before the daemon restarted (start it: sglang-supervisor start)"
             self.journal.append("stayed_stopped", reason=self.reason)
             log.info("stayed_stopped")
+        elif autostart and self.decided is not None and self.settings.rung_index(self.decided.rung) is not None:
+            await self.resume_decision()
         elif autostart:
             rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
             await actions.launch(self, rung, after_incident=False)
         self.publish()
+
+    async def resume_decision(self) -> None:
+        """A predecessor decided a relaunch and was gone before making it (handoff or crash in the
+        backoff): that decision stands, the rung that just failed is not tried again."""
+        decided = self.decided
+        assert decided is not None
+        rung = self.settings.rung_index(decided.rung)
+        assert rung is not None
+        wait = min(max(0.0, decided.launch_at - self.clock.wall()), self.settings.restart.backoff_max_s)
+        self.journal.append("decision_resumed", rung=decided.rung, reason=decided.reason, backoff_s=round(wait, 3))
+        log.info("decision_resumed", rung=decided.rung, reason=decided.reason, backoff_s=round(wait, 3))
+        self.move(State.RESTARTING, f"resuming the ladder's decision: {decided.reason}")
+        if await actions.wait_backoff(self, wait):
+            await actions.launch(self, rung, after_incident=True)
 
     async def tick(self) -> None:
         st = self.lifecycle.state

@@ -36,6 +36,16 @@ class OpenIncident:
 
 
 @dataclass(frozen=True)
+class Decided:
+    """The ladder's decision after an incident, saved before its backoff: a successor (handoff,
+    crash) relaunches this rung at `launch_at` instead of the rung that just failed."""
+
+    rung: str
+    reason: str
+    launch_at: float  # wall clock: the end of the backoff
+
+
+@dataclass(frozen=True)
 class Persisted:
     marker: str  # stable per state directory: finds a tree an earlier daemon left behind
     ladder: LadderState
@@ -43,6 +53,7 @@ class Persisted:
     open_incident: OpenIncident | None = None
     server: ServerRecord | None = None  # the running server, for a successor daemon to adopt
     stopped: bool = False  # stopped by request (API, CLI): a restarted daemon does not start it
+    decided: Decided | None = None  # a relaunch decided and not yet made (backing off)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -95,6 +106,7 @@ def save(path: Path, p: Persisted) -> None:
         "open_incident": asdict(p.open_incident) if p.open_incident is not None else None,
         "server": p.server.to_json() if p.server is not None else None,
         "stopped": p.stopped,
+        "decided": asdict(p.decided) if p.decided is not None else None,
     }
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
 
@@ -186,7 +198,18 @@ def parse(doc: object, rung_names: tuple[str, ...]) -> Persisted:
         open_incident=_open(doc.get("open_incident")),
         server=server,
         stopped=stopped,
+        decided=_decided(doc.get("decided")),
     )
+
+
+def _decided(v: object) -> Decided | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != {f.name for f in fields(Decided)}:
+        raise Malformed("decided must be a record of rung, reason, launch_at")
+    if not all(isinstance(t, str) and 0 < len(t) <= 1000 and "\0" not in t for t in (v["rung"], v["reason"])):
+        raise Malformed("decided's rung and reason must be short text")
+    return Decided(rung=v["rung"], reason=v["reason"], launch_at=_time(v["launch_at"], "decided.launch_at"))
 
 
 def _open(v: object) -> OpenIncident | None:

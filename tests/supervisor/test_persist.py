@@ -101,3 +101,25 @@ def test_a_write_that_fails_keeps_the_old_file_and_no_temporary(
         atomic_write(path, b"y" * 10_000)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_the_ladders_decision_round_trips_and_garbage_in_it_starts_afresh(tmp_path: Path) -> None:
+    from supervisor.persist import Decided
+
+    path = tmp_path / "state.json"
+    names = ("base", "no-cuda-graph")
+    decided = Decided("no-cuda-graph", "stepping down after startup_stall", 1_700_000_030.0)
+    save(path, Persisted("m1", LadderState(current=0), names, decided=decided))
+    loaded, _ = load(path, names)
+    assert loaded is not None and loaded.decided == decided
+    for bad in (
+        {"rung": 3, "reason": "x", "launch_at": 1.0},
+        {"rung": "a"},
+        "no-cuda-graph",
+        {"rung": "a", "reason": "x", "launch_at": -1},
+    ):
+        doc = json.loads(path.read_text())
+        doc["decided"] = bad
+        path.write_text(json.dumps(doc))
+        again, why = load(path, names)
+        assert again is None and "decided" in why

@@ -17,7 +17,7 @@ from observations import obs, proc
 from prometheus_client import CollectorRegistry
 
 from probes.gpu import GpuProbe
-from probes.types import Observation
+from probes.types import HealthObservation, Observation
 from supervisor.clock import FakeClock
 from supervisor.commands import Command
 from supervisor.config import Settings, settings_from_mapping
@@ -146,8 +146,12 @@ async def test_launch_then_ready(rig) -> None:  # type: ignore[no-untyped-def]
     assert "SGLANG_SUPERVISOR_TOKEN" not in env and "NOTIFY_SOCKET" not in env
     observer.script = lambda t, now: tree_of(t, now, ready=True, phase="serving")
     await ticks(sup, clock, 1)
+    assert sup.snapshot().state == "starting"  # the line alone is a phase hint
+    ok = HealthObservation(at=0.0, ok=True, status_code=200, latency_s=0.01, error="")
+    observer.script = lambda t, now: tree_of(t, now, ready=True, phase="serving", accepts=True, owned=True, health=ok)
+    await ticks(sup, clock, 1)
     snap = sup.snapshot()
-    assert snap.state == "ready" and snap.time_to_ready_s == 2.0 and snap.last_good_rung == "base"
+    assert snap.state == "ready" and snap.time_to_ready_s == 4.0 and snap.last_good_rung == "base"
 
 
 async def test_stall_captures_stops_and_steps_down(rig) -> None:  # type: ignore[no-untyped-def]
