@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from dataclasses import replace
 
 import structlog
 
@@ -23,7 +24,7 @@ from supervisor.evidence import collect, provisional_class
 from supervisor.guards import port_available, unique_incident_id
 from supervisor.ladder import Decision, Incident, next_rung, record_end, record_incident, record_launch
 from supervisor.logcapture import LogCapture
-from supervisor.persist import Decided, OpenIncident
+from supervisor.persist import Decided, OpenIncident, marker_for
 from supervisor.publish import iso
 from supervisor.render import render_rung
 from supervisor.snapshot import IncidentView
@@ -40,6 +41,17 @@ async def kill_leftovers(sup: Core) -> tuple[int, ...]:
     """Stop what an earlier daemon left running, verified like any stop (port free, GPU released)."""
     srv = sup.settings.server
     report = await sup.beating(asyncio.to_thread(sup.control.kill_marked, sup.marker, srv.host, srv.port))
+    derived = marker_for(sup.state_dir)
+    if derived != sup.marker:  # the saved marker was an older version's: sweep this directory's too
+        more = await sup.beating(asyncio.to_thread(sup.control.kill_marked, derived, srv.host, srv.port))
+        report = replace(
+            report,
+            pids_found=tuple(sorted({*report.pids_found, *more.pids_found})),
+            killed=tuple(sorted({*report.killed, *more.killed})),
+            survivors=tuple(sorted({*report.survivors, *more.survivors})),
+            port_free=more.port_free,
+            port_holders=more.port_holders,
+        )
     if not report.pids_found:
         return ()
     released, held, waited = await verify_release(sup, report.pids_found)
@@ -70,6 +82,7 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     sup.stopped_by_request = False
     sup.decided = None  # carried out
+    sup.marker = marker_for(sup.state_dir)  # any earlier tree is stopped: new trees carry the derived marker
     if after_incident:
         sup.restarts += 1
     sup.persist()

@@ -34,7 +34,7 @@ from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
-from supervisor.persist import Decided, OpenIncident, Persisted, new_marker, save
+from supervisor.persist import Decided, OpenIncident, Persisted, marker_for, save
 from supervisor.publish import Facts, build
 from supervisor.render import arg_names, render_rung
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
@@ -84,7 +84,9 @@ class Core:
         self.control: ProcessControl = control or RealProcessControl()
         self.queue: asyncio.Queue[Command] = asyncio.Queue()
         self.ladder = LadderState()
-        self.marker = new_marker()
+        # Derived, so a tree is findable without state.json; a predecessor's saved marker (an older
+        # version's random one) replaces it until that tree is adopted or stopped (`own_marker`).
+        self.marker = marker_for(self.state_dir)
         self.history: History | None = None
         self.obs: Observation | None = None
         self.last_incident: IncidentView | None = None

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
 import re
-import secrets
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -111,8 +111,14 @@ def save(path: Path, p: Persisted) -> None:
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
 
 
-def new_marker() -> str:
-    return secrets.token_hex(8)
+def marker_for(state_dir: Path) -> str:
+    """The marker of every tree launched for `state_dir`, derived from its resolved path.
+
+    A daemon always has its state directory, so a lost or garbage state.json no longer hides a
+    tree (one still starting binds no port, so the port cannot name it either). Two state
+    directories never share a marker; the same directory reached through a symlink does.
+    """
+    return "sd-" + hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
 
 
 class Malformed(ValueError):

@@ -108,3 +108,49 @@ async def test_an_honest_server_is_ready_promptly_and_recorded_last_good(daemon,
     snap: Any = await r.wait_for(lambda x: x.state == "ready", 30, "ready")
     assert snap.time_to_ready_s < 10
     assert json.loads((Path(s.paths.state_dir) / "state.json").read_text()).get("last_good") == "base"
+
+
+def test_a_lost_state_json_still_finds_the_starting_tree_by_its_marker(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The attack: state.json garbage while the server was still starting (no port bound yet); the
+    old tree was invisible, a second one launched beside it, and the orphan's ready line made the
+    new launch `ready` before it failed with EADDRINUSE."""
+    import os
+    import time
+
+    import psutil
+    from test_daemon_process import cleanup, start, wait_status
+
+    from supervisor.persist import marker_for
+    from supervisor.render import dump_toml as to_toml
+
+    slow = sim("ok", tp=1, env={"SGLANG_SIM_PACE": "3.0"})
+    cfg = tmp_path / "slow.toml"
+    cfg.write_text(to_toml(slow))
+    state_dir = Path(slow.paths.state_dir)
+    api = f"http://127.0.0.1:{slow.api.port}"
+    proc = start(cfg, dict(os.environ))
+    try:
+        old_pid = wait_status(api, lambda x: x["state"] == "starting" and x["pid"], 40, proc)["pid"]
+        proc.kill()  # a crash while the server is still loading, and then state.json is lost
+        proc.wait(10)
+        (state_dir / "state.json").write_text("{garbage")
+        time.sleep(0.5)
+        assert psutil.pid_exists(old_pid)
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", slow.server.port), timeout=0.5).close()
+
+        fast = slow.model_copy(
+            update={"server": slow.server.model_copy(update={"env": {**slow.server.env, "SGLANG_SIM_PACE": "0.15"}})}
+        )
+        cfg2 = tmp_path / "fast.toml"
+        cfg2.write_text(to_toml(fast))
+        proc = start(cfg2, dict(os.environ))
+        st = wait_status(api, lambda x: x["state"] == "ready", 60, proc)
+        assert st["pid"] != old_pid and not psutil.pid_exists(old_pid)
+        ev = events(state_dir)
+        stopped = [e for e in ev if e["event"] == "leftovers_stopped"]
+        assert stopped and old_pid in stopped[-1]["pids_found"], [e["event"] for e in ev]
+        assert not any(e["event"] == "launch_refused" for e in ev)
+        assert json.loads((state_dir / "state.json").read_text())["marker"] == marker_for(state_dir)
+    finally:
+        cleanup(proc, str(state_dir))

@@ -123,3 +123,14 @@ def test_the_ladders_decision_round_trips_and_garbage_in_it_starts_afresh(tmp_pa
         path.write_text(json.dumps(doc))
         again, why = load(path, names)
         assert again is None and "decided" in why
+
+
+def test_the_marker_is_derived_from_the_resolved_state_dir(tmp_path: Path) -> None:
+    from supervisor.persist import _MARKER, marker_for
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    (tmp_path / "link").symlink_to(a)
+    assert marker_for(a) == marker_for(tmp_path / "link") == marker_for(tmp_path / "x" / ".." / "a")
+    assert marker_for(a) != marker_for(b)
+    assert _MARKER.fullmatch(marker_for(a))  # what state.json accepts
