@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +129,11 @@ async def test_slow_header_connections_are_capped_and_timed_out(daemon, sim, mon
     socks = await asyncio.to_thread(_open_idle, port, 30)
     try:
         await asyncio.sleep(0.5)
-        over = await asyncio.to_thread(lambda: sum(_closed_by_peer(s, 0.2) for s in socks[20:]))
-        assert over == 10, "connections over the cap are closed at once"
+        # Over the cap, the oldest connections without a complete request make room for the newest.
+        over = await asyncio.to_thread(lambda: sum(_closed_by_peer(s, 0.2) for s in socks[:10]))
+        assert over == 10, "the oldest incomplete connections over the cap are closed at once"
         assert r.sup.api_guard.refused >= 10
-        late = await asyncio.to_thread(lambda: sum(_closed_by_peer(s, 5.0) for s in socks[:20]))
+        late = await asyncio.to_thread(lambda: sum(_closed_by_peer(s, 5.0) for s in socks[10:]))
         assert late == 20, "headers not complete within the deadline: closed"
         assert r.sup.api_guard.header_timeouts >= 20
     finally:
@@ -153,3 +155,59 @@ async def test_an_exception_during_start_up_is_survived_and_the_server_started(d
     snap = await r.wait_for(lambda x: x.state == "ready", 60, "ready despite the failed start-up")
     assert snap.loop_errors == 1 and not r.task.done()
     assert any("start-up failed" in str(e.get("reason", "")) for e in events(r.settings.state_dir))
+
+
+def _open_trickling(port: int, n: int) -> list[socket.socket]:
+    """Complete headers, then a body that comes a byte at a time (the attack that held every slot)."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(
+            b"POST /restart HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{"
+        )
+        socks.append(s)
+    return socks
+
+
+def _trickle(socks: list[socket.socket], stop: threading.Event) -> None:
+    while not stop.wait(0.3):
+        for s in socks:
+            try:
+                s.send(b" ")
+            except OSError:
+                continue
+
+
+@pytest.mark.parametrize("cap", [None, 40])
+async def test_bodies_trickled_on_128_connections_leave_livez_and_status_answering(
+    daemon, sim, monkeypatch, cap
+) -> None:  # type: ignore[no-untyped-def]
+    if cap is not None:  # a flood over the cap too: the newest requests still get through
+        monkeypatch.setattr(apiguard, "MAX_CONNECTIONS", cap)
+        monkeypatch.setattr(apiguard, "MIN_CONNECTIONS", cap)
+    monkeypatch.setattr(apiguard, "HEADER_TIMEOUT_S", 3.0)
+    r = await daemon(sim("ok"))
+    await r.wait_for(ready, 30, "ready")
+    socks = await asyncio.to_thread(_open_trickling, r.settings.api.port, 128)
+    stop = threading.Event()
+    trickler = threading.Thread(target=_trickle, args=(socks, stop), daemon=True)
+    trickler.start()
+    try:
+        answers = []
+        async with httpx.AsyncClient(timeout=2) as c:
+            for _ in range(15):
+                for path in ("/livez", "/status"):
+                    resp = await c.get(f"{r.api}{path}", headers={"Connection": "close"})
+                    answers.append((resp.status_code, resp.headers.get("content-type", "")))
+                await asyncio.sleep(0.1)
+        assert answers == [(200, "application/json")] * 30, answers
+        # The whole request is bounded: every trickler is closed by the deadline, none restarted anything.
+        closed = await asyncio.to_thread(lambda: sum(_closed_by_peer(s, 6.0) for s in socks))
+        assert closed == 128
+        assert r.sup.api_guard.header_timeouts + r.sup.api_guard.refused >= 128
+    finally:
+        stop.set()
+        trickler.join(5)
+        for s in socks:
+            s.close()
+    assert r.snap().restarts == 0 and r.snap().state == "ready"

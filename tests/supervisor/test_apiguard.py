@@ -19,4 +19,4 @@ def test_cap_is_a_quarter_of_the_soft_limit_within_bounds(soft: int, cap: int) -
 
 def test_options_bound_accept_bursts_and_keep_alive() -> None:
     opts = uvicorn_options(GuardStats(), soft_nofile=1024)
-    assert opts["limit_concurrency"] == 256 and opts["backlog"] <= 128 and opts["timeout_keep_alive"] <= 10
+    assert opts["limit_concurrency"] is None and opts["backlog"] <= 128 and opts["timeout_keep_alive"] <= 10
