@@ -142,6 +142,9 @@ async def incident(
     incident_id = incident_id or unique_incident_id(sup, cause)
     hang_class = provisional_class(verdict)
     bundle_id: str | None = None
+    keeper = sup.keeper.describe() if sup.keeper is not None else ""
+    if keeper and verdict is not None:  # the server blocked on its output: name who stopped reading it
+        verdict = replace(verdict, reason=f"{verdict.reason}; {keeper}")
     detail = verdict.reason if verdict is not None else ""
     log.warning("incident", id=incident_id, cause=cause, reason=detail, rung=sup.current_rung_name())
     alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)

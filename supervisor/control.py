@@ -19,6 +19,7 @@ from typing import Protocol
 from probes.proctree import read_stat
 from supervisor import process
 from supervisor.cgroup import CgroupRoot, LaunchCgroup, reap_orphans
+from supervisor.keepers import Keeper, KeeperStatus, find_keeper, open_read_end, tend
 from supervisor.leftovers import kill_leftovers
 from supervisor.process import SpawnError, StopReport
 
@@ -140,6 +141,8 @@ class ProcessControl(Protocol):
 
     def reap(self, exclude: int | None) -> list[int]: ...
 
+    def tend_keeper(self, server_pid: int, logs: LogFiles) -> KeeperStatus: ...
+
 
 class RealProcessControl:
     """`cgroups`: where each launch gets its own cgroup v2 (None: not writable here); `subreaper`:
@@ -157,6 +160,7 @@ class RealProcessControl:
         self.subreaper = subreaper
         self._keeper_env = keeper_env
         self._keepers: list[subprocess.Popen[bytes]] = []
+        self.keeper: Keeper | None = None  # the keeper of the running server's output
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None, logs: LogFiles) -> Child:
         self._reap_keepers()
@@ -166,22 +170,64 @@ class RealProcessControl:
                 cgroup = self.cgroups.create(marker)
             except OSError:
                 cgroup = None  # the marker and the subreaper still find the tree
-        env_k = keeper_env(self._keeper_env if self._keeper_env is not None else os.environ)
-        keeper, write_end = process.spawn_log_keeper(str(logs.dir), logs.name, logs.max_bytes, logs.backups, env_k)
+        env_k = self._env_for_keeper()
+        keeper, write_end, kept = process.spawn_log_keeper(
+            str(logs.dir), logs.name, logs.max_bytes, logs.backups, env_k
+        )
         self._keepers.append(keeper)
         try:
-            return process.ServerProcess.spawn(argv, env, marker, cwd, output=write_end, cgroup=cgroup)
+            server = process.ServerProcess.spawn(argv, env, marker, cwd, output=write_end, cgroup=cgroup)
+        except BaseException:
+            os.close(kept)
+            raise
         finally:
             os.close(write_end)  # the server holds the only write end: the keeper ends with it
+        self._set_keeper(Keeper(server.pid, kept, keeper.pid, _starttime(keeper.pid), keeper))
+        return server
+
+    def _env_for_keeper(self) -> dict[str, str]:
+        return keeper_env(self._keeper_env if self._keeper_env is not None else os.environ)
+
+    def _set_keeper(self, keeper: Keeper | None) -> None:
+        if self.keeper is not None:
+            self.keeper.close()
+        self.keeper = keeper
+
+    def tend_keeper(self, server_pid: int, logs: LogFiles) -> KeeperStatus:
+        """The server's log keeper: alive, stopped, or replaced by a new one on the same pipe."""
+        k = self.keeper
+        if k is None or k.server_pid != server_pid:
+            return KeeperStatus("none", None)
+
+        def respawn(read_fd: int) -> subprocess.Popen[bytes]:
+            new = process.start_log_keeper(
+                read_fd, str(logs.dir), logs.name, logs.max_bytes, logs.backups, self._env_for_keeper()
+            )
+            self._keepers.append(new)
+            return new
+
+        def server_alive() -> bool:
+            return read_stat(server_pid) is not None
+
+        self._reap_keepers()
+        try:
+            return tend(k, server_alive, respawn)
+        except SpawnError as err:
+            return KeeperStatus("lost", None, k.pid, str(err))
 
     def adopt(self, pid: int, starttime: int, marker: str) -> Child:
         """The predecessor's server (proven ours by the caller), with its launch cgroup if it is in one."""
         found = self.cgroups.leftovers_of(marker) if self.cgroups is not None else []
         cgroup = next((cg for cg in found if pid in cg.procs()), None)
+        read_fd = open_read_end(pid)  # the keeper is not our child: the pipe is reached through /proc
+        found_keeper = find_keeper(read_fd) if read_fd is not None else None
+        kpid, kstart = found_keeper if found_keeper is not None else (None, None)
+        self._set_keeper(Keeper(pid, read_fd, kpid, kstart))
         return AdoptedChild(pid, starttime, cgroup)
 
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport:
         report = process.stop_tree(root, marker, host, port, grace_s, adopt_orphans=self.subreaper)
+        self._set_keeper(None)  # the daemon's read end goes with the server
         self._reap_keepers()
         return report
 
@@ -189,8 +235,15 @@ class RealProcessControl:
         return kill_leftovers(marker, host, port, cgroups=self.cgroups)
 
     def reap(self, exclude: int | None) -> list[int]:
-        return reap_orphans((exclude,) if exclude is not None else ()) if self.subreaper else []
+        # Keepers are left to their Popen, which then knows how they ended (a signal, an exit code).
+        skip = (*((exclude,) if exclude is not None else ()), *(k.pid for k in self._keepers))
+        return reap_orphans(skip) if self.subreaper else []
 
     def _reap_keepers(self) -> None:
         """Keepers end when their server does; reap those that did, so none stays a zombie."""
         self._keepers = [k for k in self._keepers if k.poll() is None]
+
+
+def _starttime(pid: int) -> int | None:
+    st = read_stat(pid)
+    return st.starttime if st is not None else None

@@ -29,6 +29,7 @@ from supervisor.commands import Command
 from supervisor.config import Settings
 from supervisor.control import Child, LogFiles, PendingLaunch, ProcessControl, RealProcessControl
 from supervisor.journal import Journal
+from supervisor.keepers import KeeperStatus
 from supervisor.ladder import LadderState
 from supervisor.logcapture import LogCapture
 from supervisor.metrics import SupervisorMetrics
@@ -37,7 +38,7 @@ from supervisor.observe import Observer, Target
 from supervisor.persist import Decided, OpenIncident, Persisted, marker_for, save
 from supervisor.publish import Facts, build
 from supervisor.render import arg_names, render_rung
-from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
+from supervisor.snapshot import IncidentView, LogKeeperView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, new_history
 
@@ -123,6 +124,8 @@ class Core:
         self.handoff = False  # exiting for a successor (SIGUSR2): leave the server running
         self.persisted_at = clock.monotonic()
         self.capture: LogCapture | None = None
+        self.keeper: KeeperStatus | None = None  # the log keeper at the last poll (supervisor.keepers)
+        self.keepers_replaced = 0
         self.log_seq = 0
         self.launched_at = clock.monotonic()
         self.launched_wall: float | None = None
@@ -296,9 +299,22 @@ class Core:
                 running=running,
                 loop_errors=self.loop_errors,
                 write_errors=self.write_errors(),
+                log_keeper=self.keeper_view(),
             )
         )
         self.count_write_errors()
+
+    def keeper_view(self) -> LogKeeperView | None:
+        k = self.keeper
+        if k is None or self.server is None:
+            return None
+        return LogKeeperView(
+            pid=k.pid,
+            condition=k.condition,
+            replaced=self.keepers_replaced,
+            pipe_bytes=k.pipe_bytes,
+            pipe_size=k.pipe_size,
+        )
 
     def write_errors(self) -> WriteErrorsView:
         log_now = self.capture.stats.write_errors if self.capture is not None else 0

@@ -32,6 +32,7 @@ async def port_available(sup: Core, rung_index: int, *, after_incident: bool) ->
     reason = f"port {srv.port} is held by {holder}: not launching rung {name}; next try in {delay:.1f} s"
     log.error("launch_refused", reason=reason, backoff_s=round(delay, 3))
     sup.journal.append("launch_refused", rung=name, port=srv.port, holder=holder, backoff_s=round(delay, 3))
+    sup.metrics.launch_refused("port_busy")
     if sup.lifecycle.state != State.RESTARTING:
         sup.move(State.RESTARTING, reason)
     sup.reason = reason

@@ -33,6 +33,7 @@ GPU_LABELS = ("gpu", "uuid")
 # event (a series that appears at 1 has no earlier sample to increase from).
 INCIDENT_CLASSES = (*HANG_CLASSES, "none")  # "none": nothing was classified (e.g. the server exited)
 DIAGNOSTIC_OUTCOMES = ("written", "write_failed", "error")
+LAUNCH_REFUSALS = ("port_busy",)
 
 log = structlog.get_logger("metrics")
 
@@ -186,7 +187,26 @@ class SupervisorMetrics:
         )
         for what in ("journal", "server_log", "state", "bundle"):
             self._write_errors.labels(file=what)
+        self._keeper_replaced = Counter(
+            PREFIX + "log_keeper_replaced",
+            "Log keepers found dead (killed, crashed) and replaced on the same pipe, without a server restart",
+            registry=registry,
+        )
+        self._launches_refused = Counter(
+            PREFIX + "launches_refused",
+            "Launches not made, by reason (port_busy: the server port was held by another process)",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in LAUNCH_REFUSALS:
+            self._launches_refused.labels(reason=reason)
         registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
+
+    def keeper_replaced(self) -> None:
+        self._keeper_replaced.inc()
+
+    def launch_refused(self, reason: str) -> None:
+        self._launches_refused.labels(reason=reason).inc()
 
     def loop_error(self, kind: str) -> None:
         self._loop_errors.labels(type=kind).inc()

@@ -10,6 +10,7 @@ from supervisor.snapshot import (
     GpuDeviceView,
     GpuView,
     IncidentView,
+    LogKeeperView,
     ProcessView,
     ProgressView,
     ServingView,
@@ -91,6 +92,7 @@ class Facts:
     running: bool  # a server tree is up (starting or serving)
     loop_errors: int = 0
     write_errors: WriteErrorsView | None = None
+    log_keeper: LogKeeperView | None = None
 
 
 def _current(at: float, ok: bool, h: History | None) -> bool:
@@ -168,4 +170,5 @@ def build(f: Facts) -> StatusSnapshot:
         version=f.version,
         loop_errors=f.loop_errors,
         write_errors=f.write_errors or WriteErrorsView(),
+        log_keeper=f.log_keeper,
     )

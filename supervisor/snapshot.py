@@ -86,6 +86,16 @@ class WriteErrorsView(_Frozen):
     bundle: int = 0
 
 
+class LogKeeperView(_Frozen):
+    """The process that writes the server's output to logs/server.log (supervisor.keepers)."""
+
+    pid: int | None = None
+    condition: str = "none"  # running, stopped (does not read), replaced (at the last poll), lost, none
+    replaced: int = 0  # keepers found dead and replaced on the same pipe since the daemon started
+    pipe_bytes: int | None = None  # unread bytes in the server's output pipe
+    pipe_size: int | None = None
+
+
 class StatusSnapshot(_Frozen):
     state: str  # State value
     phase: str | None = None  # probes.types.Phase while starting
@@ -115,3 +125,4 @@ class StatusSnapshot(_Frozen):
     version: str = ""
     loop_errors: int = 0  # exceptions the supervisor loop caught and survived
     write_errors: WriteErrorsView = WriteErrorsView()
+    log_keeper: LogKeeperView | None = None  # while a server runs

@@ -58,7 +58,28 @@ async def chores(sup: Core) -> bool:
         return True
     # Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit.
     await asyncio.to_thread(sup.control.reap, sup.server_pid())
+    await tend_keeper(sup)
     return False
+
+
+async def tend_keeper(sup: Core) -> None:
+    """The server's log keeper, every poll: a dead one is replaced on the same pipe (no server
+    restart, no line lost), a stopped one is named; each change is journalled once."""
+    if sup.server is None:
+        sup.keeper = None
+        return
+    before = sup.keeper
+    now = await asyncio.to_thread(sup.control.tend_keeper, sup.server.pid, sup.log_files())
+    sup.keeper = now
+    fields = {"pid": now.pid, "old_pid": now.old_pid, "why": now.why, "pipe_bytes": now.pipe_bytes}
+    if now.condition == "replaced":
+        sup.keepers_replaced += 1
+        sup.metrics.keeper_replaced()
+        sup.journal.append("log_keeper_replaced", **fields)
+        log.warning("log_keeper_replaced", **fields)
+    elif now.condition != (before.condition if before is not None else None) and now.condition in ("stopped", "lost"):
+        sup.journal.append(f"log_keeper_{now.condition}", **fields)
+        log.error(f"log_keeper_{now.condition}", **fields)
 
 
 def start_later(sup: Core, why: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from probes.ports import port_holders, port_is_free
 from probes.proctree import MARKER_ENV, find_tree
 from supervisor.process.signals import resume_stopped, send_signal
-from supervisor.process.spawn import ChildHandle, ServerProcess, SpawnError, spawn_log_keeper
+from supervisor.process.spawn import ChildHandle, ServerProcess, SpawnError, spawn_log_keeper, start_log_keeper
 from supervisor.process.stop import StopReport, kill_marked, stop_tree, wait_port
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "resume_stopped",
     "send_signal",
     "spawn_log_keeper",
+    "start_log_keeper",
     "stop_tree",
     "wait_port",
 ]

@@ -121,20 +121,37 @@ class ServerProcess:
 
 def spawn_log_keeper(
     log_dir: str, file_name: str, max_bytes: int, backups: int, env: Mapping[str, str]
-) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the log keeper on a new pipe; returns it and the pipe's write end, for the server.
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start the log keeper on a new pipe; returns it, the pipe's write end (for the server) and a
+    read end the daemon keeps (never read: it keeps the pipe readable for a replacement keeper).
 
     The keeper runs in a session of its own and without the server's marker: it is not part of
     the server tree (not stopped with it, not in its evidence); it ends by itself once every
     writer of the pipe is gone.
     """
     read_end, write_end = os.pipe()
+    kept = os.dup(read_end)  # non-inheritable: neither the server nor any keeper gets it
+    try:
+        keeper = start_log_keeper(read_end, log_dir, file_name, max_bytes, backups, env)
+    except SpawnError:
+        os.close(write_end)
+        os.close(kept)
+        raise
+    finally:
+        os.close(read_end)
+    return keeper, write_end, kept
+
+
+def start_log_keeper(
+    read_fd: int, log_dir: str, file_name: str, max_bytes: int, backups: int, env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """A log keeper reading `read_fd` (a new pipe's read end, or the daemon's copy for a replacement)."""
     argv = [sys.executable, "-m", "supervisor.logkeeper", "--dir", log_dir, "--name", file_name]
     argv += ["--max-bytes", str(max_bytes), "--backups", str(backups)]
     try:
-        keeper = subprocess.Popen(
+        return subprocess.Popen(
             argv,
-            stdin=read_end,
+            stdin=read_fd,
             stdout=subprocess.DEVNULL,
             env=dict(env),
             cwd="/",  # holds no directory busy (an unmount, a deleted checkout)
@@ -142,11 +159,7 @@ def spawn_log_keeper(
             preexec_fn=ambient_dropper(),
         )
     except OSError as e:
-        os.close(write_end)
         raise SpawnError(f"cannot start the log keeper ({sys.executable}): {e.strerror or e}") from e
-    finally:
-        os.close(read_end)
-    return keeper, write_end
 
 
 def _spawn_error_message(program: str, cwd: str | None, e: OSError) -> str:

@@ -33,7 +33,8 @@ class Keeper:
 
     def __init__(self, log_dir: Path, max_bytes: int, backups: int) -> None:
         self.log_dir = log_dir
-        self.proc, fd = spawn_log_keeper(str(log_dir), "server.log", max_bytes, backups, dict(os.environ))
+        self.proc, fd, kept = spawn_log_keeper(str(log_dir), "server.log", max_bytes, backups, dict(os.environ))
+        os.close(kept)  # the daemon's spare read end; these tests play the daemon without it
         self.out = os.fdopen(fd, "wb", buffering=0)
 
     def write(self, *chunks: bytes) -> None:
@@ -529,7 +530,9 @@ def test_the_keeper_gets_no_secret_and_can_still_import_its_package(tmp_path: Pa
     env = keeper_env(base)
     assert set(env) == {"PATH", "PYTHONPATH"}
     # Run from "/" with only that environment, as the daemon starts it: it imports and keeps lines.
-    proc, fd = spawn_log_keeper(str(tmp_path / "logs"), "server.log", 1000, 1, {**env, "PATH": os.environ["PATH"]})
+    env = {**env, "PATH": os.environ["PATH"]}
+    proc, fd, kept = spawn_log_keeper(str(tmp_path / "logs"), "server.log", 1000, 1, env)
+    os.close(kept)
     with os.fdopen(fd, "wb", buffering=0) as out:
         out.write(b"hello\n")
     assert proc.wait(20) == 0

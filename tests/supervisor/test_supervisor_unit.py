@@ -23,6 +23,7 @@ from supervisor.commands import Command
 from supervisor.config import Settings, settings_from_mapping
 from supervisor.control import LogFiles, SpawnError, StopReport
 from supervisor.daemon import Supervisor
+from supervisor.keepers import KeeperStatus
 from supervisor.metrics import SupervisorMetrics
 from supervisor.observe import Observer, Target
 
@@ -78,6 +79,9 @@ class FakeControl:
 
     def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
         return StopReport((), (), (), (), True, (), None, 0.0, False)
+
+    def tend_keeper(self, server_pid: int, logs: LogFiles) -> KeeperStatus:
+        return KeeperStatus("running", 4242)
 
 
 class ScriptedObserver(Observer):
