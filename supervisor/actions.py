@@ -37,8 +37,11 @@ log = structlog.get_logger("supervisor")
 HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 
 
-async def kill_leftovers(sup: Core) -> tuple[int, ...]:
-    """Stop what an earlier daemon left running, verified like any stop (port free, GPU released)."""
+async def kill_leftovers(sup: Core, why: str = "") -> tuple[int, ...]:
+    """Stop what an earlier daemon left running, verified like any stop (port free, GPU released).
+
+    `why` says why it is not adopted: a server that was serving is reloaded by this, and the
+    journal must say why (`leftovers_stopped.reason`)."""
     srv = sup.settings.server
     report = await sup.beating(asyncio.to_thread(sup.control.kill_marked, sup.marker, srv.host, srv.port))
     derived = marker_for(sup.state_dir)
@@ -56,6 +59,7 @@ async def kill_leftovers(sup: Core) -> tuple[int, ...]:
         return ()
     released, held, waited = await verify_release(sup, report.pids_found)
     doc = {
+        "reason": why or "a tree with this state directory's marker was running and is not adopted",
         "pids_found": list(report.pids_found),
         "killed": list(report.killed),
         "survivors": list(report.survivors),

@@ -179,6 +179,8 @@ class RealProcessControl:
             server = process.ServerProcess.spawn(argv, env, marker, cwd, output=write_end, cgroup=cgroup)
         except BaseException:
             os.close(kept)
+            if cgroup is not None:  # a launch that never ran leaves no empty cgroup behind
+                cgroup.kill_and_remove(1.0)
             raise
         finally:
             os.close(write_end)  # the server holds the only write end: the keeper ends with it

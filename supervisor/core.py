@@ -109,7 +109,10 @@ class Core:
         self.unknown_observations = 0
         self.state_write_errors = 0
         self.bundle_write_errors = 0
-        self.closed_log_write_errors = 0  # of the server logs of earlier launches
+        # Server-log write errors, one monotonic count for /status and /metrics alike: the keeper's
+        # stats file starts at 0 with every keeper (a launch, a replacement), so drops are restarts.
+        self.log_write_errors_total = 0
+        self.log_write_errors_seen = 0  # the stats file's count at the last reading
         self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
@@ -317,13 +320,21 @@ class Core:
         )
 
     def write_errors(self) -> WriteErrorsView:
-        log_now = self.capture.stats.write_errors if self.capture is not None else 0
         return WriteErrorsView(
             journal=self.journal.write_errors,
-            server_log=self.closed_log_write_errors + log_now,
+            server_log=self.server_log_write_errors(),
             state=self.state_write_errors,
             bundle=self.bundle_write_errors,
         )
+
+    def server_log_write_errors(self) -> int:
+        """The running total, fed by the keeper's stats file: a count below the last one read is a
+        new keeper's file (a launch, a replacement), whose errors are all new."""
+        seen = self.capture.stats.write_errors if self.capture is not None else self.log_write_errors_seen
+        grew = seen - self.log_write_errors_seen if seen >= self.log_write_errors_seen else seen
+        self.log_write_errors_total += grew
+        self.log_write_errors_seen = seen
+        return self.log_write_errors_total
 
     def count_write_errors(self) -> None:
         """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""

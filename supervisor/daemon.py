@@ -89,15 +89,20 @@ class Supervisor(Core):
         if saved is not None and saved.open_incident is not None:
             upkeep.record_interrupted(self, saved.open_incident)
         self.persist()
+        if saved is None:
+            not_adopted = f"no server record to adopt it by ({why})"
+        elif saved.server is None:
+            not_adopted = "state.json records no running server (its predecessor was stopping or launching it)"
+        else:
+            not_adopted = "its server record did not prove it ours (see adoption_refused)"
         if saved is None or saved.open_incident is None:
             if await handover.adopt_server(self):
                 self.publish()
                 return
         else:  # the predecessor had judged this server and was stopping it: its verdict stands
-            handover.refuse_adoption(
-                self, f"incident {saved.open_incident.id} ({saved.open_incident.cause}) was under way"
-            )
-        await actions.kill_leftovers(self)
+            not_adopted = f"incident {saved.open_incident.id} ({saved.open_incident.cause}) was under way"
+            handover.refuse_adoption(self, not_adopted)
+        await actions.kill_leftovers(self, not_adopted)
         # The previous daemon's server, if any, was just stopped: its attempt ends here.
         self.ladder = record_end(self.ladder, "daemon_restarted", self.clock.wall())
         if autostart and self.stopped_by_request:  # the operator's stop outlives the daemon

@@ -29,7 +29,7 @@ async def stop_server(sup: Core, why: str) -> bool:
     if sup.capture is not None:
         cap = sup.capture
         await asyncio.to_thread(cap.close)
-        sup.closed_log_write_errors += cap.stats.write_errors
+        sup.server_log_write_errors()  # its last count, before the next keeper starts its file afresh
         sup.capture = None
     sup.server = None
     sup.server_record = None

@@ -97,6 +97,11 @@ def cleanup(proc: subprocess.Popen[bytes], state_dir: str) -> None:
     except (OSError, ValueError, KeyError):
         return
     kill_marked(marker, grace_s=0.5)
+    from supervisor.cgroup import CgroupRoot
+
+    root, _ = CgroupRoot.find()  # the daemon ran in this test's cgroup: its launch cgroup is below it
+    for cg in root.leftovers_of(marker) if root is not None else ():
+        cg.kill_and_remove(2.0)
 
 
 def start(cfg: Path, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.Popen[bytes]:

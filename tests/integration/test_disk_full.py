@@ -70,6 +70,19 @@ async def test_full_disk_is_counted_and_survived(daemon, sim, tmp_path: Path) ->
             )
             assert leftovers == [], "the temporary bundle directory was removed"
             metrics = (await c.get(f"{r.api}/metrics")).text
+            # One source: /status and /metrics count the server log's failed writes alike, across
+            # the keepers of every launch (each starts its stats file at 0).
+            for _ in range(20):
+                status = (await c.get(f"{r.api}/status")).json()
+                text = (await c.get(f"{r.api}/metrics")).text
+                counted = [
+                    float(x.rsplit(" ", 1)[1])
+                    for x in text.splitlines()
+                    if x.startswith('sglang_supervisor_write_errors_total{file="server_log"}')
+                ]
+                if counted == [float(status["write_errors"]["server_log"])]:
+                    break
+            assert counted == [float(status["write_errors"]["server_log"])], (counted, status["write_errors"])
         journal_errors = [
             float(x.rsplit(" ", 1)[1])
             for x in metrics.splitlines()
