@@ -151,7 +151,8 @@ def test_a_lost_state_json_still_finds_the_starting_tree_by_its_marker(sim, tmp_
         stopped = [e for e in ev if e["event"] == "leftovers_stopped"]
         assert stopped and old_pid in stopped[-1]["pids_found"], [e["event"] for e in ev]
         # Why a server was stopped rather than adopted (a reload, had it been serving) is journalled.
-        assert "no server record to adopt it by" in stopped[-1]["reason"] and "saved state unreadable" in stopped[-1]["reason"]
+        why = stopped[-1]["reason"]
+        assert "no server record to adopt it by" in why and "saved state unreadable" in why
         assert not any(e["event"] == "launch_refused" for e in ev)
         assert json.loads((state_dir / "state.json").read_text())["marker"] == marker_for(state_dir)
     finally:
