@@ -51,7 +51,9 @@ class Windows:
     spec_window_s: float = 4.0
     stop_grace_s: float = 3.0
     pace: float = 0.2  # simulator: 0.2 x SGLang's start-up pauses
-    fault_after_s: float = 1.5  # simulator: a serving fault begins this long after ready
+    # simulator: a serving fault begins this long after its ready line (the daemon's ready needs a
+    # health answer too, a poll or two later)
+    fault_after_s: float = 2.5
     sglang_health_timeout_s: float = 2.0  # simulator: SGLANG_HEALTH_CHECK_TIMEOUT (20 s in SGLang)
     health_latency_s: float = 0.05  # simulator: a healthy /health answers after this long
     idle_metrics_s: float = 1.5  # simulator: idle gauges republished this often (30 s in SGLang)

@@ -28,7 +28,9 @@ def sim_settings(
         "SGLANG_SIM_SCENARIO": scenario,
         "SGLANG_SIM_PACE": "0.15",
         "SGLANG_SIM_HEALTH_LATENCY_S": "0.05",
-        "SGLANG_SIM_FAULT_AFTER_S": "1.5",
+        # After the ready line, not after the daemon's `ready`: that needs a health answer too (a poll
+        # or two later, more on a loaded machine), and a serving fault must begin after it.
+        "SGLANG_SIM_FAULT_AFTER_S": "2.5",
         "SGLANG_HEALTH_CHECK_TIMEOUT": "2",
         # SGLang republishes its gauges every 30 s when idle; production's serving_stall_s (60 s)
         # is longer than that, and the tests keep the same ratio with shorter times.
