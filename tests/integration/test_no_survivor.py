@@ -4,6 +4,7 @@ orphan re-parented to the daemon (PR_SET_CHILD_SUBREAPER)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from probes.ports import port_accepts
@@ -136,6 +138,13 @@ async def test_without_either_the_escapee_survives_and_holds_the_port(daemon, si
         refused = [e for e in events(r.settings.state_dir) if e["event"] == "launch_refused"]
         assert refused[1]["backoff_s"] > refused[0]["backoff_s"] > 0, "a growing backoff, not a loop"
         assert not any(e["event"] == "server_launched" for e in events(r.settings.state_dir)[-len(refused) :])
+        metrics = await asyncio.to_thread(lambda: httpx.get(f"{r.api}/metrics", timeout=5).text)
+        line = next(
+            x
+            for x in metrics.splitlines()
+            if x.startswith('sglang_supervisor_launches_refused_total{reason="port_busy"}')
+        )
+        assert float(line.rsplit(" ", 1)[1]) >= len(refused)  # counted as journalled (one more may be in flight)
     finally:
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
