@@ -19,7 +19,7 @@ EXIT_LOCKED = 3  # another daemon holds the state directory (the unit does not r
 def _run(args: argparse.Namespace) -> int:
     from supervisor import logsetup
     from supervisor.runner import serve
-    from supervisor.statelock import StateDirLocked
+    from supervisor.statelock import StateDirLocked, StateDirUnusable
 
     logsetup.configure(json=args.log_json, level=args.log_level)
     try:
@@ -35,6 +35,9 @@ def _run(args: argparse.Namespace) -> int:
     except StateDirLocked as err:
         print(f"sglang-supervisor: refused: {err}", file=sys.stderr)
         return EXIT_LOCKED
+    except StateDirUnusable as err:
+        print(f"sglang-supervisor: {err}", file=sys.stderr)
+        return 2
     return reexec() if code == EXIT_HANDOFF else code
 
 

@@ -37,6 +37,10 @@ class StateDirLocked(Exception):
         )
 
 
+class StateDirUnusable(Exception):
+    """The state directory or its lock file cannot be created or opened (permissions, read-only)."""
+
+
 @dataclass(frozen=True)
 class Holder:
     pid: int | None
@@ -102,9 +106,15 @@ def acquire(
 
     Refuses at once unless the holder announced a handoff; then waits up to `handoff_wait_s`.
     """
-    state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    except OSError as err:
+        raise StateDirUnusable(
+            f"cannot use the state directory: {path}: {err.strerror or err} "
+            "(check [paths] state_dir and the service user's rights)"
+        ) from None
     deadline: float | None = None
     try:
         while True:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.statelock import Holder, StateDirLocked, acquire, parse_holder
+from supervisor.statelock import Holder, StateDirLocked, StateDirUnusable, acquire, parse_holder
 
 
 @pytest.mark.parametrize(
@@ -84,3 +84,10 @@ def test_a_killed_holder_leaves_no_lock_and_children_never_inherit_it(tmp_path: 
     finally:
         os.kill(child, 9)
         holder.stdout.close()
+
+
+def test_an_unusable_state_dir_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StateDirUnusable, match=r"cannot use the state directory: .*\[paths\] state_dir"):
+        acquire(blocker / "state")
