@@ -44,6 +44,16 @@ srv.serve_forever()
 """
 
 
+def alive(pid: int) -> bool:
+    """Running, not a zombie (a test process that became a subreaper may hold the old one's status)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def events(state_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (state_dir / "events.jsonl").read_text().splitlines() if x.strip()]
 
@@ -146,7 +156,7 @@ def test_a_lost_state_json_still_finds_the_starting_tree_by_its_marker(sim, tmp_
         cfg2.write_text(to_toml(fast))
         proc = start(cfg2, dict(os.environ))
         st = wait_status(api, lambda x: x["state"] == "ready", 60, proc)
-        assert st["pid"] != old_pid and not psutil.pid_exists(old_pid)
+        assert st["pid"] != old_pid and not alive(old_pid)
         ev = events(state_dir)
         stopped = [e for e in ev if e["event"] == "leftovers_stopped"]
         assert stopped and old_pid in stopped[-1]["pids_found"], [e["event"] for e in ev]
