@@ -82,6 +82,7 @@ def build_summary(
         "created_at": iso(created_at),
         "trigger": req.trigger,
         "cause": req.cause,
+        "why": str(req.verdict.get("reason", "") or ""),  # the verdict in words (a stopped log keeper named)
         "hang_class": classification.hang_class,
         "reasons": list(classification.reasons),
         "frames": list(classification.frames),
@@ -139,6 +140,7 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     s = summary
     lines = [
         f"Incident {s['id']}: {s['trigger']} (cause {s['cause'] or 'manual'}) at {s['created_at']}",
+        *([f"Why: {s['why']}"] if s.get("why") else []),
         f"Hang class: {s['hang_class']}"
         + ("" if s["trigger"] == "hung" else "   (not judged hung: the class says where the threads wait)"),
         *[f"  - {r}" for r in _strs(s["reasons"])],

@@ -154,5 +154,12 @@ async def test_a_stopped_keeper_is_named_when_the_server_blocks_on_its_output(da
         assert f"log keeper (pid {keeper}) is stopped" in detail and "full" in detail, detail
         ev = events(Path(s.paths.state_dir))
         assert any(e["event"] == "log_keeper_stopped" and e["pid"] == keeper for e in ev)
+        # The evidence bundle carries the same verdict, so whoever reads it sees the cause too.
+        bundle = snap.last_incident.bundle
+        assert bundle is not None
+        verdict = (Path(s.paths.state_dir) / "diagnostics" / bundle / "verdict.json").read_text()
+        assert f"log keeper (pid {keeper}) is stopped" in verdict
+        text = (Path(s.paths.state_dir) / "diagnostics" / bundle / "summary.txt").read_text()
+        assert "Why: " in text and f"log keeper (pid {keeper}) is stopped" in text.split("\n")[1]
     finally:
         os.kill(keeper, signal.SIGCONT)
