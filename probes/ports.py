@@ -116,12 +116,24 @@ class PortsProbe:
         self._timeout_s = timeout_s
 
     def observe(self, pids: Iterable[int]) -> PortsObservation:
-        listening = listening_sockets(pids)
+        members = tuple(pids)
+        listening = listening_sockets(members)
+        owned: bool | None = any(s.port == self._port for s in listening)
+        if not owned and members and not any(_fds_readable(pid) for pid in members):
+            owned = None
         return PortsObservation(
             listening=listening,
             server_port_accepts=port_accepts(self._host, self._port, self._timeout_s),
-            server_port_owned=any(s.port == self._port for s in listening),
+            server_port_owned=owned,
         )
+
+
+def _fds_readable(pid: int, proc_root: str = "/proc") -> bool:
+    try:
+        os.listdir(f"{proc_root}/{pid}/fd")
+    except OSError:
+        return False
+    return True
 
 
 def port_holders(port: int) -> tuple[int, ...] | None:

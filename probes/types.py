@@ -90,7 +90,9 @@ class ListenSocket:
 class PortsObservation:
     listening: tuple[ListenSocket, ...]  # sockets in LISTEN owned by the tree
     server_port_accepts: bool  # a TCP connect to (host, port) succeeded
-    server_port_owned: bool = False  # one of `listening` is the server port: this tree bound it, no one else
+    # One of `listening` is the server port: this tree bound it, no one else. None: unknown, the
+    # tree's descriptors could not be read at all (another user without ptrace rights, hidepid).
+    server_port_owned: bool | None = False
 
 
 @dataclass(frozen=True)

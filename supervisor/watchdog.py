@@ -185,7 +185,10 @@ def _ready_now(obs: Observation, h: History) -> bool:
     binding (a forged or broken server), and an orphan of an earlier launch can print it into the
     shared server.log. SGLang binds before its warm-up and prints the line after, so this is at most
     a health interval later than the line."""
-    return obs.ports.server_port_owned and obs.health is not None and obs.health.ok
+    owned = obs.ports.server_port_owned
+    if owned is None:  # the tree's descriptors are unreadable: the port accepting is all there is
+        owned = obs.ports.server_port_accepts
+    return owned and obs.health is not None and obs.health.ok
 
 
 def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSettings) -> tuple[Verdict, History]:

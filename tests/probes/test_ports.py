@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -119,3 +120,24 @@ def test_simulator_binds_the_port_once_loaded(simulator: Callable[..., Any], mar
     assert wait_until(lambda: probe.observe(find_tree(sim.proc.pid, marker)).server_port_accepts, timeout=30)
     obs = probe.observe(find_tree(sim.proc.pid, marker))
     assert any(s.port == sim.port and s.pid == sim.proc.pid for s in obs.listening), obs
+
+
+def test_the_server_port_is_owned_only_when_the_tree_holds_its_listening_socket() -> None:
+    from probes.ports import PortsProbe
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        probe = PortsProbe("127.0.0.1", port)
+        mine = probe.observe([os.getpid()])
+        assert mine.server_port_accepts and mine.server_port_owned is True
+        stranger = subprocess.Popen(["sleep", "30"])
+        try:
+            theirs = probe.observe([stranger.pid])  # it accepts, but the tree (sleep) does not hold it
+            assert theirs.server_port_accepts and theirs.server_port_owned is False
+        finally:
+            stranger.kill()
+            stranger.wait(5)
+        gone = probe.observe([stranger.pid])  # no descriptor of the tree readable: unknown, not "no"
+        assert gone.server_port_owned is None

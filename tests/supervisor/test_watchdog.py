@@ -154,11 +154,13 @@ _BAD = HealthObservation(at=2, ok=False, status_code=503, latency_s=1.0, error="
         (True, True, True, None, "starting"),  # bound, no health answer yet (SGLang's warm-up)
         (True, True, True, _BAD, "starting"),
         (False, True, True, _OK, "ready"),  # builds whose ready line differs
+        (True, True, None, _OK, "ready"),  # the tree's descriptors unreadable (another user): port and health
+        (True, False, None, _OK, "starting"),
         (True, True, True, _OK, "ready"),
     ],
 )
 def test_ready_needs_the_port_bound_by_the_tree_and_a_health_answer(
-    line: bool, accepts: bool, owned: bool, health: HealthObservation | None, status: str
+    line: bool, accepts: bool, owned: bool | None, health: HealthObservation | None, status: str
 ) -> None:
     v, h = run(
         new_history(0.0),

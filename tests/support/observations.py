@@ -50,7 +50,7 @@ def obs(
     gpu_util: float = 0.0,
     ports: tuple[int, ...] = (),
     accepts: bool = False,
-    owned: bool = False,
+    owned: bool | None = False,
     ready: bool = False,
     alive: bool = True,
     exit_code: int | None = None,
