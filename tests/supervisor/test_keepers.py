@@ -27,7 +27,25 @@ def _writer_and_reader() -> tuple[subprocess.Popen[bytes], subprocess.Popen[byte
     )
     os.close(r)
     os.close(w)
+    deadline = time.monotonic() + 10  # until both have exec'd (a loaded machine forks slowly)
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{reader.pid}/cmdline", "rb") as f:
+                if b"supervisor.logkeeper" in f.read():
+                    break
+        except OSError:
+            pass
+        time.sleep(0.01)
     return writer, reader
+
+
+def _wait_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.01)
 
 
 def test_the_pipe_is_found_through_proc_and_a_dead_reader_is_replaced_on_it() -> None:
@@ -43,7 +61,7 @@ def test_the_pipe_is_found_through_proc_and_a_dead_reader_is_replaced_on_it() ->
         assert pipe_fill(fd)[1] is not None
 
         reader.send_signal(signal.SIGSTOP)
-        time.sleep(0.2)
+        _wait_stopped(reader.pid)
         assert tend(k, lambda: True, lambda _: (_ for _ in ()).throw(AssertionError())).condition == "stopped"
         reader.kill()
         reader.wait(5)
