@@ -28,6 +28,7 @@ from supervisor.clock import Clock
 from supervisor.commands import Command
 from supervisor.config import Settings
 from supervisor.control import Child, LogFiles, PendingLaunch, ProcessControl, RealProcessControl
+from supervisor.counting import RestartingCount
 from supervisor.journal import Journal
 from supervisor.keepers import KeeperStatus
 from supervisor.ladder import LadderState
@@ -109,10 +110,8 @@ class Core:
         self.unknown_observations = 0
         self.state_write_errors = 0
         self.bundle_write_errors = 0
-        # Server-log write errors, one monotonic count for /status and /metrics alike: the keeper's
-        # stats file starts at 0 with every keeper (a launch, a replacement), so drops are restarts.
-        self.log_write_errors_total = 0
-        self.log_write_errors_seen = 0  # the stats file's count at the last reading
+        # Server-log write errors for /status and /metrics alike: each keeper starts its stats file at 0.
+        self.log_write_errors = RestartingCount()
         self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
@@ -328,13 +327,8 @@ class Core:
         )
 
     def server_log_write_errors(self) -> int:
-        """The running total, fed by the keeper's stats file: a count below the last one read is a
-        new keeper's file (a launch, a replacement), whose errors are all new."""
-        seen = self.capture.stats.write_errors if self.capture is not None else self.log_write_errors_seen
-        grew = seen - self.log_write_errors_seen if seen >= self.log_write_errors_seen else seen
-        self.log_write_errors_total += grew
-        self.log_write_errors_seen = seen
-        return self.log_write_errors_total
+        cap = self.capture
+        return self.log_write_errors.feed(cap.stats.write_errors if cap is not None else self.log_write_errors.seen)
 
     def count_write_errors(self) -> None:
         """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""
