@@ -37,7 +37,7 @@ from supervisor.observe import Observer, Target
 from supervisor.persist import OpenIncident, Persisted, new_marker, save
 from supervisor.publish import Facts, build
 from supervisor.render import arg_names, render_rung
-from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
+from supervisor.snapshot import IncidentView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, new_history
 
@@ -109,6 +109,9 @@ class Core:
         self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
+        self.adopted = False  # the server was taken over from an earlier daemon
+        self.takeover_s: float | None = None  # adoption to ready, for an adopted server
+        self.last_stop: StopView | None = None
         self.stable_marked = False
         self.spec_alerted = False
         self.shutdown_requested = False
@@ -178,7 +181,15 @@ class Core:
             if record is not None and self.capture is not None:
                 record = replace(record, log=self.capture.position or record.log)
                 self.server_record = record
-            saved = Persisted(self.marker, self.ladder, names, self.open_incident, record, self.stopped_by_request)
+            saved = Persisted(
+                self.marker,
+                self.ladder,
+                names,
+                self.open_incident,
+                record,
+                self.stopped_by_request,
+                last_incident=self.last_incident,
+            )
             save(self.state_dir / "state.json", saved)
             self.persisted_at = self.clock.monotonic()
         except OSError as err:
@@ -291,6 +302,10 @@ class Core:
                 running=running,
                 loop_errors=self.loop_errors,
                 write_errors=self.write_errors(),
+                last_stop=self.last_stop,
+                adopted=self.adopted and running,
+                takeover_s=self.takeover_s if st in SERVING else None,
+                stale_after_s=stale_after(self.settings),
             )
         )
         self.count_write_errors()
@@ -336,6 +351,8 @@ class Core:
         self.obs = None
         self.ready_at = None
         self.time_to_ready_s = None
+        self.adopted = False
+        self.takeover_s = None
         self.spec_alerted = False
         self.launched_at = self.clock.monotonic()
         self.launched_wall = launched_wall
@@ -357,6 +374,13 @@ class Core:
     async def handle(self, cmd: Command) -> None:
         """Carry out a command (the owner routes it to `supervisor.handlers`)."""
         raise NotImplementedError
+
+
+def stale_after(settings: Settings) -> float:
+    """Two scrapes, or a quarter of the stall window, without a token while requests wait: the
+    gauges are shown as frozen figures, well before the serving_stall verdict."""
+    w = settings.watchdog
+    return max(2 * w.metrics_interval_s, w.serving_stall_s / 4)
 
 
 _NOT_FOR_CHILD = frozenset(

@@ -21,6 +21,7 @@ from typing import Any
 
 from supervisor.adopt import ServerRecord
 from supervisor.ladder import MAX_ATTEMPTS, Attempt, LadderState
+from supervisor.snapshot import IncidentView
 
 VERSION = 1
 
@@ -43,6 +44,7 @@ class Persisted:
     open_incident: OpenIncident | None = None
     server: ServerRecord | None = None  # the running server, for a successor daemon to adopt
     stopped: bool = False  # stopped by request (API, CLI): a restarted daemon does not start it
+    last_incident: IncidentView | None = None  # what `status` shows after a daemon restart
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -95,6 +97,7 @@ def save(path: Path, p: Persisted) -> None:
         "open_incident": asdict(p.open_incident) if p.open_incident is not None else None,
         "server": p.server.to_json() if p.server is not None else None,
         "stopped": p.stopped,
+        "last_incident": p.last_incident.model_dump() if p.last_incident is not None else None,
     }
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
 
@@ -186,7 +189,18 @@ def parse(doc: object, rung_names: tuple[str, ...]) -> Persisted:
         open_incident=_open(doc.get("open_incident")),
         server=server,
         stopped=stopped,
+        last_incident=_incident(doc.get("last_incident")),
     )
+
+
+def _incident(v: object) -> IncidentView | None:
+    """The last incident as saved; one that is not what this daemon writes is dropped, not fatal."""
+    if not isinstance(v, dict):
+        return None
+    try:
+        return IncidentView.model_validate(v)
+    except ValueError:
+        return None
 
 
 def _open(v: object) -> OpenIncident | None:

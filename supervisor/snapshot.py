@@ -43,6 +43,9 @@ class ServingView(_Frozen):
     token_rate: float | None = None  # generated tokens per second, from counters or the log
     spec_accept_length: float | None = None  # windowed mean
     metrics_available: bool = False
+    # Staleness (issue 26): SGLang's gauges keep their last value when the scheduler stops.
+    tokens_moved_s: float | None = None  # seconds since the generated-token counter last moved
+    stale: bool = False  # requests running but no token for a while: running/queue are frozen figures
 
 
 class GpuDeviceView(_Frozen):
@@ -86,6 +89,15 @@ class WriteErrorsView(_Frozen):
     bundle: int = 0
 
 
+class StopView(_Frozen):
+    """The last stop of a server tree and what its verification found."""
+
+    at: str  # ISO 8601 UTC
+    survivors: int = 0  # processes of the tree still alive after SIGKILL
+    port_free: bool = True
+    gpu_released: str = "released"  # "released" | "held" | "unverified" (NVML could not answer)
+
+
 class StatusSnapshot(_Frozen):
     state: str  # State value
     phase: str | None = None  # probes.types.Phase while starting
@@ -115,3 +127,6 @@ class StatusSnapshot(_Frozen):
     version: str = ""
     loop_errors: int = 0  # exceptions the supervisor loop caught and survived
     write_errors: WriteErrorsView = WriteErrorsView()
+    last_stop: StopView | None = None
+    adopted: bool = False  # the server was started by an earlier daemon and taken over by this one
+    takeover_s: float | None = None  # adoption to ready, for an adopted server (not its load time)

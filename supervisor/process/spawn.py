@@ -152,8 +152,18 @@ def spawn_log_keeper(
 def _spawn_error_message(program: str, cwd: str | None, e: OSError) -> str:
     if cwd is not None and e.filename == cwd:
         return f"cannot start the server: working directory {cwd!r}: {e.strerror} (check [server] cwd)"
+    real = os.path.realpath(program) if os.sep in program else program
+    shown = repr(program) if real == program else f"{program!r} (-> {real})"
+    if isinstance(e, FileNotFoundError) and os.sep in program and os.path.lexists(program):
+        return (
+            f"cannot start the server: program {shown} exists but cannot be executed: its interpreter "
+            f"(the #! line, or the Python a venv links to) is missing ({e.strerror}; check [server] command)"
+        )
     if isinstance(e, FileNotFoundError):
         return f"cannot start the server: program {program!r} not found (check [server] command and PATH)"
     if isinstance(e, PermissionError):
-        return f"cannot start the server: program {program!r} is not executable ({e.strerror})"
+        return (
+            f"cannot start the server: program {shown} is not executable by uid {os.getuid()} ({e.strerror}); "
+            "a venv built on a Python under /root or a home directory cannot be run by the service user"
+        )
     return f"cannot start the server: program {program!r}: {e.strerror or e}"
