@@ -47,6 +47,13 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(duration=args.duration, state_dir=args.state_dir, keep=args.keep)
 
 
+def _completion(args: argparse.Namespace) -> int:
+    from supervisor.completion import script
+
+    print(script(build_parser(), args.shell), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from supervisor.client import add_client_commands
 
@@ -81,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     chk.set_defaults(func=_check_config)
 
     add_client_commands(sub)
+
+    comp = sub.add_parser(
+        "completion",
+        help="print a bash or zsh completion script",
+        description="print a completion script: source <(sglang-supervisor completion bash)",
+    )
+    comp.add_argument("shell", choices=["bash", "zsh"])
+    comp.set_defaults(func=_completion)
     return p
 
 
