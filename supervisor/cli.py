@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-json",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="JSON log lines (default: JSON unless stderr is a terminal)",
+        help="JSON log lines (default: console format on a terminal and under systemd, where each line "
+        "also carries its syslog priority for journalctl -p; JSON otherwise)",
     )
     run.set_defaults(func=_run)
 

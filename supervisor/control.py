@@ -98,6 +98,13 @@ class LogFiles:
     max_bytes: int
     backups: int
     name: str = "server.log"
+    journal_socket: str | None = None  # also copy each line to journald ([logs] journal)
+    journal_id: str = "sglang"
+
+    def keeper_args(self) -> tuple[str, ...]:
+        if self.journal_socket is None:
+            return ()
+        return ("--journal-socket", self.journal_socket, "--journal-id", self.journal_id)
 
 
 class AdoptedChild:
@@ -167,7 +174,9 @@ class RealProcessControl:
             except OSError:
                 cgroup = None  # the marker and the subreaper still find the tree
         env_k = keeper_env(self._keeper_env if self._keeper_env is not None else os.environ)
-        keeper, write_end = process.spawn_log_keeper(str(logs.dir), logs.name, logs.max_bytes, logs.backups, env_k)
+        keeper, write_end = process.spawn_log_keeper(
+            str(logs.dir), logs.name, logs.max_bytes, logs.backups, env_k, logs.keeper_args()
+        )
         self._keepers.append(keeper)
         try:
             return process.ServerProcess.spawn(argv, env, marker, cwd, output=write_end, cgroup=cgroup)

@@ -35,7 +35,7 @@ from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
 from supervisor.persist import OpenIncident, Persisted, new_marker, save
-from supervisor.publish import Facts, build
+from supervisor.publish import Facts, build, stale_after
 from supervisor.render import arg_names, render_rung
 from supervisor.snapshot import IncidentView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
@@ -269,6 +269,7 @@ class Core:
             nxt = round(max(0.0, self.next_attempt_at - now), 3)
         if self.failed_retry_at is not None and st == State.FAILED:
             nxt = round(max(0.0, self.failed_retry_at - now), 3)
+        wd = self.settings.watchdog
         self._snapshot = build(
             Facts(
                 state=st.value,
@@ -305,7 +306,7 @@ class Core:
                 last_stop=self.last_stop,
                 adopted=self.adopted and running,
                 takeover_s=self.takeover_s if st in SERVING else None,
-                stale_after_s=stale_after(self.settings),
+                stale_after_s=stale_after(wd.metrics_interval_s, wd.serving_stall_s),
             )
         )
         self.count_write_errors()
@@ -360,7 +361,13 @@ class Core:
     def log_files(self) -> LogFiles:
         """Where the log keeper writes the server's output, and how much it keeps."""
         logs = self.settings.logs
-        return LogFiles(self.state_dir / "logs", int(logs.max_file_mb * 1024 * 1024), logs.backups)
+        return LogFiles(
+            self.state_dir / "logs",
+            int(logs.max_file_mb * 1024 * 1024),
+            logs.backups,
+            journal_socket=logs.journal_socket if logs.journal else None,
+            journal_id=logs.journal_identifier,
+        )
 
     def child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in self.env.items() if k not in _NOT_FOR_CHILD}
@@ -374,13 +381,6 @@ class Core:
     async def handle(self, cmd: Command) -> None:
         """Carry out a command (the owner routes it to `supervisor.handlers`)."""
         raise NotImplementedError
-
-
-def stale_after(settings: Settings) -> float:
-    """Two scrapes, or a quarter of the stall window, without a token while requests wait: the
-    gauges are shown as frozen figures, well before the serving_stall verdict."""
-    w = settings.watchdog
-    return max(2 * w.metrics_interval_s, w.serving_stall_s / 4)
 
 
 _NOT_FOR_CHILD = frozenset(

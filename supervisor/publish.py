@@ -109,6 +109,12 @@ def _current(at: float, ok: bool, h: History | None) -> bool:
     return ok or h.ready_at is None or at >= h.ready_at
 
 
+def stale_after(metrics_interval_s: float, serving_stall_s: float) -> float:
+    """Two scrapes, or a quarter of the stall window, without a token while requests wait: the
+    gauges are shown as frozen figures, well before the serving_stall verdict."""
+    return max(2 * metrics_interval_s, serving_stall_s / 4)
+
+
 def token_staleness(
     h: History | None, sv: ServingObservation | None, now: float, stale_after_s: float
 ) -> tuple[float | None, bool]:

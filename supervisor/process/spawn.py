@@ -120,7 +120,12 @@ class ServerProcess:
 
 
 def spawn_log_keeper(
-    log_dir: str, file_name: str, max_bytes: int, backups: int, env: Mapping[str, str]
+    log_dir: str,
+    file_name: str,
+    max_bytes: int,
+    backups: int,
+    env: Mapping[str, str],
+    extra: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the log keeper on a new pipe; returns it and the pipe's write end, for the server.
 
@@ -130,7 +135,7 @@ def spawn_log_keeper(
     """
     read_end, write_end = os.pipe()
     argv = [sys.executable, "-m", "supervisor.logkeeper", "--dir", log_dir, "--name", file_name]
-    argv += ["--max-bytes", str(max_bytes), "--backups", str(backups)]
+    argv += ["--max-bytes", str(max_bytes), "--backups", str(backups), *extra]
     try:
         keeper = subprocess.Popen(
             argv,
