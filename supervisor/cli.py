@@ -44,7 +44,9 @@ def _check_config(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from supervisor.demo import run_demo
 
-    return run_demo(duration=args.duration, state_dir=args.state_dir, keep=args.keep)
+    return run_demo(
+        duration=args.duration, state_dir=args.state_dir, keep=args.keep, until_recovered=args.until_recovered
+    )
 
 
 def _completion(args: argparse.Namespace) -> int:
@@ -79,7 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="watch the built-in SGLang simulator deadlock, get diagnosed and fall back")
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
     demo.add_argument("--state-dir", default=None, help="where to keep logs and bundles (default: a temp dir)")
-    demo.add_argument("--keep", action="store_true", help="keep the temporary state dir at the end")
+    demo.add_argument(
+        "--keep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the temporary state dir (logs, evidence, journal) at the end (default; --no-keep deletes it)",
+    )
+    demo.add_argument(
+        "--until-recovered",
+        action="store_true",
+        help="end by itself once the server serves on the fallback rung (what `make demo` runs)",
+    )
     demo.set_defaults(func=_demo)
 
     chk = sub.add_parser("check-config", help="validate a config and print each rung's command line")
