@@ -167,7 +167,7 @@ async def test_an_unknown_event_name_is_refused_with_the_known_ones(daemon, sim)
 
 async def test_a_typo_outside_api_does_not_stop_status_or_reload(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     s = sim("ok")
-    r = await daemon(s)
+    await daemon(s)
     cfg = tmp_path / "typo.toml"
     cfg.write_text(dump_toml(s).replace("[watchdog]", "[watchdog]\nstartup_stal_s = 5"))
     code, out, err = await cli("status", "--config", str(cfg))

@@ -23,7 +23,10 @@ CLI = [sys.executable, "-m", "supervisor"]
 
 def start(cfg: Path, env: dict[str, str], stderr: object = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [*CLI, "run", "--config", str(cfg)], env=env, stdout=subprocess.DEVNULL, stderr=stderr  # type: ignore[arg-type]
+        [*CLI, "run", "--config", str(cfg)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,  # type: ignore[arg-type]
     )
 
 
@@ -62,9 +65,7 @@ def test_a_restarted_daemon_keeps_the_last_incident_and_tells_takeover_from_load
         assert metric(api, "sglang_supervisor_time_to_ready_seconds_count") == 0.0
         assert metric(api, "sglang_supervisor_last_time_to_ready_seconds") == ttr
 
-        out = subprocess.run(
-            [*CLI, "status", "--url", api], capture_output=True, text=True, timeout=30, env=env
-        ).stdout
+        out = subprocess.run([*CLI, "status", "--url", api], capture_output=True, text=True, timeout=30, env=env).stdout
         rows = {line[:15].strip(): line[15:] for line in out.splitlines()}
         assert rows["phase"] == "serving" and "adopted" in rows["pid"]
         assert rows["taken over"].startswith("ready ") and "no reload" in rows["taken over"]

@@ -17,7 +17,12 @@ CLI = [sys.executable, "-m", "supervisor"]
 
 async def status_rows(api: str) -> tuple[int, dict[str, str], str]:
     proc = await asyncio.create_subprocess_exec(
-        *CLI, "status", "--url", api, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        *CLI,
+        "status",
+        "--url",
+        api,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={k: v for k, v in os.environ.items() if k != "SGLANG_SUPERVISOR_CONFIG"},
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)

@@ -6,9 +6,8 @@ quickly: ready, stall -> evidence -> stop -> next rung, the crash-loop budget, c
 
 from __future__ import annotations
 
-import json
-
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
