@@ -37,8 +37,9 @@ class ConfigChoice:
     explicit: bool  # named by --config or the environment (a file that is missing is an error then)
 
 
-def choose_config(flag: str | None, env: Mapping[str, str], default: Path = DEFAULT_CONFIG) -> ConfigChoice:
+def choose_config(flag: str | None, env: Mapping[str, str], default: Path | None = None) -> ConfigChoice:
     """--config, else $SGLANG_SUPERVISOR_CONFIG, else the installed path when it exists."""
+    default = DEFAULT_CONFIG if default is None else default
     if flag:
         return ConfigChoice(Path(flag), True)
     named = env.get(CONFIG_ENV, "").strip()

@@ -293,3 +293,58 @@ def test_reload(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["reload", "--url", daemon.url], {"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 0
     assert capsys.readouterr().out.strip() == "reload: reloaded (state ready)"
     assert daemon.handle.submitted[-1].kind == "reload"
+
+
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [("ready", 0), ("degraded", 5), ("starting", 6), ("hung", 7), ("diagnosing", 7), ("restarting", 7),
+     ("stopped", 8), ("failed", 9)],
+)  # fmt: skip
+def test_status_exit_code_by_state(daemon: Daemon, state: str, code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon.handle.snap = daemon.handle.snap.model_copy(update={"state": state})
+    env = {"SGLANG_SUPERVISOR_TOKEN": TOKEN}
+    assert run(["status", "--url", daemon.url], env) == code
+    assert run(["status", "--url", daemon.url, "--json"], env) == code  # the same code for a script
+    capsys.readouterr()
+
+
+def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.snapshot import StopView, ToolCheck, WriteErrorsView
+
+    s = daemon.handle.snap
+    daemon.handle.snap = s.model_copy(
+        update={
+            "last_progress_s": None,
+            "last_incident": s.last_incident.model_copy(update={"detail": "22 running, no decode tokens for 12 s"})
+            if s.last_incident
+            else None,
+            "selfcheck": (ToolCheck(name="py-spy", ok=False, detail="not found on PATH"), ToolCheck(name="gdb", ok=True)),
+            "write_errors": WriteErrorsView(journal=3),
+            "loop_errors": 2,
+            "serving": s.serving.model_copy(update={"stale": True, "tokens_moved_s": 12.0, "token_rate": None}),
+            "last_stop": StopView(at="2026-12-01T00:00:00+00:00", gpu_released="held"),
+        }
+    )
+    assert run(["status", "--url", daemon.url], {"SGLANG_SUPERVISOR_TOKEN": TOKEN}) == 0
+    out = capsys.readouterr().out
+    rows = {line[:15].strip(): line[15:] for line in out.splitlines()}
+    assert "why: 22 running, no decode tokens for 12 s" in out
+    assert rows["self-check"] == "FAILED py-spy: not found on PATH"
+    assert rows["write errors"].startswith("journal 3") and rows["loop errors"].startswith("2 caught")
+    assert "STALLED: no token for 12.0 s" in rows["serving"] and "tok/s" not in rows["serving"]
+    assert rows["last stop"].startswith("at 2026-12-01T00:00:00+00:00: GPU held")
+    assert "last progress" not in rows
+
+
+def test_a_typo_in_the_rest_of_the_config_does_not_stop_the_client(
+    daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = daemon.url.rsplit(":", 1)[1]
+    cfg = tmp_path / "installed.toml"
+    cfg.write_text(f'[watchdog]\nno_such_key = 1\n[api]\nport = {port}\ntoken_file = "{daemon.token_file}"\n')
+    monkeypatch.setattr("supervisor.clientconfig.DEFAULT_CONFIG", cfg)
+    # No --config, no variable: the installed path is used, as on a host set up by systemd/README.md.
+    assert run(["status"]) == 0
+    assert run(["status", "--config", str(cfg)]) == 0
+    assert run(["status"], {"SGLANG_SUPERVISOR_CONFIG": str(cfg)}) == 0
+    capsys.readouterr()
