@@ -318,7 +318,10 @@ def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: p
             "last_incident": s.last_incident.model_copy(update={"detail": "22 running, no decode tokens for 12 s"})
             if s.last_incident
             else None,
-            "selfcheck": (ToolCheck(name="py-spy", ok=False, detail="not found on PATH"), ToolCheck(name="gdb", ok=True)),
+            "selfcheck": (
+                ToolCheck(name="py-spy", ok=False, detail="not found on PATH"),
+                ToolCheck(name="gdb", ok=True),
+            ),
             "write_errors": WriteErrorsView(journal=3),
             "loop_errors": 2,
             "serving": s.serving.model_copy(update={"stale": True, "tokens_moved_s": 12.0, "token_rate": None}),
