@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import StringConstraints, WithJsonSchema
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from api.follow import Follower, tail_lines
@@ -23,6 +24,15 @@ from supervisor.eventnames import EVENT_NAMES, unknown_events
 FOLLOW_POLL_S = 0.25
 MAX_LOG_LINES = 10_000
 NDJSON = "application/x-ndjson"
+
+# Journal event names are snake_case (`state_changed`); anything else (`event=`, a number) is a mistake.
+# The schema lists the names the daemon writes; the route answers any other well-formed name with a
+# 422 naming them (`unknown_event_response`), which is clearer than the generic enum error.
+EventName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$"),
+    WithJsonSchema({"type": "string", "enum": sorted(EVENT_NAMES)}),
+]
 
 
 def unknown_event_response(names: frozenset[str]) -> JSONResponse | None:
@@ -91,7 +101,8 @@ def logs_router(log_file: Path, redact: Callable[[str], str], poll_s: float = FO
     )
     async def logs(
         lines: Annotated[int, Query(ge=0, le=MAX_LOG_LINES, description="how many of the last lines")] = 100,
-        follow: Annotated[bool, Query(description="keep the answer open and send new lines as they come")] = False,
+        # Not in the schema: an OpenAPI client (or fuzzer) cannot consume an answer that never ends.
+        follow: Annotated[bool, Query(include_in_schema=False)] = False,
     ) -> Response:
         """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted."""
         follower = await start_following(log_file) if follow else None
