@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -31,14 +32,18 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from supervisor.argcheck import check_rungs
+    from supervisor.argcheck import check_rungs, check_rungs_json
 
     try:
         settings = load_settings(args.config)
     except ConfigError as err:
-        print(f"config refused:\n{err}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "refused": str(err)}, indent=2))
+        else:
+            print(f"config refused:\n{err}", file=sys.stderr)
         return 1
-    return check_rungs(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
+    check = check_rungs_json if args.json else check_rungs
+    return check(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -98,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--config", required=True)
     chk.add_argument("--no-sglang", action="store_true", help="skip checking rung arguments with SGLang's parser")
     chk.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
+    chk.add_argument("--json", action="store_true", help="print the result as one JSON document")
     chk.set_defaults(func=_check_config)
 
     add_client_commands(sub)
