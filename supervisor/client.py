@@ -48,9 +48,6 @@ class UsageError(Exception):
     pass
 
 
-_UsageError = UsageError  # the name other modules used before
-
-
 def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the client commands; `run_client` runs whichever was chosen."""
     helps = {
