@@ -115,8 +115,12 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
                 r.read()
                 print(format_error(r.status_code, _json(r)), file=sys.stderr)
                 return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
-            for line in r.iter_lines():
-                print(_line(command, line, as_json), flush=True)
+            try:
+                for line in r.iter_lines():
+                    print(_line(command, line, as_json), flush=True)
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                print("error: the daemon closed the stream (it stopped or is restarting)", file=sys.stderr)
+                return EXIT_UNREACHABLE
     except KeyboardInterrupt:
         return EXIT_OK
     return EXIT_OK

@@ -183,3 +183,17 @@ async def test_a_typo_outside_api_does_not_stop_status_or_reload(daemon, sim, tm
     cfg.write_text(dump_toml(s).replace(f"port = {s.api.port}", 'port = "x"'))
     code, _, err = await cli("status", "--config", str(cfg))
     assert code == 2 and "api.port" in err
+
+
+async def test_a_follow_ends_when_the_daemon_stops(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("ok"))
+    await r.wait_for(lambda x: x.state == "ready", 30, "ready")
+    follower = await Follower.start("events", "--url", r.api, "--follow", "--event", "server_ready", "--limit", "1")
+    await follower.until(lambda x: " server_ready " in x, 20)
+    started = time.monotonic()
+    assert await r.stop() == 0  # an open stream does not hold the daemon's shutdown
+    # The answer ends and the client says why, with the code for "the daemon is not there" (3).
+    assert await asyncio.wait_for(follower.proc.wait(), 20) == 3
+    assert follower.proc.stderr is not None
+    assert b"the daemon closed the stream" in await follower.proc.stderr.read()
+    assert time.monotonic() - started < 20
