@@ -197,3 +197,27 @@ async def test_a_follow_ends_when_the_daemon_stops(daemon, sim) -> None:  # type
     assert follower.proc.stderr is not None
     assert b"the daemon closed the stream" in await follower.proc.stderr.read()
     assert time.monotonic() - started < 20
+
+
+async def test_stop_wait_reports_what_nvml_showed(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """With NVML answering (faked from a file, as in test_gpu_attribution.py): a released GPU is
+    "verified", memory still held by the old tree after the stop is exit 1 and named."""
+    from test_gpu_attribution import GB, write_nvml
+
+    nvml = tmp_path / "nvml.json"
+    write_nvml(nvml, {})
+    s = sim("ok", restart={"release_timeout_s": 1.0})
+    r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    await r.wait_for(lambda x: x.state == "ready", 30, "ready")
+    code, out, err = await cli("stop", "--url", r.api, "--wait")
+    assert code == 0 and out.splitlines()[-1] == "stop: stopped; port free, GPU memory released (verified by NVML)"
+
+    code, out, err = await cli("start", "--url", r.api, "--wait")
+    assert code == 0, out + err
+    pid = r.snap().pid
+    assert pid is not None
+    write_nvml(nvml, {pid: 40 * GB})  # the driver still shows the old main process holding memory
+    code, out, err = await cli("stop", "--url", r.api, "--wait")
+    assert code == 1 and "GPU memory is still held by the old tree" in err, out + err
+    code, out, _ = await cli("status", "--url", r.api)
+    assert code == 8 and "last stop" in out and "GPU held" in out
