@@ -321,6 +321,7 @@ def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: p
             "selfcheck": (
                 ToolCheck(name="py-spy", ok=False, detail="not found on PATH"),
                 ToolCheck(name="gdb", ok=True),
+                ToolCheck(name="cuda-gdb", ok=False, detail="not found (optional: also names a stuck GPU kernel)"),
             ),
             "write_errors": WriteErrorsView(journal=3),
             "loop_errors": 2,
@@ -332,7 +333,8 @@ def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: p
     out = capsys.readouterr().out
     rows = {line[:15].strip(): line[15:] for line in out.splitlines()}
     assert "why: 22 running, no decode tokens for 12 s" in out
-    assert rows["self-check"] == "FAILED py-spy: not found on PATH"
+    assert rows["self-check"] == "FAILED py-spy: not found on PATH (bundles will lack these stacks)"
+    assert rows["optional"] == "cuda-gdb not installed"  # not a failure off a GPU host
     assert rows["write errors"].startswith("journal 3") and rows["loop errors"].startswith("2 caught")
     assert "STALLED: no token for 12.0 s" in rows["serving"] and "tok/s" not in rows["serving"]
     assert rows["last stop"].startswith("at 2026-12-01T00:00:00+00:00: GPU held")
