@@ -198,9 +198,9 @@ def _ready_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
 def _problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with the daemon itself: missing evidence tools, failed writes, caught errors."""
     rows = []
-    failed = [c for c in s.get("selfcheck") or () if isinstance(c, Mapping) and not c.get("ok")]
-    optional = [c for c in failed if "(optional" in str(c.get("detail"))]  # cuda-gdb off a GPU host
-    bad = [c for c in failed if c not in optional]
+    unusable = [c for c in s.get("selfcheck") or () if isinstance(c, Mapping) and not c.get("ok")]
+    optional = [c for c in unusable if "(optional" in str(c.get("detail"))]  # cuda-gdb off a GPU host
+    bad = [c for c in unusable if c not in optional]
     if bad:
         text = "; ".join(f"{c.get('name')}: {c.get('detail') or 'not usable'}" for c in bad)
         rows.append(("self-check", f"FAILED {text} (bundles will lack these stacks)"))
