@@ -10,19 +10,43 @@ level word where the line has one.
 The socket is non-blocking: when journald is slow or gone the line is dropped (and counted), never
 waited for, because the keeper must drain the server's pipe or the server blocks on its output.
 The files under state_dir/logs stay the complete record. Standard library only (the keeper's rule).
+
+Secrets: the journal is read by more people than the state directory (group `adm`, log shippers),
+so each line goes through the bundles' pattern redaction (URL passwords, `Authorization`, bearer
+tokens, secret-named flags, assignments and JSON keys: SGLang's `server_args=ServerArgs(api_key=...)`
+line included). supervisor/diagnostics/redact.py is loaded by its path, without the package (which
+would cost the keeper 0.2 s and 25 MB); it uses the standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import socket
 import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 MAX_PARTIAL = 64 * 1024
 MAX_MESSAGE = 48 * 1024  # journald's datagram limit is larger; a huge line is cut, the file keeps it
 _LEVEL = re.compile(rb"\b(CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\b")
 _PRIORITY = {b"CRITICAL": b"2", b"ERROR": b"3", b"WARNING": b"4", b"WARN": b"4", b"INFO": b"6", b"DEBUG": b"7"}
+
+
+def pattern_redaction() -> Callable[[str], str]:
+    """`Redactor().text`, from supervisor/diagnostics/redact.py loaded on its own."""
+    name = "_sglang_supervisor_keeper_redact"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "diagnostics" / "redact.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+    text: Callable[[str], str] = module.Redactor().text
+    return text
 
 
 def entry(message: bytes, identifier: bytes) -> bytes:
@@ -42,6 +66,7 @@ class JournalSender:
         self.sent = 0
         self.dropped = 0
         self._partial = b""
+        self._redact = pattern_redaction()
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
 
@@ -58,7 +83,8 @@ class JournalSender:
         if not line.strip() or self._sock is None:
             return
         try:
-            self._sock.sendto(entry(line[:MAX_MESSAGE], self.identifier), self.path)
+            text = self._redact(line[:MAX_MESSAGE].decode("utf-8", errors="replace"))
+            self._sock.sendto(entry(text.encode("utf-8"), self.identifier), self.path)
             self.sent += 1
         except OSError:  # journald busy (EAGAIN), gone, or the socket missing: the file has the line
             self.dropped += 1

@@ -34,7 +34,7 @@ async def test_the_servers_lines_reach_the_journal_tagged_and_the_file_keeps_the
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    s = sim("ok")
+    s = sim("ok", args={"model-path": "https://hf:s3cr3t-value-9@models.example/llama"})
     s = s.model_copy(
         update={
             "logs": s.logs.model_copy(
@@ -52,6 +52,8 @@ async def test_the_servers_lines_reach_the_journal_tagged_and_the_file_keeps_the
             await asyncio.sleep(0.1)
         messages = [g["MESSAGE"].decode(errors="replace") for g in got]
         assert any("server_args=ServerArgs(" in m for m in messages), [m[:80] for m in messages]
+        assert not any("s3cr3t-value-9" in m for m in messages)  # the server echoes it; the journal does not
+        assert any("hf:[redacted]@models.example" in m for m in messages)
         assert any("The server is fired up and ready to roll!" in m for m in messages)
         assert {g["SYSLOG_IDENTIFIER"] for g in got} == {b"sglang-a"}
         log = (Path(s.paths.state_dir) / "logs" / "server.log").read_text(errors="replace")

@@ -57,6 +57,20 @@ def test_a_missing_journal_drops_lines_and_never_raises(tmp_path: Path) -> None:
     assert (s.sent, s.dropped) == (0, 3)
 
 
+def test_the_keepers_redaction_is_the_bundles_and_stays_light() -> None:
+    from supervisor.diagnostics import Redactor
+    from supervisor.journalsend import pattern_redaction
+
+    line = "export HF_TOKEN=hf_abcdefghijk; curl -H 'Authorization: Bearer abcdefghijkl' https://u:p4ssw0rd1@x/y"
+    assert pattern_redaction()(line) == Redactor().text(line)
+    # The keeper must not pull in the daemon's diagnostics package (its imports cost 0.2 s, 25 MB).
+    probe = (
+        "import sys, supervisor.journalsend as j; j.pattern_redaction(); print('supervisor.diagnostics' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30).stdout
+    assert out.strip() == "False"
+
+
 def test_the_keeper_copies_each_line_to_the_journal_and_keeps_the_file(tmp_path: Path) -> None:
     sock, path = receiver(tmp_path)
     try:
@@ -68,17 +82,22 @@ def test_the_keeper_copies_each_line_to_the_journal_and_keeps_the_file(tmp_path:
             {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
             ("--journal-socket", path, "--journal-id", "sglang-test"),
         )
-        payload = b"ready line\nLoading 1/3\rLoading 3/3\n[TP0] ERROR boom\nlast without newline"
+        payload = (
+            b"ready line\nLoading 1/3\rLoading 3/3\n[TP0] ERROR boom\n"
+            b"server_args=ServerArgs(api_key='sk-very-secret-1', model_path='https://u:pw-secret-2@hub/m')\n"
+            b"last without newline"
+        )
         os.write(write_end, payload)
         os.close(write_end)
         assert keeper.wait(20) == 0
-        got = [parse(sock.recv(65536)) for _ in range(4)]
+        got = [parse(sock.recv(65536)) for _ in range(5)]
         assert [g["MESSAGE"] for g in got] == [
             b"ready line",
             b"Loading 3/3",
             b"[TP0] ERROR boom",
+            b"server_args=ServerArgs(api_key=[redacted], model_path='https://u:[redacted]@hub/m')",
             b"last without newline",
-        ]
+        ]  # the journal is read more widely than the state directory: secrets redacted as in bundles
         assert {g["SYSLOG_IDENTIFIER"] for g in got} == {b"sglang-test"} and got[2]["PRIORITY"] == b"3"
         assert (tmp_path / "logs" / "server.log").read_bytes() == payload  # the file stays the full record
     finally:
