@@ -27,6 +27,7 @@ from supervisor.clientwait import (
     EXIT_UNREACHABLE,
     Before,
     Settled,
+    Verb,
     settled,
     state_exit,
 )
@@ -140,6 +141,7 @@ def _line(command: str, line: str, as_json: bool) -> str:
 
 def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, as_json: bool) -> int:
     """Send stop/start/restart, then poll `/status` until `clientwait.settled` says it is done."""
+    verb: Verb = "stop" if command == "stop" else "start" if command == "start" else "restart"
     before_doc = conn.status()
     if before_doc is None:
         raise httpx.ConnectError("no status answer before the command")
@@ -163,7 +165,7 @@ def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, a
         if now is not None:
             last = now
             moved = moved or now.get("state") != before.state
-            outcome = settled(command, before, now, moved)  # type: ignore[arg-type]
+            outcome = settled(verb, before, now, moved)
         if outcome is None:
             if time.monotonic() >= deadline:
                 outcome = Settled(
