@@ -221,3 +221,16 @@ async def test_stop_wait_reports_what_nvml_showed(daemon, sim, tmp_path: Path) -
     assert code == 1 and "GPU memory is still held by the old tree" in err, out + err
     code, out, _ = await cli("status", "--url", r.api)
     assert code == 8 and "last stop" in out and "GPU held" in out
+
+
+async def test_watch_json_is_one_status_document_per_line(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("ok"))
+    await r.wait_for(lambda x: x.state == "ready", 30, "ready")
+    watch = await Follower.start("status", "--url", r.api, "--watch", "0.3", "--json")
+    try:
+        first = json.loads(await watch.until(lambda x: x.startswith("{"), 20))
+        second = json.loads(await watch.until(lambda x: x.startswith("{"), 20))
+    finally:
+        code = await watch.interrupt()
+    assert first["state"] == second["state"] == "ready" and first["pid"] == r.snap().pid
+    assert code == 0 and all(x.startswith("{") for x in watch.lines)  # nothing but JSON for a machine
