@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/sglang-supervisor demo $(ARGS)
+	$(VENV)/bin/sglang-supervisor demo --until-recovered --duration 300 $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check supervisor api probes tests bench

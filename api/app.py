@@ -19,11 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from pydantic import BeforeValidator, StringConstraints
+from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from api import bundles
+from api import bundles, streams
 from api.auth import OPEN_PATHS, BearerAuth
 from api.errors import error_response, http_exception_handler, validation_exception_handler
 from api.middleware import BodyLimit, InternalErrors
@@ -104,8 +104,7 @@ async def _no_unknown_query(request: Request) -> None:
         )
 
 
-# Journal event names are snake_case (`state_changed`); anything else (`event=`, a number) is a mistake.
-EventName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+EventName = streams.EventName  # snake_case journal event names (api/streams.py)
 
 
 def _journal_time(text: str) -> datetime | None:
@@ -143,8 +142,11 @@ def create_app(
     liveness: Callable[[], float] | None = None,
     liveness_max_age_s: float = DEFAULT_LIVENESS_MAX_AGE_S,
     version: str = "",
+    log_file: Path | None = None,
+    redact: Callable[[str], str] | None = None,
 ) -> FastAPI:
-    """The API app. `liveness` returns the age in seconds of the supervisor loop's last heartbeat."""
+    """The API app. `liveness` returns the age in seconds of the supervisor loop's last heartbeat;
+    `log_file` is the server's output for `GET /logs`, shown through `redact` (secrets out)."""
     app = FastAPI(
         title="sglang-supervisor",
         version=version or "0",
@@ -293,10 +295,16 @@ def create_app(
             BeforeValidator(_rfc3339),
             Query(description="only events at or after this RFC 3339 time, e.g. 2026-11-30T12:00:00Z"),
         ] = None,
+        # Not in the schema: an OpenAPI client (or fuzzer) cannot consume an answer that never ends.
+        follow: Annotated[bool, Query(include_in_schema=False)] = False,
     ) -> Any:
         """The journal's last `limit` events (of the kinds `event`, from `since`), oldest first."""
         start = since
         names = frozenset(event or ())
+        unknown = streams.unknown_event_response(names)
+        if unknown is not None:
+            return unknown
+        follower = await streams.start_following(journal.path) if follow else None
 
         def match(record: dict[str, object]) -> bool:
             if names and record.get("event") not in names:
@@ -306,7 +314,10 @@ def create_app(
             at = _journal_time(str(record.get("ts", "")))
             return at is not None and at >= start
 
-        return EventList(events=await asyncio.to_thread(journal.read, limit, match if names or start else None))
+        found = await asyncio.to_thread(journal.read, limit, match if names or start else None)
+        if follower is not None:
+            return streams.follow_events(follower, found, match, streams.FOLLOW_POLL_S)
+        return EventList(events=found)
 
     @app.get(
         "/metrics",
@@ -350,6 +361,8 @@ def create_app(
         body = Readiness(ready=state in SERVING_STATES, state=state)
         return body if body.ready else JSONResponse(body.model_dump(mode="json"), status_code=503)
 
+    if log_file is not None:
+        app.include_router(streams.logs_router(log_file, redact or (lambda text: text)))
     _document_auth(app, token is not None)
     return app
 

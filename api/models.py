@@ -62,6 +62,7 @@ class ErrorBody(BaseModel):
     detail: Any = Field(default=None, description="what went wrong, in words or as a list of field errors")
     state: str | None = Field(default=None, description="the supervisor's state, where it explains the error")
     rungs: list[str] | None = Field(default=None, description="the ladder's rungs, for an unknown rung")
+    events: list[str] | None = Field(default=None, description="the known event names, for an unknown one")
 
 
 class BundleInfo(BaseModel):

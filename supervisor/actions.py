@@ -113,7 +113,7 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
         log.error("spawn_failed", rung=rung.name, error=str(err))
         sup.journal.append("spawn_failed", rung=rung.name, error=str(err))
         sup.move(State.STARTING, f"launching rung {rung.name}")
-        await incident(sup, "exited", Verdict(status="incident", cause="exited", reason=str(err)), None)
+        cannot_launch(sup, str(err))
         return
     sup.capture.start()
     starttime = starttime_of(sup.server.pid)
@@ -128,6 +128,30 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     log.info("server_launched", rung=rung.name, pid=sup.server.pid, argv=shlex.join(shown))
     sup.journal.append("server_launched", rung=rung.name, pid=sup.server.pid, argv=list(shown))
     sup.move(State.STARTING, f"launched rung {rung.name}")
+
+
+def cannot_launch(sup: Core, why: str) -> None:
+    """The command cannot be executed at all (missing program or interpreter, permission denied):
+    a configuration failure. Every rung runs the same program, so walking the ladder would only
+    fail the same way; `failed` at once, with the reason, and the cooldown (if any) still applies."""
+    sup.incidents += 1
+    sup.metrics.incident("exited", "none")
+    sup.last_incident = IncidentView(
+        id=unique_incident_id(sup, "exited"),
+        cause="exited",
+        at=iso(sup.clock.wall()) or "",
+        rung=sup.current_rung_name(),
+        detail=why[:500],
+    )
+    sup.journal.append("incident", **sup.last_incident.model_dump())
+    sup.ladder = record_end(sup.ladder, "exited", sup.clock.wall())
+    sup.persist()
+    sup.move(State.FAILED, f"configuration: {why} (fix it, then: sglang-supervisor start)")
+    cooldown = sup.settings.restart.failed_cooldown_s
+    if cooldown > 0:
+        sup.failed_retry_at = sup.clock.monotonic() + cooldown
+        sup.journal.append("failed_cooldown", retry_in_s=cooldown, reason=why)
+        sup.publish()
 
 
 # ---- incidents ----------------------------------------------------------------------------

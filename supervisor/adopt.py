@@ -27,6 +27,7 @@ class ServerRecord:
     rung: str  # the rung it was launched on
     launched_wall: float  # unix time of the launch
     log: LogPosition | None  # just past the last log line the daemon read
+    time_to_ready_s: float | None = None  # launch to ready, once the launching daemon saw it
 
     def to_json(self) -> dict[str, object]:
         log = None if self.log is None else {"inode": self.log.inode, "offset": self.log.offset}
@@ -36,6 +37,7 @@ class ServerRecord:
             "rung": self.rung,
             "launched_wall": self.launched_wall,
             "log": log,
+            "time_to_ready_s": self.time_to_ready_s,
         }
 
     @classmethod
@@ -52,7 +54,13 @@ class ServerRecord:
         position = None
         if isinstance(log, dict) and _count(log.get("inode")) and _count(log.get("offset")):
             position = LogPosition(inode=log["inode"], offset=log["offset"])
-        return cls(pid=pid, starttime=starttime, rung=rung, launched_wall=float(wall), log=position)
+        ready = doc.get("time_to_ready_s")
+        ttr = float(ready) if isinstance(ready, (int, float)) and not isinstance(ready, bool) else None
+        if ttr is not None and not (math.isfinite(ttr) and 0 <= ttr < 1e7):
+            ttr = None
+        return cls(
+            pid=pid, starttime=starttime, rung=rung, launched_wall=float(wall), log=position, time_to_ready_s=ttr
+        )
 
 
 def _count(value: object) -> TypeGuard[int]:

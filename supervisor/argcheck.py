@@ -116,3 +116,27 @@ def check_rungs(
     checked = "" if validate else " (rung arguments not checked against SGLang)"
     out.write(f"config OK{warned}{checked}\n")
     return 0
+
+
+def check_rungs_json(
+    settings: Settings, *, validate: bool, out: TextIO, env: Mapping[str, str] | None = None, strict: bool = False
+) -> int:
+    """`check-config --json`: the same checks as `check_rungs`, as one JSON document."""
+    rungs = []
+    for i, r in enumerate(render_ladder(settings)):
+        redact = Redactor.from_envs([r.env])
+        argv = list(redact.argv(r.argv))
+        rungs.append({"name": r.rung, "on": list(settings.ladder[i].on), "argv": argv, "env": redact.env(r.env)})
+    findings = check_settings(settings, os.environ if env is None else env)
+    failed = any(f.level == "error" or strict for f in findings)
+    doc: dict[str, object] = {
+        "rungs": rungs,
+        "findings": [{"level": f.level, "key": f.key, "message": f.message} for f in findings],
+    }
+    if validate:
+        ok, msg, errors = validate_with_sglang(settings)
+        doc["sglang"] = {"ok": ok, "message": msg, "errors": errors}
+        failed = failed or ok is False
+    doc["ok"] = not failed
+    out.write(json.dumps(doc, indent=2) + "\n")
+    return 1 if failed else 0

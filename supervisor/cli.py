@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -64,20 +65,33 @@ def reexec() -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from supervisor.argcheck import check_rungs
+    from supervisor.argcheck import check_rungs, check_rungs_json
 
     try:
         settings = load_settings(args.config)
     except ConfigError as err:
-        print(f"config refused:\n{err}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "refused": str(err)}, indent=2))
+        else:
+            print(f"config refused:\n{err}", file=sys.stderr)
         return 1
-    return check_rungs(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
+    check = check_rungs_json if args.json else check_rungs
+    return check(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from supervisor.demo import run_demo
 
-    return run_demo(duration=args.duration, state_dir=args.state_dir, keep=args.keep)
+    return run_demo(
+        duration=args.duration, state_dir=args.state_dir, keep=args.keep, until_recovered=args.until_recovered
+    )
+
+
+def _completion(args: argparse.Namespace) -> int:
+    from supervisor.completion import script
+
+    print(script(build_parser(), args.shell), end="")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,23 +111,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-json",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="JSON log lines (default: JSON unless stderr is a terminal)",
+        help="JSON log lines (default: console format on a terminal and under systemd, where each line "
+        "also carries its syslog priority for journalctl -p; JSON otherwise)",
     )
     run.set_defaults(func=_run)
 
     demo = sub.add_parser("demo", help="watch the built-in SGLang simulator deadlock, get diagnosed and fall back")
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
     demo.add_argument("--state-dir", default=None, help="where to keep logs and bundles (default: a temp dir)")
-    demo.add_argument("--keep", action="store_true", help="keep the temporary state dir at the end")
+    demo.add_argument(
+        "--keep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the temporary state dir (logs, evidence, journal) at the end (default; --no-keep deletes it)",
+    )
+    demo.add_argument(
+        "--until-recovered",
+        action="store_true",
+        help="end by itself once the server serves on the fallback rung (what `make demo` runs)",
+    )
     demo.set_defaults(func=_demo)
 
     chk = sub.add_parser("check-config", help="validate a config and print each rung's command line")
     chk.add_argument("--config", required=True)
     chk.add_argument("--no-sglang", action="store_true", help="skip checking rung arguments with SGLang's parser")
     chk.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
+    chk.add_argument("--json", action="store_true", help="print the result as one JSON document")
     chk.set_defaults(func=_check_config)
 
     add_client_commands(sub)
+
+    comp = sub.add_parser(
+        "completion",
+        help="print a bash or zsh completion script",
+        description="print a completion script: source <(sglang-supervisor completion bash)",
+    )
+    comp.add_argument("shell", choices=["bash", "zsh"])
+    comp.set_defaults(func=_completion)
     return p
 
 

@@ -18,7 +18,7 @@ def format_error(status: int, data: Any) -> str:
     line = f"error: HTTP {status} {data.get('error', '')}: {detail}"
     if data.get("state"):
         line += f" [state: {data['state']}]"
-    if data.get("rungs"):
+    if data.get("rungs") and not all(r in str(detail) for r in data["rungs"]):  # the detail may list them
         line += f"\nrungs: {', '.join(data['rungs'])}"
     if status == 401:
         line += f"\nhint: pass --token-file FILE or set {TOKEN_ENV}"
@@ -29,7 +29,9 @@ def format_answer(command: str, data: Any) -> str:
     if command == "status":
         return format_status(data)
     if command == "restart":
-        return f"restart accepted: incident {data.get('incident_id') or '-'}, state {data.get('state') or '-'}"
+        # The answer's state is the one before the restart: not the result, so it is not shown.
+        inc = f"incident {data['incident_id']}" if data.get("incident_id") else "no incident (nothing was running)"
+        return f"restart accepted: {inc}; follow it with `status --watch`, or pass --wait"
     if command == "diagnose":
         return format_diagnose(data)
     if command == "events":
@@ -39,6 +41,9 @@ def format_answer(command: str, data: Any) -> str:
     if command == "reload":
         return f"reload: {data.get('message') or 'done'} (state {data.get('state') or '-'})"
     message = data.get("message")
+    if command in ("stop", "start"):
+        hint = "" if message == "already stopped" else "; --wait waits for it"
+        return f"{command} accepted ({message or {'stop': 'stopping', 'start': 'starting'}[command]}){hint}"
     return f"{command} accepted: state {data.get('state') or '-'}" + (f" ({message})" if message else "")
 
 
@@ -148,11 +153,14 @@ def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         rung += f" (#{s['rung_index']} of {len(ladder)}: {', '.join(ladder)})"
     if s.get("last_good_rung"):
         rung += f"; last good {s['last_good_rung']}"
-    rows += [("rung", rung), ("pid", str(s.get("pid") or "-"))]
+    pid = str(s.get("pid") or "-") + (" (adopted from an earlier daemon)" if s.get("adopted") else "")
+    rows += [("rung", rung), ("pid", pid)]
+    rows += _ready_rows(s)
     rows.append(("restarts", f"{s.get('restarts', 0)} ({s.get('restarts_last_hour', 0)} in the last hour)"))
-    moved = ", ".join(s.get("channels_moved") or ())
-    since = _age(s.get("last_progress_s"))
-    rows.append(("last progress", f"{since} ago ({moved})" if moved else (f"{since} ago" if since != "-" else "-")))
+    if s.get("last_progress_s") is not None:  # start-up progress: the daemon leaves it out while serving
+        moved = ", ".join(s.get("channels_moved") or ())
+        since = _age(s.get("last_progress_s"))
+        rows.append(("last progress", f"{since} ago ({moved})" if moved else f"{since} ago"))
     inc = s.get("last_incident")
     if inc:
         text = f"{inc.get('cause')}"
@@ -162,14 +170,54 @@ def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         if inc.get("bundle"):
             text += f", bundle {inc['bundle']}"
         rows.append(("last incident", text))
+        if inc.get("detail"):
+            rows.append(("", f"why: {inc['detail']}"))
     else:
         rows.append(("last incident", "-"))
-    rows.append(("serving", _serving(s.get("serving") or {})))
+    if s.get("state") in ("ready", "degraded", "starting", "hung", "diagnosing"):
+        rows.append(("serving", _serving(s.get("serving") or {})))
+    rows += _problems(s)
     rows += _gpus(s.get("gpu") or {})
     if s.get("next_attempt_in_s") is not None:
         rows.append(("next attempt", f"in {_age(s['next_attempt_in_s'])}"))
     if s.get("diagnosing"):
         rows.append(("diagnosing", "a capture is under way"))
+    return rows
+
+
+def _ready_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Launch-to-ready (a load) and, for an adopted server, the takeover (no load): never mixed up."""
+    rows = []
+    if s.get("takeover_s") is not None:
+        rows.append(("taken over", f"ready {_age(s['takeover_s'])} after the daemon adopted it (no reload)"))
+    if s.get("time_to_ready_s") is not None:
+        rows.append(("ready in", f"{_age(s['time_to_ready_s'])} from launch"))
+    return rows
+
+
+def _problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with the daemon itself: missing evidence tools, failed writes, caught errors."""
+    rows = []
+    unusable = [c for c in s.get("selfcheck") or () if isinstance(c, Mapping) and not c.get("ok")]
+    optional = [c for c in unusable if "(optional" in str(c.get("detail"))]  # cuda-gdb off a GPU host
+    bad = [c for c in unusable if c not in optional]
+    if bad:
+        text = "; ".join(f"{c.get('name')}: {c.get('detail') or 'not usable'}" for c in bad)
+        rows.append(("self-check", f"FAILED {text} (bundles will lack these stacks)"))
+    if optional:
+        rows.append(("optional", ", ".join(f"{c.get('name')} not installed" for c in optional)))
+    w = s.get("write_errors") or {}
+    failed = {k: v for k, v in w.items() if isinstance(v, int) and v > 0} if isinstance(w, Mapping) else {}
+    if failed:
+        text = ", ".join(f"{k} {v}" for k, v in failed.items())
+        rows.append(("write errors", f"{text} (disk full or state_dir not writable? see the daemon's log)"))
+    if s.get("loop_errors"):
+        hint = "sglang-supervisor events --event loop_error"
+        rows.append(("loop errors", f"{s['loop_errors']} caught and survived ({hint})"))
+    stop = s.get("last_stop")
+    if isinstance(stop, Mapping) and (stop.get("gpu_released") == "held" or stop.get("port_free") is False):
+        text = f"at {stop.get('at')}: GPU {stop.get('gpu_released')}, port free {stop.get('port_free')}"
+        rows.append(("last stop", text))
     return rows
 
 
@@ -180,10 +228,14 @@ def _serving(v: Mapping[str, Any]) -> str:
         if v.get("health_latency_s") is not None:
             health += f" {1000 * float(v['health_latency_s']):.0f} ms"
         parts.append(health)
+    stale = bool(v.get("stale"))
     for key, label in (("running_reqs", "running"), ("queue_reqs", "queued")):
         if v.get(key) is not None:
             parts.append(f"{float(v[key]):g} {label}")
-    if v.get("token_rate") is not None:
+    if stale:
+        # SGLang's gauges keep their last value when the scheduler stops: say how old they are.
+        parts.append(f"STALLED: no token for {_age(v.get('tokens_moved_s'))} (running/queued are frozen figures)")
+    elif v.get("token_rate") is not None:
         parts.append(f"{float(v['token_rate']):.0f} tok/s")
     if v.get("spec_accept_length") is not None:
         parts.append(f"spec accept {float(v['spec_accept_length']):.2f}")

@@ -191,6 +191,9 @@ class LogsSettings(_Section):
     max_file_mb: PositiveFloat = 100.0
     backups: Annotated[int, Field(ge=0, le=100)] = 5
     memory_lines: Annotated[int, Field(ge=100, le=1_000_000)] = 5000
+    journal: bool = False  # also send the server's output to the systemd journal (it is large)
+    journal_identifier: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")] = "sglang"
+    journal_socket: str = "/run/systemd/journal/socket"
 
 
 class PathsSettings(_Section):

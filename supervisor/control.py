@@ -99,6 +99,13 @@ class LogFiles:
     max_bytes: int
     backups: int
     name: str = "server.log"
+    journal_socket: str | None = None  # also copy each line to journald ([logs] journal)
+    journal_id: str = "sglang"
+
+    def keeper_args(self) -> tuple[str, ...]:
+        if self.journal_socket is None:
+            return ()
+        return ("--journal-socket", self.journal_socket, "--journal-id", self.journal_id)
 
 
 class AdoptedChild:
@@ -172,7 +179,7 @@ class RealProcessControl:
                 cgroup = None  # the marker and the subreaper still find the tree
         env_k = self._env_for_keeper()
         keeper, write_end, kept = process.spawn_log_keeper(
-            str(logs.dir), logs.name, logs.max_bytes, logs.backups, env_k
+            str(logs.dir), logs.name, logs.max_bytes, logs.backups, env_k, logs.keeper_args()
         )
         self._keepers.append(keeper)
         try:
@@ -203,7 +210,13 @@ class RealProcessControl:
 
         def respawn(read_fd: int) -> subprocess.Popen[bytes]:
             new = process.start_log_keeper(
-                read_fd, str(logs.dir), logs.name, logs.max_bytes, logs.backups, self._env_for_keeper()
+                read_fd,
+                str(logs.dir),
+                logs.name,
+                logs.max_bytes,
+                logs.backups,
+                self._env_for_keeper(),
+                logs.keeper_args(),
             )
             self._keepers.append(new)
             return new

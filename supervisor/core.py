@@ -37,9 +37,9 @@ from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier, WatchdogPacer
 from supervisor.observe import Observer, Target
 from supervisor.persist import Decided, OpenIncident, Persisted, marker_for, save
-from supervisor.publish import Facts, build
+from supervisor.publish import Facts, build, stale_after
 from supervisor.render import arg_names, render_rung
-from supervisor.snapshot import IncidentView, LogKeeperView, StatusSnapshot, ToolCheck, WriteErrorsView
+from supervisor.snapshot import IncidentView, LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, new_history
 
@@ -115,6 +115,9 @@ class Core:
         self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.time_to_ready_s: float | None = None
         self.ready_at: float | None = None
+        self.adopted = False  # the server was taken over from an earlier daemon
+        self.takeover_s: float | None = None  # adoption to ready, for an adopted server
+        self.last_stop: StopView | None = None
         self.stable_marked = False
         self.spec_alerted = False
         self.shutdown_requested = False
@@ -187,7 +190,14 @@ class Core:
                 record = replace(record, log=self.capture.position or record.log)
                 self.server_record = record
             saved = Persisted(
-                self.marker, self.ladder, names, self.open_incident, record, self.stopped_by_request, self.decided
+                self.marker,
+                self.ladder,
+                names,
+                self.open_incident,
+                record,
+                self.stopped_by_request,
+                self.decided,
+                last_incident=self.last_incident,
             )
             save(self.state_dir / "state.json", saved)
             self.persisted_at = self.clock.monotonic()
@@ -268,6 +278,7 @@ class Core:
             nxt = round(max(0.0, self.next_attempt_at - now), 3)
         if self.failed_retry_at is not None and st == State.FAILED:
             nxt = round(max(0.0, self.failed_retry_at - now), 3)
+        wd = self.settings.watchdog
         self._snapshot = build(
             Facts(
                 state=st.value,
@@ -302,6 +313,10 @@ class Core:
                 loop_errors=self.loop_errors,
                 write_errors=self.write_errors(),
                 log_keeper=self.keeper_view(),
+                last_stop=self.last_stop,
+                adopted=self.adopted and running,
+                takeover_s=self.takeover_s if st in SERVING else None,
+                stale_after_s=stale_after(wd.metrics_interval_s, wd.serving_stall_s),
             )
         )
         self.count_write_errors()
@@ -362,6 +377,8 @@ class Core:
         self.obs = None
         self.ready_at = None
         self.time_to_ready_s = None
+        self.adopted = False
+        self.takeover_s = None
         self.spec_alerted = False
         self.launched_at = self.clock.monotonic()
         self.launched_wall = launched_wall
@@ -369,7 +386,13 @@ class Core:
     def log_files(self) -> LogFiles:
         """Where the log keeper writes the server's output, and how much it keeps."""
         logs = self.settings.logs
-        return LogFiles(self.state_dir / "logs", int(logs.max_file_mb * 1024 * 1024), logs.backups)
+        return LogFiles(
+            self.state_dir / "logs",
+            int(logs.max_file_mb * 1024 * 1024),
+            logs.backups,
+            journal_socket=logs.journal_socket if logs.journal else None,
+            journal_id=logs.journal_identifier,
+        )
 
     def child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in self.env.items() if k not in _NOT_FOR_CHILD}

@@ -7,6 +7,7 @@ Commands (API, signals) arrive on one queue and only this task touches processes
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import structlog
 
@@ -84,6 +85,7 @@ class Supervisor(Core):
             self.marker, self.ladder, self.server_record = saved.marker, saved.ladder, saved.server
             self.stopped_by_request = saved.stopped
             self.decided = saved.decided
+            self.last_incident = saved.last_incident  # `status` keeps the why across a daemon restart
         log.info("state_loaded", detail=why, rung=names[self.ladder.current], last_good=self.ladder.last_good)
         self.journal.append("daemon_started", version=self.version, state=why, rung=names[self.ladder.current])
         if saved is not None and saved.open_incident is not None:
@@ -167,11 +169,24 @@ class Supervisor(Core):
         if st == State.STARTING:
             if v.status == "ready":
                 self.ready_at = now
-                self.time_to_ready_s = round(now - self.launched_at, 3)
+                self.stable_marked = False
                 self.ladder = record_ready(self.ladder)
+                if self.adopted:  # a takeover is not a load: the launch-to-ready time is the record's
+                    self.takeover_s = round(now - self.launched_at, 3)
+                    record = self.server_record
+                    self.time_to_ready_s = record.time_to_ready_s if record is not None else None
+                    self.persist()
+                    self.metrics.takeover(self.takeover_s)
+                    self.journal.append(
+                        "server_ready", rung=self.current_rung_name(), adopted=True, takeover_s=self.takeover_s
+                    )
+                    self.move(State.READY, f"adopted server ready on rung {self.current_rung_name()}")
+                    return
+                self.time_to_ready_s = round(now - self.launched_at, 3)
+                if self.server_record is not None:
+                    self.server_record = replace(self.server_record, time_to_ready_s=self.time_to_ready_s)
                 self.persist()
                 self.metrics.ready(self.time_to_ready_s)
-                self.stable_marked = False
                 self.journal.append("server_ready", rung=self.current_rung_name(), time_to_ready_s=self.time_to_ready_s)
                 self.move(State.READY, f"ready on rung {self.current_rung_name()} in {self.time_to_ready_s:.1f} s")
             else:

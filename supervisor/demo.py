@@ -81,6 +81,13 @@ state_dir = "{state_dir}"
 """
 
 
+def story_told(s: StatusSnapshot) -> bool:
+    """The demo's story is told: an incident was caught, its evidence written, and the server
+    serves on a fallback rung. `--until-recovered` (what `make demo` runs) ends the demo there."""
+    li = s.last_incident
+    return s.state == "ready" and (s.rung_index or 0) >= 1 and li is not None and li.bundle is not None
+
+
 def status_line(s: StatusSnapshot, t: float) -> str:
     parts = [f"[{t:5.1f}s] state={s.state:<10}", f"rung={s.rung}"]
     if s.phase:
@@ -97,7 +104,7 @@ def status_line(s: StatusSnapshot, t: float) -> str:
     return " ".join(parts)
 
 
-async def _demo(config_path: Path, duration: float | None) -> tuple[int, StatusSnapshot | None]:
+async def _demo(config_path: Path, duration: float | None, until_recovered: bool) -> tuple[int, StatusSnapshot | None]:
     from supervisor.runner import serve
 
     settings = load_settings(config_path)
@@ -115,13 +122,18 @@ async def _demo(config_path: Path, duration: float | None) -> tuple[int, StatusS
     # Ctrl-C goes to the supervisor's queue (the runner installed the handler): shut down cleanly.
     last = ""
     tty = sys.stdout.isatty()
+    told_at: float | None = None
     while not task.done():
         t = loop.time() - start
-        line = status_line(sup.snapshot(), t)
+        snap = sup.snapshot()
+        line = status_line(snap, t)
         if line != last or tty:
             print(("\r" + line.ljust(120)) if tty else line, end="" if tty else "\n", flush=True)
             last = line
-        if duration is not None and t >= duration:
+        if until_recovered and told_at is None and story_told(snap):
+            told_at = t
+        # A few seconds of serving on the fallback rung, then the end of the story.
+        if (duration is not None and t >= duration) or (told_at is not None and t >= told_at + 3.0):
             os.kill(os.getpid(), signal.SIGTERM)
             break
         await asyncio.sleep(1.0)
@@ -131,7 +143,7 @@ async def _demo(config_path: Path, duration: float | None) -> tuple[int, StatusS
     return rc, sup.snapshot()
 
 
-def run_demo(*, duration: float | None, state_dir: str | None, keep: bool) -> int:
+def run_demo(*, duration: float | None, state_dir: str | None, keep: bool, until_recovered: bool = False) -> int:
     temp = state_dir is None
     root = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="sglang-supervisor-demo-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -141,7 +153,13 @@ def run_demo(*, duration: float | None, state_dir: str | None, keep: bool) -> in
     logsetup.configure(json=False, level="WARNING")
     print(f"sglang-supervisor demo: config {config_path}, API http://127.0.0.1:{api_port}/status")
     print("rung 'base' deadlocks after the weights load; watch it be detected, diagnosed and fall back.")
-    rc, snap = asyncio.run(_demo(config_path, duration))
+    if until_recovered:
+        print("It ends by itself once the server serves on the fallback rung; Ctrl-C to stop sooner.")
+    else:
+        print("Ctrl-C to stop.")
+    where = "deleted at the end (--keep keeps it)" if temp and not keep else "kept"
+    print(f"logs, evidence bundles and the event journal go to {root} ({where})")
+    rc, snap = asyncio.run(_demo(config_path, duration, until_recovered))
     if snap is not None:
         print(f"final: state={snap.state} rung={snap.rung} restarts={snap.restarts} incidents={snap.incidents}")
         if snap.last_incident is not None:
@@ -155,6 +173,7 @@ def run_demo(*, duration: float | None, state_dir: str | None, keep: bool) -> in
     if temp and not keep:
         with contextlib.suppress(OSError):
             shutil.rmtree(root)
+        print(f"deleted {root} (run with --keep to keep the evidence)")
     else:
-        print(f"state kept in {root}")
+        print(f"state kept in {root}: bundles in {root / 'diagnostics'}, journal {root / 'events.jsonl'}")
     return rc

@@ -68,6 +68,7 @@ async def adopt_server(sup: Core) -> bool:
     assert rung is not None
     sup.ladder = replace(sup.ladder, current=rung)
     sup.fresh_server_view(record.launched_wall)
+    sup.adopted = True
     files = sup.log_files()
     sup.capture = LogCapture(
         files.dir, memory_lines=sup.settings.logs.memory_lines, start=record.log, monotonic=sup.clock.monotonic

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -137,7 +138,13 @@ def read_stats(path: Path) -> tuple[int, str]:
         return 0, ""
 
 
-def keep(fd: int, out: RotatingFile, err: IO[str], stats: StatsFile | None = None) -> tuple[int, int]:
+def keep(
+    fd: int,
+    out: RotatingFile,
+    err: IO[str],
+    stats: StatsFile | None = None,
+    copy: Callable[[bytes], None] | None = None,
+) -> tuple[int, int]:
     """Copy `fd` to `out` until EOF; returns (bytes read, failed writes). Never stops reading on a write error."""
     with contextlib.suppress(OSError):
         fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
@@ -153,6 +160,8 @@ def keep(fd: int, out: RotatingFile, err: IO[str], stats: StatsFile | None = Non
         if not chunk:
             break
         total += len(chunk)
+        if copy is not None:  # the journal (supervisor.journalsend): never blocks, never raises
+            copy(chunk)
         try:
             out.write(chunk)
         except OSError as e:  # disk full, read-only, directory gone: the pipe keeps draining
@@ -174,11 +183,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="server.log")
     parser.add_argument("--max-bytes", required=True, type=int)
     parser.add_argument("--backups", required=True, type=int)
+    parser.add_argument("--journal-socket", help="also send each line to journald's native socket")
+    parser.add_argument("--journal-id", default="sglang", help="SYSLOG_IDENTIFIER of those lines")
     args = parser.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     out = RotatingFile(args.dir / args.name, max(1, args.max_bytes), max(0, args.backups))
-    keep(0, out, sys.stderr, StatsFile(stats_path(args.dir, args.name)))
+    sender = None
+    if args.journal_socket:
+        from supervisor.journalsend import JournalSender
+
+        sender = JournalSender(args.journal_socket, args.journal_id)
+    keep(0, out, sys.stderr, StatsFile(stats_path(args.dir, args.name)), sender.write if sender else None)
+    if sender is not None:
+        sender.close()
     return 0
 
 

@@ -200,6 +200,12 @@ class SupervisorMetrics:
         )
         for reason in LAUNCH_REFUSALS:
             self._launches_refused.labels(reason=reason)
+        self._takeover = Histogram(
+            PREFIX + "adoption_takeover_seconds",
+            "Adoption to ready of a server an earlier daemon started (not a load: no model was reloaded)",
+            buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0),
+            registry=registry,
+        )
         registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
 
     def keeper_replaced(self) -> None:
@@ -228,6 +234,9 @@ class SupervisorMetrics:
     def health(self, latency_s: float, ok: bool) -> None:
         self._health_checks.labels(result="ok" if ok else "failed").inc()
         self._health_latency.observe(max(0.0, latency_s))
+
+    def takeover(self, seconds: float) -> None:
+        self._takeover.observe(max(0.0, seconds))
 
     def ready(self, time_to_ready_s: float) -> None:
         self._last_ready = max(0.0, time_to_ready_s)

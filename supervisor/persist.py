@@ -21,6 +21,7 @@ from typing import Any
 
 from supervisor.adopt import ServerRecord
 from supervisor.ladder import MAX_ATTEMPTS, Attempt, LadderState
+from supervisor.snapshot import IncidentView
 
 VERSION = 1
 
@@ -54,6 +55,7 @@ class Persisted:
     server: ServerRecord | None = None  # the running server, for a successor daemon to adopt
     stopped: bool = False  # stopped by request (API, CLI): a restarted daemon does not start it
     decided: Decided | None = None  # a relaunch decided and not yet made (backing off)
+    last_incident: IncidentView | None = None  # what `status` shows after a daemon restart
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -107,6 +109,7 @@ def save(path: Path, p: Persisted) -> None:
         "server": p.server.to_json() if p.server is not None else None,
         "stopped": p.stopped,
         "decided": asdict(p.decided) if p.decided is not None else None,
+        "last_incident": p.last_incident.model_dump() if p.last_incident is not None else None,
     }
     atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
 
@@ -205,6 +208,7 @@ def parse(doc: object, rung_names: tuple[str, ...]) -> Persisted:
         server=server,
         stopped=stopped,
         decided=_decided(doc.get("decided")),
+        last_incident=_incident(doc.get("last_incident")),
     )
 
 
@@ -216,6 +220,16 @@ def _decided(v: object) -> Decided | None:
     if not all(isinstance(t, str) and 0 < len(t) <= 1000 and "\0" not in t for t in (v["rung"], v["reason"])):
         raise Malformed("decided's rung and reason must be short text")
     return Decided(rung=v["rung"], reason=v["reason"], launch_at=_time(v["launch_at"], "decided.launch_at"))
+
+
+def _incident(v: object) -> IncidentView | None:
+    """The last incident as saved; one that is not what this daemon writes is dropped, not fatal."""
+    if not isinstance(v, dict):
+        return None
+    try:
+        return IncidentView.model_validate(v)
+    except ValueError:
+        return None
 
 
 def _open(v: object) -> OpenIncident | None:

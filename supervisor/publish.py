@@ -15,6 +15,7 @@ from supervisor.snapshot import (
     ProgressView,
     ServingView,
     StatusSnapshot,
+    StopView,
     ToolCheck,
     WriteErrorsView,
 )
@@ -93,6 +94,10 @@ class Facts:
     loop_errors: int = 0
     write_errors: WriteErrorsView | None = None
     log_keeper: LogKeeperView | None = None
+    last_stop: StopView | None = None
+    adopted: bool = False
+    takeover_s: float | None = None
+    stale_after_s: float = 10.0  # tokens still this long with requests running: the gauges are frozen
 
 
 def _current(at: float, ok: bool, h: History | None) -> bool:
@@ -104,6 +109,27 @@ def _current(at: float, ok: bool, h: History | None) -> bool:
     if h is None or at < h.launched_at:
         return False
     return ok or h.ready_at is None or at >= h.ready_at
+
+
+def stale_after(metrics_interval_s: float, serving_stall_s: float) -> float:
+    """Two scrapes, or a quarter of the stall window, without a token while requests wait: the
+    gauges are shown as frozen figures, well before the serving_stall verdict."""
+    return max(2 * metrics_interval_s, serving_stall_s / 4)
+
+
+def token_staleness(
+    h: History | None, sv: ServingObservation | None, now: float, stale_after_s: float
+) -> tuple[float | None, bool]:
+    """(seconds since the token counter moved, whether the serving gauges are frozen figures)."""
+    if h is None or h.tokens_moved_at is None:
+        return None, False
+    moved_s = round(max(0.0, now - h.tokens_moved_at), 3)
+    busy = (
+        sv is not None
+        and sv.available
+        and (sv.running_reqs or 0) + (sv.queue_reqs or 0) + (sv.active_requests or 0) > 0
+    )
+    return moved_s, busy and moved_s > stale_after_s
 
 
 def build(f: Facts) -> StatusSnapshot:
@@ -120,14 +146,17 @@ def build(f: Facts) -> StatusSnapshot:
             )
     moved: tuple[str, ...] = ()
     last_progress_s = None
-    if h is not None:
+    serving_now = f.state in ("ready", "degraded")
+    if h is not None and not serving_now:  # start-up progress; a serving server has tokens instead
         last_progress_s = round(max(0.0, f.now - h.last_any_progress_at), 3)
+    if h is not None:
         window = 3 * (obs.at - h.base.at if obs is not None else 0.0) + 1e-9
         moved = tuple(sorted(c for c, t in h.moved_at.items() if f.now - t <= max(window, 5.0)))
     serving = ServingView()
     if obs is not None:
         hv = f.health if f.health is not None and _current(f.health.at, f.health.ok, h) else None
         sv = f.serving if f.serving is not None and _current(f.serving.at, True, h) else None
+        moved_s, stale = token_staleness(h, sv, f.now, f.stale_after_s)
         serving = ServingView(
             health_ok=hv.ok if hv is not None else None,
             health_status=hv.status_code if hv is not None else None,
@@ -136,14 +165,18 @@ def build(f: Facts) -> StatusSnapshot:
             health_failures_in_row=h.health_failures if h is not None else 0,
             running_reqs=sv.running_reqs if sv is not None and sv.available else None,
             queue_reqs=sv.queue_reqs if sv is not None and sv.available else None,
-            token_rate=(sv.gen_throughput if sv is not None and sv.available else None)
+            token_rate=None
+            if stale
+            else (sv.gen_throughput if sv is not None and sv.available else None)
             or (obs.logs.last_decode.gen_throughput if obs.logs.last_decode is not None else None),
             spec_accept_length=mean_accept(h) if h is not None else None,
             metrics_available=bool(sv is not None and sv.available),
+            tokens_moved_s=moved_s,
+            stale=stale,
         )
     return StatusSnapshot(
         state=f.state,
-        phase=phase,
+        phase="serving" if serving_now and obs is not None else phase,  # an adopted server saw no ready line
         progress=progress,
         rung=f.rung,
         rung_index=f.rung_index,
@@ -171,4 +204,7 @@ def build(f: Facts) -> StatusSnapshot:
         loop_errors=f.loop_errors,
         write_errors=f.write_errors or WriteErrorsView(),
         log_keeper=f.log_keeper,
+        last_stop=f.last_stop,
+        adopted=f.adopted,
+        takeover_s=f.takeover_s,
     )

@@ -30,6 +30,7 @@ from supervisor.commands import Command
 from supervisor.config import ConfigError, Settings
 from supervisor.control import RealProcessControl
 from supervisor.daemon import Supervisor
+from supervisor.logview import LogRedaction, server_log_file
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier
 from supervisor.statelock import StateLock, acquire
@@ -93,6 +94,12 @@ async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str],
     token = load_token(settings.api, env)
     check_bind(settings.api.host, token)
     sock = bind_socket(settings.api.host, settings.api.port)
+    redaction = LogRedaction(sup.settings, dict(env))
+
+    def redact(text: str) -> str:
+        redaction.update(sup.settings)  # a reload may bring new secrets
+        return redaction(text)
+
     app = create_app(
         sup,
         token=token,
@@ -102,6 +109,8 @@ async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str],
         max_body_bytes=settings.api.max_body_bytes,
         liveness=sup.heartbeat_age,
         version=__version__,
+        log_file=server_log_file(settings),
+        redact=redact,
     )
     config = uvicorn.Config(
         app,

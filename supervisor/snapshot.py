@@ -43,6 +43,9 @@ class ServingView(_Frozen):
     token_rate: float | None = None  # generated tokens per second, from counters or the log
     spec_accept_length: float | None = None  # windowed mean
     metrics_available: bool = False
+    # Staleness (issue 26): SGLang's gauges keep their last value when the scheduler stops.
+    tokens_moved_s: float | None = None  # seconds since the generated-token counter last moved
+    stale: bool = False  # requests running but no token for a while: running/queue are frozen figures
 
 
 class GpuDeviceView(_Frozen):
@@ -94,6 +97,13 @@ class LogKeeperView(_Frozen):
     replaced: int = 0  # keepers found dead and replaced on the same pipe since the daemon started
     pipe_bytes: int | None = None  # unread bytes in the server's output pipe
     pipe_size: int | None = None
+class StopView(_Frozen):
+    """The last stop of a server tree and what its verification found."""
+
+    at: str  # ISO 8601 UTC
+    survivors: int = 0  # processes of the tree still alive after SIGKILL
+    port_free: bool = True
+    gpu_released: str = "released"  # "released" | "held" | "unverified" (NVML could not answer)
 
 
 class StatusSnapshot(_Frozen):
@@ -126,3 +136,6 @@ class StatusSnapshot(_Frozen):
     loop_errors: int = 0  # exceptions the supervisor loop caught and survived
     write_errors: WriteErrorsView = WriteErrorsView()
     log_keeper: LogKeeperView | None = None  # while a server runs
+    last_stop: StopView | None = None
+    adopted: bool = False  # the server was started by an earlier daemon and taken over by this one
+    takeover_s: float | None = None  # adoption to ready, for an adopted server (not its load time)

@@ -10,6 +10,8 @@ import structlog
 
 from supervisor.control import StopReport, describe_holders
 from supervisor.core import Core
+from supervisor.publish import iso
+from supervisor.snapshot import StopView
 
 log = structlog.get_logger("supervisor")
 
@@ -35,6 +37,12 @@ async def stop_server(sup: Core, why: str) -> bool:
     sup.server_record = None
     sup.history = None
     ok = report.ok and released != "held"
+    sup.last_stop = StopView(
+        at=iso(sup.clock.wall()) or "",
+        survivors=len(report.survivors),
+        port_free=report.port_free,
+        gpu_released=released,
+    )
     doc = {
         "why": why,
         "pids_found": list(report.pids_found),

@@ -77,9 +77,14 @@ async def tend_keeper(sup: Core) -> None:
         sup.metrics.keeper_replaced()
         sup.journal.append("log_keeper_replaced", **fields)
         log.warning("log_keeper_replaced", **fields)
-    elif now.condition != (before.condition if before is not None else None) and now.condition in ("stopped", "lost"):
-        sup.journal.append(f"log_keeper_{now.condition}", **fields)
-        log.error(f"log_keeper_{now.condition}", **fields)
+    elif now.condition == (before.condition if before is not None else None):
+        return
+    elif now.condition == "stopped":
+        sup.journal.append("log_keeper_stopped", **fields)
+        log.error("log_keeper_stopped", **fields)
+    elif now.condition == "lost":
+        sup.journal.append("log_keeper_lost", **fields)
+        log.error("log_keeper_lost", **fields)
 
 
 def start_later(sup: Core, why: str) -> None:

@@ -155,7 +155,10 @@ async def _capture_one(
             res = await _run(run, "py-spy", argv, req.py_spy_timeout_s, env, resume, deadline)
             run.python = tools.parse_py_spy(res.stdout)
             if req.native and req.nonblocking:
-                why = "py-spy cannot read native frames without pausing the process (--nonblocking asked)"
+                why = (
+                    "py-spy cannot read native frames without pausing the process, and a server that is "
+                    "not hung is not paused unasked (diagnose --native pauses each process briefly)"
+                )
                 run.outcomes.append(ToolOutcome(pid, "py-spy-native", "skipped", 0.0, detail=why))
             elif req.native:
                 argv = tools.py_spy_argv(paths.py_spy, pid, native=True, nonblocking=False)

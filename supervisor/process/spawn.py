@@ -120,7 +120,12 @@ class ServerProcess:
 
 
 def spawn_log_keeper(
-    log_dir: str, file_name: str, max_bytes: int, backups: int, env: Mapping[str, str]
+    log_dir: str,
+    file_name: str,
+    max_bytes: int,
+    backups: int,
+    env: Mapping[str, str],
+    extra: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start the log keeper on a new pipe; returns it, the pipe's write end (for the server) and a
     read end the daemon keeps (never read: it keeps the pipe readable for a replacement keeper).
@@ -132,7 +137,7 @@ def spawn_log_keeper(
     read_end, write_end = os.pipe()
     kept = os.dup(read_end)  # non-inheritable: neither the server nor any keeper gets it
     try:
-        keeper = start_log_keeper(read_end, log_dir, file_name, max_bytes, backups, env)
+        keeper = start_log_keeper(read_end, log_dir, file_name, max_bytes, backups, env, extra)
     except SpawnError:
         os.close(write_end)
         os.close(kept)
@@ -143,11 +148,17 @@ def spawn_log_keeper(
 
 
 def start_log_keeper(
-    read_fd: int, log_dir: str, file_name: str, max_bytes: int, backups: int, env: Mapping[str, str]
+    read_fd: int,
+    log_dir: str,
+    file_name: str,
+    max_bytes: int,
+    backups: int,
+    env: Mapping[str, str],
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """A log keeper reading `read_fd` (a new pipe's read end, or the daemon's copy for a replacement)."""
     argv = [sys.executable, "-m", "supervisor.logkeeper", "--dir", log_dir, "--name", file_name]
-    argv += ["--max-bytes", str(max_bytes), "--backups", str(backups)]
+    argv += ["--max-bytes", str(max_bytes), "--backups", str(backups), *extra]
     try:
         return subprocess.Popen(
             argv,
@@ -165,8 +176,18 @@ def start_log_keeper(
 def _spawn_error_message(program: str, cwd: str | None, e: OSError) -> str:
     if cwd is not None and e.filename == cwd:
         return f"cannot start the server: working directory {cwd!r}: {e.strerror} (check [server] cwd)"
+    real = os.path.realpath(program) if os.sep in program else program
+    shown = repr(program) if real == program else f"{program!r} (-> {real})"
+    if isinstance(e, FileNotFoundError) and os.sep in program and os.path.lexists(program):
+        return (
+            f"cannot start the server: program {shown} exists but cannot be executed: its interpreter "
+            f"(the #! line, or the Python a venv links to) is missing ({e.strerror}; check [server] command)"
+        )
     if isinstance(e, FileNotFoundError):
         return f"cannot start the server: program {program!r} not found (check [server] command and PATH)"
     if isinstance(e, PermissionError):
-        return f"cannot start the server: program {program!r} is not executable ({e.strerror})"
+        return (
+            f"cannot start the server: program {shown} is not executable by uid {os.getuid()} ({e.strerror}); "
+            "a venv built on a Python under /root or a home directory cannot be run by the service user"
+        )
     return f"cannot start the server: program {program!r}: {e.strerror or e}"

@@ -39,6 +39,7 @@ async def test_diagnose_of_a_healthy_server(daemon, sim, capsys: pytest.CaptureF
     assert "not hung (state ready): no hang class" in out and "hang_class:" not in out
     # Without --native a healthy server is not paused, and the answer says why native frames are missing.
     assert "py-spy-native: skipped for" in out and "without pausing" in out
+    assert "--nonblocking" not in out  # the operator asked for nothing of the kind
 
     assert await cli(r.api, "diagnose", "--native", "--json") == 0
     body = json.JSONDecoder().raw_decode(printed(capsys).strip())[0]

@@ -134,3 +134,13 @@ def test_the_marker_is_derived_from_the_resolved_state_dir(tmp_path: Path) -> No
     assert marker_for(a) == marker_for(tmp_path / "link") == marker_for(tmp_path / "x" / ".." / "a")
     assert marker_for(a) != marker_for(b)
     assert _MARKER.fullmatch(marker_for(a))  # what state.json accepts
+def test_the_last_incident_survives_and_a_bad_one_costs_nothing_else(tmp_path: Path) -> None:
+    from supervisor.snapshot import IncidentView
+
+    inc = IncidentView(id="i1", cause="serving_stall", at="2026-12-01T00:00:00+00:00", rung="base", detail="no tokens")
+    save(tmp_path / "state.json", Persisted("abc123", LadderState(), NAMES, last_incident=inc))
+    p, _ = load(tmp_path / "state.json", NAMES)
+    assert p is not None and p.last_incident == inc
+    (tmp_path / "state.json").write_text(json.dumps({**good(), "last_incident": {"id": 3, "evil": True}}))
+    p, why = load(tmp_path / "state.json", NAMES)
+    assert p is not None and p.last_incident is None and p.ladder.current == 1, why

@@ -75,3 +75,31 @@ def test_metrics_scraped_from_the_previous_server_are_not_shown() -> None:
     new = replace(old, at=160.0)
     view = build(facts(RELAUNCHED, None, new)).serving
     assert view.running_reqs == 4.0 and view.metrics_available
+
+
+def stalled_history(tokens_moved_at: float) -> History:
+    return replace(RELAUNCHED, tokens=500.0, tokens_moved_at=tokens_moved_at)
+
+
+@pytest.mark.parametrize(
+    ("running", "moved_at", "stale", "rate"),
+    [
+        (16.0, 199.0, False, 237.0),  # a token a second ago: the rate stands
+        (16.0, 180.0, True, None),  # 20 s without a token, 16 running: SGLang's gauges are frozen
+        (0.0, 180.0, False, 237.0),  # idle: nothing to be stale about (the watchdog resets the clock then)
+    ],
+)
+def test_frozen_gauges_are_marked_and_give_no_token_rate(
+    running: float, moved_at: float, stale: bool, rate: float | None
+) -> None:
+    sv = ServingObservation(at=199.0, available=True, running_reqs=running, queue_reqs=0.0, gen_throughput=237.0)
+    view = build(replace(facts(stalled_history(moved_at), None, sv), stale_after_s=10.0)).serving
+    assert (view.stale, view.token_rate) == (stale, rate)
+    assert view.tokens_moved_s == round(200.0 - moved_at, 3)
+
+
+def test_a_serving_server_shows_phase_serving_and_no_start_up_progress_age() -> None:
+    snap = build(facts(RELAUNCHED, None, None))
+    assert snap.phase == "serving" and snap.last_progress_s is None
+    starting = build(replace(facts(RELAUNCHED, None, None), state="starting"))
+    assert starting.last_progress_s is not None and starting.phase != "serving"

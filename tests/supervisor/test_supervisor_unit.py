@@ -7,6 +7,7 @@ quickly: ready, stall -> evidence -> stop -> next rung, the crash-loop budget, c
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -221,14 +222,17 @@ async def test_stop_command_stops_the_tree(rig) -> None:  # type: ignore[no-unty
     assert sup.snapshot().state == "stopped" and control.stops == 1 and sup.snapshot().reason == "maintenance"
 
 
-async def test_spawn_failure_is_an_exited_incident(rig) -> None:  # type: ignore[no-untyped-def]
+async def test_a_launch_that_cannot_start_is_failed_at_once_not_a_walk_down_the_ladder(rig) -> None:  # type: ignore[no-untyped-def]
     sup, _clock, control, _observer = rig
     control.fail_spawn = True
     sup.settings = settings(Path(sup.settings.paths.state_dir).parent, max_restarts_per_hour=2, retries_per_rung=5)
     await sup.startup(True)
     snap = sup.snapshot()
     assert snap.state == "failed" and snap.last_incident is not None and snap.last_incident.cause == "exited"
-    assert "no such file" in snap.last_incident.detail
+    assert "no such file" in snap.last_incident.detail and "no such file" in snap.reason
+    assert snap.restarts == 0
+    names = [json.loads(x)["event"] for x in (sup.state_dir / "events.jsonl").read_text().splitlines()]
+    assert names.count("spawn_failed") == 1 and "ladder_decision" not in names
 
 
 async def test_secrets_stay_out_of_the_journal_and_check_config(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

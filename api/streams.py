@@ -1,0 +1,123 @@
+"""Streamed reads: `GET /logs` (the server's output, `follow=true` keeps the answer open) and the
+follow mode of `GET /events` (JSON lines as the journal gets them), so `sglang-supervisor logs -f`
+and `events --follow` are one open HTTP answer each, not a polling loop in the client.
+
+The follower reads the file in a worker thread every `poll_s` (a tail -F on the server side); it
+ends when the client goes away (Starlette cancels the generator) or the daemon shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import StringConstraints, WithJsonSchema
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from api.follow import Follower, tail_lines
+from supervisor.eventnames import EVENT_NAMES, unknown_events
+
+FOLLOW_POLL_S = 0.25
+MAX_LOG_LINES = 10_000
+NDJSON = "application/x-ndjson"
+
+# Journal event names are snake_case (`state_changed`); anything else (`event=`, a number) is a mistake.
+# The schema lists the names the daemon writes; the route answers any other well-formed name with a
+# 422 naming them (`unknown_event_response`), which is clearer than the generic enum error.
+EventName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$"),
+    WithJsonSchema({"type": "string", "enum": sorted(EVENT_NAMES)}),
+]
+
+
+def unknown_event_response(names: frozenset[str]) -> JSONResponse | None:
+    """A 422 naming the unknown event names and listing the known ones; None when all are known."""
+    bad = unknown_events(set(names))
+    if not bad:
+        return None
+    plural = "s" if len(bad) > 1 else ""
+    detail = f"unknown event name{plural} {', '.join(bad)}; known: {', '.join(sorted(EVENT_NAMES))}"
+    body = {"error": "unknown_event", "detail": detail, "events": sorted(EVENT_NAMES)}
+    return JSONResponse(body, status_code=422)
+
+
+async def start_following(path: Path) -> Follower:
+    """Open `path` at its end now, before the first lines are read, so nothing falls in between."""
+    return await asyncio.to_thread(Follower, path)
+
+
+async def _follow(follower: Follower, poll_s: float) -> AsyncIterator[bytes]:
+    try:
+        while True:
+            lines = await asyncio.to_thread(follower.read_new)
+            for line in lines:
+                yield line
+            if not lines:
+                await asyncio.sleep(poll_s)
+    finally:
+        follower.close()
+
+
+def follow_events(
+    follower: Follower, first: list[dict[str, object]], match: Callable[[dict[str, object]], bool] | None, poll_s: float
+) -> StreamingResponse:
+    """The journal's matching records now, then each new one, one JSON object per line."""
+
+    async def body() -> AsyncIterator[bytes]:
+        # The follower was opened at the file's end before `first` was read: a record written in
+        # between may be sent twice, never missed.
+        stream = _follow(follower, poll_s)
+        for record in first:
+            yield (json.dumps(record, ensure_ascii=False) + "\n").encode()
+        async for line in stream:
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(record, dict) and (match is None or match(record)):
+                yield (json.dumps(record, ensure_ascii=False) + "\n").encode()
+
+    return StreamingResponse(body(), media_type=NDJSON, headers={"Cache-Control": "no-store"})
+
+
+def logs_router(log_file: Path, redact: Callable[[str], str], poll_s: float = FOLLOW_POLL_S) -> APIRouter:
+    router = APIRouter(tags=["status"])
+
+    def render(line: bytes) -> bytes:
+        text = line.decode("utf-8", errors="replace")
+        if "\r" in text:  # a progress bar's updates: its latest state
+            text = [s for s in text.split("\r") if s.strip()][-1] if text.strip() else ""
+        return (redact(text) + "\n").encode()
+
+    @router.get(
+        "/logs",
+        response_class=StreamingResponse,
+        responses={200: {"description": "the server's output, one line each", "content": {"text/plain": {}}}},
+    )
+    async def logs(
+        lines: Annotated[int, Query(ge=0, le=MAX_LOG_LINES, description="how many of the last lines")] = 100,
+        # Not in the schema: an OpenAPI client (or fuzzer) cannot consume an answer that never ends.
+        follow: Annotated[bool, Query(include_in_schema=False)] = False,
+    ) -> Response:
+        """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted."""
+        follower = await start_following(log_file) if follow else None
+        tail = await asyncio.to_thread(tail_lines, log_file, lines)
+
+        async def body() -> AsyncIterator[bytes]:
+            stream = _follow(follower, poll_s) if follower is not None else None
+            for line in tail:
+                yield render(line)
+            if stream is not None:
+                async for line in stream:
+                    yield render(line)
+
+        return StreamingResponse(
+            body(), media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
+        )
+
+    return router

@@ -1,0 +1,101 @@
+"""What a script can rely on: `status` exit codes by state, and `--wait` on stop, start and restart.
+
+In the spirit of `systemctl is-active`: `status` exits 0 only when the server is ready, and a
+code per state otherwise, so `until sglang-supervisor status; do sleep 5; done` waits for a
+server that serves. The codes 1-4 keep their meaning for every verb (the daemon refused, usage,
+unreachable, token refused). docs/OPERATIONS.md lists them.
+
+`settled` is the pure rule `--wait` polls `GET /status` with: a stop is done once the state is
+`stopped` (and says whether the daemon verified the port and the GPUs free); a start or restart
+once a new server (a new `started_at`) is serving, or the supervisor ended in `failed`/`stopped`
+after the command took effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH = 0, 1, 2, 3, 4
+EXIT_DEGRADED = 5  # serving, but health failing below the threshold or speculation under its floor
+EXIT_STARTING = 6  # launched, not yet ready (loading, capturing graphs, warming up)
+EXIT_RECOVERING = 7  # hung, diagnosing or restarting: an incident is being handled
+EXIT_STOPPED = 8  # stopped by request
+EXIT_FAILED = 9  # the ladder or the restart budget is exhausted
+EXIT_TIMEOUT = 124  # --wait ran out of time (as timeout(1) does)
+
+STATE_EXIT: Mapping[str, int] = {
+    "ready": EXIT_OK,
+    "degraded": EXIT_DEGRADED,
+    "starting": EXIT_STARTING,
+    "hung": EXIT_RECOVERING,
+    "diagnosing": EXIT_RECOVERING,
+    "restarting": EXIT_RECOVERING,
+    "stopped": EXIT_STOPPED,
+    "failed": EXIT_FAILED,
+}
+SERVING = ("ready", "degraded")
+DEFAULT_WAIT_S = {"stop": 300.0, "start": 1800.0, "restart": 1800.0}  # a 600 GB load takes minutes
+
+Verb = Literal["stop", "start", "restart"]
+
+
+def state_exit(state: object) -> int:
+    return STATE_EXIT.get(str(state), EXIT_ERROR)
+
+
+@dataclass(frozen=True)
+class Before:
+    """The status when the command was sent, to tell a new server from the old one."""
+
+    state: str
+    started_at: str | None
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any]) -> Before:
+        started = status.get("started_at")
+        return cls(str(status.get("state")), str(started) if started else None)
+
+
+@dataclass(frozen=True)
+class Settled:
+    code: int
+    message: str
+
+
+def settled(verb: Verb, before: Before, now: Mapping[str, Any], moved: bool) -> Settled | None:
+    """The outcome once `now` shows the command done, else None. `moved`: a status since the
+    command showed another state than `before` (the command has taken effect)."""
+    state = str(now.get("state"))
+    if verb == "stop":
+        return _stopped(now) if state == "stopped" else None
+    started = now.get("started_at")
+    new_server = bool(started) and str(started) != before.started_at
+    if new_server and state in SERVING:
+        pid = now.get("pid")
+        return Settled(state_exit(state), f"{state} on rung {now.get('rung')}, pid {pid}")
+    if state == "failed" and (moved or new_server):
+        return Settled(EXIT_FAILED, f"failed: {now.get('reason') or 'see sglang-supervisor events'}")
+    if state == "stopped" and (moved or new_server):
+        return Settled(EXIT_STOPPED, f"stopped: {now.get('reason') or '-'}")
+    return None
+
+
+def _stopped(now: Mapping[str, Any]) -> Settled:
+    stop = now.get("last_stop")
+    if not isinstance(stop, Mapping):
+        return Settled(EXIT_OK, "stopped (no server was running)")
+    problems = []
+    if stop.get("survivors"):
+        problems.append(f"{stop['survivors']} process(es) of the tree survived")
+    if stop.get("port_free") is False:
+        problems.append("the server port is still held")
+    gpu = stop.get("gpu_released")
+    if gpu == "held":
+        problems.append("GPU memory is still held by the old tree")
+    if problems:
+        return Settled(EXIT_ERROR, "stopped, but " + "; ".join(problems) + " (sglang-supervisor events)")
+    if gpu == "unverified":
+        return Settled(EXIT_OK, "stopped; port free; GPU release unverified (NVML unavailable here)")
+    return Settled(EXIT_OK, "stopped; port free, GPU memory released (verified by NVML)")

@@ -1,0 +1,51 @@
+"""Every event name the daemon writes to its journal, so `GET /events?event=` can refuse a typo.
+
+A filter on a name the daemon never writes matches nothing and looks like "no events": an
+operator who typed `incidents` for `incident` would conclude that nothing happened. The API
+answers such a name with a 422 that lists these. tests/supervisor/test_eventnames.py reads the
+sources and fails when a `journal.append("...")` writes a name missing here.
+"""
+
+from __future__ import annotations
+
+EVENT_NAMES: frozenset[str] = frozenset(
+    {
+        "adoption_refused",
+        "bundle_write_failed",
+        "bundle_written",
+        "command",
+        "config_reload_refused",
+        "config_reloaded",
+        "containment",
+        "daemon_handoff",
+        "daemon_started",
+        "decision_resumed",
+        "diagnostics_failed",
+        "failed_cooldown",
+        "failed_cooldown_over",
+        "failed_left",
+        "incident",
+        "ladder_decision",
+        "launch_refused",
+        "leftovers_stopped",
+        "log_keeper_lost",
+        "log_keeper_replaced",
+        "log_keeper_stopped",
+        "loop_error",
+        "promotion",
+        "server_adopted",
+        "server_launched",
+        "server_ready",
+        "server_stable",
+        "server_stopped",
+        "spawn_failed",
+        "spec_regression",
+        "state_changed",
+        "state_save_failed",
+        "stayed_stopped",
+    }
+)
+
+
+def unknown_events(names: frozenset[str] | set[str]) -> list[str]:
+    return sorted(n for n in names if n not in EVENT_NAMES)

@@ -1,0 +1,35 @@
+"""`make demo` (README's first command): the demo tells its story and ends by itself, keeps its evidence
+and says where it is."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_demo_ends_once_recovered_and_keeps_its_evidence() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor", "demo", "--until-recovered", "--duration", "150"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    out = proc.stdout
+    m = re.search(r"^state kept in (\S+): bundles in", out, re.M)
+    root = Path(m.group(1)) if m else None
+    try:
+        assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+        assert "Ctrl-C to stop sooner" in out and "(kept)" in out
+        assert re.search(r"final: state=stopped rung=no-cuda-graph restarts=1 incidents=1", out), out[-2000:]
+        assert root is not None and any((root / "diagnostics").glob("*startup_stall/summary.txt"))
+        assert "Hang class: idle_deadlock" in out
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
