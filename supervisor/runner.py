@@ -22,6 +22,7 @@ from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
 from supervisor import __version__
+from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.cgroup import CgroupRoot, become_subreaper
 from supervisor.clock import Clock, SystemClock
@@ -134,6 +135,20 @@ def make_supervisor(
     return sup
 
 
+def start_alerter(sup: Supervisor, settings: Settings, metrics: NotifyMetrics) -> Alerter:
+    """The [[notify]] lanes, listening to the journal; ConfigError when a secret file is unreadable."""
+    alerter = Alerter(
+        settings.notify,
+        journal=sup.journal,
+        metrics=metrics,
+        instance=instance_name(settings.server.host, settings.server.port),
+        hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
+    )
+    alerter.start()
+    sup.journal.listeners.append(alerter.offer)
+    return alerter
+
+
 def install_signals(sup: Supervisor) -> None:
     loop = asyncio.get_running_loop()
 
@@ -167,13 +182,20 @@ async def serve(
     sup = make_supervisor(settings, env, registry, config_path=config_path, notifier=notifier)
     if holder is not None:
         holder.append(sup)
+    notify_metrics = NotifyMetrics(registry)
+    alerter = start_alerter(sup, settings, notify_metrics)
     api = await start_api(sup, settings, env, registry)
 
     current = settings
 
     async def on_reload(new: Settings) -> None:
         """Rebind the API when its settings changed; a refused new API config keeps the old one."""
-        nonlocal api, current
+        nonlocal api, current, alerter
+        if new.notify != current.notify or new.server.port != current.server.port:
+            fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
+            sup.journal.listeners.remove(alerter.offer)
+            await alerter.close(grace_s=2.0)
+            alerter = fresh
         if new.api != current.api:
             token = load_token(new.api, env)  # raises ConfigError before anything is torn down
             check_bind(new.api.host, token)
@@ -194,6 +216,7 @@ async def serve(
     try:
         await sup.run()
     finally:
+        await alerter.close()
         await api.close()
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
     return EXIT_HANDOFF if sup.handoff else 0

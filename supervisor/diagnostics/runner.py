@@ -61,13 +61,14 @@ async def run_tool(
     *,
     env: Mapping[str, str] | None = None,
     cap_bytes: int = DEFAULT_CAP_BYTES,
+    stdin: bytes | None = None,
 ) -> RunResult:
     """Run `argv` to completion or `timeout_s`; on timeout kill it and keep what it had printed."""
     start = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env) if env is not None else None,
@@ -77,6 +78,10 @@ async def run_tool(
         return RunResult(
             None, "", f"{argv[0]}: {err.strerror or err}", time.monotonic() - start, missing=True
         )
+    if stdin is not None and proc.stdin is not None:
+        proc.stdin.write(stdin)  # small (an event); a hook that never reads gets EPIPE, not a hang
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
     out, errs = bytearray(), bytearray()
     seen_out, seen_err = [0], [0]
     readers = asyncio.gather(
