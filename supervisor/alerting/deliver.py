@@ -99,7 +99,7 @@ async def post(client: httpx.AsyncClient, target: NotifyTarget, ev: NotifyEvent,
 async def run_hook(target: NotifyTarget, ev: NotifyEvent, base_env: Mapping[str, str]) -> Attempt:
     env = {**base_env, **shapes.hook_env(ev)}
     data = (json.dumps(shapes.generic(ev)) + "\n").encode()
-    res = await run_tool(target.argv, target.timeout_s, env=env, cap_bytes=8192, stdin=data)
+    res = await run_tool(target.argv, target.timeout_s, env=env, cap_bytes=8192, stdin=data, own_session=False)
     if res.missing:
         return Attempt(False, False, error=res.stderr[:300])
     if res.timed_out:

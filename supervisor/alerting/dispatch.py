@@ -142,7 +142,7 @@ class Alerter:
                 attempt = await deliver.post(self._client, t, ev, lane.secrets)
             if attempt.ok or not attempt.retry or n > t.retries:
                 break
-            log.info("notification_retry", target=t.name, event=ev.kind, attempt=n, error=attempt.error, in_s=delay)
+            log.info("notification_retry", target=t.name, notified=ev.kind, attempt=n, error=attempt.error, in_s=delay)
             await self._sleep(delay)
             delay = min(t.backoff_max_s, max(delay * 2, 0.1))
         self._outcome(lane, ev, "ok" if attempt.ok else "failed", n, status=attempt.status, error=attempt.error)

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,9 +63,18 @@ async def run_tool(
     env: Mapping[str, str] | None = None,
     cap_bytes: int = DEFAULT_CAP_BYTES,
     stdin: bytes | None = None,
+    own_session: bool = True,
 ) -> RunResult:
-    """Run `argv` to completion or `timeout_s`; on timeout kill it and keep what it had printed."""
+    """Run `argv` to completion or `timeout_s`; on timeout kill it and keep what it had printed.
+
+    `own_session=False`: a process group of its own inside the daemon's session, for what may run
+    while the server is stopped (a notification hook): the stop takes any child of the daemon in
+    another session for an orphan of the server tree (`cgroup.adopted_orphans`).
+    """
     start = time.monotonic()
+    group: dict[str, object] = {"start_new_session": True}
+    if not own_session:
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -72,7 +82,7 @@ async def run_tool(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env) if env is not None else None,
-            start_new_session=True,
+            **group,  # type: ignore[arg-type]
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as err:
         return RunResult(
