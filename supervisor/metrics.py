@@ -33,6 +33,7 @@ GPU_LABELS = ("gpu", "uuid")
 # event (a series that appears at 1 has no earlier sample to increase from).
 INCIDENT_CLASSES = (*HANG_CLASSES, "none")  # "none": nothing was classified (e.g. the server exited)
 DIAGNOSTIC_OUTCOMES = ("written", "write_failed", "error")
+INCIDENT_LABELS = ("id", "cause", "hang_class")
 
 log = structlog.get_logger("metrics")
 
@@ -75,14 +76,12 @@ class _SnapshotCollector(Collector):
         since = gauge("seconds_since_progress", "Seconds since any progress channel last moved")
         hour = gauge("restarts_last_hour", "Relaunches within the last hour (the restart budget's window)")
         last_inc = gauge("incident_last_timestamp_seconds", "Unix time of the last incident")
-        spec = gauge(
-            "spec_accept_length", "DEPRECATED (removed in the next release): use spec_accept_length_tokens"
-        )
+        spec = gauge("spec_accept_length", "DEPRECATED (removed in the next release): use spec_accept_length_tokens")
         spec_tokens = gauge(
             "spec_accept_length_tokens", "Speculative decoding's mean accepted length in tokens per step, from SGLang"
         )
         inc_info = gauge(
-            "last_incident_info", "Always 1; the last incident's id, cause and hang class", ["id", "cause", "hang_class"]
+            "last_incident_info", "Always 1; the last incident's id, cause and hang class", INCIDENT_LABELS
         )
         running = gauge("running_requests", "Requests the server is running, scraped from SGLang")
         queued = gauge("queued_requests", "Requests waiting in the server's queue, scraped from SGLang")

@@ -108,4 +108,3 @@ async def run_hook(target: NotifyTarget, ev: NotifyEvent, base_env: Mapping[str,
         return Attempt(True, False, 0)
     tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
     return Attempt(False, True, res.exit_code, f"exit {res.exit_code}" + (f": {tail[0][:200]}" if tail else ""))
-

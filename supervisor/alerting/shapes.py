@@ -33,9 +33,16 @@ _SLACK_ICON = {"incident": ":warning:", "failed": ":red_circle:", "recovered": "
 
 def slack(ev: NotifyEvent) -> dict[str, Any]:
     text = f"{_SLACK_ICON.get(ev.kind, ':information_source:')} {ev.summary}"
-    fields = [f"*{k}*: `{v}`" for k, v in (
-        ("incident", ev.incident_id), ("cause", ev.cause), ("hang class", ev.hang_class), ("bundle", ev.bundle),
-    ) if v]
+    fields = [
+        f"*{k}*: `{v}`"
+        for k, v in (
+            ("incident", ev.incident_id),
+            ("cause", ev.cause),
+            ("hang class", ev.hang_class),
+            ("bundle", ev.bundle),
+        )
+        if v
+    ]
     blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
     if fields:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": "  ".join(fields)}]})

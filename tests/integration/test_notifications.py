@@ -111,8 +111,12 @@ async def check_story(r: Any, s: Settings, got: Any, hung: Any, failing: Any, ou
         bodies = got.bodies(f"/hooks/{SECRET}")
         assert [b["event"] for b in bodies] == ["incident", "recovered"]
         first, second = bodies
-        assert first["incident"] == {"id": inc.id, "cause": "startup_stall", "hang_class": inc.hang_class,
-                                     "bundle": inc.bundle}
+        assert first["incident"] == {
+            "id": inc.id,
+            "cause": "startup_stall",
+            "hang_class": inc.hang_class,
+            "bundle": inc.bundle,
+        }
         assert first["rung"] == "base" and first["version"] == 1 and inc.id in second["summary"]
         assert second["incident"]["id"] == inc.id and second["rung"] == "no-cuda-graph"
         # Slack: a message with text; PagerDuty: trigger then resolve on one dedup key

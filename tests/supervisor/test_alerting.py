@@ -20,8 +20,16 @@ from supervisor.alerting.settings import NotifyTarget
 from supervisor.config import ConfigError, settings_from_mapping
 from supervisor.journal import Journal
 
-INC = {"event": "incident", "ts": "2026-12-01T10:00:00.000Z", "id": "I1", "cause": "startup_stall",
-       "hang_class": "idle_deadlock", "rung": "base", "detail": "no progress for 180 s", "bundle": "I1"}
+INC = {
+    "event": "incident",
+    "ts": "2026-12-01T10:00:00.000Z",
+    "id": "I1",
+    "cause": "startup_stall",
+    "hang_class": "idle_deadlock",
+    "rung": "base",
+    "detail": "no progress for 180 s",
+    "bundle": "I1",
+}
 
 
 def kinds(records: list[dict[str, Any]]) -> list[str | None]:
@@ -40,28 +48,34 @@ def test_incident_then_ready_is_a_recovery_naming_the_incident() -> None:
 
 
 def test_ready_without_an_incident_and_manual_restarts_are_not_told() -> None:
-    assert kinds([
-        {"event": "server_ready", "rung": "base"},
-        {**INC, "cause": "manual"},
-        {"event": "server_ready", "rung": "base"},
-        {"event": "state_changed", "old": "ready", "new": "degraded"},
-        {"event": "notification", "outcome": "ok"},
-    ]) == [None, None, None, None, None]
+    assert kinds(
+        [
+            {"event": "server_ready", "rung": "base"},
+            {**INC, "cause": "manual"},
+            {"event": "server_ready", "rung": "base"},
+            {"event": "state_changed", "old": "ready", "new": "degraded"},
+            {"event": "notification", "outcome": "ok"},
+        ]
+    ) == [None, None, None, None, None]
 
 
 def test_failed_once_then_recovered_and_stayed_stopped() -> None:
-    assert kinds([
-        {"event": "state_changed", "old": "restarting", "new": "failed", "reason": "ladder exhausted"},
-        {"event": "state_changed", "old": "failed", "new": "failed"},
-        {"event": "server_ready", "rung": "base"},
-        {"event": "stayed_stopped", "reason": "stopped by request"},
-    ]) == ["failed", None, "recovered", "stayed_stopped"]
+    assert kinds(
+        [
+            {"event": "state_changed", "old": "restarting", "new": "failed", "reason": "ladder exhausted"},
+            {"event": "state_changed", "old": "failed", "new": "failed"},
+            {"event": "server_ready", "rung": "base"},
+            {"event": "stayed_stopped", "reason": "stopped by request"},
+        ]
+    ) == ["failed", None, "recovered", "stayed_stopped"]
 
 
 def test_pagerduty_triggers_and_resolves_one_alert_per_server() -> None:
     t = Tracker("h:30000")
-    inc, fail, rec = t.feed(INC), t.feed({"event": "state_changed", "old": "restarting", "new": "failed"}), t.feed(
-        {"event": "server_ready", "rung": "base"}
+    inc, fail, rec = (
+        t.feed(INC),
+        t.feed({"event": "state_changed", "old": "restarting", "new": "failed"}),
+        t.feed({"event": "server_ready", "rung": "base"}),
     )
     assert inc is not None and fail is not None and rec is not None
     bodies = [shapes.pagerduty(e, "KEY") for e in (inc, fail, rec)]
