@@ -21,6 +21,7 @@ from typing import TypeVar
 import structlog
 
 from probes.gpu import GpuProbe
+from probes.gpuscope import DeviceScope
 from probes.types import Observation
 from supervisor.adopt import ServerRecord
 from supervisor.apiguard import GuardStats
@@ -317,6 +318,7 @@ class Core:
         current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
         self.settings = settings
         self.observer.configure(settings)
+        self.observer.gpu.scope = DeviceScope.for_server(settings.server.env, self.env)  # CUDA_VISIBLE_DEVICES
         idx = settings.rung_index(current) if current is not None else None
         if idx is None:
             idx = min(self.ladder.current, len(settings.ladder) - 1)

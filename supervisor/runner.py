@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
+from probes.gpuscope import DeviceScope
 from supervisor import __version__
 from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
@@ -120,11 +121,13 @@ def make_supervisor(
     subreaper = become_subreaper()
     cgroups, why = CgroupRoot.find()
     log.info("containment", subreaper=subreaper, cgroup=why)
+    scope = DeviceScope.for_server(settings.server.env, env)
+    log.info("gpu_scope", gpus=scope.describe())
     sup = Supervisor(
         settings,
         clock=clock or SystemClock(),
         metrics=lambda snap: SupervisorMetrics(registry, snap),
-        gpu=GpuProbe(make_nvml(env)),
+        gpu=GpuProbe(make_nvml(env), scope=scope),
         env=env,
         config_path=config_path,
         notifier=notifier,
@@ -132,6 +135,7 @@ def make_supervisor(
         control=RealProcessControl(cgroups, subreaper=subreaper),
     )
     sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    sup.journal.append("gpu_scope", gpus=scope.describe())
     return sup
 
 
