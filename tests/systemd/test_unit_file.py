@@ -222,7 +222,9 @@ TEMPLATE = UNIT.with_name("sglang-supervisor@.service")
 # What the templated unit changes, and nothing else: per-instance config, environment and state.
 INSTANCE_KEYS = {
     ("Unit", "Description"): ["SGLang inference server supervisor (%i)"],
-    ("Service", "ExecStart"): ["/opt/sglang-supervisor/bin/sglang-supervisor run --config /etc/sglang-supervisor/%i.toml"],
+    ("Service", "ExecStart"): [
+        "/opt/sglang-supervisor/bin/sglang-supervisor run --config /etc/sglang-supervisor/%i.toml"
+    ],
     ("Service", "EnvironmentFile"): ["-/etc/sglang-supervisor/env", "-/etc/sglang-supervisor/%i.env"],
     ("Service", "StateDirectory"): ["sglang-supervisor/%i"],
 }
