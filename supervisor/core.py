@@ -125,6 +125,7 @@ class Core:
         self.launched_at = clock.monotonic()
         self.launched_wall: float | None = None
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
+        self.publish_listeners: list[Callable[[StatusSnapshot], None]] = []  # e.g. the page's timeline
         self.metrics = metrics(self.snapshot)
         self.publish()
 
@@ -295,6 +296,9 @@ class Core:
             )
         )
         self.count_write_errors()
+        for listener in self.publish_listeners:
+            with contextlib.suppress(Exception):  # a view's bug must not cost a poll
+                listener(self._snapshot)
 
     def write_errors(self) -> WriteErrorsView:
         log_now = self.capture.stats.write_errors if self.capture is not None else 0

@@ -31,8 +31,10 @@ from supervisor.commands import Command
 from supervisor.config import ConfigError, Settings
 from supervisor.control import RealProcessControl
 from supervisor.daemon import Supervisor
+from supervisor.diagnostics.redact import Redactor
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier
+from supervisor.timeline import Timeline
 
 log = structlog.get_logger("supervisor")
 EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
@@ -75,7 +77,13 @@ class Api:
         self.sock.close()
 
 
-async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str], registry: CollectorRegistry) -> Api:
+async def start_api(
+    sup: Supervisor,
+    settings: Settings,
+    env: Mapping[str, str],
+    registry: CollectorRegistry,
+    timeline: Timeline | None = None,
+) -> Api:
     token = load_token(settings.api, env)
     check_bind(settings.api.host, token)
     sock = bind_socket(settings.api.host, settings.api.port)
@@ -88,6 +96,9 @@ async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str],
         max_body_bytes=settings.api.max_body_bytes,
         liveness=sup.heartbeat_age,
         version=__version__,
+        timeline=timeline,
+        # the status page's log tail: the secrets a bundle would redact, redacted the same way
+        redact=Redactor.from_envs([env, settings.server.env, *(r.env for r in settings.fallback)]).text,
     )
     config = uvicorn.Config(
         app,
@@ -188,7 +199,9 @@ async def serve(
         holder.append(sup)
     notify_metrics = NotifyMetrics(registry)
     alerter = start_alerter(sup, settings, notify_metrics)
-    api = await start_api(sup, settings, env, registry)
+    timeline = Timeline(sup.clock.monotonic)
+    sup.publish_listeners.append(timeline.feed)
+    api = await start_api(sup, settings, env, registry, timeline)
 
     current = settings
 
@@ -205,9 +218,9 @@ async def serve(
             check_bind(new.api.host, token)
             await api.close()
             try:
-                api = await start_api(sup, new, env, registry)
+                api = await start_api(sup, new, env, registry, timeline)
             except ConfigError:
-                api = await start_api(sup, current, env, registry)
+                api = await start_api(sup, current, env, registry, timeline)
                 raise
         current = new
 
