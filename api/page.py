@@ -55,7 +55,8 @@ def tail_lines(path: Path, n: int, max_bytes: int = LOG_TAIL_BYTES) -> list[str]
             data = f.read(max_bytes)
     except OSError:
         return []
-    lines = data.decode("utf-8", "replace").replace("\r", "\n").splitlines()
+    # A progress bar rewrites its line with carriage returns: show each line as a terminal would.
+    lines = [ln.rstrip("\r").rsplit("\r", 1)[-1] for ln in data.decode("utf-8", "replace").split("\n")]
     if len(data) >= max_bytes and lines:
         lines = lines[1:]  # the first may be cut
     return [ln[:500] for ln in lines if ln.strip()][-n:]
