@@ -83,6 +83,9 @@ class _SnapshotCollector(Collector):
         inc_info = gauge(
             "last_incident_info", "Always 1; the last incident's id, cause and hang class", INCIDENT_LABELS
         )
+        tokens = gauge(
+            "generation_tokens_per_second", "Tokens the server generates per second, from its counters or its log"
+        )
         running = gauge("running_requests", "Requests the server is running, scraped from SGLang")
         queued = gauge("queued_requests", "Requests waiting in the server's queue, scraped from SGLang")
         gpu_ok = gauge("gpu_probe_up", "1 when NVML answered on the last poll, else 0")
@@ -119,6 +122,8 @@ class _SnapshotCollector(Collector):
                 inc_info.add_metric([inc.id, inc.cause, inc.hang_class or "none"], 1.0)
             if s.serving.spec_accept_length is not None:
                 spec_tokens.add_metric([], s.serving.spec_accept_length)
+            if s.serving.token_rate is not None:
+                tokens.add_metric([], s.serving.token_rate)
             for family, value in (
                 (spec, s.serving.spec_accept_length),
                 (running, s.serving.running_reqs),
@@ -134,7 +139,7 @@ class _SnapshotCollector(Collector):
                 total.add_metric(labels, float(d.mem_total_bytes))
                 held.add_metric(labels, float(d.tree_mem_bytes))
         yield from (state, rung, rung_info, up, ttr, load, since, hour, last_inc, spec, running, queued)
-        yield from (gpu_ok, util, used, total, held, build, tools, spec_tokens, inc_info)
+        yield from (gpu_ok, util, used, total, held, build, tools, spec_tokens, inc_info, tokens)
 
 
 class SupervisorMetrics:
