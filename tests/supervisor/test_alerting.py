@@ -155,3 +155,26 @@ async def test_a_full_queue_drops_the_oldest_and_counts_it(tmp_path: Path) -> No
         outcomes = [(r["notified"], r["outcome"]) for r in journal.read(100) if r["event"] == "notification"]
         assert outcomes == [("recovered", "dropped"), ("incident", "failed"), ("incident", "failed")]
         assert len(got.bodies("/x")) == 2
+
+
+def test_check_config_names_unreadable_secrets_and_missing_hooks(tmp_path: Path) -> None:
+    from supervisor.configcheck import check_settings
+
+    loose = tmp_path / "url"
+    loose.write_text("https://hooks.example/T0KEN\n")
+    loose.chmod(0o644)
+    settings = settings_from_mapping(
+        {
+            "server": {"command": ["/bin/true"]},
+            "notify": [
+                {"name": "slack", "format": "slack", "url_file": str(loose)},
+                {"name": "hook", "kind": "exec", "argv": [str(tmp_path / "no-such-hook")]},
+                {"name": "ok", "kind": "exec", "argv": ["/bin/true"]},
+            ],
+        }
+    )
+    lines = [f.line() for f in check_settings(settings, {"PATH": "/usr/bin:/bin"})]
+    assert any(line.startswith("error: notify[0] (slack)") and "chmod 600" in line for line in lines), lines
+    assert any(line.startswith("error: notify[1] (hook).argv") for line in lines), lines
+    assert not any("notify[2]" in line for line in lines)
+    assert "T0KEN" not in "\n".join(lines)
