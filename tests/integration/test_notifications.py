@@ -210,3 +210,52 @@ def test_stayed_stopped_after_a_daemon_crash(sim, tmp_path: Path) -> None:  # ty
                 proc.wait(30)
             finally:
                 cleanup(proc, s.paths.state_dir)
+
+
+def test_run_from_toml_a_killed_server_is_told_and_a_reload_moves_the_target(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`sglang-supervisor run` with [[notify]] in its TOML: SIGKILL the server, the receiver hears the
+    incident and the recovery; a reload to a secret file anyone may read is refused and the old
+    target stays; a good reload moves the events to the new target."""
+    with receiver("ok") as (url, got):
+        s = sim("ok", tp=1, restart={"retries_per_rung": 5, "max_restarts_per_hour": 50})
+        first = private(tmp_path / "first-url", f"{url}/first")
+        cfg = tmp_path / "c.toml"
+
+        def write(url_file: str) -> None:
+            cfg.write_text(to_toml(with_notify(s, NotifyTarget(name="team", url_file=url_file))))
+
+        write(first)
+        api = f"http://127.0.0.1:{s.api.port}"
+        proc = start(cfg, dict(os.environ))
+        try:
+            st = wait_status(api, lambda x: x["state"] == "ready", 40, proc)
+            os.kill(st["pid"], signal.SIGKILL)
+            wait_status(api, lambda x: x["state"] == "ready" and x["pid"] != st["pid"], 40, proc)
+            deadline = time.monotonic() + 20
+            while len(got.bodies("/first")) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert [b["event"] for b in got.bodies("/first")] == ["incident", "recovered"]
+            assert got.bodies("/first")[0]["incident"]["cause"] == "exited"
+
+            loose = tmp_path / "loose-url"
+            loose.write_text(f"{url}/loose\n")
+            loose.chmod(0o644)
+            write(str(loose))
+            r = httpx.post(f"{api}/reload", timeout=30)
+            assert r.status_code == 400 and "chmod 600" in r.json()["detail"]
+
+            write(private(tmp_path / "second-url", f"{url}/second"))
+            assert httpx.post(f"{api}/reload", timeout=30).status_code == 200
+            st = wait_status(api, lambda x: x["state"] == "ready", 10, proc)
+            os.kill(st["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + 40
+            while len(got.bodies("/second")) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert [b["event"] for b in got.bodies("/second")] == ["incident", "recovered"]
+            assert len(got.bodies("/first")) == 2 and got.bodies("/loose") == []
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            finally:
+                cleanup(proc, s.paths.state_dir)
