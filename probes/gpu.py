@@ -137,9 +137,10 @@ class GpuProbe:
             else:
                 self._nvml = cast(NvmlLike, pynvml)
 
-    def observe(self, tree_pids: Collection[int]) -> GpuObservation:
-        """All GPUs, and the processes among `tree_pids` holding GPU memory."""
-        return self._collect(frozenset(tree_pids))
+    def observe(self, tree_pids: Collection[int], *, scoped: bool = True) -> GpuObservation:
+        """The server's GPUs (every GPU with `scoped=False`), and the processes among `tree_pids`
+        holding GPU memory on them."""
+        return self._collect(frozenset(tree_pids), scoped=scoped)
 
     def snapshot_all(self) -> GpuObservation:
         """All the server's GPUs and every process NVML lists on them, for diagnostic bundles."""

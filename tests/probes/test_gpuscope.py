@@ -58,6 +58,8 @@ def test_the_probe_reads_only_the_scope_but_the_release_check_every_gpu() -> Non
     assert [d.uuid for d in probe.snapshot_all().devices] == ["GPU-0000", "GPU-1111"]
     # a stray process of the tree on a GPU out of scope still blocks the release check
     assert probe.held_by([900]) == {900: 140 * GiB}
+    everywhere = probe.observe([900], scoped=False)
+    assert len(everywhere.devices) == 4 and everywhere.tree_mem_bytes == 140 * GiB
 
 
 def test_a_scope_by_uuid_and_one_that_matches_nothing() -> None:
