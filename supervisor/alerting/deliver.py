@@ -80,20 +80,23 @@ def body_for(target: NotifyTarget, ev: NotifyEvent, secrets: Secrets) -> dict[st
 async def post(client: httpx.AsyncClient, target: NotifyTarget, ev: NotifyEvent, secrets: Secrets) -> Attempt:
     assert secrets.url is not None
     try:
-        r = await client.post(
+        # Streamed and never read: a receiver answering with a huge body costs nothing.
+        async with client.stream(
+            "POST",
             secrets.url,
             json=body_for(target, ev, secrets),
             timeout=httpx.Timeout(target.timeout_s),
             headers={"User-Agent": "sglang-supervisor"},
-        )
+        ) as r:
+            status = r.status_code
     except httpx.TimeoutException as err:
         return Attempt(False, True, error=f"timed out after {target.timeout_s:g} s ({type(err).__name__})")
     except Exception as err:  # refused, reset, DNS: the receiver may be back on the next attempt
         return Attempt(False, True, error=secrets.redact(f"{type(err).__name__}: {err}")[:300])
-    if 200 <= r.status_code < 300:
-        return Attempt(True, False, r.status_code)
-    retry = r.status_code == 429 or r.status_code >= 500  # other 4xx: the request is wrong; retrying won't help
-    return Attempt(False, retry, r.status_code, f"HTTP {r.status_code}")
+    if 200 <= status < 300:
+        return Attempt(True, False, status)
+    retry = status == 429 or status >= 500  # other 4xx: the request is wrong; retrying won't help
+    return Attempt(False, retry, status, f"HTTP {status}")
 
 
 async def run_hook(target: NotifyTarget, ev: NotifyEvent, base_env: Mapping[str, str]) -> Attempt:

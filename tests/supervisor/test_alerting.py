@@ -178,3 +178,24 @@ def test_check_config_names_unreadable_secrets_and_missing_hooks(tmp_path: Path)
     assert any(line.startswith("error: notify[1] (hook).argv") for line in lines), lines
     assert not any("notify[2]" in line for line in lines)
     assert "T0KEN" not in "\n".join(lines)
+
+
+async def test_a_4xx_is_not_retried_and_a_5xx_is_until_the_retries_run_out(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "events.jsonl")
+    with receiver("reject") as (bad, rejected), receiver("fail") as (down, failing):
+        targets = (
+            NotifyTarget(name="wrong-url", url=f"{bad}/x", retries=3, backoff_initial_s=0.05),
+            NotifyTarget(name="down", url=f"{down}/x", retries=2, backoff_initial_s=0.05, backoff_max_s=0.1),
+        )
+        alerter = Alerter(
+            targets, journal=journal, metrics=NotifyMetrics(CollectorRegistry()), instance="h:1", hook_env={}
+        )
+        alerter.start()
+        journal.listeners.append(alerter.offer)
+        journal.append("incident", id="A", cause="exited", rung="base")
+        assert await alerter.drain(10.0)
+        await alerter.close()
+    ledger = {r["target"]: r for r in journal.read(100) if r["event"] == "notification"}
+    assert ledger["wrong-url"]["attempts"] == 1 and ledger["wrong-url"]["status"] == 404
+    assert ledger["down"]["attempts"] == 3 and ledger["down"]["error"] == "HTTP 500"
+    assert len(rejected.bodies("/x")) == 1 and len(failing.bodies("/x")) == 3

@@ -24,7 +24,7 @@ class Received:
 
 @contextmanager
 def receiver(mode: str = "ok") -> Iterator[tuple[str, Received]]:
-    """`ok` answers 200 (202 for /pd, as PagerDuty does), `fail` answers 500, `hang` never answers."""
+    """`ok` answers 200 (202 for /pd, as PagerDuty does), `fail` 500, `reject` 404, `hang` never answers."""
     got = Received()
 
     class Handler(QuietHandler):
@@ -42,6 +42,9 @@ def receiver(mode: str = "ok") -> Iterator[tuple[str, Received]]:
                 return
             if mode == "fail":
                 self.reply(500, b'{"error":"down"}')
+                return
+            if mode == "reject":
+                self.reply(404, b"no such hook")
                 return
             self.reply(202 if self.path.startswith("/pd") else 200, b"ok")
 
