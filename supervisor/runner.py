@@ -199,6 +199,7 @@ async def serve(
         holder.append(sup)
     notify_metrics = NotifyMetrics(registry)
     alerter = start_alerter(sup, settings, notify_metrics)
+    retired: list[asyncio.Task[None]] = []  # alerters replaced by a reload, finishing their queues
     timeline = Timeline(sup.clock.monotonic)
     sup.publish_listeners.append(timeline.feed)
     api = await start_api(sup, settings, env, registry, timeline)
@@ -211,7 +212,7 @@ async def serve(
         if new.notify != current.notify or new.server.port != current.server.port:
             fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
             sup.journal.listeners.remove(alerter.offer)
-            await alerter.close(grace_s=2.0)
+            retired.append(asyncio.create_task(alerter.close(grace_s=5.0)))  # its queue drains aside
             alerter = fresh
         if new.api != current.api:
             token = load_token(new.api, env)  # raises ConfigError before anything is torn down
@@ -233,7 +234,7 @@ async def serve(
     try:
         await sup.run()
     finally:
-        await alerter.close()
+        await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
         await api.close()
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
     return EXIT_HANDOFF if sup.handoff else 0
