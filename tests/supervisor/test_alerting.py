@@ -199,3 +199,21 @@ async def test_a_4xx_is_not_retried_and_a_5xx_is_until_the_retries_run_out(tmp_p
     assert ledger["wrong-url"]["attempts"] == 1 and ledger["wrong-url"]["status"] == 404
     assert ledger["down"]["attempts"] == 3 and ledger["down"]["error"] == "HTTP 500"
     assert len(rejected.bodies("/x")) == 1 and len(failing.bodies("/x")) == 3
+
+
+def test_the_documented_notify_examples_are_valid() -> None:
+    import re
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "CONFIGURATION.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", doc, re.S) if "[[notify]]" in b]
+    example = (root / "systemd" / "config.example.toml").read_text()
+    uncommented = "\n".join(
+        line[1:] for line in example.splitlines() if line.startswith("#") and not line.startswith("# ")
+    )
+    assert blocks and "[[notify]]" in uncommented
+    for text in (*blocks, uncommented):
+        settings = settings_from_mapping(tomllib.loads(text))
+        assert {t.name for t in settings.notify} == {"oncall-slack", "pagerduty", "ticket"}
