@@ -54,7 +54,7 @@ class Timeline:
         )
         self._closed = leaving
         if len(self._points) > self._max:
-            self._points = self._points[::2] if leaving else [*self._points[:-1:2], self._points[-1]]
+            self._points = [*self._points[:-1:2], self._points[-1]]  # the newest always stays
 
     def points(self) -> tuple[TimelinePoint, ...]:
         return tuple(self._points)

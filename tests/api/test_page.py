@@ -129,3 +129,14 @@ def test_the_log_tail_shows_a_progress_bar_as_a_terminal_does(tmp_path: Path) ->
     assert tail_lines(tmp_path / "missing.log", 5) == []
     log.write_bytes(b"x" * 100 + b"\n" + b"tail\n")
     assert tail_lines(log, 5, max_bytes=50) == ["tail"], "a line cut by the read window is dropped"
+
+
+def test_timeline_keeps_its_newest_point_at_any_bound() -> None:
+    for bound in (4, 5, 7):
+        now = [0.0]
+        tl = Timeline(lambda: now[0], max_points=bound, min_gap_s=0.0)
+        base = sample_starting_snapshot().model_copy(update={"started_at": "t0"})
+        for step in range(50):
+            now[0] = float(step)
+            tl.feed(base)
+            assert tl.points()[-1].t_s == float(step) and len(tl.points()) <= bound
