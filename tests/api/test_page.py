@@ -134,7 +134,7 @@ def test_the_log_tail_shows_a_progress_bar_as_a_terminal_does(tmp_path: Path) ->
 def test_timeline_keeps_its_newest_point_at_any_bound() -> None:
     for bound in (4, 5, 7):
         now = [0.0]
-        tl = Timeline(lambda: now[0], max_points=bound, min_gap_s=0.0)
+        tl = Timeline(lambda now=now: now[0], max_points=bound, min_gap_s=0.0)  # type: ignore[misc]
         base = sample_starting_snapshot().model_copy(update={"started_at": "t0"})
         for step in range(50):
             now[0] = float(step)
