@@ -23,7 +23,7 @@ from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from api import bundles, streams
+from api import bundles, page, streams
 from api.auth import OPEN_PATHS, BearerAuth
 from api.errors import error_response, http_exception_handler, validation_exception_handler
 from api.middleware import BodyLimit, InternalErrors
@@ -43,9 +43,11 @@ from api.models import (
     StopRequest,
 )
 from supervisor.commands import Command, CommandResult, SupervisorHandle
+from supervisor.diagnostics.redact import Redactor
 from supervisor.journal import Journal
 from supervisor.snapshot import StatusSnapshot
 from supervisor.state import SERVING
+from supervisor.timeline import Timeline
 
 SERVING_STATES = frozenset(s.value for s in SERVING)
 DEFAULT_LIVENESS_MAX_AGE_S = 30.0
@@ -143,6 +145,7 @@ def create_app(
     liveness_max_age_s: float = DEFAULT_LIVENESS_MAX_AGE_S,
     version: str = "",
     log_file: Path | None = None,
+    timeline: Timeline | None = None,
     redact: Callable[[str], str] | None = None,
 ) -> FastAPI:
     """The API app. `liveness` returns the age in seconds of the supervisor loop's last heartbeat;
@@ -363,6 +366,11 @@ def create_app(
 
     if log_file is not None:
         app.include_router(streams.logs_router(log_file, redact or (lambda text: text)))
+    # The status page (api/page.py): same auth as /status, through the same middleware.
+    app.state.page = page.PageContext(
+        handle, diag_dir, diag_dir.parent / "logs" / "server.log", timeline, redact or Redactor().text
+    )
+    app.include_router(page.router)
     _document_auth(app, token is not None)
     return app
 

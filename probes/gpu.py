@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
+from probes.gpuscope import DeviceScope
 from probes.types import GpuDevice, GpuObservation, GpuProcess
 
 FAKE_NVML_ENV = "SGLANG_SUPERVISOR_FAKE_NVML"  # names a JSON file: see probes/fake_nvml.py
@@ -118,7 +119,9 @@ class GpuProbe:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         init_retry_s: float = INIT_RETRY_S,
+        scope: DeviceScope | None = None,
     ) -> None:
+        self.scope = scope or DeviceScope()  # the server's GPUs (CUDA_VISIBLE_DEVICES); others are not read
         self._monotonic = monotonic
         self._init_retry_s = init_retry_s
         self._lock = threading.Lock()
@@ -134,12 +137,13 @@ class GpuProbe:
             else:
                 self._nvml = cast(NvmlLike, pynvml)
 
-    def observe(self, tree_pids: Collection[int]) -> GpuObservation:
-        """All GPUs, and the processes among `tree_pids` holding GPU memory."""
-        return self._collect(frozenset(tree_pids))
+    def observe(self, tree_pids: Collection[int], *, scoped: bool = True) -> GpuObservation:
+        """The server's GPUs (every GPU with `scoped=False`), and the processes among `tree_pids`
+        holding GPU memory on them."""
+        return self._collect(frozenset(tree_pids), scoped=scoped)
 
     def snapshot_all(self) -> GpuObservation:
-        """All GPUs and every process NVML lists, for diagnostic bundles."""
+        """All the server's GPUs and every process NVML lists on them, for diagnostic bundles."""
         return self._collect(None)
 
     def held_by(self, pids: Collection[int]) -> dict[int, int]:
@@ -150,7 +154,8 @@ class GpuProbe:
         `snapshot_all().status` too.
         """
         held: dict[int, int] = {}
-        for proc in self._collect(frozenset(pids)).processes:
+        # Every GPU, not only the scope's: a process of the tree holds memory wherever it is.
+        for proc in self._collect(frozenset(pids), scoped=False).processes:
             held[proc.pid] = held.get(proc.pid, 0) + proc.used_bytes
         return held
 
@@ -181,7 +186,7 @@ class GpuProbe:
             self._reason = ""
             return ""
 
-    def _collect(self, pids: frozenset[int] | None) -> GpuObservation:
+    def _collect(self, pids: frozenset[int] | None, *, scoped: bool = True) -> GpuObservation:
         reason = self._ensure_init()
         nvml = self._nvml
         if reason or nvml is None:
@@ -195,13 +200,19 @@ class GpuProbe:
         devices: list[GpuDevice] = []
         processes: list[GpuProcess] = []
         for index in range(count):
+            if scoped and not self.scope.everything and index not in self.scope.indices and not self.scope.uuids:
+                continue  # out of scope by index alone: not even a handle
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
             except Exception:
                 continue  # a GPU fallen off the bus: the others still count
             device = _read_device(nvml, index, handle)
+            if scoped and not self.scope.matches(index, device.uuid):
+                continue
             devices.append(device)
             processes.extend(_read_processes(nvml, device, handle, pids))
+        if not devices and scoped and not self.scope.everything:
+            return GpuObservation(status="unavailable", reason=f"none of {count} GPUs is in {self.scope.describe()}")
         if not devices:
             return GpuObservation(status="unavailable", reason=f"none of {count} GPU handles could be read")
         return GpuObservation(status="ok", reason="", devices=tuple(devices), processes=tuple(processes))

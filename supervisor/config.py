@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from supervisor.alerting.settings import NotifyTarget, unique_names
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -209,11 +211,17 @@ class Settings(_Section):
     api: ApiSettings = Field(default_factory=ApiSettings)
     logs: LogsSettings = Field(default_factory=LogsSettings)
     paths: PathsSettings = Field(default_factory=PathsSettings)
+    notify: tuple[NotifyTarget, ...] = ()  # [[notify]]: supervisor/alerting, docs/OPERATIONS.md
 
-    @field_validator("fallback", mode="before")
+    @field_validator("fallback", "notify", mode="before")
     @classmethod
     def _fallback_tuple(cls, v: object) -> object:
         return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("notify")
+    @classmethod
+    def _unique_targets(cls, v: tuple[NotifyTarget, ...]) -> tuple[NotifyTarget, ...]:
+        return unique_names(v)
 
     @field_validator("fallback")
     @classmethod

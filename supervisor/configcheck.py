@@ -34,7 +34,7 @@ def _which(name: str, path: str | None) -> str | None:
 
 def check_settings(settings: Settings, env: Mapping[str, str], which: Which = _which) -> tuple[Finding, ...]:
     """Every finding for `settings` as `run` would meet them with the environment `env`."""
-    return (*_api(settings, env), *_program(settings, env, which), *_rungs(settings))
+    return (*_api(settings, env), *_program(settings, env, which), *_rungs(settings), *_notify(settings, env, which))
 
 
 def _api(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
@@ -111,4 +111,23 @@ def _rungs(settings: Settings) -> list[Finding]:
         rendered = render_rung(settings.server, rung)
         if rendered.argv == base.argv and rendered.env == base.env:
             out.append(Finding("warning", key, "runs exactly the base configuration's command and environment"))
+    return out
+
+
+def _notify(settings: Settings, env: Mapping[str, str], which: Which) -> list[Finding]:
+    """[[notify]]: the secret files `run` reads at start, and each exec hook's program."""
+    from supervisor.alerting.deliver import load_secrets
+
+    out: list[Finding] = []
+    for i, target in enumerate(settings.notify):
+        key = f"notify[{i}] ({target.name})"
+        try:
+            load_secrets(target)
+        except ConfigError as err:
+            out.append(Finding("error", key, str(err)))
+        if target.kind == "exec":
+            program = target.argv[0]
+            found = os.access(program, os.X_OK) if "/" in program else which(program, env.get("PATH")) is not None
+            if not found:
+                out.append(Finding("error", f"{key}.argv", f"{program!r} is not an executable program"))
     return out

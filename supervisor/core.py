@@ -21,6 +21,7 @@ from typing import TypeVar
 import structlog
 
 from probes.gpu import GpuProbe
+from probes.gpuscope import DeviceScope
 from probes.types import Observation
 from supervisor.adopt import ServerRecord
 from supervisor.apiguard import GuardStats
@@ -135,6 +136,7 @@ class Core:
         self.launched_at = clock.monotonic()
         self.launched_wall: float | None = None
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
+        self.publish_listeners: list[Callable[[StatusSnapshot], None]] = []  # e.g. the page's timeline
         self.metrics = metrics(self.snapshot)
         self.publish()
 
@@ -320,6 +322,9 @@ class Core:
             )
         )
         self.count_write_errors()
+        for listener in self.publish_listeners:
+            with contextlib.suppress(Exception):  # a view's bug must not cost a poll
+                listener(self._snapshot)
 
     def keeper_view(self) -> LogKeeperView | None:
         k = self.keeper
@@ -358,6 +363,7 @@ class Core:
         current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
         self.settings = settings
         self.observer.configure(settings)
+        self.observer.gpu.scope = DeviceScope.for_server(settings.server.env, self.env)  # CUDA_VISIBLE_DEVICES
         idx = settings.rung_index(current) if current is not None else None
         if idx is None:
             idx = min(self.ladder.current, len(settings.ladder) - 1)

@@ -53,11 +53,16 @@ class Journal:
         self._wall = wall
         self._lock = threading.Lock()
         self.write_errors = 0
+        # Told of every record, written or not (a full disk must not silence a notification).
+        self.listeners: list[Callable[[dict[str, object]], None]] = []
 
     def append(self, event: str, /, **fields: object) -> None:
         """Write one line `{"ts": ISO-8601 UTC, "event": event, **fields}`; never raises."""
         record: dict[str, object] = {"ts": _iso(self._wall()), "event": event}
         record.update((k, v) for k, v in fields.items() if k not in record)
+        for listener in tuple(self.listeners):
+            with contextlib.suppress(Exception):  # a listener's bug costs its notification, not the line
+                listener(record)
         try:
             line = json.dumps(_finite(record), default=str, allow_nan=False, ensure_ascii=False) + "\n"
             data = line.encode("utf-8", errors="replace")

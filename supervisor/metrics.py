@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -34,6 +34,7 @@ GPU_LABELS = ("gpu", "uuid")
 INCIDENT_CLASSES = (*HANG_CLASSES, "none")  # "none": nothing was classified (e.g. the server exited)
 DIAGNOSTIC_OUTCOMES = ("written", "write_failed", "error")
 LAUNCH_REFUSALS = ("port_busy",)
+INCIDENT_LABELS = ("id", "cause", "hang_class")
 
 log = structlog.get_logger("metrics")
 
@@ -76,7 +77,16 @@ class _SnapshotCollector(Collector):
         since = gauge("seconds_since_progress", "Seconds since any progress channel last moved")
         hour = gauge("restarts_last_hour", "Relaunches within the last hour (the restart budget's window)")
         last_inc = gauge("incident_last_timestamp_seconds", "Unix time of the last incident")
-        spec = gauge("spec_accept_length", "Speculative decoding's mean accepted length, scraped from SGLang")
+        spec = gauge("spec_accept_length", "DEPRECATED (removed in the next release): use spec_accept_length_tokens")
+        spec_tokens = gauge(
+            "spec_accept_length_tokens", "Speculative decoding's mean accepted length in tokens per step, from SGLang"
+        )
+        inc_info = gauge(
+            "last_incident_info", "Always 1; the last incident's id, cause and hang class", INCIDENT_LABELS
+        )
+        tokens = gauge(
+            "generation_tokens_per_second", "Tokens the server generates per second, from its counters or its log"
+        )
         running = gauge("running_requests", "Requests the server is running, scraped from SGLang")
         queued = gauge("queued_requests", "Requests waiting in the server's queue, scraped from SGLang")
         gpu_ok = gauge("gpu_probe_up", "1 when NVML answered on the last poll, else 0")
@@ -108,6 +118,13 @@ class _SnapshotCollector(Collector):
             at = _epoch(s.last_incident.at) if s.last_incident else None
             if at is not None:
                 last_inc.add_metric([], at)
+            if s.last_incident is not None:
+                inc = s.last_incident
+                inc_info.add_metric([inc.id, inc.cause, inc.hang_class or "none"], 1.0)
+            if s.serving.spec_accept_length is not None:
+                spec_tokens.add_metric([], s.serving.spec_accept_length)
+            if s.serving.token_rate is not None:
+                tokens.add_metric([], s.serving.token_rate)
             for family, value in (
                 (spec, s.serving.spec_accept_length),
                 (running, s.serving.running_reqs),
@@ -123,7 +140,7 @@ class _SnapshotCollector(Collector):
                 total.add_metric(labels, float(d.mem_total_bytes))
                 held.add_metric(labels, float(d.tree_mem_bytes))
         yield from (state, rung, rung_info, up, ttr, load, since, hour, last_inc, spec, running, queued)
-        yield from (gpu_ok, util, used, total, held, build, tools)
+        yield from (gpu_ok, util, used, total, held, build, tools, spec_tokens, inc_info, tokens)
 
 
 class SupervisorMetrics:
@@ -207,6 +224,8 @@ class SupervisorMetrics:
             registry=registry,
         )
         registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
+        # The daemon's own RSS, CPU seconds, open descriptors (process_*, Prometheus's standard names).
+        ProcessCollector(registry=registry)
 
     def keeper_replaced(self) -> None:
         self._keeper_replaced.inc()

@@ -76,11 +76,12 @@ def dump_toml(settings: Settings) -> str:
     data = settings.model_dump()
     out: list[str] = []
     for section, body in data.items():
-        if section == "fallback":
+        if section in ("fallback", "notify"):
             continue
         out.append(f"[{section}]")
         out.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
-    for rung in data["fallback"]:
-        out.append("[[fallback]]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in rung.items() if v is not None)
+    for table in ("fallback", "notify"):
+        for item in data.get(table, ()):
+            out.append(f"[[{table}]]")
+            out.extend(f"{k} = {_toml_value(v)}" for k, v in item.items() if v is not None)
     return "\n".join(out) + "\n"

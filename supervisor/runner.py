@@ -21,8 +21,10 @@ from prometheus_client import CollectorRegistry
 from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
+from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
 from supervisor import __version__, entry
+from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.cgroup import CgroupRoot, become_subreaper
 from supervisor.clock import Clock, SystemClock
@@ -34,6 +36,7 @@ from supervisor.logview import LogRedaction, server_log_file
 from supervisor.metrics import SupervisorMetrics
 from supervisor.notify import Notifier
 from supervisor.statelock import StateLock, acquire
+from supervisor.timeline import Timeline
 
 log = structlog.get_logger("supervisor")
 EXIT_HANDOFF = 75  # the cli re-executes the daemon; exit 75 only if that fails (RestartForceExitStatus=75)
@@ -90,7 +93,13 @@ class Api:
         self.sock.close()
 
 
-async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str], registry: CollectorRegistry) -> Api:
+async def start_api(
+    sup: Supervisor,
+    settings: Settings,
+    env: Mapping[str, str],
+    registry: CollectorRegistry,
+    timeline: Timeline | None = None,
+) -> Api:
     token = load_token(settings.api, env)
     check_bind(settings.api.host, token)
     sock = bind_socket(settings.api.host, settings.api.port)
@@ -111,6 +120,7 @@ async def start_api(sup: Supervisor, settings: Settings, env: Mapping[str, str],
         version=__version__,
         log_file=server_log_file(settings),
         redact=redact,
+        timeline=timeline,
     )
     config = uvicorn.Config(
         app,
@@ -144,11 +154,13 @@ def make_supervisor(
     subreaper = become_subreaper()
     cgroups, why = CgroupRoot.find()
     log.info("containment", subreaper=subreaper, cgroup=why)
+    scope = DeviceScope.for_server(settings.server.env, env)
+    log.info("gpu_scope", gpus=scope.describe())
     sup = Supervisor(
         settings,
         clock=clock or SystemClock(),
         metrics=lambda snap: SupervisorMetrics(registry, snap),
-        gpu=GpuProbe(make_nvml(env)),
+        gpu=GpuProbe(make_nvml(env), scope=scope),
         env=env,
         config_path=config_path,
         notifier=notifier,
@@ -156,7 +168,22 @@ def make_supervisor(
         control=RealProcessControl(cgroups, subreaper=subreaper),
     )
     sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    sup.journal.append("gpu_scope", gpus=scope.describe())
     return sup
+
+
+def start_alerter(sup: Supervisor, settings: Settings, metrics: NotifyMetrics) -> Alerter:
+    """The [[notify]] lanes, listening to the journal; ConfigError when a secret file is unreadable."""
+    alerter = Alerter(
+        settings.notify,
+        journal=sup.journal,
+        metrics=metrics,
+        instance=instance_name(settings.server.host, settings.server.port),
+        hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
+    )
+    alerter.start()
+    sup.journal.listeners.append(alerter.offer)
+    return alerter
 
 
 def install_signals(sup: Supervisor) -> None:
@@ -212,21 +239,31 @@ async def _serve_locked(
     sup = make_supervisor(settings, env, registry, config_path=config_path, notifier=notifier)
     if holder is not None:
         holder.append(sup)
-    api = await start_api(sup, settings, env, registry)
+    notify_metrics = NotifyMetrics(registry)
+    alerter = start_alerter(sup, settings, notify_metrics)
+    retired: list[asyncio.Task[None]] = []  # alerters replaced by a reload, finishing their queues
+    timeline = Timeline(sup.clock.monotonic)
+    sup.publish_listeners.append(timeline.feed)
+    api = await start_api(sup, settings, env, registry, timeline)
 
     current = settings
 
     async def on_reload(new: Settings) -> None:
         """Rebind the API when its settings changed; a refused new API config keeps the old one."""
-        nonlocal api, current
+        nonlocal api, current, alerter
+        if new.notify != current.notify or new.server.port != current.server.port:
+            fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
+            sup.journal.listeners.remove(alerter.offer)
+            retired.append(asyncio.create_task(alerter.close(grace_s=5.0)))  # its queue drains aside
+            alerter = fresh
         if new.api != current.api:
             token = load_token(new.api, env)  # raises ConfigError before anything is torn down
             check_bind(new.api.host, token)
             await api.close()
             try:
-                api = await start_api(sup, new, env, registry)
+                api = await start_api(sup, new, env, registry, timeline)
             except ConfigError:
-                api = await start_api(sup, current, env, registry)
+                api = await start_api(sup, current, env, registry, timeline)
                 raise
         current = new
 
@@ -241,6 +278,7 @@ async def _serve_locked(
     finally:
         if sup.handoff:
             lock.announce_handoff()
+        await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
         await api.close()
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
     return EXIT_HANDOFF if sup.handoff else 0

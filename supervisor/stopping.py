@@ -4,6 +4,7 @@ showing none of its pids holding GPU memory (a bounded wait: GPU contexts take s
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Literal
 
 import structlog
@@ -76,7 +77,8 @@ async def verify_release(sup: Core, pids: tuple[int, ...]) -> tuple[Release, int
         return "released", 0, 0.0
     deadline = start + sup.settings.restart.release_timeout_s
     while True:
-        gpu = await asyncio.to_thread(sup.observer.gpu.observe, pids)
+        # every GPU, not only the server's scope: a process of the tree holds memory wherever it is
+        gpu = await asyncio.to_thread(functools.partial(sup.observer.gpu.observe, pids, scoped=False))
         if gpu.status != "ok":
             return "unverified", 0, sup.clock.monotonic() - start
         held = {p.pid for p in gpu.processes if p.pid in pids}

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,22 +62,36 @@ async def run_tool(
     *,
     env: Mapping[str, str] | None = None,
     cap_bytes: int = DEFAULT_CAP_BYTES,
+    stdin: bytes | None = None,
+    own_session: bool = True,
 ) -> RunResult:
-    """Run `argv` to completion or `timeout_s`; on timeout kill it and keep what it had printed."""
+    """Run `argv` to completion or `timeout_s`; on timeout kill it and keep what it had printed.
+
+    `own_session=False`: a process group of its own inside the daemon's session, for what may run
+    while the server is stopped (a notification hook): the stop takes any child of the daemon in
+    another session for an orphan of the server tree (`cgroup.adopted_orphans`).
+    """
     start = time.monotonic()
+    group: dict[str, object] = {"start_new_session": True}
+    if not own_session:
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env) if env is not None else None,
-            start_new_session=True,
+            **group,  # type: ignore[arg-type]
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as err:
         return RunResult(
             None, "", f"{argv[0]}: {err.strerror or err}", time.monotonic() - start, missing=True
         )
+    if stdin is not None and proc.stdin is not None:
+        proc.stdin.write(stdin)  # small (an event); a hook that never reads gets EPIPE, not a hang
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
     out, errs = bytearray(), bytearray()
     seen_out, seen_err = [0], [0]
     readers = asyncio.gather(

@@ -271,6 +271,7 @@ async def test_openapi_lists_every_route(client: httpx.AsyncClient, tmp_path: Pa
     paths = set(r.json()["paths"])
     assert paths == {
         "/status",
+        "/ui",
         "/restart",
         "/diagnose",
         "/stop",

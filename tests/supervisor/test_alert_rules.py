@@ -36,3 +36,24 @@ def test_promtool_unit_tests_pass() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout + result.stderr
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    import re
+
+    heads = re.findall(r"^#+\s+(.+?)\s*$", markdown, re.M)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_runbook_urls_point_at_sections_of_the_operations_guide() -> None:
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    anchors = _anchors((RULES.parent / "OPERATIONS.md").read_text())
+    books = {r["alert"]: r["annotations"].get("runbook_url") for r in rules}
+    for name in ("SGLangSupervisorWriteErrors", "SGLangSupervisorLoopErrors", "SGLangEvidenceCaptureErrors"):
+        assert books[name], f"{name} has no runbook_url"
+    for name, url in books.items():
+        if url is None:
+            continue
+        path, _, anchor = url.partition("#")
+        assert path == "docs/OPERATIONS.md" and anchor in anchors, f"{name}: {url} is not a heading there"

@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WRITE = re.compile(r"journal\.append\(\s*\"([a-z_]+)\"")
 # upkeep.leave_failed(sup, "<event>", ...) passes the event name through.
 LEAVE = re.compile(r"leave_failed\(\s*\w+,\s*\"([a-z_]+)\"")
+# A module that journals one event under a constant (supervisor/alerting/dispatch.py) names it once.
+CONSTANT = re.compile(r"^JOURNAL_EVENT = \"([a-z_]+)\"", re.M)
 BRANCH = re.compile(r"journal\.append\(\s*\"([a-z_]+)\"\s+if\s+[^\n]+?\s+else\s+\"([a-z_]+)\"")
 
 
@@ -20,6 +22,7 @@ def written() -> set[str]:
         text = path.read_text()
         names.update(WRITE.findall(text))
         names.update(LEAVE.findall(text))
+        names.update(CONSTANT.findall(text))
         for a, b in BRANCH.findall(text):
             names.update((a, b))
     return names

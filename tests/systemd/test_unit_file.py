@@ -228,3 +228,43 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     ours = [line for line in output.splitlines() if UNIT.name in line]
     assert ours == [], "systemd-analyze complains about the unit:\n" + "\n".join(ours)
     assert result.returncode == 0, output
+
+
+TEMPLATE = UNIT.with_name("sglang-supervisor@.service")
+# What the templated unit changes, and nothing else: per-instance config, environment and state.
+INSTANCE_KEYS = {
+    ("Unit", "Description"): ["SGLang inference server supervisor (%i)"],
+    ("Service", "ExecStart"): [
+        "/opt/sglang-supervisor/bin/sglang-supervisor run --config /etc/sglang-supervisor/%i.toml"
+    ],
+    ("Service", "EnvironmentFile"): ["-/etc/sglang-supervisor/env", "-/etc/sglang-supervisor/%i.env"],
+    ("Service", "StateDirectory"): ["sglang-supervisor/%i"],
+}
+
+
+def test_the_template_is_the_unit_with_per_instance_config_env_and_state(unit: Unit) -> None:
+    template = parse_unit(TEMPLATE.read_text())
+    for (section, key), expected in INSTANCE_KEYS.items():
+        assert template[section][key] == expected, (section, key)
+    strip = lambda u: {s: {k: v for k, v in kv.items() if (s, k) not in INSTANCE_KEYS} for s, kv in u.items()}  # noqa: E731
+    assert strip(template) == strip(unit), "the template drifted from sglang-supervisor.service"
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed (apt-get install systemd)")
+def test_systemd_analyze_verify_accepts_an_instance_of_the_template(tmp_path: Path) -> None:
+    assert SYSTEMD_ANALYZE is not None
+    stub = tmp_path / "sglang-supervisor"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    text = TEMPLATE.read_text().replace("ExecStart=/opt/sglang-supervisor/bin/sglang-supervisor ", f"ExecStart={stub} ")
+    unit_path = tmp_path / TEMPLATE.name
+    unit_path.write_text(text)
+    instance = tmp_path / "sglang-supervisor@tp4a.service"
+    instance.symlink_to(unit_path)
+    result = subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", "--man=no", str(instance)], capture_output=True, text=True, timeout=60, check=False
+    )
+    output = result.stdout + result.stderr
+    ours = [line for line in output.splitlines() if "sglang-supervisor@" in line]
+    assert ours == [], "systemd-analyze complains about the template:\n" + "\n".join(ours)
+    assert result.returncode == 0, output

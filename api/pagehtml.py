@@ -1,0 +1,216 @@
+"""The status page's HTML, rendered on the server from typed records (pure: no I/O, no clock).
+
+No script, no external resource: inline CSS and an inline SVG chart, so the page works on an
+offline GPU host, saved with curl, and under a `default-src 'none'` content security policy. Every
+value from the server (log lines, reasons) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.snapshot import StatusSnapshot
+from supervisor.timeline import TimelinePoint
+
+# Each state its colour; hung and failed are red (failed the darker), as an operator expects.
+STATE_COLOURS = {
+    "ready": "#1a7f37",
+    "degraded": "#bf8700",
+    "starting": "#0969da",
+    "hung": "#cf222e",
+    "diagnosing": "#8250df",
+    "restarting": "#bc4c00",
+    "failed": "#82071e",
+    "stopped": "#6e7781",
+}
+CHANNELS = ("log", "progress", "phase", "cpu", "io", "rss", "gpu_mem", "port")
+REFRESH_S = 5
+
+CSS = """
+body{margin:0;font:14px/1.4 system-ui,sans-serif;color:#1f2328;background:#fff}
+header{display:flex;align-items:center;gap:16px;padding:0 16px 0 0;border-bottom:1px solid #d0d7de}
+#state{width:220px;height:64px;display:flex;align-items:center;justify-content:center;color:#fff;
+ font-size:22px;font-weight:600;text-transform:uppercase;letter-spacing:1px}
+main{padding:8px 16px;display:grid;grid-template-columns:1fr 1fr;gap:8px 24px}
+section{min-width:0} h2{font-size:15px;margin:12px 0 4px} .wide{grid-column:1/3}
+table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px;border-bottom:1px solid #eaeef2;
+ vertical-align:top} th{font-weight:600;color:#57606a}
+.cur{font-weight:700} .tag{font-size:11px;padding:0 6px;border-radius:8px;background:#ddf4ff;color:#0969da}
+.good{background:#dafbe1;color:#1a7f37} pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:360px;
+ font-size:12px;margin:0;white-space:pre-wrap;word-break:break-all} .muted{color:#57606a} .err{color:#cf222e}
+"""
+
+
+@dataclass(frozen=True)
+class PageData:
+    snapshot: StatusSnapshot
+    bundles: Sequence[tuple[str, dict[str, Any] | None]]  # (id, summary), newest first
+    log_lines: Sequence[str]
+    timeline: Sequence[TimelinePoint]
+
+
+def e(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def render(d: PageData) -> str:
+    s = d.snapshot
+    colour = STATE_COLOURS.get(s.state, "#6e7781")
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<meta http-equiv='refresh' content='{REFRESH_S}'>",
+        f"<title>{e(s.state)} - sglang-supervisor</title><style>{CSS}</style></head><body>",
+        f"<header><div id='state' data-state='{e(s.state)}' style='background:{colour}'>{e(s.state)}</div>",
+        f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s)}</div></div></header><main>",
+        _section("Ladder", _ladder(s)),
+        _section("Server", _server(s)),
+        _section("Start-up timeline", _timeline(d.timeline), wide=True),
+        _section("Incidents and evidence", _incidents(s, d.bundles), wide=True),
+        _section(
+            "Server log (last lines)",
+            f"<pre id='log'>{e(chr(10).join(d.log_lines)) or 'no output yet'}</pre>",
+            wide=True,
+        ),
+        f"</main><footer class='muted' style='padding:8px 16px'>sglang-supervisor {e(s.version)}; refreshes every "
+        f"{REFRESH_S} s; JSON: /status, /events, /diagnostics</footer></body></html>",
+    ]
+    return "".join(parts)
+
+
+def _section(title: str, body: str, *, wide: bool = False) -> str:
+    cls = " class='wide'" if wide else ""
+    return f"<section{cls}><h2>{e(title)}</h2>{body}</section>"
+
+
+def _headline(s: StatusSnapshot) -> str:
+    bits = [f"since {e(s.since)}" if s.since else "", f"rung {e(s.rung)}" if s.rung else ""]
+    if s.pid is not None:
+        bits.append(f"pid {s.pid}")
+    if s.phase and s.state == "starting":
+        bits.append(f"phase {e(s.phase)}")
+    if s.progress is not None and s.state == "starting":
+        bits.append(f"{e(s.progress.label)} {s.progress.done}/{s.progress.total}")
+    if s.next_attempt_in_s is not None:
+        bits.append(f"next attempt in {s.next_attempt_in_s:.0f} s")
+    return " &middot; ".join(b for b in bits if b)
+
+
+def _ladder(s: StatusSnapshot) -> str:
+    rows = []
+    for i, name in enumerate(s.ladder):
+        tags = []
+        if name == s.rung:
+            tags.append("<span class='tag'>current</span>")
+        if name == s.last_good_rung:
+            tags.append("<span class='tag good'>last good</span>")
+        cls = " class='cur'" if name == s.rung else ""
+        rows.append(f"<tr{cls}><td>{i}</td><td>{e(name)}</td><td>{' '.join(tags)}</td></tr>")
+    return f"<table id='ladder'><tr><th>#</th><th>rung</th><th></th></tr>{''.join(rows)}</table>"
+
+
+def _server(s: StatusSnapshot) -> str:
+    sv = s.serving
+    rows: list[tuple[str, str]] = [
+        ("restarts", f"{s.restarts} ({s.restarts_last_hour} in the last hour)"),
+        ("incidents", str(s.incidents)),
+    ]
+    if s.time_to_ready_s is not None:
+        rows.append(("time to ready", f"{s.time_to_ready_s:.1f} s"))
+    if s.last_progress_s is not None and s.state == "starting":
+        rows.append(("since progress", f"{s.last_progress_s:.1f} s"))
+    if s.state in ("ready", "degraded"):
+        if sv.health_ok is not None:
+            rows.append(("health", "ok" if sv.health_ok else f"failing ({e(sv.health_error)})"))
+        if sv.running_reqs is not None:
+            rows.append(("running / queued", f"{sv.running_reqs:g} / {sv.queue_reqs or 0:g}"))
+        if sv.token_rate is not None:
+            rows.append(("tokens/s", f"{sv.token_rate:.0f}"))
+        if sv.spec_accept_length is not None:
+            rows.append(("spec accept length", f"{sv.spec_accept_length:.2f}"))
+    if s.gpu.status == "ok":
+        used = sum(d.mem_used_bytes for d in s.gpu.devices) / 2**30
+        rows.append(("GPUs", f"{len(s.gpu.devices)}, {used:.1f} GiB used, {s.gpu.tree_mem_bytes / 2**30:.1f} GiB ours"))
+    else:
+        rows.append(("GPUs", f"unavailable: {e(s.gpu.reason)}"))
+    bad = [c for c in s.selfcheck if not c.ok and c.name != "cuda-gdb"]
+    for c in bad:
+        rows.append((f"{e(c.name)}", f"<span class='err'>missing: {e(c.detail)}</span>"))
+    w = s.write_errors
+    if s.loop_errors or w.journal or w.server_log or w.state or w.bundle:
+        rows.append(
+            (
+                "daemon errors",
+                f"<span class='err'>loop {s.loop_errors}, writes journal {w.journal} log "
+                f"{w.server_log} state {w.state} bundle {w.bundle}</span>",
+            )
+        )
+    return "<table id='server'>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _incidents(s: StatusSnapshot, bundles: Sequence[tuple[str, dict[str, Any] | None]]) -> str:
+    rows = []
+    if s.last_incident is not None and s.last_incident.bundle is None:
+        i = s.last_incident
+        rows.append(
+            f"<tr><td>{e(i.id)}</td><td>{e(i.cause)}</td><td>{e(i.hang_class or '')}</td><td>{e(i.at)}</td>"
+            f"<td>{e(i.detail)}</td><td class='muted'>no bundle</td></tr>"
+        )
+    for bid, summary in bundles:
+        sm = summary or {}
+        reasons = sm.get("reasons") if isinstance(sm.get("reasons"), list) else []
+        frames = sm.get("frames") if isinstance(sm.get("frames"), list) else []
+        why = e("; ".join(str(r) for r in (reasons or [])[:2])[:400])
+        if frames:
+            why += f" <span class='muted'>at {e(str(frames[0])[:160])}</span>"
+        where = " / ".join(str(x) for x in (sm.get("rung"), sm.get("phase")) if x)
+        rows.append(
+            f"<tr><td>{e(bid)}</td><td>{e(sm.get('cause') or sm.get('trigger') or '')}</td>"
+            f"<td>{e(sm.get('hang_class') or '')}</td><td>{e(sm.get('created_at') or '')}</td>"
+            f"<td>{why}"
+            f"<div class='muted'>{e(where)}</div></td><td><a href='/diagnostics/{e(bid)}'>summary</a></td></tr>"
+        )
+    if not rows:
+        return "<p class='muted'>none</p>"
+    head = "<tr><th>id</th><th>cause</th><th>hang class</th><th>at</th><th>why</th><th></th></tr>"
+    return f"<table id='incidents'>{head}{''.join(rows)}</table>"
+
+
+def _timeline(points: Sequence[TimelinePoint]) -> str:
+    if len(points) < 2:
+        return "<p class='muted'>no start-up recorded since the daemon started</p>"
+    w, h, left, top = 900, 60 + 14 * len(CHANNELS), 70, 8
+    plot_w, plot_h = w - left - 10, 50
+    span = max(points[-1].t_s, 1e-6)
+    peak = max(p.gpu_mem_bytes for p in points) or 1
+
+    def x(t: float) -> float:
+        return round(left + plot_w * t / span, 1)
+
+    def y(frac: float) -> float:
+        return round(top + plot_h * (1 - frac), 1)
+
+    load = " ".join(f"{x(p.t_s)},{y(p.fraction)}" for p in points if p.fraction is not None)
+    mem = " ".join(f"{x(p.t_s)},{y(p.gpu_mem_bytes / peak)}" for p in points)
+    out = [
+        f"<svg id='timeline' xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' viewBox='0 0 {w} {h}'>",
+        f"<rect x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='#f6f8fa'/>",
+        f"<text x='0' y='{top + 10}' font-size='11' fill='#0969da'>load %</text>",
+        f"<text x='0' y='{top + 24}' font-size='11' fill='#8250df'>GPU mem</text>",
+        f"<text x='0' y='{top + 38}' font-size='10' fill='#57606a'>peak {peak / 2**30:.1f} GiB</text>",
+    ]
+    if load:
+        out.append(f"<polyline fill='none' stroke='#0969da' stroke-width='2' points='{load}'/>")
+    out.append(f"<polyline fill='none' stroke='#8250df' stroke-width='2' points='{mem}'/>")
+    for row, channel in enumerate(CHANNELS):
+        cy = top + plot_h + 12 + 14 * row
+        out.append(f"<text x='0' y='{cy + 4}' font-size='10' fill='#57606a'>{channel}</text>")
+        for p in points:
+            if channel in p.channels:
+                out.append(f"<rect x='{x(p.t_s) - 1}' y='{cy - 4}' width='3' height='8' fill='#1a7f37'/>")
+    out.append(
+        f"<text x='{w - 10}' y='{h - 2}' font-size='10' text-anchor='end' fill='#57606a'>{span:.0f} s</text></svg>"
+    )
+    return "".join(out)

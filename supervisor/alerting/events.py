@@ -1,0 +1,108 @@
+"""What is worth telling someone, decided from the journal's records (pure: no I/O, no clock).
+
+The journal already records each thing once, as it happens; reading notifications off it keeps
+what is sent and what is journalled the same story. The four events:
+
+- `incident`: the watchdog (or a crash) opened an incident; sent once its evidence is captured, with
+  the cause, hang class and bundle id. An operator's own `restart` (cause `manual`) is not one.
+- `failed`: the ladder or the restart budget is spent (state `failed`); the server stays down
+  until `failed_cooldown_s` passes or someone acts.
+- `recovered`: the first `ready` after an incident or `failed`, naming the incident it ends.
+- `stayed_stopped`: the daemon (re)started and left the server stopped, because an operator had
+  stopped it before the daemon restarted. A heads-up that nothing is serving, by design.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.alerting.settings import EventKind
+
+
+@dataclass(frozen=True)
+class NotifyEvent:
+    kind: EventKind
+    at: str  # ISO 8601 UTC, the journal record's time
+    instance: str  # which server of which host: "host:port"
+    rung: str = ""
+    reason: str = ""
+    incident_id: str | None = None
+    cause: str | None = None
+    hang_class: str | None = None
+    bundle: str | None = None
+
+    @property
+    def summary(self) -> str:
+        """One line a person reads on a phone at 3 am."""
+        where = f"SGLang {self.instance}"
+        if self.kind == "incident":
+            cls = f", {self.hang_class}" if self.hang_class else ""
+            text = f"{where}: incident {self.cause}{cls} on rung {self.rung or '?'}"
+            if self.reason:
+                text += f": {self.reason}"
+            if self.bundle:
+                text += f" (evidence {self.bundle})"
+            return text
+        if self.kind == "failed":
+            return f"{where}: FAILED, not serving: {self.reason or 'the ladder is spent'}"
+        if self.kind == "recovered":
+            after = f" after {self.incident_id}" if self.incident_id else ""
+            return f"{where}: recovered{after}, serving on rung {self.rung or '?'}"
+        return f"{where}: stayed stopped after the daemon restarted: {self.reason or 'stopped by request'}"
+
+
+@dataclass
+class Tracker:
+    """Turns journal records into events; remembers the incident a `recovered` will name."""
+
+    instance: str
+    open_incident: str | None = None  # the incident (or "failed") not yet followed by ready
+    rung: str = ""
+
+    def feed(self, record: dict[str, object]) -> NotifyEvent | None:
+        name = record.get("event")
+        at = str(record.get("ts", ""))
+        rung = _text(record.get("rung"))
+        if rung:
+            self.rung = rung
+        if name == "incident" and record.get("cause") != "manual":
+            inc = _text(record.get("id")) or None
+            self.open_incident = inc or self.open_incident or "incident"
+            return NotifyEvent(
+                kind="incident",
+                at=at,
+                instance=self.instance,
+                rung=rung,
+                reason=_text(record.get("detail"))[:500],
+                incident_id=inc,
+                cause=_text(record.get("cause")) or None,
+                hang_class=_text(record.get("hang_class")) or None,
+                bundle=_text(record.get("bundle")) or None,
+            )
+        if name == "state_changed" and record.get("new") == "failed" and record.get("old") != "failed":
+            if self.open_incident is None:
+                self.open_incident = "failed"
+            return NotifyEvent(
+                kind="failed",
+                at=at,
+                instance=self.instance,
+                rung=rung,
+                reason=_text(record.get("reason"))[:500],
+                incident_id=self._incident_or_none(),
+            )
+        if name == "server_ready" and self.open_incident is not None:
+            ended = self._incident_or_none()
+            self.open_incident = None
+            return NotifyEvent(kind="recovered", at=at, instance=self.instance, rung=rung, incident_id=ended)
+        if name == "stayed_stopped":
+            return NotifyEvent(
+                kind="stayed_stopped", at=at, instance=self.instance, rung=self.rung, reason=_text(record.get("reason"))
+            )
+        return None
+
+    def _incident_or_none(self) -> str | None:
+        return self.open_incident if self.open_incident not in (None, "failed", "incident") else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))
