@@ -12,7 +12,7 @@ from typing import Literal
 from probes.types import GpuObservation, ProcInfo, ThreadInfo
 
 HangClass = Literal["idle_deadlock", "busy_spin", "collective", "cuda_graph_capture", "io_wait", "unknown"]
-ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb"]
+ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack"]
 Outcome = Literal[
     "ok",  # the tool ran and produced a dump
     "missing",  # the tool is not installed (or the configured path does not exist)
