@@ -45,7 +45,7 @@ _THREAD = re.compile(r"^Traceback for thread (\d+) \(([^)]*)\)(?: \[([^\]]*)\])?
 _FRAME = re.compile(r'^\s+\((Python|C)\) File "([^"]*)", line (\d+), in (\S+)(?: \(inlined\))?(?: \(([^()]*)\))?\s*$')
 
 
-_SHORT = re.compile(r"^.*?/(?:site-packages|dist-packages|lib/python3\.\d+)/")
+_SHORT = re.compile(r"^.*/(?:site-packages|dist-packages)/|^.*/lib/python3\.\d+/")
 
 
 def _short(path: str) -> str:
