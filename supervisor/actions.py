@@ -30,6 +30,7 @@ from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
 from supervisor.stopping import gpu_verdict, stop_server, verify_release
 from supervisor.watchdog import Verdict
+from supervisor.xids import as_records, explain
 
 log = structlog.get_logger("supervisor")
 
@@ -65,6 +66,10 @@ async def kill_leftovers(sup: Core) -> tuple[int, ...]:
 async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     rung = sup.settings.ladder[rung_index]
     rendered = render_rung(sup.settings.server, rung)
+    if (blocked := sup.xids.blocked_reason()) is not None and sup.lifecycle.state != State.STOPPED:
+        sup.journal.append("launch_refused", rung=rung.name, reason=blocked)
+        sup.move(State.FAILED, blocked)
+        return
     if not await port_available(sup, rung_index, after_incident=after_incident):
         return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
@@ -128,7 +133,7 @@ async def incident(
     incident_id = incident_id or unique_incident_id(sup, cause)
     hang_class = provisional_class(verdict)
     bundle_id: str | None = None
-    detail = verdict.reason if verdict is not None else ""
+    detail, named = explain(sup, verdict.reason if verdict is not None else "")
     log.warning("incident", id=incident_id, cause=cause, reason=detail, rung=sup.current_rung_name())
     alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
     if diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}:
@@ -158,7 +163,7 @@ async def incident(
         detail=detail[:500],
         bundle=bundle_id,
     )
-    sup.journal.append("incident", **sup.last_incident.model_dump())
+    sup.journal.append("incident", **sup.last_incident.model_dump(), **({"xids": as_records(named)} if named else {}))
     await recover(sup, Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
 
 
@@ -195,6 +200,7 @@ async def capture_bundle(
                 gdb=gdb,
                 hung=trigger == "hung",
                 created_at=sup.clock.wall(),
+                gpu_xids=tuple(as_records(list(sup.xids.recent))),
             )
         )
     except Exception as err:  # a capture must never take the daemon down
@@ -229,6 +235,9 @@ async def recover(sup: Core, incident: Incident, *, forced_rung: int | None, man
     if sup.lifecycle.state != State.RESTARTING:
         sup.move(State.RESTARTING, f"stopping after {incident.cause}")
     ok = await stop_server(sup, f"incident {incident.cause}")
+    if (blocked := sup.xids.blocked_reason()) is not None:  # a relaunch onto that GPU fails the same way
+        sup.move(State.FAILED, blocked)
+        return
     if not ok and sup.settings.restart.release_policy == "fail":
         sup.move(State.FAILED, "the old server did not release its port or GPU memory (release_policy=fail)")
         return

@@ -40,6 +40,7 @@ from supervisor.render import arg_names, render_rung
 from supervisor.snapshot import IncidentView, StatusSnapshot, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, new_history
+from supervisor.xidbook import XidBook
 
 log = structlog.get_logger("supervisor")
 T = TypeVar("T")
@@ -123,6 +124,7 @@ class Core:
         self.log_seq = 0
         self.launched_at = clock.monotonic()
         self.launched_wall: float | None = None
+        self.xids = XidBook()  # GPU faults: supervisor.xids
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
         self.metrics = metrics(self.snapshot)
         self.publish()
@@ -293,6 +295,9 @@ class Core:
                 write_errors=self.write_errors(),
             )
         )
+        if self.xids.recent or self.xids.blocked is not None:
+            update = {"gpu_xids": self.xids.views(), "gpu_blocked": self.xids.blocked_reason()}
+            self._snapshot = self._snapshot.model_copy(update=update)
         self.count_write_errors()
 
     def write_errors(self) -> WriteErrorsView:

@@ -11,7 +11,7 @@ import asyncio
 import structlog
 
 from probes.types import Observation
-from supervisor import actions, handlers, handover, upkeep
+from supervisor import actions, handlers, handover, upkeep, xids
 from supervisor.commands import Command, CommandResult
 from supervisor.core import Core
 from supervisor.diagnostics import self_check
@@ -109,6 +109,7 @@ class Supervisor(Core):
         self.publish()
 
     async def tick(self) -> None:
+        xids.take(self)
         st = self.lifecycle.state
         if await upkeep.chores(self):
             return

@@ -186,6 +186,12 @@ class SupervisorMetrics:
         )
         for what in ("journal", "server_log", "state", "bundle"):
             self._write_errors.labels(file=what)
+        self._xids = Counter(
+            PREFIX + "gpu_xid",
+            "GPU faults (Xid critical errors) NVML reported, by GPU, Xid and what they need",
+            ["gpu", "uuid", "xid", "action"],
+            registry=registry,
+        )
         registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
 
     def loop_error(self, kind: str) -> None:
@@ -194,6 +200,9 @@ class SupervisorMetrics:
     def write_error(self, what: str, n: int = 1) -> None:
         if n > 0:
             self._write_errors.labels(file=what).inc(n)
+
+    def xid(self, gpu: int, uuid: str, xid: int, action: str) -> None:
+        self._xids.labels(gpu=str(gpu), uuid=uuid, xid=str(xid), action=action).inc()
 
     def restart(self, cause: str) -> None:
         self._restarts.labels(cause=cause).inc()

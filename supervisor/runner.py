@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
+from probes.xid import XidWatcher
 from supervisor import __version__
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.cgroup import CgroupRoot, become_subreaper
@@ -131,6 +132,8 @@ def make_supervisor(
         control=RealProcessControl(cgroups, subreaper=subreaper),
     )
     sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    sup.xids.watcher = XidWatcher(make_nvml(env))  # its own NVML handle: waits block in its thread
+    sup.xids.watcher.start()
     return sup
 
 
@@ -195,5 +198,7 @@ async def serve(
         await sup.run()
     finally:
         await api.close()
+        if sup.xids.watcher is not None:
+            await asyncio.to_thread(sup.xids.watcher.stop)
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
     return EXIT_HANDOFF if sup.handoff else 0

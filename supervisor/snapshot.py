@@ -86,6 +86,15 @@ class WriteErrorsView(_Frozen):
     bundle: int = 0
 
 
+class XidView(_Frozen):
+    gpu: int  # NVML index (-1: the GPU no longer answers)
+    uuid: str
+    xid: int
+    at: str  # ISO time the daemon read it
+    action: str  # "restart" (application fault) or "reset_gpu" (unusable until reset)
+    text: str
+
+
 class StatusSnapshot(_Frozen):
     state: str  # State value
     phase: str | None = None  # probes.types.Phase while starting
@@ -115,3 +124,5 @@ class StatusSnapshot(_Frozen):
     version: str = ""
     loop_errors: int = 0  # exceptions the supervisor loop caught and survived
     write_errors: WriteErrorsView = WriteErrorsView()
+    gpu_xids: tuple[XidView, ...] = ()  # the last Xid events NVML reported, oldest first
+    gpu_blocked: str | None = None  # a GPU of the server needs a reset: why nothing relaunches

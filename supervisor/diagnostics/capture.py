@@ -287,9 +287,12 @@ async def capture(
     ranks = [p.pid for p in evidence.processes if p.rank_like]
     sampling = sample_spread({r.info.pid: r.first_at for r in got.runs if r.first_at}, ranks)
     summary.update(ras=redactor.obj(ras_view), collective=redactor.obj(coll), sampling=sampling)
+    summary["gpu_xids"] = [dict(x) for x in req.gpu_xids]
     blobs["summary.json"] = _json(summary)
     text = render_text(summary, evidence, redactor).splitlines()
     extra = [*ras_text(ras_view, coll), spread_text(sampling)]
+    if req.gpu_xids:
+        extra += ["", "GPU faults (Xid):", *[f"  {x.get('at')} {x.get('text')}" for x in req.gpu_xids]]
     blobs["summary.txt"] = ("\n".join(text + [redactor.text(x) for x in extra]) + "\n").encode()
 
     path, error, removed, retention_errors = await _store(diag_dir, bundle_id, blobs, keep, max_bytes)

@@ -60,6 +60,7 @@ class CaptureRequest:
     busy_cpu_cores: float = 0.8  # [watchdog] busy_cpu_cores
     busy_gpu_percent: float = 50.0  # [watchdog] busy_gpu_percent
     created_at: float | None = None  # wall clock of the incident; None: now
+    gpu_xids: tuple[Mapping[str, object], ...] = ()  # recent GPU faults (supervisor.xids.as_records)
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ Traceback for thread 11850 (python3) [] (most recent call last):
     (C) File "./nptl/pthread_create.c", line 442, in start_thread (/usr/lib/x86_64-linux-gnu/libc.so.6)
     (Python) File "/usr/lib/python3.12/threading.py", line 1002, in _bootstrap
         self._bootstrap_inner()
-    (Python) File "/srv/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", line 2806, in all_reduce
+    (Python) File "/v/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", line 2806, in all_reduce
         work = group.allreduce([tensor], opts)
-    (C) File "../sysdeps/nptl/futex-internal.c", line 57, in __futex_abstimed_wait_common64 (inlined) (/usr/lib/libc.so.6)
+    (C) File "../sysdeps/nptl/futex-internal.c", line 57, in __futex_abstimed_wait_common64 (/lib/libc.so.6)
 
 Traceback for thread 11808 (MainThread) [] (most recent call last):
     (Python) File "/tmp/slp.py", line 4, in <module>
