@@ -14,6 +14,7 @@ import shlex
 import structlog
 
 from probes.types import Observation
+from supervisor import slate
 from supervisor.adopt import ServerRecord, starttime_of
 from supervisor.commands import CommandResult, finish
 from supervisor.control import SpawnError
@@ -71,6 +72,8 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
         sup.move(State.FAILED, blocked)
         return
     if not await port_available(sup, rung_index, after_incident=after_incident):
+        return
+    if not await slate.prepare(sup, rung_index, after_incident=after_incident):
         return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     sup.stopped_by_request = False

@@ -98,6 +98,7 @@ class Core:
         self.failed_retry_at: float | None = None  # monotonic; when `failed` starts again by itself
         self.loop_errors = 0
         self.port_refusals = 0  # launches refused in a row because the port was held
+        self.gpu_refusals = 0  # ... because a stranger held GPU memory (supervisor.slate)
         self.pending_launch: PendingLaunch | None = None
         self.incident_ids: list[str] = []  # recent ids, so two in one second differ
         self.open_incident: OpenIncident | None = None  # persisted while its capture runs
