@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from orphans import spawn_orphan
 
 from probes.types import GpuDevice, GpuObservation, GpuProcess
 from supervisor import cleanslate as cs
@@ -82,34 +83,6 @@ def test_gpu_holders_outside_the_tree_on_the_servers_gpus() -> None:
     assert cs.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-b,0"}, gpu) == {0, 1}
     assert cs.visible_gpus({}, gpu) is None
     assert cs.visible_gpus({"CUDA_VISIBLE_DEVICES": "MIG-xyz"}, gpu) is None
-
-
-_ORPHAN = """
-import os, sys
-log, title = sys.argv[1], sys.argv[2]
-pid = os.fork()
-if pid == 0:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.execvp("sleep", [title, "300"])
-print(pid, flush=True)
-"""
-
-
-def spawn_orphan(log: Path, title: str = "sglang::scheduler_TP0") -> int:
-    """A process titled like SGLang's, writing to `log`, whose parent has exited (exact pid known)."""
-    out = subprocess.run([sys.executable, "-c", _ORPHAN, str(log), title], capture_output=True, text=True, check=True)
-    pid = int(out.stdout.strip())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # until the exec took effect
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
-                return pid
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"orphan {pid} never became {title}")
 
 
 def test_an_orphan_of_this_state_dir_is_found_and_stopped(tmp_path: Path) -> None:
