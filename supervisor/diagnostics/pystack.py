@@ -8,6 +8,7 @@ on a stopped process, leaving it stopped (measured 0.11 s, 0.17 s with native fr
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -17,18 +18,26 @@ from pathlib import Path
 from supervisor.diagnostics.model import Frame, StackThread
 
 
-def find_pystack() -> str | None:
-    """pystack on PATH, else next to this interpreter (a venv's bin/); None where it is not installed."""
+def find_pystack() -> tuple[str, ...] | None:
+    """The command that runs pystack: on PATH, else next to this interpreter (a venv's bin/), else
+    `python -m pystack` where the module is importable (a wheel unpacked onto PYTHONPATH has no
+    script); None where it is not installed."""
     found = shutil.which("pystack")
     if found:
-        return found
+        return (found,)
     beside = Path(sys.executable).parent / "pystack"
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return (str(beside),)
+    try:
+        spec = importlib.util.find_spec("pystack")
+    except (ImportError, ValueError):
+        spec = None
+    return (sys.executable, "-m", "pystack") if spec is not None else None
 
 
-def pystack_argv(exe: str, pid: int, *, native: bool) -> tuple[str, ...]:
+def pystack_argv(cmd: tuple[str, ...], pid: int, *, native: bool) -> tuple[str, ...]:
     # Never --locals: local variables can hold tokens and request bodies.
-    argv = [exe, "remote", str(pid), "--no-color"]
+    argv = [*cmd, "remote", str(pid), "--no-color"]
     if native:
         argv.append("--native")
     return tuple(argv)

@@ -112,7 +112,12 @@ def missing_tool(pid: int, tool: ToolName, what: str) -> ToolOutcome:
 
 
 async def read_pystack(
-    run: ProcRun, req: CaptureRequest, exe: str, env: dict[str, str], resume: Resume | None, deadline: float
+    run: ProcRun,
+    req: CaptureRequest,
+    exe: tuple[str, ...],
+    env: dict[str, str],
+    resume: Resume | None,
+    deadline: float,
 ) -> bool:
     """The Python (and, where asked, native) frames of a process py-spy cannot read; True when
     native frames came with their names, so cuda-gdb can skip the libraries' symbols."""

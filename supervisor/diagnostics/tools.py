@@ -40,7 +40,7 @@ class ToolPaths:
     gdb: str | None
     gdb_kind: ToolName  # "gdb" or "cuda-gdb": what `gdb` points at
     cuda_gdb: str | None = None  # cuda-gdb, when there is one besides a plain gdb
-    pystack: str | None = None  # reads a stopped process (state T), where py-spy cannot
+    pystack: tuple[str, ...] | None = None  # the command that reads a stopped process (state T)
 
     def debugger(self, holds_gpu: bool) -> tuple[str | None, ToolName]:
         """cuda-gdb for a process that holds GPU memory (it names the kernels); plain gdb for the
