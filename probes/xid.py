@@ -10,6 +10,7 @@ NVMLError with NVML_ERROR_TIMEOUT.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -61,6 +62,7 @@ class XidWatcher:
         self.status: XidStatus = "starting" if nvml is not None else "unavailable"
         self.reason = "" if nvml is not None else "NVML is not available"
         self.gpus: tuple[int, ...] = ()  # registered
+        self.refused: tuple[str, ...] = ()  # GPUs that would not register, and why
 
     def start(self) -> None:
         if self._nvml is None or self._thread is not None:
@@ -85,6 +87,8 @@ class XidWatcher:
                 event_set, by_uuid = self._register()
             except Exception as err:  # no driver, no event support, a GPU lost: say so, retry later
                 self.status, self.reason = "unavailable", f"cannot watch Xid events: {str(err)[:200]}"
+                with contextlib.suppress(Exception):
+                    self._nvml.nvmlShutdown()
                 self._stop.wait(self._retry_s)
                 continue
             self.status, self.reason = "watching", ""
@@ -105,11 +109,19 @@ class XidWatcher:
         nvml.nvmlInit()
         event_set = nvml.nvmlEventSetCreate()
         by_uuid: dict[str, int] = {}
+        refused: list[str] = []
         for index in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            nvml.nvmlDeviceRegisterEvents(handle, EVENT_XID_CRITICAL, event_set)
-            by_uuid[_text(nvml.nvmlDeviceGetUUID(handle))] = index
+            try:  # a GPU that refuses (lost, or events not supported) must not blind the others
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                nvml.nvmlDeviceRegisterEvents(handle, EVENT_XID_CRITICAL, event_set)
+                by_uuid[_text(nvml.nvmlDeviceGetUUID(handle))] = index
+            except Exception as err:
+                refused.append(f"GPU {index}: {str(err)[:100]}")
+        if not by_uuid:
+            nvml.nvmlEventSetFree(event_set)
+            raise RuntimeError("no GPU accepted Xid events: " + ("; ".join(refused) or "no GPU"))
         self.gpus = tuple(sorted(by_uuid.values()))
+        self.refused = tuple(refused)
         return event_set, by_uuid
 
     def _watch(self, event_set: Any, by_uuid: dict[str, int]) -> None:

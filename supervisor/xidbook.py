@@ -20,6 +20,7 @@ class XidBook:
     unexplained: list[XidEvent] = field(default_factory=list)  # not yet named by an incident or bundle
     blocked: XidEvent | None = None  # a GPU of the server needs a reset: no relaunch onto it
     server_gpus: frozenset[int] | None = None  # NVML indices where the tree held memory, last seen
+    watch_seen: tuple[str, str] = ("", "")  # the watcher's (status, reason) last journalled
 
     def views(self) -> tuple[XidView, ...]:
         return tuple(

@@ -32,6 +32,11 @@ def take(sup: Core) -> list[XidEvent]:
         if held:
             book.server_gpus = held
     events = book.watcher.drain() if book.watcher is not None else []
+    if book.watcher is not None and book.watcher.status != "starting":
+        now = (book.watcher.status, book.watcher.reason)
+        if now != book.watch_seen:  # journalled once per change: an operator sees Xids are (not) watched
+            book.watch_seen = now
+            sup.journal.append("xid_watch", status=now[0], reason=now[1], gpus=list(book.watcher.gpus))
     for e in events:
         action = xid_action(e.xid)
         book.recent.append(e)

@@ -55,6 +55,8 @@ async def test_an_application_xid_is_named_by_the_incident_and_restarts(daemon, 
     assert 'sglang_supervisor_gpu_xid_total{action="restart",gpu="0",uuid="GPU-aaaa",xid="31"} 1.0' in metrics
     events = [json.loads(line) for line in (Path(r.settings.paths.state_dir) / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "gpu_xid" and e["xid"] == 31 for e in events)
+    (watch,) = [e for e in events if e["event"] == "xid_watch"]
+    assert watch["status"] == "watching" and watch["gpus"] == [0, 1]
     (inc,) = [e for e in events if e["event"] == "incident"]
     assert inc["xids"][0]["xid"] == 31
 

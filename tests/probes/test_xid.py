@@ -84,3 +84,19 @@ def test_only_a_reset_xid_on_a_server_gpu_blocks() -> None:
     assert blocking([app, reset_other, reset_ours], {0, 1}) == reset_ours
     assert blocking([reset_other], None) == reset_other  # the server's GPUs unknown: every GPU counts
     assert describe(reset_ours) == "Xid 79 on GPU 1 (GPU-b): GPU has fallen off the bus"
+
+
+def test_a_gpu_that_refuses_events_does_not_blind_the_others() -> None:
+    nvml = FakeNvml([FakeDevice(uuid="GPU-a"), FakeDevice(uuid="GPU-b")])
+    nvml.fail("nvmlDeviceRegisterEvents", gpu=0)
+    w = XidWatcher(nvml, wait_ms=50)
+    w.start()
+    try:
+        assert _wait(lambda: w.status == "watching")
+        assert w.gpus == (1,) and "GPU 0" in w.refused[0]
+        nvml.raise_xid(1, 13)
+        got: list[XidEvent] = []
+        assert _wait(lambda: bool(got.extend(w.drain())) or len(got) >= 1)
+        assert [(e.gpu, e.xid) for e in got] == [(1, 13)]
+    finally:
+        w.stop()
