@@ -22,6 +22,7 @@ from pathlib import Path
 
 from probes.proctree import MARKER_ENV, read_stat
 from probes.types import GpuObservation
+from supervisor.diagnostics.redact import Redactor, argv_secrets
 
 _WITH_PID = (
     re.compile(r"^sgl_shm_[A-Za-z0-9]+_(\d+)_[0-9a-fA-F]+$"),
@@ -160,7 +161,8 @@ def command_of(pid: int, proc_root: str = "/proc") -> str:
             argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return "(gone, or another user's: its command cannot be read)"
-    return " ".join(argv)[:300] or "(no command line)"
+    shown = Redactor.from_envs([], extra=argv_secrets(argv)).argv(argv)  # a stranger's --api-key stays out
+    return " ".join(shown)[:300] or "(no command line)"
 
 
 def visible_gpus(env: Mapping[str, str], gpu: GpuObservation) -> frozenset[int] | None:

@@ -104,3 +104,16 @@ def test_an_orphan_of_this_state_dir_is_found_and_stopped(tmp_path: Path) -> Non
         for pid in (ours, theirs):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+def test_a_strangers_command_is_named_without_its_secrets() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--api-key", "s3cr3t-value"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and "s3cr3t" not in Path(f"/proc/{proc.pid}/cmdline").read_text():
+            time.sleep(0.02)
+        shown = cs.command_of(proc.pid)
+        assert "--api-key" in shown and "s3cr3t-value" not in shown and sys.executable in shown
+    finally:
+        proc.kill()
+        proc.wait()
