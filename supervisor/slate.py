@@ -69,7 +69,12 @@ async def _gpu_holders(sup: Core, doc: dict[str, object]) -> str | None:
     if not holders:
         return None
     ours = [h for h in holders if cs.carries(h[0], sup.marker)]
-    strangers = [h for h in holders if h not in ours]
+    # A pid this daemon cannot see (another container's pid namespace, or an entry the driver kept
+    # for a dead process) cannot be named or told from a stale one: recorded, not a refusal.
+    unseen = [h for h in holders if h not in ours and not cs.pid_alive(h[0])]
+    strangers = [h for h in holders if h not in ours and h not in unseen]
+    if unseen:
+        doc["gpu_unseen"] = [{"pid": p, "gpu": g, "bytes": b} for p, g, b, _ in unseen]
     if ours:
         pids = sorted({h[0] for h in ours})
         report = await sup.beating(asyncio.to_thread(stop_pids, pids, sup.settings.restart.stop_grace_s))
