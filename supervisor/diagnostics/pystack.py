@@ -35,10 +35,12 @@ def find_pystack() -> tuple[str, ...] | None:
     return (sys.executable, "-m", "pystack") if spec is not None else None
 
 
-def pystack_argv(cmd: tuple[str, ...], pid: int, *, native: bool) -> tuple[str, ...]:
+def pystack_argv(cmd: tuple[str, ...], pid: int, *, native: bool, nonblocking: bool = False) -> tuple[str, ...]:
     # Never --locals: local variables can hold tokens and request bodies.
     argv = [*cmd, "remote", str(pid), "--no-color"]
-    if native:
+    if nonblocking:  # a healthy server a person only asked about is not paused (no native frames then)
+        argv.append("--no-block")
+    elif native:
         argv.append("--native")
     return tuple(argv)
 

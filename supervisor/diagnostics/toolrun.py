@@ -121,9 +121,9 @@ async def read_pystack(
 ) -> bool:
     """The Python (and, where asked, native) frames of a process py-spy cannot read; True when
     native frames came with their names, so cuda-gdb can skip the libraries' symbols."""
-    argv = pystack_argv(exe, run.info.pid, native=req.native)
+    argv = pystack_argv(exe, run.info.pid, native=req.native, nonblocking=req.nonblocking)
     res = await run_one(run, "pystack", argv, req.py_spy_timeout_s, env, resume, deadline)
     threads = parse_pystack(res.stdout)
     if threads:
         run.python = threads
-    return bool(threads) and req.native
+    return bool(threads) and req.native and not req.nonblocking

@@ -131,3 +131,13 @@ async def test_no_ras_service_is_stated_not_an_error(launch: Launcher, resume: R
         _request(tree.infos(), env={"NCCL_RAS_ENABLE": "0"}), tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP
     )
     assert off.summary["ras"]["status"] == "disabled"  # type: ignore[index]
+
+
+def test_pystack_never_pauses_a_server_a_person_only_asked_about() -> None:
+    from supervisor.diagnostics.pystack import pystack_argv
+
+    assert pystack_argv(("pystack",), 7, native=True) == ("pystack", "remote", "7", "--no-color", "--native")
+    assert pystack_argv(("py", "-m", "pystack"), 7, native=True, nonblocking=True) == (
+        "py", "-m", "pystack", "remote", "7", "--no-color", "--no-block",
+    )
+    assert "--locals" not in pystack_argv(("pystack",), 7, native=False)
