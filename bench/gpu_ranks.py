@@ -1,7 +1,8 @@
 """Eight ranks at one instant: the capture of an eight-rank tree by the daemon's diagnostics code.
 
     python bench/gpu_ranks.py --write-docs                 # the H200 (one GPU: eight ranks share it)
-    python bench/gpu_ranks.py --cpu                        # any machine: eight spinning Python ranks, no GPU
+    python bench/gpu_ranks.py --cpu                        # any machine: the simulator's eight ranks, no GPU
+    python bench/gpu_ranks.py --cpu --spin                 # any machine: eight ranks spinning in Python
 
 Eight processes (bench/gpuserver/busy_ranks.py, titled `sglang::scheduler_TP0..7`) each hold GPU
 memory and keep a `torch.cuda._sleep` kernel running; `supervisor.diagnostics.capture` reads all of
@@ -39,7 +40,36 @@ from supervisor.process import kill_marked, resume_stopped  # noqa: E402
 TARGET_S = 15.0
 
 
+def start_sim(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """The SGLang simulator with `--tp-size N`, deadlocked after load: N `sglang::scheduler_TPn` ranks."""
+    marker = f"ranks-{uuid.uuid4().hex[:12]}"
+    onset = work / "onset.json"
+    env = {
+        **os.environ,
+        "SGLANG_SIM_SCENARIO": "deadlock_after_load",
+        "SGLANG_SIM_PACE": "0.1",
+        "SGLANG_SIM_ONSET_FILE": str(onset),
+        MARKER_ENV: marker,
+    }
+    argv = [args.python, "-m", "supervisor.simulator", "--model-path", str(work / "model"),
+            "--tp-size", str(args.ranks), "--port", "0"]
+    log = open(work / "ranks.log", "wb")  # noqa: SIM115 - handed to the child
+    root = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + args.start_timeout
+    probe = ProcessTreeProbe()
+    while time.monotonic() < deadline and root.poll() is None:
+        ranks = [p for p in probe.observe(root.pid, marker).processes if p.role == "scheduler"]
+        if onset.exists() and len(ranks) >= args.ranks:
+            time.sleep(1.0)  # every rank reaches its deadlock (the onset file is rank 0's)
+            return root, marker, onset
+        time.sleep(0.2)
+    raise RuntimeError(f"the simulator's ranks did not start: {(work / 'ranks.log').read_text()[-2000:]}")
+
+
 def start(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
+    if args.cpu and not args.spin:
+        return start_sim(args, work)
     marker = f"ranks-{uuid.uuid4().hex[:12]}"
     ready = work / "ready"
     ready.mkdir(parents=True, exist_ok=True)
@@ -113,11 +143,12 @@ def render(result: dict[str, Any]) -> str:
             f"## Eight ranks at one instant ({result['mode']})",
             "",
             f"Measured {result['stamp']} on {result['machine']}. Reproduce: `python bench/gpu_ranks.py"
-            f"{' --cpu' if result['mode'] == 'cpu' else ''} --write-docs`.",
+            f"{ {'gpu': '', 'cpu': ' --cpu', 'cpu-spin': ' --cpu --spin'}[result['mode']] } --write-docs`.",
             "",
             f"{result['ranks']} processes titled `sglang::scheduler_TP0..{result['ranks'] - 1}`, each "
-            + ("holding GPU memory with a `torch.cuda._sleep` kernel running" if result["mode"] == "gpu"
-               else "spinning in Python (no GPU, no cuda-gdb)")
+            + {"gpu": "holding GPU memory with a `torch.cuda._sleep` kernel running",
+               "cpu": "a rank of the SGLang simulator deadlocked after load (no GPU, no cuda-gdb)",
+               "cpu-spin": "spinning in Python (no GPU, no cuda-gdb)"}[result["mode"]]
             + f", captured by `supervisor.diagnostics.capture` (py-spy --native, {result['debugger']}). "
             f"Bundle: median {statistics.median(r['bundle_s'] for r in runs):.2f} s, worst {worst:.2f} s "
             f"(target < {TARGET_S:g} s: {'met' if worst < TARGET_S else 'NOT met'}); spread between the first "
@@ -134,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--gb", type=float, default=2.0, help="GPU memory per rank")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--cpu", action="store_true", help="no GPU: spinning Python ranks, gdb where installed")
+    p.add_argument("--cpu", action="store_true", help="no GPU: the simulator's ranks (gdb where installed)")
+    p.add_argument("--spin", action="store_true", help="with --cpu: eight ranks spinning in Python instead")
     p.add_argument("--no-gdb", action="store_true")
     p.add_argument("--python", default=sys.executable, help="the interpreter that has torch")
     p.add_argument("--gdb", default=None, help="debugger path (default: cuda-gdb where installed, else gdb)")
@@ -145,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.gdb is None:
         a.gdb = find_gdb()
     work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="gpu-ranks-"))
+    work.mkdir(parents=True, exist_ok=True)
     root, marker, _ = start(a, work)
     runs = []
     try:
@@ -156,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_marked(marker, grace_s=2.0)
         root.wait(30)
     result = {
-        "mode": "cpu" if a.cpu else "gpu",
+        "mode": ("cpu-spin" if a.spin else "cpu") if a.cpu else "gpu",
         "ranks": a.ranks,
         "debugger": "no debugger" if a.no_gdb else Path(a.gdb).name if a.gdb else "no debugger installed",
         "stamp": stamp(),
