@@ -26,7 +26,8 @@ The JSON file:
           "graphics_processes": {},           # optional, same shape
           "fail": ["nvmlDeviceGetUtilizationRates"]           # optional: calls raising on this GPU
         }
-      ]
+      ],
+      "xid_events": [{"gpu": 0, "xid": 79}]   # optional, append-only: Xid events (probes/fake_nvml_events.py)
     }
 """
 
