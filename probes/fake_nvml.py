@@ -26,7 +26,8 @@ The JSON file:
           "graphics_processes": {},           # optional, same shape
           "fail": ["nvmlDeviceGetUtilizationRates"]           # optional: calls raising on this GPU
         }
-      ]
+      ],
+      "xid_events": [{"gpu": 0, "xid": 79}]   # optional, append-only: Xid events (probes/fake_nvml_events.py)
     }
 """
 
@@ -39,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probes.fake_nvml_events import FakeNvmlEvents
 from probes.gpu import FAKE_NVML_ENV, make_nvml
 
 __all__ = ["FAKE_NVML_ENV", "FakeDevice", "FakeNvml", "NVMLError", "make_nvml"]
@@ -99,8 +101,8 @@ class FakeDevice:
     fail: set[str] = field(default_factory=set)  # names of calls that raise on this device
 
 
-class FakeNvml:
-    """Implements NvmlLike; every method name and return shape is pynvml's."""
+class FakeNvml(FakeNvmlEvents):
+    """Implements NvmlLike; every method name and return shape is pynvml's (events: FakeNvmlEvents)."""
 
     def __init__(self, devices: Sequence[FakeDevice] = (), *, init_error: str | None = None) -> None:
         self.devices: list[FakeDevice] = list(devices)
@@ -115,6 +117,7 @@ class FakeNvml:
         self._path: Path | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._file_error = ""
+        self.xid_queue: list[tuple[int, int]] = []
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> FakeNvml:
@@ -143,6 +146,10 @@ class FakeNvml:
             self.fail_calls.add(call)
         else:
             self.devices[gpu].fail.add(call)
+
+    def raise_xid(self, gpu: int, xid: int) -> None:
+        """Queue an Xid critical error on `gpu` for the event sets (as the file's `xid_events` do)."""
+        self.xid_queue.append((gpu, xid))
 
     def heal(self) -> None:
         self.fail_calls.clear()

@@ -15,6 +15,7 @@ from dataclasses import replace
 import structlog
 
 from probes.types import Observation
+from supervisor import slate
 from supervisor.adopt import ServerRecord, starttime_of
 from supervisor.commands import CommandResult, finish
 from supervisor.control import SpawnError
@@ -31,6 +32,7 @@ from supervisor.snapshot import IncidentView
 from supervisor.state import RUNNING, State
 from supervisor.stopping import gpu_verdict, stop_server, verify_release
 from supervisor.watchdog import Verdict
+from supervisor.xids import as_records, explain
 
 log = structlog.get_logger("supervisor")
 
@@ -81,7 +83,13 @@ async def kill_leftovers(sup: Core, why: str = "") -> tuple[int, ...]:
 async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
     rung = sup.settings.ladder[rung_index]
     rendered = render_rung(sup.settings.server, rung)
+    if (blocked := sup.xids.blocked_reason()) is not None and sup.lifecycle.state != State.STOPPED:
+        sup.journal.append("launch_refused", rung=rung.name, reason=blocked)
+        sup.move(State.FAILED, blocked)
+        return
     if not await port_available(sup, rung_index, after_incident=after_incident):
+        return
+    if not await slate.prepare(sup, rung_index, after_incident=after_incident):
         return
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     sup.stopped_by_request = False
@@ -173,7 +181,7 @@ async def incident(
     keeper = sup.keeper.describe() if sup.keeper is not None else ""
     if keeper and verdict is not None:  # the server blocked on its output: name who stopped reading it
         verdict = replace(verdict, reason=f"{verdict.reason}; {keeper}")
-    detail = verdict.reason if verdict is not None else ""
+    detail, named = explain(sup, verdict.reason if verdict is not None else "")
     log.warning("incident", id=incident_id, cause=cause, reason=detail, rung=sup.current_rung_name())
     alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
     if diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}:
@@ -203,7 +211,7 @@ async def incident(
         detail=detail[:500],
         bundle=bundle_id,
     )
-    sup.journal.append("incident", **sup.last_incident.model_dump())
+    sup.journal.append("incident", **sup.last_incident.model_dump(), **({"xids": as_records(named)} if named else {}))
     await recover(sup, Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
 
 
@@ -240,6 +248,7 @@ async def capture_bundle(
                 gdb=gdb,
                 hung=trigger == "hung",
                 created_at=sup.clock.wall(),
+                gpu_xids=tuple(as_records(list(sup.xids.recent))),
             )
         )
     except Exception as err:  # a capture must never take the daemon down
@@ -274,6 +283,9 @@ async def recover(sup: Core, incident: Incident, *, forced_rung: int | None, man
     if sup.lifecycle.state != State.RESTARTING:
         sup.move(State.RESTARTING, f"stopping after {incident.cause}")
     ok = await stop_server(sup, f"incident {incident.cause}")
+    if (blocked := sup.xids.blocked_reason()) is not None:  # a relaunch onto that GPU fails the same way
+        sup.move(State.FAILED, blocked)
+        return
     if not ok and sup.settings.restart.release_policy == "fail":
         sup.move(State.FAILED, "the old server did not release its port or GPU memory (release_policy=fail)")
         return

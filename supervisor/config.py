@@ -160,6 +160,9 @@ class RestartSettings(_Section):
     # from the preferred rung with fresh counters. Minutes: long enough for a transient cause (a
     # neighbour holding the GPU, a storage hiccup) to clear, short against an unattended night.
     failed_cooldown_s: NonNegFloat = 600.0  # 0 = stay failed until an operator acts
+    # Where SGLang puts its POSIX shared memory; stale segments there are removed before each
+    # launch (supervisor/cleanslate.py). "" turns the sweep off.
+    shm_dir: str = "/dev/shm"
 
     @model_validator(mode="after")
     def _backoff(self) -> RestartSettings:

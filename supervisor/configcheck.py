@@ -34,7 +34,38 @@ def _which(name: str, path: str | None) -> str | None:
 
 def check_settings(settings: Settings, env: Mapping[str, str], which: Which = _which) -> tuple[Finding, ...]:
     """Every finding for `settings` as `run` would meet them with the environment `env`."""
-    return (*_api(settings, env), *_program(settings, env, which), *_rungs(settings), *_notify(settings, env, which))
+    return (
+        *_api(settings, env),
+        *_program(settings, env, which),
+        *_rungs(settings),
+        *_notify(settings, env, which),
+        *_gpus(settings, env),
+    )
+
+
+def _gpus(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
+    """A GPU another process holds memory on: the daemon would refuse to launch onto it."""
+    from probes.gpu import GpuProbe, make_nvml
+    from supervisor import cleanslate as cs
+
+    probe = GpuProbe(make_nvml(env))
+    try:
+        gpu = probe.snapshot_all()
+    finally:
+        probe.close()
+    if gpu.status != "ok":
+        return []
+    server_env = {**env, **render_rung(settings.server, settings.ladder[0]).env}
+    holders = cs.gpu_holders(gpu, (), cs.visible_gpus(server_env, gpu), cs.command_of)
+    return [
+        Finding(
+            "warning",
+            "server",
+            f"GPU {g} holds {b / 2**30:.1f} GiB of pid {p} ({c}): the daemon refuses to launch while a"
+            " process outside the server holds memory on its GPUs",
+        )
+        for p, g, b, c in holders
+    ]
 
 
 def _api(settings: Settings, env: Mapping[str, str]) -> list[Finding]:

@@ -43,6 +43,7 @@ from supervisor.render import arg_names, render_rung
 from supervisor.snapshot import IncidentView, LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.state import RUNNING, SERVING, Lifecycle, State
 from supervisor.watchdog import History, new_history
+from supervisor.xidbook import XidBook
 
 log = structlog.get_logger("supervisor")
 T = TypeVar("T")
@@ -102,6 +103,7 @@ class Core:
         self.failed_retry_at: float | None = None  # monotonic; when `failed` starts again by itself
         self.loop_errors = 0
         self.port_refusals = 0  # launches refused in a row because the port was held
+        self.gpu_refusals = 0  # ... because a stranger held GPU memory (supervisor.slate)
         self.pending_launch: PendingLaunch | None = None
         self.incident_ids: list[str] = []  # recent ids, so two in one second differ
         self.open_incident: OpenIncident | None = None  # persisted while its capture runs
@@ -135,6 +137,7 @@ class Core:
         self.log_seq = 0
         self.launched_at = clock.monotonic()
         self.launched_wall: float | None = None
+        self.xids = XidBook()  # GPU faults: supervisor.xids
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
         self.publish_listeners: list[Callable[[StatusSnapshot], None]] = []  # e.g. the page's timeline
         self.metrics = metrics(self.snapshot)
@@ -321,6 +324,9 @@ class Core:
                 stale_after_s=stale_after(wd.metrics_interval_s, wd.serving_stall_s),
             )
         )
+        if self.xids.recent or self.xids.blocked is not None:
+            update = {"gpu_xids": self.xids.views(), "gpu_blocked": self.xids.blocked_reason()}
+            self._snapshot = self._snapshot.model_copy(update=update)
         self.count_write_errors()
         for listener in self.publish_listeners:
             with contextlib.suppress(Exception):  # a view's bug must not cost a poll

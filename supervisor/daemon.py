@@ -12,7 +12,7 @@ from dataclasses import replace
 import structlog
 
 from probes.types import Observation
-from supervisor import actions, handlers, handover, upkeep
+from supervisor import actions, handlers, handover, upkeep, xids
 from supervisor.commands import Command, CommandResult
 from supervisor.core import Core
 from supervisor.diagnostics import self_check
@@ -133,6 +133,7 @@ class Supervisor(Core):
             await actions.launch(self, rung, after_incident=True)
 
     async def tick(self) -> None:
+        xids.take(self)
         st = self.lifecycle.state
         if await upkeep.chores(self):
             return

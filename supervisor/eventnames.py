@@ -13,6 +13,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "adoption_refused",
         "bundle_write_failed",
         "bundle_written",
+        "clean_slate",
         "command",
         "config_reload_refused",
         "config_reloaded",
@@ -24,8 +25,11 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "failed_cooldown",
         "failed_cooldown_over",
         "failed_left",
-        "incident",
+        "gpu_blocked",
         "gpu_scope",
+        "gpu_unblocked",
+        "gpu_xid",
+        "incident",
         "ladder_decision",
         "launch_refused",
         "leftovers_stopped",
@@ -45,6 +49,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "state_changed",
         "state_save_failed",
         "stayed_stopped",
+        "xid_watch",
     }
 )
 

@@ -74,6 +74,7 @@ async def collect(
     gdb: bool | None = None,
     hung: bool,
     created_at: float | None = None,
+    gpu_xids: tuple[Mapping[str, object], ...] = (),
 ) -> BundleResult:
     d = settings.diagnostics
     use_gdb = gdb if gdb is not None else (d.gdb == "always" or (d.gdb == "on_hang" and hung))
@@ -102,6 +103,7 @@ async def collect(
         busy_cpu_cores=settings.watchdog.busy_cpu_cores,
         busy_gpu_percent=settings.watchdog.busy_gpu_percent,
         created_at=created_at,
+        gpu_xids=gpu_xids,
     )
     return await capture(
         req,

@@ -20,6 +20,7 @@ from supervisor.ladder import record_end
 from supervisor.state import RUNNING, State
 from supervisor.stopping import stop_server
 from supervisor.watchdog import Verdict
+from supervisor.xids import unblock
 
 log = structlog.get_logger("supervisor")
 
@@ -81,6 +82,7 @@ async def handle_command(sup: Core, cmd: Command) -> None:
         idx = sup.settings.rung_index(cmd.rung) if cmd.rung else None
         finish(cmd, CommandResult("accepted", "starting", sup.lifecycle.state.value))
         target = idx if idx is not None else sup.ladder.current
+        unblock(sup)
         if sup.lifecycle.state == State.FAILED:
             await upkeep.leave_failed(sup, "failed_left", "start requested", target)
         else:

@@ -223,6 +223,12 @@ class SupervisorMetrics:
             buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0),
             registry=registry,
         )
+        self._xids = Counter(
+            PREFIX + "gpu_xid",
+            "GPU faults (Xid critical errors) NVML reported, by GPU, Xid and what they need",
+            ["gpu", "uuid", "xid", "action"],
+            registry=registry,
+        )
         registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
         # The daemon's own RSS, CPU seconds, open descriptors (process_*, Prometheus's standard names).
         ProcessCollector(registry=registry)
@@ -239,6 +245,9 @@ class SupervisorMetrics:
     def write_error(self, what: str, n: int = 1) -> None:
         if n > 0:
             self._write_errors.labels(file=what).inc(n)
+
+    def xid(self, gpu: int, uuid: str, xid: int, action: str) -> None:
+        self._xids.labels(gpu=str(gpu), uuid=uuid, xid=str(xid), action=action).inc()
 
     def restart(self, cause: str) -> None:
         self._restarts.labels(cause=cause).inc()

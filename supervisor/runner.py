@@ -23,6 +23,7 @@ from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
+from probes.xid import XidWatcher
 from supervisor import __version__, entry
 from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.apiguard import raise_nofile_limit, uvicorn_options
@@ -169,6 +170,8 @@ def make_supervisor(
     )
     sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
     sup.journal.append("gpu_scope", gpus=scope.describe())
+    sup.xids.watcher = XidWatcher(make_nvml(env))  # its own NVML handle: waits block in its thread
+    sup.xids.watcher.start()
     return sup
 
 
@@ -280,5 +283,7 @@ async def _serve_locked(
             lock.announce_handoff()
         await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
         await api.close()
+        if sup.xids.watcher is not None:
+            await asyncio.to_thread(sup.xids.watcher.stop)
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
     return EXIT_HANDOFF if sup.handoff else 0

@@ -97,6 +97,8 @@ class LogKeeperView(_Frozen):
     replaced: int = 0  # keepers found dead and replaced on the same pipe since the daemon started
     pipe_bytes: int | None = None  # unread bytes in the server's output pipe
     pipe_size: int | None = None
+
+
 class StopView(_Frozen):
     """The last stop of a server tree and what its verification found."""
 
@@ -104,6 +106,15 @@ class StopView(_Frozen):
     survivors: int = 0  # processes of the tree still alive after SIGKILL
     port_free: bool = True
     gpu_released: str = "released"  # "released" | "held" | "unverified" (NVML could not answer)
+
+
+class XidView(_Frozen):
+    gpu: int  # NVML index (-1: the GPU no longer answers)
+    uuid: str
+    xid: int
+    at: str  # ISO time the daemon read it
+    action: str  # "restart" (application fault) or "reset_gpu" (unusable until reset)
+    text: str
 
 
 class StatusSnapshot(_Frozen):
@@ -139,3 +150,5 @@ class StatusSnapshot(_Frozen):
     last_stop: StopView | None = None
     adopted: bool = False  # the server was started by an earlier daemon and taken over by this one
     takeover_s: float | None = None  # adoption to ready, for an adopted server (not its load time)
+    gpu_xids: tuple[XidView, ...] = ()  # the last Xid events NVML reported, oldest first
+    gpu_blocked: str | None = None  # a GPU of the server needs a reset: why nothing relaunches

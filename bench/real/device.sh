@@ -4,7 +4,9 @@
 #   setsid nohup sh bench/real/device.sh > /tmp/real/device.log 2>&1 &
 # Stages: setup, matrix (issue 14), tp2 (issue 15: both lanes), gputp (the NCCL harness). STAGES
 # picks a subset, e.g. STAGES="tp2 gputp"; stage plan runs PLAN (run.py plan --plan), e.g.
-# STAGES=plan PLAN="serve:0:0,cudagdb:1:0" ("+" separates GPUs: tp2:0+1:0).
+# STAGES=plan PLAN="serve:0:0,cudagdb:1:0" ("+" separates GPUs: tp2:0+1:0). Issue 24 (not in the
+# default): i24 (the SIGSTOPped scheduler's bundle with pystack, lane stall; the Xid chain, lane xid;
+# one H200), i24tp2 (NCCL's RAS report of rank 1 SIGSTOPped, two GPUs), ranks (bench/gpu_ranks.py).
 set -u
 REAL=${REAL:-/tmp/real}
 OUTDIR=$REAL/out
@@ -27,6 +29,12 @@ for stage in $STAGES; do
             python3 bench/real/run.py pack --work "$REAL/work3" --out "$OUTDIR" ;;
     plan)   python3 bench/real/run.py plan --plan "$PLAN" --real "$REAL" --work "$REAL/work4" --deadline 560
             python3 bench/real/run.py pack --work "$REAL/work4" --out "$OUTDIR" ;;
+    i24)    python3 bench/real/run.py plan --plan "stall:0:0,xid:0:75" --real "$REAL" --work "$REAL/work24" --deadline 560
+            python3 bench/real/run.py pack --work "$REAL/work24" --out "$OUTDIR" ;;
+    i24tp2) python3 bench/real/run.py plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
+            python3 bench/real/run.py pack --work "$REAL/work24b" --out "$OUTDIR" ;;
+    ranks)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH timeout 300 python3 bench/gpu_ranks.py --ranks 8 --gb 2 \
+            --out "$OUTDIR/ranks" > "$OUTDIR/ranks.log" 2>&1 ;;
     gputp)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
             NVSHMEM_DISABLE_NVLS=1 timeout 240 python3 bench/gpu_tp.py --backend nccl --tp-size 2 \
             --out "$OUTDIR/gputp" > "$OUTDIR/gputp.log" 2>&1 ;;

@@ -343,7 +343,9 @@ LANES = {
 
 
 def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
-    res = LANES[name](work, real, models, gpu)
+    from bench.real.lanes24 import LANES as LANES24  # issue 24: xid, tp2_ras
+
+    res = {**LANES, **LANES24}[name](work, real, models, gpu)
     out = work / "result.json"
     out.write_text(json.dumps(res, indent=1, default=str))
     return out

@@ -9,11 +9,10 @@ the evidence (a SIGSTOPped rank), and the bundle leaves it as it found it.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,113 +25,19 @@ from supervisor.diagnostics.model import (
     BundleResult,
     CaptureRequest,
     Evidence,
-    Outcome,
     ProcEvidence,
-    StackThread,
-    ToolName,
     ToolOutcome,
 )
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
+from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
+from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ras_text, with_ras
 from supervisor.diagnostics.redact import Redactor, argv_secrets
-from supervisor.diagnostics.runner import RunResult, run_tool
+from supervisor.diagnostics.spread import sample_spread, spread_text
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
+from supervisor.diagnostics.toolrun import ProcRun, Resume, missing_tool, read_pystack, run_one
 
-Resume = Callable[[Sequence[int]], object]
 CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
-_MIN_TOOL_S = 0.3  # a tool given less than this cannot attach and dump: skipped instead
-_FILE_PREFIX: dict[ToolName, str] = {
-    "py-spy": "pyspy",
-    "py-spy-native": "pyspy-native",
-    "gdb": "gdb",
-    "cuda-gdb": "gdb",
-}
-
-
-@dataclass
-class _ProcRun:
-    info: ProcInfo
-    outcomes: list[ToolOutcome] = field(default_factory=list)
-    outputs: dict[str, str] = field(default_factory=dict)  # file name -> raw text, redacted on write
-    python: tuple[StackThread, ...] = ()
-    native: tuple[StackThread, ...] = ()
-    kernels: tuple[str, ...] = ()
-    errors: list[str] = field(default_factory=list)
-
-
-async def _call_resume(resume: Resume | None, pid: int, run: _ProcRun) -> None:
-    if resume is None:
-        return
-    try:
-        result = resume([pid])
-        if inspect.isawaitable(result):
-            await result
-    except Exception as err:  # the daemon's callable failing must not lose the evidence
-        run.errors.append(f"pid {pid}: resume failed: {err}")
-
-
-def _outcome(pid: int, tool: ToolName, res: RunResult) -> ToolOutcome:
-    if res.missing:
-        return ToolOutcome(pid, tool, "missing", res.duration_s, detail=res.stderr.strip())
-    outcome: Outcome = (
-        "timeout" if res.timed_out else tools.judge(tool, res.exit_code, res.stdout, res.stderr)
-    )
-    tail = res.stderr.strip().splitlines()[-3:]
-    return ToolOutcome(
-        pid=pid,
-        tool=tool,
-        outcome=outcome,
-        duration_s=round(res.duration_s, 4),
-        bytes=res.bytes,
-        exit_code=res.exit_code,
-        file=f"{_FILE_PREFIX[tool]}-{pid}.txt",
-        detail="" if outcome == "ok" else " | ".join(tail)[:500],
-        truncated=res.truncated,
-    )
-
-
-def _file_text(res: RunResult, argv: tuple[str, ...], outcome: ToolOutcome) -> str:
-    head = f"# {' '.join(argv)}\n# outcome {outcome.outcome}, exit {res.exit_code}, {res.duration_s:.2f} s\n"
-    if res.truncated:
-        head += f"# output truncated to the first {len(res.stdout.encode())} of {res.bytes} bytes\n"
-    body = res.stdout
-    if res.stderr.strip():
-        body += f"\n== stderr ==\n{res.stderr}"
-    return head + body
-
-
-async def _run(
-    run: _ProcRun,
-    tool: ToolName,
-    argv: tuple[str, ...],
-    timeout_s: float,
-    env: dict[str, str],
-    resume: Resume | None,
-    deadline: float,
-) -> RunResult:
-    if not os.path.exists(f"/proc/{run.info.pid}"):
-        run.outcomes.append(ToolOutcome(run.info.pid, tool, "gone", 0.0, detail="the process had exited"))
-        return RunResult(None, "", "", 0.0)
-    left = deadline - time.monotonic()
-    if left < _MIN_TOOL_S:
-        why = "not run: the capture's time budget ([diagnostics] budget) was spent"
-        run.outcomes.append(ToolOutcome(run.info.pid, tool, "skipped", 0.0, detail=why))
-        return RunResult(None, "", "", 0.0)
-    res = await run_tool(argv, min(timeout_s, left), env=env)
-    out = _outcome(run.info.pid, tool, res)
-    if out.outcome == "missing":
-        run.outcomes.append(ToolOutcome(run.info.pid, tool, "missing", out.duration_s, detail=out.detail))
-        return res
-    await _call_resume(resume, run.info.pid, run)
-    run.outcomes.append(out)
-    assert out.file is not None
-    run.outputs[out.file] = _file_text(res, argv, out)
-    return res
-
-
-def _missing(pid: int, tool: ToolName, what: str) -> ToolOutcome:
-    return ToolOutcome(
-        pid, tool, "missing", 0.0, detail=f"{what} not found (install it, or set [diagnostics] path)"
-    )
+RAS_TIMEOUT_S = 8.0  # NCCL's own collective legs get 5 s; a dead peer costs one leg
 
 
 async def _capture_one(
@@ -142,17 +47,23 @@ async def _capture_one(
     env: dict[str, str],
     resume: Resume | None,
     deadline: float,
-) -> _ProcRun:
-    """py-spy, then py-spy --native, then gdb: in turn, as two tracers cannot attach at once."""
-    run = _ProcRun(info)
+    stopped: bool = False,
+) -> ProcRun:
+    """py-spy, then py-spy --native, then gdb: in turn, as two tracers cannot attach at once. A
+    stopped process (state T) is read by pystack instead of py-spy, which cannot read it."""
+    run = ProcRun(info)
     pid = info.pid
-    native_named = False  # py-spy --native gave host frames with their names
-    if req.py_spy:
+    native_named = False  # py-spy --native (or pystack --native) gave host frames with their names
+    if req.py_spy and stopped and paths.pystack is not None:
+        why = "the process is stopped (state T): py-spy cannot read it; pystack reads it instead"
+        run.outcomes.append(ToolOutcome(pid, "py-spy", "skipped", 0.0, detail=why))
+        native_named = await read_pystack(run, req, paths.pystack, env, resume, deadline)
+    elif req.py_spy:
         if paths.py_spy is None:
-            run.outcomes.append(_missing(pid, "py-spy", "py-spy"))
+            run.outcomes.append(missing_tool(pid, "py-spy", "py-spy"))
         else:
             argv = tools.py_spy_argv(paths.py_spy, pid, native=False, nonblocking=req.nonblocking)
-            res = await _run(run, "py-spy", argv, req.py_spy_timeout_s, env, resume, deadline)
+            res = await run_one(run, "py-spy", argv, req.py_spy_timeout_s, env, resume, deadline)
             run.python = tools.parse_py_spy(res.stdout)
             if req.native and req.nonblocking:
                 why = (
@@ -162,22 +73,24 @@ async def _capture_one(
                 run.outcomes.append(ToolOutcome(pid, "py-spy-native", "skipped", 0.0, detail=why))
             elif req.native:
                 argv = tools.py_spy_argv(paths.py_spy, pid, native=True, nonblocking=False)
-                res = await _run(run, "py-spy-native", argv, req.py_spy_timeout_s, env, resume, deadline)
+                res = await run_one(run, "py-spy-native", argv, req.py_spy_timeout_s, env, resume, deadline)
                 native_threads = tools.parse_py_spy(res.stdout)
                 if native_threads:
                     run.python = native_threads
                     native_named = True
+        if not run.python and paths.pystack is not None and os.path.exists(f"/proc/{pid}"):
+            native_named = await read_pystack(run, req, paths.pystack, env, resume, deadline)
     if req.gdb:
         exe, kind = paths.debugger(_holds_gpu(info, req))
         if exe is None and kind == "cuda-gdb":
             why = "only cuda-gdb is installed, and this process holds no GPU memory: py-spy covers it"
             run.outcomes.append(ToolOutcome(pid, "cuda-gdb", "skipped", 0.0, detail=why))
         elif exe is None:
-            run.outcomes.append(_missing(pid, "gdb", "gdb (or cuda-gdb)"))
+            run.outcomes.append(missing_tool(pid, "gdb", "gdb (or cuda-gdb)"))
         else:
             # cuda-gdb is there for the GPU kernels; the host frames py-spy --native already named.
             argv = tools.gdb_argv(exe, pid, kind, shared_symbols=not (kind == "cuda-gdb" and native_named))
-            res = await _run(run, kind, argv, req.gdb_timeout_s, env, resume, deadline)
+            res = await run_one(run, kind, argv, req.gdb_timeout_s, env, resume, deadline)
             run.native = await asyncio.to_thread(tools.parse_gdb, res.stdout)
             run.kernels = tools.parse_cuda_kernels(res.stdout) if kind == "cuda-gdb" else ()
     return run
@@ -192,7 +105,7 @@ def _holds_gpu(info: ProcInfo, req: CaptureRequest) -> bool:
 
 def _evidence(
     req: CaptureRequest,
-    runs: Sequence[_ProcRun],
+    runs: Sequence[ProcRun],
     got: _Collected,
 ) -> Evidence:
     procs = []
@@ -215,9 +128,7 @@ def _evidence(
     gpu_util = req.gpu_util_percent
     if gpu_util is None and req.gpu is not None and req.gpu.status == "ok" and req.gpu.devices:
         gpu_util = req.gpu.max_util_percent
-    return Evidence(
-        tuple(procs), req.phase, req.tree_cpu_cores, gpu_util, req.busy_cpu_cores, req.busy_gpu_percent
-    )
+    return Evidence(tuple(procs), req.phase, req.tree_cpu_cores, gpu_util, req.busy_cpu_cores, req.busy_gpu_percent)
 
 
 def _json(obj: object) -> bytes:
@@ -227,11 +138,12 @@ def _json(obj: object) -> bytes:
 @dataclass(frozen=True)
 class _Collected:
     before: list[ProcSnapshot]  # /proc before any tool ran
-    runs: list[_ProcRun]
+    runs: list[ProcRun]
     after: list[tuple[ThreadInfo, ...]]  # thread states once every tool is done
     durations: dict[str, float]
     stopped: frozenset[int] = frozenset()  # in state T before any tool attached
     cpu_cores: dict[int, float] = field(default_factory=dict)  # pid -> CPU rate before the tools
+    ras: RasReport | None = None  # NCCL's RAS report, asked while the tools ran
 
 
 def _cpu_times(pids: Sequence[int]) -> dict[int, float]:
@@ -261,20 +173,31 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     start = time.monotonic()
     pids = [p.pid for p in req.processes]
     env = tools.tool_env(dict(os.environ))
+    ras_task = asyncio.create_task(_ask_ras(req))  # before any tool pauses a rank's RAS thread
     before, rates = await _rates(pids)
     stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
     proc_s = time.monotonic() - start
     deadline = time.monotonic() + req.budget_s
     runs = await asyncio.gather(
         *(
-            _capture_one(p, req, paths, env, None if p.pid in stopped else resume, deadline)
+            _capture_one(p, req, paths, env, None if p.pid in stopped else resume, deadline, p.pid in stopped)
             for p in req.processes
         )
     )
     tools_s = time.monotonic() - start - proc_s
     after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
-    durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4)}
-    return _Collected(before, list(runs), after, durations, stopped, rates)
+    ras = await ras_task
+    durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4), "ras_s": ras.duration_s}
+    return _Collected(before, list(runs), after, durations, stopped, rates, ras)
+
+
+async def _ask_ras(req: CaptureRequest) -> RasReport:
+    """NCCL's RAS service, at the address the server's environment gives it (bounded, off the loop)."""
+    env = {**os.environ, **req.env}
+    address = ras_address(env)
+    if env.get("NCCL_RAS_ENABLE") == "0":
+        return RasReport("disabled", address, "NCCL_RAS_ENABLE=0 in the server's environment: not asked")
+    return await asyncio.to_thread(query_ras, address, min(RAS_TIMEOUT_S, max(1.0, req.budget_s)))
 
 
 def _redactor(req: CaptureRequest, before: Sequence[ProcSnapshot]) -> Redactor:
@@ -326,9 +249,14 @@ async def capture(
     got = await _collect(req, tools.resolve(py_spy_path, gdb_path), resume)
     redactor = _redactor(req, got.before)
     evidence = _evidence(req, got.runs, got)
-    classification = classify(evidence)
+    tree_pids = [p.pid for p in req.processes]
+    ras = got.ras or RasReport("absent", "", "not asked")
+    found = findings(ras, tree_pids)
+    classification = with_ras(classify(evidence), found)
 
     blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop
+    if ras.raw:
+        blobs["ras.json"] = redactor.text(ras.raw).encode()
     names = [*blobs, "summary.json", "summary.txt"]
     bundle_id = unique_id(diag_dir, safe_id(req.incident_id))
     records = [
@@ -342,9 +270,7 @@ async def capture(
         for r, s in zip(got.runs, got.before, strict=True)
     ]
     outcomes = tuple(o for r in got.runs for o in r.outcomes)
-    errors = [e for r in got.runs for e in r.errors] + [
-        f"pid {s.pid}: {e}" for s in got.before for e in s.errors
-    ]
+    errors = [e for r in got.runs for e in r.errors] + [f"pid {s.pid}: {e}" for s in got.before for e in s.errors]
     durations = {**got.durations, "capture_s": round(time.monotonic() - start, 4)}
     created = req.created_at if req.created_at is not None else time.time()
     summary = build_summary(
@@ -360,8 +286,17 @@ async def capture(
         names,
         redactor,
     )
+    ras_view, coll = ras_doc(ras, tree_pids), collective_doc(classification, found)
+    ranks = [p.pid for p in evidence.processes if p.rank_like]
+    sampling = sample_spread({r.info.pid: r.first_at for r in got.runs if r.first_at}, ranks)
+    summary.update(ras=redactor.obj(ras_view), collective=redactor.obj(coll), sampling=sampling)
+    summary["gpu_xids"] = [dict(x) for x in req.gpu_xids]
     blobs["summary.json"] = _json(summary)
-    blobs["summary.txt"] = render_text(summary, evidence, redactor).encode()
+    text = render_text(summary, evidence, redactor).splitlines()
+    extra = [*ras_text(ras_view, coll), spread_text(sampling)]
+    if req.gpu_xids:
+        extra += ["", "GPU faults (Xid):", *[f"  {x.get('at')} {x.get('text')}" for x in req.gpu_xids]]
+    blobs["summary.txt"] = ("\n".join(text + [redactor.text(x) for x in extra]) + "\n").encode()
 
     path, error, removed, retention_errors = await _store(diag_dir, bundle_id, blobs, keep, max_bytes)
     total = time.monotonic() - start

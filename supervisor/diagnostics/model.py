@@ -12,7 +12,7 @@ from typing import Literal
 from probes.types import GpuObservation, ProcInfo, ThreadInfo
 
 HangClass = Literal["idle_deadlock", "busy_spin", "collective", "cuda_graph_capture", "io_wait", "unknown"]
-ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb"]
+ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack"]
 Outcome = Literal[
     "ok",  # the tool ran and produced a dump
     "missing",  # the tool is not installed (or the configured path does not exist)
@@ -60,6 +60,7 @@ class CaptureRequest:
     busy_cpu_cores: float = 0.8  # [watchdog] busy_cpu_cores
     busy_gpu_percent: float = 50.0  # [watchdog] busy_gpu_percent
     created_at: float | None = None  # wall clock of the incident; None: now
+    gpu_xids: tuple[Mapping[str, object], ...] = ()  # recent GPU faults (supervisor.xids.as_records)
 
 
 @dataclass(frozen=True)

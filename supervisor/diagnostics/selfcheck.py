@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from supervisor.diagnostics.pystack import find_pystack
 from supervisor.diagnostics.tools import find_gdb, find_py_spy
 from supervisor.snapshot import ToolCheck
 
@@ -110,4 +111,10 @@ def self_check(
         checks.append(
             ToolCheck(name="cuda-gdb", ok=False, detail="not found (optional: also names a stuck GPU kernel)")
         )
+    stack = find_pystack()
+    if stack:
+        checks.append(ToolCheck(name="pystack", ok=True, detail=f"at {' '.join(stack)}"))
+    else:
+        why = "not found (optional: reads a stopped process's stacks, where py-spy cannot): pip install pystack"
+        checks.append(ToolCheck(name="pystack", ok=False, detail=why))
     return tuple(checks)

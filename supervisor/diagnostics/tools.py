@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.diagnostics.model import Frame, Outcome, StackThread, ToolName
+from supervisor.diagnostics.pystack import find_pystack, pystack_ok
 
 # gdb must never reach for the network (debuginfod) or run scripts shipped next to the target's
 # libraries (auto-load): either can stall a capture that has to finish before the server is killed.
@@ -39,6 +40,7 @@ class ToolPaths:
     gdb: str | None
     gdb_kind: ToolName  # "gdb" or "cuda-gdb": what `gdb` points at
     cuda_gdb: str | None = None  # cuda-gdb, when there is one besides a plain gdb
+    pystack: tuple[str, ...] | None = None  # the command that reads a stopped process (state T)
 
     def debugger(self, holds_gpu: bool) -> tuple[str | None, ToolName]:
         """cuda-gdb for a process that holds GPU memory (it names the kernels); plain gdb for the
@@ -89,7 +91,9 @@ def resolve(py_spy_path: str | None, gdb_path: str | None) -> ToolPaths:
     plain = shutil.which("gdb") if kind == "cuda-gdb" else None
     if plain is not None:
         gdb, kind = plain, "gdb"
-    return ToolPaths(py_spy=find_py_spy(py_spy_path), gdb=gdb, gdb_kind=kind, cuda_gdb=cuda)
+    return ToolPaths(
+        py_spy=find_py_spy(py_spy_path), gdb=gdb, gdb_kind=kind, cuda_gdb=cuda, pystack=find_pystack()
+    )
 
 
 def py_spy_argv(exe: str, pid: int, *, native: bool, nonblocking: bool) -> tuple[str, ...]:
@@ -125,6 +129,8 @@ def judge(tool: ToolName, exit_code: int | None, stdout: str, stderr: str) -> Ou
     """The outcome of a finished (not timed-out) run from its exit status and what it printed."""
     if tool in ("gdb", "cuda-gdb"):
         ok = bool(re.search(r"^#0\s", stdout, re.M))
+    elif tool == "pystack":
+        ok = pystack_ok(exit_code, stdout)
     else:
         ok = exit_code == 0 and "Thread " in stdout
     if ok:

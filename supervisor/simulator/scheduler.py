@@ -14,6 +14,7 @@ from supervisor.simulator.procutil import become_child, import_sglang, log_prefi
 from supervisor.simulator.segfault import die_of_segfault, victim_rank
 from supervisor.simulator.serving import ServingLoop
 from supervisor.simulator.settings import Scenario
+from supervisor.simulator.shm import open_segment
 from supervisor.simulator.startup import RankContext, Startup
 
 
@@ -52,6 +53,7 @@ def run_scheduler_process(
     tp = ctx.args.tp_size
     become_child(scheduler_title(ctx.rank, tp), ctx.settings.scenario is Scenario.IGNORE_SIGTERM)
     log = LogWriter(log_prefix(ctx.rank, tp))
+    segment = open_segment(ctx.settings.shm_dir)  # noqa: F841 -- mapped for the process's life, as SGLang's
     start_heartbeat("ProcessGroupNCCL-watchdog")
     try:
         weights = Startup(ctx, log).run()

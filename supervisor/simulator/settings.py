@@ -56,6 +56,7 @@ class SimSettings:
     import_s: float | None = None  # None: 0.5 s times pace (real SGLang 0.5.16: ~33 s)
     prefill_compile_s: float | None = None  # None: 0.5 s times pace (real: 68-105 s at 0/58)
     coredump_wait_s: float | None = None  # None: SGLang's 60 s times pace
+    shm_dir: str | None = None  # SGLANG_SIM_SHM_DIR: where schedulers create their shm segment
 
     @property
     def import_seconds(self) -> float:
@@ -138,4 +139,5 @@ def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
         import_s=_optional_float(env, "SGLANG_SIM_IMPORT_S"),
         prefill_compile_s=_optional_float(env, "SGLANG_SIM_PREFILL_COMPILE_S"),
         coredump_wait_s=_optional_float(env, "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS"),
+        shm_dir=env.get("SGLANG_SIM_SHM_DIR", "").strip() or None,
     )

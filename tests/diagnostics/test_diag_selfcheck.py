@@ -46,7 +46,7 @@ def test_another_uid_without_the_capability_is_refused(tmp_path: Path) -> None:
 
 def test_missing_tools_are_reported_with_the_fix(tmp_path: Path) -> None:
     checks = {c.name: c for c in self_check(str(tmp_path / "py-spy"), str(tmp_path / "gdb"))}
-    assert set(checks) == {"py-spy", "ptrace", "gdb", "cuda-gdb"}
+    assert set(checks) == {"py-spy", "ptrace", "gdb", "cuda-gdb", "pystack"}
     assert not checks["py-spy"].ok and "pip install py-spy" in checks["py-spy"].detail
     assert not checks["gdb"].ok and "apt install gdb" in checks["gdb"].detail
 

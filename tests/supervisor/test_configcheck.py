@@ -146,3 +146,22 @@ def test_a_server_program_this_user_cannot_reach_is_an_error_not_a_crash(
     monkeypatch.setattr(Path, "is_file", denied)
     code, out, _ = check('[server]\ncommand = ["/root/venv/bin/python3", "-m", "sglang.launch_server"]\n')
     assert code == 1 and "error: server.command: '/root/venv/bin/python3': Permission denied" in out
+
+
+def test_a_gpu_another_process_holds_is_reported(
+    check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import os
+
+    nvml = tmp_path / "nvml.json"
+    held = {"uuid": "GPU-b", "processes": {str(os.getpid()): 2**31}}
+    nvml.write_text(json.dumps({"devices": [{"uuid": "GPU-a"}, held]}))
+    monkeypatch.setenv("SGLANG_SUPERVISOR_FAKE_NVML", str(nvml))
+    code, out, _ = check(base())
+    assert f"warning: server: GPU 1 holds 2.0 GiB of pid {os.getpid()} (" in out
+    assert code == 0  # a warning: under --strict it fails
+    code, out, _ = check(base('[server.env]\nCUDA_VISIBLE_DEVICES = "0"'), "--strict")
+    assert code == 0 and "GPU 1 holds" not in out  # not one of the server's GPUs
+    code, _, _ = check(base(), "--strict")
+    assert code != 0

@@ -159,7 +159,8 @@ def exposed_names() -> set[str]:
     text = scrape(sample_snapshot())
     names = {name for name, _ in samples(text)}
     families = list(text_string_to_metric_families(text))
-    # a labelled counter with no child yet (loop_errors before the first error) has no sample
+    # A labelled counter with no event yet (gpu_xid_total: labels only an Xid gives) shows its
+    # HELP and TYPE, not a sample: the family is exposed, under its `_total` name.
     return names | {f.name for f in families} | {f.name + "_total" for f in families if f.type == "counter"}
 
 

@@ -83,3 +83,4 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if _armed():
     sys.meta_path.insert(0, _Finder())
+import illegal_access  # noqa: E402,F401 -- issue 24's fault: REAL_FAULT=illegal_access (illegal_access.py)

@@ -1,0 +1,129 @@
+"""Running one tool against one process: its time budget, its outcome, its file in the bundle."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from probes.types import ProcInfo
+from supervisor.diagnostics import tools
+from supervisor.diagnostics.model import CaptureRequest, Outcome, StackThread, ToolName, ToolOutcome
+from supervisor.diagnostics.pystack import parse_pystack, pystack_argv
+from supervisor.diagnostics.runner import RunResult, run_tool
+
+Resume = Callable[[Sequence[int]], object]
+_MIN_TOOL_S = 0.3  # a tool given less than this cannot attach and dump: skipped instead
+_FILE_PREFIX: dict[ToolName, str] = {
+    "py-spy": "pyspy",
+    "py-spy-native": "pyspy-native",
+    "gdb": "gdb",
+    "cuda-gdb": "gdb",
+    "pystack": "pystack",
+}
+
+
+@dataclass
+class ProcRun:
+    info: ProcInfo
+    outcomes: list[ToolOutcome] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)  # file name -> raw text, redacted on write
+    python: tuple[StackThread, ...] = ()
+    native: tuple[StackThread, ...] = ()
+    kernels: tuple[str, ...] = ()
+    errors: list[str] = field(default_factory=list)
+    first_at: float | None = None  # monotonic time its first stack tool started: the "sample" instant
+
+
+async def _call_resume(resume: Resume | None, pid: int, run: ProcRun) -> None:
+    if resume is None:
+        return
+    try:
+        result = resume([pid])
+        if inspect.isawaitable(result):
+            await result
+    except Exception as err:  # the daemon's callable failing must not lose the evidence
+        run.errors.append(f"pid {pid}: resume failed: {err}")
+
+
+def _outcome(pid: int, tool: ToolName, res: RunResult) -> ToolOutcome:
+    if res.missing:
+        return ToolOutcome(pid, tool, "missing", res.duration_s, detail=res.stderr.strip())
+    outcome: Outcome = "timeout" if res.timed_out else tools.judge(tool, res.exit_code, res.stdout, res.stderr)
+    tail = res.stderr.strip().splitlines()[-3:]
+    return ToolOutcome(
+        pid=pid,
+        tool=tool,
+        outcome=outcome,
+        duration_s=round(res.duration_s, 4),
+        bytes=res.bytes,
+        exit_code=res.exit_code,
+        file=f"{_FILE_PREFIX[tool]}-{pid}.txt",
+        detail="" if outcome == "ok" else " | ".join(tail)[:500],
+        truncated=res.truncated,
+    )
+
+
+def _file_text(res: RunResult, argv: tuple[str, ...], outcome: ToolOutcome) -> str:
+    head = f"# {' '.join(argv)}\n# outcome {outcome.outcome}, exit {res.exit_code}, {res.duration_s:.2f} s\n"
+    if res.truncated:
+        head += f"# output truncated to the first {len(res.stdout.encode())} of {res.bytes} bytes\n"
+    body = res.stdout
+    if res.stderr.strip():
+        body += f"\n== stderr ==\n{res.stderr}"
+    return head + body
+
+
+async def run_one(
+    run: ProcRun,
+    tool: ToolName,
+    argv: tuple[str, ...],
+    timeout_s: float,
+    env: dict[str, str],
+    resume: Resume | None,
+    deadline: float,
+) -> RunResult:
+    if not os.path.exists(f"/proc/{run.info.pid}"):
+        run.outcomes.append(ToolOutcome(run.info.pid, tool, "gone", 0.0, detail="the process had exited"))
+        return RunResult(None, "", "", 0.0)
+    left = deadline - time.monotonic()
+    if left < _MIN_TOOL_S:
+        why = "not run: the capture's time budget ([diagnostics] budget) was spent"
+        run.outcomes.append(ToolOutcome(run.info.pid, tool, "skipped", 0.0, detail=why))
+        return RunResult(None, "", "", 0.0)
+    if run.first_at is None:
+        run.first_at = time.monotonic()
+    res = await run_tool(argv, min(timeout_s, left), env=env)
+    out = _outcome(run.info.pid, tool, res)
+    if out.outcome == "missing":
+        run.outcomes.append(ToolOutcome(run.info.pid, tool, "missing", out.duration_s, detail=out.detail))
+        return res
+    await _call_resume(resume, run.info.pid, run)
+    run.outcomes.append(out)
+    assert out.file is not None
+    run.outputs[out.file] = _file_text(res, argv, out)
+    return res
+
+
+def missing_tool(pid: int, tool: ToolName, what: str) -> ToolOutcome:
+    return ToolOutcome(pid, tool, "missing", 0.0, detail=f"{what} not found (install it, or set [diagnostics] path)")
+
+
+async def read_pystack(
+    run: ProcRun,
+    req: CaptureRequest,
+    exe: tuple[str, ...],
+    env: dict[str, str],
+    resume: Resume | None,
+    deadline: float,
+) -> bool:
+    """The Python (and, where asked, native) frames of a process py-spy cannot read; True when
+    native frames came with their names, so cuda-gdb can skip the libraries' symbols."""
+    argv = pystack_argv(exe, run.info.pid, native=req.native, nonblocking=req.nonblocking)
+    res = await run_one(run, "pystack", argv, req.py_spy_timeout_s, env, resume, deadline)
+    threads = parse_pystack(res.stdout)
+    if threads:
+        run.python = threads
+    return bool(threads) and req.native and not req.nonblocking
