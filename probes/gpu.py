@@ -134,6 +134,11 @@ class GpuProbe:
             else:
                 self._nvml = cast(NvmlLike, pynvml)
 
+    @property
+    def nvml(self) -> NvmlLike | None:
+        """The NVML object this probe reads (the GPM probe samples through the same one)."""
+        return self._nvml
+
     def observe(self, tree_pids: Collection[int]) -> GpuObservation:
         """All GPUs, and the processes among `tree_pids` holding GPU memory."""
         return self._collect(frozenset(tree_pids))

@@ -28,6 +28,7 @@ from supervisor.clock import Clock
 from supervisor.commands import Command
 from supervisor.config import Settings
 from supervisor.control import Child, LogFiles, PendingLaunch, ProcessControl, RealProcessControl
+from supervisor.gpuwait import wants_look
 from supervisor.journal import Journal
 from supervisor.ladder import LadderState
 from supervisor.logcapture import LogCapture
@@ -242,12 +243,22 @@ class Core:
             marker=self.marker,
             serving=self.lifecycle.state in SERVING,
             metrics=self._metrics_on[self.ladder.current],
+            look=self._wants_look(),
         )
         obs = await self.observer.observe(target)
         if obs.health is not None:
             self.metrics.health(obs.health.latency_s, obs.health.ok)
         self.obs = obs
         return obs
+
+    def _wants_look(self) -> bool:
+        """A py-spy look at the busy threads: while starting, once CPU alone moved half a window."""
+        h = self.history
+        if self.lifecycle.state != State.STARTING or h is None or h.ready_at is not None:
+            return False
+        now = self.clock.monotonic()
+        cpu_quiet = now - h.moved_at.get("cpu", h.launched_at)
+        return wants_look(now - h.last_progress_at, cpu_quiet, self.settings.watchdog)
 
     def publish(self) -> None:
         now = self.clock.monotonic()

@@ -14,6 +14,7 @@ from typing import Literal
 
 from probes.types import Observation
 from supervisor.config import WatchdogSettings
+from supervisor.gpuwait import BusyState, busy_figures, fold_busy, gpu_bound
 
 Mode = Literal["starting", "serving"]
 Status = Literal["starting", "ready", "degraded", "incident"]
@@ -56,6 +57,7 @@ class History:
     tokens_moved_at: float | None = None
     accept_samples: tuple[tuple[float, float], ...] = ()
     decode_at: float | None = None  # time of the last `Decode batch` line already sampled
+    busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy readings while starting (supervisor/gpuwait.py)
 
     @property
     def last_progress_at(self) -> float:
@@ -199,7 +201,8 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         # before this observation; resource channels are only known at the poll.
         from_log = ch in LOG_CHANNELS and line_at is not None and line_at <= now
         moved_at[ch] = line_at if from_log and line_at is not None else now
-    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate)
+    strong = any(c in STRONG_CHANNELS for c in moved)
+    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=fold_busy(h.busy, obs, now, strong, s))
     phase = obs.logs.phase
     figures = (
         ("since_progress_s", now - h.last_progress_at),
@@ -209,6 +212,7 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         ("tree_gpu_mem_bytes", float(obs.gpu.tree_mem_bytes)),
         ("gpu_util_percent", obs.gpu.max_util_percent),
         ("log_lines", float(obs.logs.lines_total)),
+        *busy_figures(h.busy, obs, now),
     )
     if _ready_now(obs, h):
         h = replace(h, ready_at=now)
@@ -228,10 +232,13 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         )
     quiet = now - h.last_progress_at
     cpu_quiet = now - moved_at.get("cpu", h.launched_at)
-    stalled = quiet >= s.startup_stall_s and (cpu_quiet >= s.startup_stall_s or quiet >= s.cpu_only_stall_s)
+    waiting = gpu_bound(h.busy, now, s)
+    stalled = quiet >= s.startup_stall_s and (cpu_quiet >= s.startup_stall_s or quiet >= s.cpu_only_stall_s or waiting)
     if stalled:
         cls = stall_class(cpu_rate, obs, s)
         what = "only CPU moved" if cpu_quiet < s.startup_stall_s else "no channel moved"
+        if waiting and cpu_quiet < s.startup_stall_s:
+            cls, what = "busy", f"only CPU moved, and it waits on the GPU ({waiting})"
         return (
             Verdict(
                 status="incident",
