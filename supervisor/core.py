@@ -302,6 +302,7 @@ class Core:
                 running=running,
                 loop_errors=self.loop_errors,
                 write_errors=self.write_errors(),
+                busy=self.observer.last_busy,
             )
         )
         self.count_write_errors()

@@ -53,6 +53,9 @@ def verdict_doc(verdict: Verdict | None, obs: Observation | None) -> dict[str, o
             "gpu_status": obs.gpu.status,
             "gpu_tree_mem_bytes": obs.gpu.tree_mem_bytes,
             "gpu_max_util_percent": obs.gpu.max_util_percent,
+            "gpm_status": obs.gpm.status,
+            "gpm_reason": obs.gpm.reason,
+            "gpm_sm_active_ratio": {str(d.index): d.sm_active_ratio for d in obs.gpm.devices},
         }
     return doc
 
@@ -97,6 +100,7 @@ async def collect(
         phase=obs.logs.phase,
         verdict=verdict_doc(verdict, obs),
         gpu=gpu_all,
+        gpm=obs.gpm,
         tree_cpu_cores=cpu_rate,
         gpu_util_percent=obs.gpu.max_util_percent if obs.gpu.status == "ok" else None,
         busy_cpu_cores=settings.watchdog.busy_cpu_cores,

@@ -73,6 +73,7 @@ class Observer:
         self._scraped_at: float | None = None
         self.last_health: HealthObservation | None = None
         self.last_serving: ServingObservation | None = None
+        self.last_busy: BusySample | None = None
 
     def configure(self, settings: Settings) -> None:
         self.settings = settings
@@ -100,6 +101,7 @@ class Observer:
         self._health_task = self._serving_task = None
         self._health_started_at = self._scraped_at = None
         self.last_health = self.last_serving = None
+        self.last_busy = None
 
     def feed(self, lines: list[LogLine]) -> None:
         self.parser.feed(lines)
@@ -118,6 +120,8 @@ class Observer:
 
     async def observe(self, t: Target) -> Observation:
         tree, ports, gpu, gpm, busy = await asyncio.to_thread(self._blocking, t)
+        if busy is not None:
+            self.last_busy = busy
         now = self._monotonic()
         health = self._take_health()
         serving = self._take_serving()

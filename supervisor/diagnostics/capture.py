@@ -289,7 +289,7 @@ def _files(req: CaptureRequest, got: _Collected, redactor: Redactor) -> dict[str
     texts["log-tail.txt"] = "\n".join(req.log_tail) + ("\n" if req.log_tail else "")
     blobs = {name: redactor.text(text).encode() for name, text in texts.items()}
     blobs["env.json"] = _json(redactor.env(req.env))
-    blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu)))
+    blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu, req.gpm)))
     blobs["verdict.json"] = _json(redactor.obj(dict(req.verdict)))
     return blobs
 

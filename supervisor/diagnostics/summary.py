@@ -6,7 +6,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from probes.types import GpuObservation, ProcInfo
+from probes.types import GpmObservation, GpuObservation, ProcInfo
+from supervisor.diagnostics.kernels import gpm_doc, kernel_lines, resident
 from supervisor.diagnostics.model import CaptureRequest, Classification, Evidence, ToolOutcome
 from supervisor.diagnostics.redact import Redactor
 from supervisor.diagnostics.waits import ThreadView, thread_views
@@ -54,10 +55,25 @@ def _wait_record(v: ThreadView) -> dict[str, object]:
     }
 
 
-def gpu_doc(gpu: GpuObservation | None) -> dict[str, object]:
+def gpu_doc(gpu: GpuObservation | None, gpm: GpmObservation | None = None) -> dict[str, object]:
     if gpu is None:
-        return {"status": "unavailable", "reason": "no NVML snapshot was given"}
-    return asdict(gpu)
+        return {"status": "unavailable", "reason": "no NVML snapshot was given", "gpm": gpm_doc(gpm)}
+    return asdict(gpu) | {"gpm": gpm_doc(gpm)}
+
+
+def gpm_lines(nvml: dict[object, object]) -> list[str]:
+    gpm = nvml.get("gpm")
+    if not isinstance(gpm, dict):
+        return []
+    if gpm.get("status") != "ok":
+        return [f"GPM SM activity: unavailable ({gpm.get('reason') or '?'})"]
+    util = nvml.get("util_percent") if isinstance(nvml.get("util_percent"), dict) else {}
+    parts = []
+    for d in _dicts(gpm.get("devices")):
+        u = util.get(str(d["index"])) if isinstance(util, dict) else None
+        busy = f"util {float(str(u)):.0f} %, " if u is not None else ""
+        parts.append(f"GPU {d['index']} {busy}SM activity {float(str(d['sm_active_ratio'])):.2%}")
+    return ["GPM: " + ("; ".join(parts) or "no reading yet")]
 
 
 def build_summary(
@@ -121,7 +137,10 @@ def build_summary(
         | {
             "devices": len(req.gpu.devices) if req.gpu else 0,
             "tree_mem_bytes": req.gpu.tree_mem_bytes if req.gpu else 0,
+            "util_percent": {str(d.index): d.util_percent for d in req.gpu.devices} if req.gpu else {},
+            "gpm": gpm_doc(req.gpm),
         },
+        "gpu_kernels": resident(evidence, req.gpu),
         "errors": list(errors),
         "files": sorted(files),
     }
@@ -181,6 +200,10 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     nvml = s["nvml"]
     assert isinstance(nvml, dict)
     lines += ["", f"GPU (nvml.json): {nvml.get('status')} {nvml.get('reason') or ''}".rstrip()]
+    lines += gpm_lines(nvml)
+    kernels = _dicts(s.get("gpu_kernels"))
+    if kernels:
+        lines += ["GPU kernels resident (cuda-gdb) and the host frames waiting for them:", *kernel_lines(kernels)]
     dur = s["durations"]
     assert isinstance(dur, dict)
     lines.append("Durations: " + ", ".join(f"{k} {float(v):.2f} s" for k, v in dur.items()))
