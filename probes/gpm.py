@@ -76,6 +76,26 @@ class GpmProbe:
             return GpmObservation(status="unavailable", reason="; ".join(reasons)[:400])
         return GpmObservation(status="ok", reason="; ".join(reasons)[:400], devices=tuple(devices))
 
+    def support(self, gpu: GpuObservation) -> tuple[bool, str]:
+        """Whether GPM can be read on the GPUs of `gpu` (for the self-check), and the details."""
+        if self._absent:
+            return False, self._absent
+        if gpu.status != "ok":
+            return False, f"NVML unavailable: {gpu.reason}"
+        found: list[str] = []
+        ok = False
+        with self._lock:
+            for dev in gpu.devices:
+                try:
+                    handle = self._nvml.nvmlDeviceGetHandleByIndex(dev.index)
+                except Exception as err:
+                    found.append(f"GPU {dev.index}: no handle ({_err(err)})")
+                    continue
+                why = self._support(dev.index, handle)
+                ok = ok or not why
+                found.append(f"GPU {dev.index}: {why or 'ok'}")
+        return ok, "; ".join(found)[:400] or "no GPU"
+
     def forget(self) -> None:
         """Free the kept samples (NVML went away, or the daemon closes)."""
         with self._lock:

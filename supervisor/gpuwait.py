@@ -20,8 +20,9 @@ from typing import Literal
 from probes.types import BusySample, BusyThread, GpmObservation, GpuObservation, Observation
 from supervisor.config import WatchdogSettings
 
-ThreadKind = Literal["gpu_wait", "compile", "working"]
+ThreadKind = Literal["gpu_wait", "compile", "working", "idle"]
 SampleKind = Literal["gpu_wait", "compile", "working", "none", "error"]
+NEUTRAL = frozenset({"none", "error"})
 
 _COMPILE_FILE = re.compile(
     r"torch/_inductor/|torch/_dynamo/|torch/utils/cpp_extension\.py|(?:^|/)triton/|deep_gemm|"
@@ -34,6 +35,10 @@ _WAIT_FUNC = {
     "torch/cuda/graphs.py": frozenset({"replay"}),
 }
 _WAIT_DIST = re.compile(r"torch/distributed/(?:distributed_c10d|c10d_logger)\.py$")
+# py-spy's --nonblocking "active" is a heuristic: a thread that just woke in a Python-level wait can
+# show active. Those sleep in the kernel and burn nothing: they say nothing about the busy core.
+_IDLE_FILE = re.compile(r"(?:^|/)(?:threading|selectors|queue|socket|subprocess|multiprocessing/connection)\.py$")
+_IDLE_FUNC = re.compile(r"^(?:wait|acquire|select|poll|get|recv\w*|accept|join|_wait_for_tstate_lock|_poll|read)$")
 _WAIT_CODE = re.compile(r"\.(?:item|tolist|cpu|synchronize)\(\s*\)|torch\.cuda\.synchronize\(|\.wait\(\s*\)\s*$")
 
 
@@ -50,18 +55,27 @@ def _wait_frame(thread: BusyThread) -> bool:
     return bool(_WAIT_CODE.search(top.code))
 
 
+def _idle(thread: BusyThread) -> bool:
+    top = thread.frames[0] if thread.frames else None
+    return top is not None and bool(
+        _IDLE_FILE.search(top.file.replace("\\", "/")) and _IDLE_FUNC.match(top.function.rsplit(".", 1)[-1])
+    )
+
+
 def thread_kind(thread: BusyThread) -> ThreadKind:
     for f in thread.frames:
         if _COMPILE_FILE.search(f.file.replace("\\", "/")) or _COMPILE_FUNC.match(f.function.rsplit(".", 1)[-1]):
             return "compile"
-    return "gpu_wait" if _wait_frame(thread) else "working"
+    if _wait_frame(thread):
+        return "gpu_wait"
+    return "idle" if _idle(thread) else "working"
 
 
 def sample_kind(sample: BusySample) -> SampleKind:
     """What the busy threads of one look were doing; `none` when py-spy saw no active thread."""
-    if not sample.threads:
+    kinds = [k for k in (thread_kind(t) for t in sample.threads) if k != "idle"]
+    if not kinds:
         return "error" if sample.error else "none"
-    kinds = [thread_kind(t) for t in sample.threads]
     if "compile" in kinds:
         return "compile"
     if all(k == "gpu_wait" for k in kinds):
@@ -135,7 +149,9 @@ def gpu_bound(b: BusyState, now: float, s: WatchdogSettings) -> str:
     if b.spin_since is not None and now - b.spin_since >= s.startup_stall_s and last != "compile":
         return f"GPM: GPU busy, SM activity at most {s.gpm_spin_sm_active:.1%} for {now - b.spin_since:.0f} s"
     need = s.gpu_wait_samples
-    recent = b.kinds[-need:]
+    # A look that found no busy thread (the spinner was descheduled on a loaded host) or failed says
+    # nothing either way: it neither breaks nor extends the run of GPU waits.
+    recent = [k for k in b.kinds if k not in NEUTRAL][-need:]
     if len(recent) >= need and all(k == "gpu_wait" for k in recent):
         return f"py-spy: {need} looks in a row found the busy threads in a GPU wait, {b.waits_in}"
     return ""

@@ -32,6 +32,7 @@ from probes.types import (
 )
 from supervisor.config import Settings
 from supervisor.diagnostics.tools import find_py_spy
+from supervisor.snapshot import ToolCheck
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ class Observer:
             self.busy_probe.disabled = "py-spy is off ([diagnostics] py_spy = false)"
         self.health_probe = HealthProbe(url, wd.health_path, wd.health_timeout_s, monotonic=self._monotonic)
         self.serving_probe = ServingProbe(url, wd.metrics_path, wd.metrics_timeout_s, monotonic=self._monotonic)
+
+    def gpm_check(self) -> ToolCheck:
+        """The self-check's line for GPM (blocking: NVML). Without it the busy-hang rule has py-spy only."""
+        ok, detail = self.gpm.support(self.gpu.snapshot_all())
+        fallback = "" if ok else " (busy hangs at start-up are judged from py-spy looks alone)"
+        return ToolCheck(name="gpm", ok=ok, detail=detail + fallback)
 
     def reset(self) -> None:
         """A new launch: a fresh log parser and no stale HTTP answers."""

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -54,6 +55,12 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
         diagnostics={"py_spy": py_spy},
     )
     r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    metrics = ""
+    if gpm:
+        spinning = await r.wait_for(lambda x: x.busy.gpm_spin_s is not None, 40, "GPM showing the spin")
+        assert spinning.gpu.gpm_status == "ok" and spinning.gpu.devices[0].sm_active_ratio == 0.0076
+        async with httpx.AsyncClient(timeout=10) as c:
+            metrics = (await c.get(f"{r.api}/metrics")).text
     await r.wait_for(lambda x: x.state in ("hung", "diagnosing", "restarting"), 40, "the busy-hang verdict")
     late = time.monotonic() - onset(onset_file)
     window = s.watchdog.startup_stall_s + 2 * s.watchdog.poll_interval_s
@@ -69,12 +76,17 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
     ev = events(s.paths.state_dir)
     incident = next(e for e in ev if e["event"] == "incident" and e["cause"] == "startup_stall")
     bundle = Path(s.paths.state_dir) / "diagnostics" / str(inc.bundle) / "summary.json"
-    return {"incident": incident, "detail": inc.detail, "bundle": json.loads(bundle.read_text()), "ready": ready}
+    gpm_check = next(c for c in ready.selfcheck if c.name == "gpm")
+    assert gpm_check.ok is gpm, gpm_check
+    return {"detail": inc.detail, "bundle": json.loads(bundle.read_text()), "metrics": metrics, "incident": incident}
 
 
 async def test_gpm_spin_during_capture_is_a_stall_within_the_window(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     got = await _caught_within_window(daemon, sim, tmp_path, gpm=True, py_spy=False)
     assert "GPM" in got["detail"], got["detail"]
+    assert 'sglang_supervisor_gpu_sm_active_ratio{gpu="0",uuid="GPU-fake-0"} 0.0076' in got["metrics"]
+    assert "sglang_supervisor_gpu_gpm_up 1.0" in got["metrics"]
+    assert "GPM" in got["incident"]["detail"]  # the journal's incident record says why, too
     gpm = got["bundle"]["nvml"]["gpm"]
     assert gpm["status"] == "ok" and gpm["devices"][0]["sm_active_ratio"] == 0.0076, gpm
 
