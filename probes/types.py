@@ -243,6 +243,19 @@ class BusySample:
 
 
 @dataclass(frozen=True)
+class SGLangWatchdogFire:
+    """SGLang's own watchdog fired (probes/sglang_watchdog.py): its line, and the py-spy dumps it logged."""
+
+    at: float  # when its timeout line was read
+    name: str  # "Scheduler", "Detokenizer", ...
+    timeout_s: float | None  # its --watchdog-timeout (or --soft-watchdog-timeout)
+    soft: bool  # --soft-watchdog-timeout: it only dumped, nothing is killed
+    line: str  # the timeout line, without its prefix
+    dumps: tuple[tuple[int, str], ...] = ()  # (pid, the dump's log lines) in the order logged
+    dump_errors: tuple[str, ...] = ()  # `Pyspy failed (...)` reasons (py-spy missing in the server's image)
+
+
+@dataclass(frozen=True)
 class Observation:
     at: float
     tree: TreeObservation
@@ -253,3 +266,4 @@ class Observation:
     serving: ServingObservation | None = None
     gpm: GpmObservation = field(default_factory=lambda: GpmObservation(status="unavailable", reason="not probed"))
     busy: BusySample | None = None  # only on polls where the watchdog asked for a look
+    sglang_watchdog: SGLangWatchdogFire | None = None  # SGLang's own watchdog fired in this launch

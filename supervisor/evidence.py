@@ -101,6 +101,8 @@ async def collect(
         verdict=verdict_doc(verdict, obs),
         gpu=gpu_all,
         gpm=obs.gpm,
+        sglang_watchdog=obs.sglang_watchdog.line if obs.sglang_watchdog is not None else "",
+        sglang_dumps=obs.sglang_watchdog.dumps if obs.sglang_watchdog is not None else (),
         tree_cpu_cores=cpu_rate,
         gpu_util_percent=obs.gpu.max_util_percent if obs.gpu.status == "ok" else None,
         busy_cpu_cores=settings.watchdog.busy_cpu_cores,

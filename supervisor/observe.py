@@ -19,6 +19,7 @@ from probes.logs import LogParser
 from probes.ports import PortsProbe
 from probes.proctree import ProcessTreeProbe
 from probes.serving import ServingProbe
+from probes.sglang_watchdog import SGLangWatchdogParser
 from probes.types import (
     BusySample,
     GpmObservation,
@@ -68,6 +69,7 @@ class Observer:
         self.tree_probe = ProcessTreeProbe(with_threads=False)
         self.configure(settings)
         self.parser = LogParser()
+        self.sglang_watchdog = SGLangWatchdogParser()
         self._health_task: asyncio.Task[HealthObservation] | None = None
         self._serving_task: asyncio.Task[ServingObservation] | None = None
         self._health_started_at: float | None = None
@@ -101,6 +103,7 @@ class Observer:
     def reset(self) -> None:
         """A new launch: a fresh log parser and no stale HTTP answers."""
         self.parser = LogParser()
+        self.sglang_watchdog = SGLangWatchdogParser()
         self.health_probe.cancel()  # the shared request belongs to the old server
         for task in (self._health_task, self._serving_task):
             if task is not None:
@@ -112,6 +115,7 @@ class Observer:
 
     def feed(self, lines: list[LogLine]) -> None:
         self.parser.feed(lines)
+        self.sglang_watchdog.feed(lines)
 
     def _blocking(
         self, t: Target
@@ -148,6 +152,7 @@ class Observer:
             serving=serving,
             gpm=gpm,
             busy=busy,
+            sglang_watchdog=self.sglang_watchdog.observe(),
         )
 
     def _maybe_scrape(self, now: float, t: Target) -> None:

@@ -15,6 +15,7 @@ from typing import Literal
 from probes.types import Observation
 from supervisor.config import WatchdogSettings
 from supervisor.gpuwait import BusyState, busy_figures, fold_busy, gpu_bound
+from supervisor.sglangwd import cause_for, crash_error, dump_class, fired, reason
 
 Mode = Literal["starting", "serving"]
 Status = Literal["starting", "ready", "degraded", "incident"]
@@ -146,23 +147,6 @@ def stall_class(cpu_rate: float, obs: Observation, s: WatchdogSettings) -> Stall
     return "busy" if cpu_rate >= s.busy_cpu_cores or busy_gpu else "idle"
 
 
-# What SGLang prints *because* a rank failed, not why: its SIGQUIT handling, and the main process's
-# EOFError when a scheduler died before reporting ready (`_launch_subprocesses` reads its pipe).
-_CRASH_CHATTER = ("Received sigquit from a child", "SIGQUIT received", "Triggering SIGQUIT for cleanup")
-
-
-def _consequence(err: str) -> bool:
-    return any(c in err for c in _CRASH_CHATTER) or err.split(": ", 1)[-1].strip() == "EOFError"
-
-
-def _crash_error(errors: tuple[str, ...]) -> str | None:
-    """The newest error in the log that is not a consequence of another: why the tree went down."""
-    for err in reversed(errors):
-        if not _consequence(err):
-            return err
-    return None
-
-
 def _exited(obs: Observation) -> Verdict | None:
     if obs.tree.root_alive:
         return None
@@ -171,7 +155,7 @@ def _exited(obs: Observation) -> Verdict | None:
     val = "?" if code is None else str(code if code >= 0 else -code)
     # SGLang kills its own tree with SIGKILL when a rank fails (kill_process_tree): "killed by
     # signal 9" alone would send the operator to dmesg for an OOM killer that never ran.
-    err = _crash_error(obs.logs.errors)
+    err = crash_error(obs.logs.errors)
     return Verdict(
         status="incident",
         cause="exited",
@@ -388,6 +372,13 @@ def assess(
     h: History, obs: Observation, now: float, s: WatchdogSettings, *, mode: Mode, speculative: bool = False
 ) -> tuple[Verdict, History]:
     """The watchdog's one decision per poll; pure."""
+    fire = fired(obs)
+    if fire is not None:  # SGLang judged the hang itself (supervisor/sglangwd.py)
+        cls, frame = dump_class(fire)
+        why = reason(fire, obs.tree.root_alive) + (f"; its dump shows {frame}" if frame else "")
+        phase = obs.logs.phase if mode == "starting" else "serving"
+        fig = (("sglang_watchdog_timeout_s", fire.timeout_s or 0.0),)
+        return Verdict("incident", cause_for(mode), why, stall_class=cls, phase=phase, figures=fig), h
     if mode == "starting":
         return assess_starting(h, obs, now, s)
     return assess_serving(h, obs, now, s, speculative=speculative)

@@ -35,6 +35,7 @@ from supervisor.diagnostics.model import (
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
 from supervisor.diagnostics.redact import Redactor, argv_secrets
 from supervisor.diagnostics.runner import RunResult, run_tool
+from supervisor.diagnostics.sglangdump import sglang_files, with_sglang_dumps
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
 
 Resume = Callable[[Sequence[int]], object]
@@ -209,6 +210,7 @@ def _evidence(
                 cpu_cores=got.cpu_cores.get(run.info.pid),
             )
         )
+    procs = with_sglang_dumps(procs, req.sglang_dumps)
     gpu_util = req.gpu_util_percent
     if gpu_util is None and req.gpu is not None and req.gpu.status == "ok" and req.gpu.devices:
         gpu_util = req.gpu.max_util_percent
@@ -287,6 +289,7 @@ def _files(req: CaptureRequest, got: _Collected, redactor: Redactor) -> dict[str
         texts.update(run.outputs)
         texts[f"proc-{snap.pid}.txt"] = render_proc(snap, redactor)
     texts["log-tail.txt"] = "\n".join(req.log_tail) + ("\n" if req.log_tail else "")
+    texts.update(sglang_files(req))
     blobs = {name: redactor.text(text).encode() for name, text in texts.items()}
     blobs["env.json"] = _json(redactor.env(req.env))
     blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu, req.gpm)))

@@ -141,6 +141,7 @@ def build_summary(
             "gpm": gpm_doc(req.gpm),
         },
         "gpu_kernels": resident(evidence, req.gpu),
+        "sglang_watchdog": req.sglang_watchdog or None,
         "errors": list(errors),
         "files": sorted(files),
     }
@@ -161,6 +162,11 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
         f"Hang class: {s['hang_class']}"
         + ("" if s["trigger"] == "hung" else "   (not judged hung: the class says where the threads wait)"),
         *[f"  - {r}" for r in _strs(s["reasons"])],
+        *(
+            [f"SGLang's own watchdog fired: {s['sglang_watchdog']} (its dump: sglang-watchdog.txt)"]
+            if s.get("sglang_watchdog")
+            else []
+        ),
         f"Rung: {s['rung'] or '?'}   Phase: {s['phase'] or '?'}",
         f"Command: {' '.join(_strs(s['argv'])) or '?'}",
         "",

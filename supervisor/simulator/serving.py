@@ -33,6 +33,7 @@ from supervisor.simulator.messages import (
 )
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.segfault import die_of_segfault, victim_rank
+from supervisor.simulator.selfdump import pyspy_dump_self
 from supervisor.simulator.settings import Scenario
 from supervisor.simulator.startup import RankContext
 
@@ -96,6 +97,7 @@ class ServingLoop:
             since = self.forward_since
             if since is not None and time.monotonic() - since > timeout:
                 break
+        pyspy_dump_self(self.log)
         self.log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
         time.sleep(5)  # "so that the parent process can print the error"
         with contextlib.suppress(OSError):
