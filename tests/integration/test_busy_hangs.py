@@ -78,7 +78,14 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
     bundle = Path(s.paths.state_dir) / "diagnostics" / str(inc.bundle) / "summary.json"
     gpm_check = next(c for c in ready.selfcheck if c.name == "gpm")
     assert gpm_check.ok is gpm, gpm_check
-    return {"detail": inc.detail, "bundle": json.loads(bundle.read_text()), "metrics": metrics, "incident": incident}
+    verdict = json.loads((bundle.parent / "verdict.json").read_text())
+    return {
+        "detail": inc.detail,
+        "bundle": json.loads(bundle.read_text()),
+        "verdict": verdict,
+        "metrics": metrics,
+        "incident": incident,
+    }
 
 
 async def test_gpm_spin_during_capture_is_a_stall_within_the_window(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -96,30 +103,43 @@ async def test_py_spy_finds_the_synchronize_wait_when_gpm_is_unavailable(daemon,
     got = await _caught_within_window(daemon, sim, tmp_path, gpm=False, py_spy=True)
     assert "py-spy" in got["detail"] and "synchronize" in got["detail"], got["detail"]
     assert "torch/cuda/streams.py" in got["detail"]
+    look = got["verdict"]["observation"]["busy_look"]  # the judging poll's look, in the bundle's verdict.json
+    assert look["kind"] == "gpu_wait" and all(t["kind"] == "gpu_wait" for t in look["threads"]), look
     # The bundle names the host frame that waits for the kernel (cuda-gdb, absent here, names the kernel).
     waits = [k["host_wait"] for k in got["bundle"]["gpu_kernels"]]
     assert waits and all("Event.synchronize" in (w or "") for w in waits), got["bundle"]["gpu_kernels"]
     assert got["bundle"]["nvml"]["gpm"]["status"] == "unavailable"
 
 
-async def test_without_gpm_or_py_spy_the_cpu_only_backstop_still_holds(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """No GPM and no py-spy: the old rule, CPU postpones the verdict to cpu_only_stall_s; /status says why."""
+@pytest.mark.parametrize(
+    "diagnostics,said",
+    [
+        ({"py_spy": False}, "py-spy is off"),
+        ({"py_spy_path": "/nonexistent/bin/py-spy"}, "py-spy not found"),
+    ],
+)
+async def test_without_gpm_or_py_spy_the_cpu_only_backstop_still_holds(  # type: ignore[no-untyped-def]
+    daemon, sim, tmp_path: Path, diagnostics: dict[str, Any], said: str
+) -> None:
+    """No GPM and no usable py-spy: the old rule, CPU postpones the verdict to cpu_only_stall_s; /status says why."""
     nvml = fake_gpu(tmp_path, gpm=False)
     s = sim(
         "busy_capture_hang",
         env={"SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)},
         args=SPEC,
         watchdog={"startup_stall_s": 2.0, "cpu_only_stall_s": 8.0},
-        diagnostics={"py_spy": False},
+        diagnostics=diagnostics,
     )
     r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
     snap = await r.wait_for(lambda x: x.phase == "capturing_graphs" and x.busy.looks > 0, 40, "a look that failed")
     assert snap.gpu.gpm_status == "unavailable" and "not supported" in snap.gpu.gpm_reason
-    assert "py-spy is off" in snap.busy.error
+    assert said in snap.busy.error and snap.busy.kinds[-1] == "error"
     assert snap.state == "starting"
     snap = await r.wait_for(lambda x: x.last_incident is not None, 40, "the cpu-only backstop")
     assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"
     assert "waits on the GPU" not in snap.last_incident.detail
+    gpm_check = next(c for c in snap.selfcheck if c.name == "gpm")
+    assert not gpm_check.ok and "py-spy looks alone" in gpm_check.detail
 
 
 async def test_a_silent_compile_is_never_judged_stalled(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
