@@ -67,7 +67,7 @@ def gpu_view(gpu: GpuObservation | None, gpm: GpmObservation | None = None) -> G
 
 
 def busy_view(h: History | None, last: BusySample | None, now: float) -> BusyView:
-    if h is None:
+    if h is None or h.ready_at is not None:  # a start-up reading: nothing to say once serving
         return BusyView()
     b = h.busy
     fresh = last if last is not None and last.at >= h.launched_at else None
