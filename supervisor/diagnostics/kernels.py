@@ -78,3 +78,18 @@ def kernel_lines(records: list[dict[str, object]]) -> list[str]:
         if r.get("host_wait"):
             lines.append(f"    waited for by {r['host_wait']}")
     return lines
+
+
+def gpm_lines(nvml: dict[object, object]) -> list[str]:
+    gpm = nvml.get("gpm")
+    if not isinstance(gpm, dict):
+        return []
+    if gpm.get("status") != "ok":
+        return [f"GPM SM activity: unavailable ({gpm.get('reason') or '?'})"]
+    util = nvml.get("util_percent") if isinstance(nvml.get("util_percent"), dict) else {}
+    parts = []
+    for d in [d for d in gpm.get("devices") or [] if isinstance(d, dict)]:
+        u = util.get(str(d["index"])) if isinstance(util, dict) else None
+        busy = f"util {float(str(u)):.0f} %, " if u is not None else ""
+        parts.append(f"GPU {d['index']} {busy}SM activity {float(str(d['sm_active_ratio'])):.2%}")
+    return ["GPM: " + ("; ".join(parts) or "no reading yet")]

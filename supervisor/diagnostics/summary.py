@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from probes.types import GpmObservation, GpuObservation, ProcInfo
-from supervisor.diagnostics.kernels import gpm_doc, kernel_lines, resident
+from supervisor.diagnostics.kernels import gpm_doc, gpm_lines, kernel_lines, resident
 from supervisor.diagnostics.model import CaptureRequest, Classification, Evidence, ToolOutcome
 from supervisor.diagnostics.redact import Redactor
 from supervisor.diagnostics.waits import ThreadView, thread_views
@@ -59,21 +59,6 @@ def gpu_doc(gpu: GpuObservation | None, gpm: GpmObservation | None = None) -> di
     if gpu is None:
         return {"status": "unavailable", "reason": "no NVML snapshot was given", "gpm": gpm_doc(gpm)}
     return asdict(gpu) | {"gpm": gpm_doc(gpm)}
-
-
-def gpm_lines(nvml: dict[object, object]) -> list[str]:
-    gpm = nvml.get("gpm")
-    if not isinstance(gpm, dict):
-        return []
-    if gpm.get("status") != "ok":
-        return [f"GPM SM activity: unavailable ({gpm.get('reason') or '?'})"]
-    util = nvml.get("util_percent") if isinstance(nvml.get("util_percent"), dict) else {}
-    parts = []
-    for d in _dicts(gpm.get("devices")):
-        u = util.get(str(d["index"])) if isinstance(util, dict) else None
-        busy = f"util {float(str(u)):.0f} %, " if u is not None else ""
-        parts.append(f"GPU {d['index']} {busy}SM activity {float(str(d['sm_active_ratio'])):.2%}")
-    return ["GPM: " + ("; ".join(parts) or "no reading yet")]
 
 
 def build_summary(
