@@ -14,6 +14,7 @@ recorded in the sample's `error`.
 from __future__ import annotations
 
 import linecache
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +26,9 @@ from probes.types import BusySample, BusyThread, PyFrame, TreeObservation
 
 MAX_PROCESSES = 4  # the busiest; a TP-8 tree spins one core per rank, and one rank says enough
 MAX_FRAMES = 40
+MAX_THREADS = 64  # active threads kept per process
+MAX_SOURCE_BYTES = 2 * 1024 * 1024
+MAX_CACHED_FILES = 512
 BUSY_CORES = 0.1  # a process below this rate is not what burns the CPU (a spinner on a loaded host gets less)
 
 _THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?::\s*\"(.*)\")?\s*$")
@@ -37,9 +41,14 @@ def py_spy_look_argv(exe: str, pid: int) -> tuple[str, ...]:
 
 
 def _source(file: str, line: int | None) -> str:
+    """The stripped source line (the rule reads `.item()` calls there); "" when unreadable or huge."""
     if line is None or not file.endswith(".py"):
         return ""
     try:
+        if os.path.getsize(file) > MAX_SOURCE_BYTES:
+            return ""
+        if len(linecache.cache) > MAX_CACHED_FILES:  # bounded memory across a long start-up
+            linecache.clearcache()
         return linecache.getline(file, line).strip()[:200]
     except Exception:  # an unreadable or vanished file: the frame still counts by its name
         return ""
@@ -52,7 +61,7 @@ def parse_active_threads(pid: int, text: str) -> tuple[BusyThread, ...]:
     frames: list[PyFrame] = []
 
     def close() -> None:
-        if head is not None and head[2]:
+        if head is not None and head[2] and len(out) < MAX_THREADS:
             out.append(BusyThread(pid=pid, tid=head[0], name=head[1], frames=tuple(frames[:MAX_FRAMES])))
 
     for raw in text.splitlines():

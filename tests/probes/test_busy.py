@@ -156,3 +156,14 @@ def test_py_spy_failing_or_hanging_is_bounded_and_recorded(tmp_path: Path) -> No
     tic = time.monotonic()
     sample = BusyProbe(str(hanging), timeout_s=0.5).sample({os.getpid(): 1.0})
     assert time.monotonic() - tic < 5 and "took over 0.5 s" in sample.error
+
+
+def test_hostile_dumps_are_bounded(tmp_path: Path) -> None:
+    many = "\n".join(f'Thread {i} (active): "t{i}"\n    run (x.py:1)' for i in range(500))
+    assert len(parse_active_threads(1, many)) == 64
+    deep = 'Thread 1 (active): "t"\n' + "\n".join(f"    f{i} (x.py:{i})" for i in range(1000))
+    assert len(parse_active_threads(1, deep)[0].frames) == 40
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * 500_000)  # 3 MB: its lines are not read
+    out = parse_active_threads(1, f'Thread 1 (active): "t"\n    f ({big}:1)\n    g ({tmp_path / "gone.py"}:3)')
+    assert [f.code for f in out[0].frames] == ["", ""]

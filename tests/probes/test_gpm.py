@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from probes.fake_nvml import FakeDevice, FakeNvml
 from probes.gpm import GpmProbe
 from probes.gpu import GpuProbe
@@ -92,3 +94,47 @@ def test_fake_nvml_file_drives_gpm(tmp_path: Path) -> None:
     gpu, gpm = _probes(fake)
     gpm.observe(gpu.observe([]))
     assert gpm.observe(gpu.observe([])).devices[0].sm_active_ratio == 0.0076
+
+
+def test_the_real_bindings_structures_take_what_the_probe_writes() -> None:
+    """pynvml's own ctypes structures (c_nvmlGpmMetricsGet_t, opaque sample pointers), with the C calls
+    stood in by Python: the probe's field writes and reads must fit the real layout."""
+    import ctypes
+
+    pynvml = pytest.importorskip("pynvml")
+    samples: dict[int, float] = {}
+
+    def sample_alloc() -> object:
+        s = pynvml.c_nvmlGpmSample_t(pynvml.struct_c_nvmlGpmSample_t())
+        return s
+
+    def sample_get(handle: object, sample: object) -> object:
+        samples[ctypes.addressof(sample.contents)] = 0.76  # type: ignore[attr-defined]
+        return sample
+
+    def metrics_get(req: object) -> object:
+        assert req.version == pynvml.NVML_GPM_METRICS_GET_VERSION and req.numMetrics == 2  # type: ignore[attr-defined]
+        assert ctypes.addressof(req.sample2.contents) in samples  # type: ignore[attr-defined]
+        for m in req.metrics[:2]:  # type: ignore[attr-defined]
+            m.value, m.nvmlReturn = (0.76 if m.metricId == pynvml.NVML_GPM_METRIC_SM_UTIL else 0.01), 0
+        return req
+
+    fake = FakeNvml([FakeDevice(util=100)])
+    binding = SimpleNamespace(
+        nvmlDeviceGetHandleByIndex=fake.nvmlDeviceGetHandleByIndex,
+        nvmlGpmQueryDeviceSupport=lambda h: SimpleNamespace(isSupportedDevice=1),
+        nvmlGpmSampleAlloc=sample_alloc,
+        nvmlGpmSampleGet=sample_get,
+        nvmlGpmSampleFree=lambda s: None,
+        nvmlGpmMetricsGet=metrics_get,
+        c_nvmlGpmMetricsGet_t=pynvml.c_nvmlGpmMetricsGet_t,
+        NVML_GPM_METRICS_GET_VERSION=pynvml.NVML_GPM_METRICS_GET_VERSION,
+        NVML_GPM_METRIC_SM_UTIL=pynvml.NVML_GPM_METRIC_SM_UTIL,
+        NVML_GPM_METRIC_SM_OCCUPANCY=pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    )
+    gpu = GpuProbe(fake)
+    gpm = GpmProbe(binding)
+    gpm.observe(gpu.observe([]))
+    got = gpm.observe(gpu.observe([]))
+    assert got.status == "ok", got
+    assert got.devices[0].sm_active_ratio == 0.0076 and got.devices[0].sm_occupancy_ratio == 0.0001
