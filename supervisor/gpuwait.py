@@ -124,6 +124,7 @@ class BusyState:
     kinds: tuple[SampleKind, ...] = ()  # py-spy looks since strong progress last moved, oldest first
     waits_in: str = ""  # the frame a busy thread waited in at the last look ("" if none did)
     looked_at: float | None = None  # when the last look was taken
+    sm_active: float | None = None  # the tree's highest GPM SM activity at the last poll (None: no GPM)
 
 
 def fold_busy(b: BusyState, obs: Observation, now: float, strong_moved: bool, s: WatchdogSettings) -> BusyState:
@@ -138,7 +139,8 @@ def fold_busy(b: BusyState, obs: Observation, now: float, strong_moved: bool, s:
         waits = [t for t in obs.busy.threads if thread_kind(t) == "gpu_wait"]
         waits_in = where(waits[0]) if waits else ""
         looked = obs.busy.at
-    return BusyState(spin_since=spin_since, kinds=kinds, waits_in=waits_in, looked_at=looked)
+    sm = max_sm_active(obs.gpm, tree_devices(obs.gpu)) if obs.gpu.status == "ok" else None
+    return BusyState(spin_since=spin_since, kinds=kinds, waits_in=waits_in, looked_at=looked, sm_active=sm)
 
 
 def gpu_bound(b: BusyState, now: float, s: WatchdogSettings) -> str:
@@ -147,7 +149,8 @@ def gpu_bound(b: BusyState, now: float, s: WatchdogSettings) -> str:
     threads in a GPU wait. A look that found a compiler wins over GPM (an autotuner times kernels)."""
     last = b.kinds[-1] if b.kinds else None
     if b.spin_since is not None and now - b.spin_since >= s.startup_stall_s and last != "compile":
-        return f"GPM: GPU busy, SM activity at most {s.gpm_spin_sm_active:.1%} for {now - b.spin_since:.0f} s"
+        sm = f"{b.sm_active:.2%}" if b.sm_active is not None else "?"
+        return f"GPM: GPU busy, SM activity {sm} (floor {s.gpm_spin_sm_active:.0%}) for {now - b.spin_since:.0f} s"
     need = s.gpu_wait_samples
     # A look that found no busy thread (the spinner was descheduled on a loaded host) or failed says
     # nothing either way: it neither breaks nor extends the run of GPU waits.

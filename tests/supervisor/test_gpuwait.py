@@ -189,7 +189,8 @@ def test_gpm_spin_is_a_stall_at_the_window_not_at_cpu_only() -> None:
     assert v.cause == "startup_stall" and v.stall_class == "busy"
     since = dict(v.figures)["since_progress_s"]
     assert S.startup_stall_s <= since <= S.startup_stall_s + 2 * S.poll_interval_s
-    assert "waits on the GPU (GPM" in v.reason and dict(v.figures)["gpm_sm_active_ratio"] == 0.0076
+    assert "waits on the GPU (GPM: GPU busy, SM activity 0.76% (floor 2%)" in v.reason
+    assert dict(v.figures)["gpm_sm_active_ratio"] == 0.0076
 
 
 def test_py_spy_waits_are_a_stall_at_the_window() -> None:
