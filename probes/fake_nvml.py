@@ -24,7 +24,8 @@ The JSON file:
           "power_w": 120.5,                   # optional; absent -> the power call says Not Supported
           "processes": {"1234": 80000000000, "1235": null},   # compute: pid -> bytes (null: unknown)
           "graphics_processes": {},           # optional, same shape
-          "fail": ["nvmlDeviceGetUtilizationRates"]           # optional: calls raising on this GPU
+          "fail": ["nvmlDeviceGetUtilizationRates"],          # optional: calls raising on this GPU
+          "gpm": {"sm_util": 0.76, "sm_occupancy": 0.01}      # optional: GPM percent; absent: unsupported
         }
       ],
       "xid_events": [{"gpu": 0, "xid": 79}]   # optional, append-only: Xid events (probes/fake_nvml_events.py)
@@ -40,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probes.fake_gpm import FakeGpm, parse_gpm
 from probes.fake_nvml_events import FakeNvmlEvents
 from probes.gpu import FAKE_NVML_ENV, make_nvml
 
@@ -99,10 +101,11 @@ class FakeDevice:
     processes: dict[int, int | None] = field(default_factory=dict)
     graphics_processes: dict[int, int | None] = field(default_factory=dict)
     fail: set[str] = field(default_factory=set)  # names of calls that raise on this device
+    gpm: dict[str, float] | None = None  # GPM percent readings (probes/fake_gpm.py); None: unsupported
 
 
-class FakeNvml(FakeNvmlEvents):
-    """Implements NvmlLike; every method name and return shape is pynvml's (events: FakeNvmlEvents)."""
+class FakeNvml(FakeNvmlEvents, FakeGpm):
+    """Implements NvmlLike; every method name and return shape is pynvml's (events: FakeNvmlEvents, GPM: FakeGpm)."""
 
     def __init__(self, devices: Sequence[FakeDevice] = (), *, init_error: str | None = None) -> None:
         self.devices: list[FakeDevice] = list(devices)
@@ -216,6 +219,15 @@ class FakeNvml(FakeNvmlEvents):
         return [ProcessInfo(pid=pid, usedGpuMemory=b) for pid, b in dev.graphics_processes.items()]
 
     # -- internals ------------------------------------------------------------------------------
+    def _gpm_device(self, handle: Handle, call: str) -> FakeDevice:
+        return self._device(handle, call)
+
+    def _gpm_error(self, code: int, text: str) -> Exception:
+        return NVMLError(code, text)
+
+    def _gpm_devices(self) -> list[FakeDevice]:
+        return self.devices
+
     def _require_init(self) -> None:
         if self._initialized <= 0:
             raise NVMLError(NVML_ERROR_UNINITIALIZED, "Uninitialized")
@@ -274,6 +286,7 @@ def _parse_config(data: object) -> tuple[str | None, list[FakeDevice]]:
                 processes=_pid_map(raw.get("processes", {})),
                 graphics_processes=_pid_map(raw.get("graphics_processes", {})),
                 fail={str(call) for call in raw.get("fail", [])},
+                gpm=parse_gpm(raw.get("gpm")),
             )
         )
     return (None if init_error is None else str(init_error)), devices

@@ -137,6 +137,11 @@ class GpuProbe:
             else:
                 self._nvml = cast(NvmlLike, pynvml)
 
+    @property
+    def nvml(self) -> NvmlLike | None:
+        """The NVML object this probe reads (the GPM probe samples through the same one)."""
+        return self._nvml
+
     def observe(self, tree_pids: Collection[int], *, scoped: bool = True) -> GpuObservation:
         """The server's GPUs (every GPU with `scoped=False`), and the processes among `tree_pids`
         holding GPU memory on them."""

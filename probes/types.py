@@ -6,7 +6,7 @@ timestamp is a reading of the supervisor's injected monotonic clock (seconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 # "pending": a child of the main process that has not set its title yet (still importing SGLang).
@@ -196,6 +196,68 @@ class ServingObservation:
     active_requests: float | None = None  # sglang:http_requests_active on generation routes
 
 
+GpmStatus = Literal["ok", "unavailable"]
+
+
+@dataclass(frozen=True)
+class GpmDevice:
+    """NVML GPU performance monitoring over the last poll interval (two samples, one device)."""
+
+    index: int
+    uuid: str
+    sm_active_ratio: float  # NVML_GPM_METRIC_SM_UTIL / 100: share of SMs busy, 0..1
+    sm_occupancy_ratio: float | None  # NVML_GPM_METRIC_SM_OCCUPANCY / 100: warps resident vs max
+
+
+@dataclass(frozen=True)
+class GpmObservation:
+    status: GpmStatus
+    reason: str  # why unavailable ("" when ok): older GPU, MIG, no permission, first sample pending
+    devices: tuple[GpmDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class PyFrame:
+    """One Python frame as py-spy names it, with its source line where the file could be read."""
+
+    function: str
+    file: str  # as py-spy prints it (--full-filenames: absolute where the module has a file)
+    line: int | None
+    code: str = ""  # the stripped source line, "" when unreadable
+
+
+@dataclass(frozen=True)
+class BusyThread:
+    pid: int
+    tid: int | None
+    name: str
+    frames: tuple[PyFrame, ...]  # innermost first, at most a few dozen
+
+
+@dataclass(frozen=True)
+class BusySample:
+    """A Python-only, non-blocking py-spy look at the busy processes of the tree (one poll)."""
+
+    at: float
+    pids: tuple[int, ...]  # processes sampled (the ones burning CPU)
+    threads: tuple[BusyThread, ...]  # threads py-spy reported active
+    error: str = ""  # "" when every dump succeeded; else why not (py-spy missing, denied, timeout)
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SGLangWatchdogFire:
+    """SGLang's own watchdog fired (probes/sglang_watchdog.py): its line, and the py-spy dumps it logged."""
+
+    at: float  # when its timeout line was read
+    name: str  # "Scheduler", "Detokenizer", ...
+    timeout_s: float | None  # its --watchdog-timeout (or --soft-watchdog-timeout)
+    soft: bool  # --soft-watchdog-timeout: it only dumped, nothing is killed
+    line: str  # the timeout line, without its prefix
+    dumps: tuple[tuple[int, str], ...] = ()  # (pid, the dump's log lines) in the order logged
+    dump_errors: tuple[str, ...] = ()  # `Pyspy failed (...)` reasons (py-spy missing in the server's image)
+
+
 @dataclass(frozen=True)
 class Observation:
     at: float
@@ -205,3 +267,6 @@ class Observation:
     gpu: GpuObservation
     health: HealthObservation | None = None  # None when no probe finished this poll
     serving: ServingObservation | None = None
+    gpm: GpmObservation = field(default_factory=lambda: GpmObservation(status="unavailable", reason="not probed"))
+    busy: BusySample | None = None  # only on polls where the watchdog asked for a look
+    sglang_watchdog: SGLangWatchdogFire | None = None  # SGLang's own watchdog fired in this launch

@@ -130,6 +130,12 @@ class WatchdogSettings(_Section):
     # Classification of a stall: busy when the tree burns this many cores or a GPU is this busy.
     busy_cpu_cores: PositiveFloat = 0.8
     busy_gpu_percent: PositiveFloat = 50.0
+    # CPU that only waits on the GPU is not progress (docs/DECISIONS.md "Busy hangs at start-up"):
+    # a GPU this busy (NVML) with GPM SM activity at or under this ratio is spinning, not working;
+    # and this many py-spy looks in a row with every busy thread in a GPU wait say the same.
+    gpm_spin_sm_active: Annotated[float, Field(ge=0, le=1)] = 0.02
+    gpu_wait_samples: Annotated[int, Field(ge=1, le=20)] = 3
+    busy_sample_timeout_s: PositiveFloat = 2.0
 
     @model_validator(mode="after")
     def _windows(self) -> WatchdogSettings:

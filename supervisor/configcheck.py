@@ -14,6 +14,7 @@ from typing import Literal
 
 from supervisor.config import ConfigError, Settings
 from supervisor.render import render_rung
+from supervisor.watchdogcheck import watchdog_findings
 
 Which = Callable[[str, str | None], str | None]
 
@@ -34,12 +35,14 @@ def _which(name: str, path: str | None) -> str | None:
 
 def check_settings(settings: Settings, env: Mapping[str, str], which: Which = _which) -> tuple[Finding, ...]:
     """Every finding for `settings` as `run` would meet them with the environment `env`."""
+    sglang_wd = [Finding(f.level, f.key, f.message) for f in watchdog_findings(settings)]
     return (
         *_api(settings, env),
         *_program(settings, env, which),
         *_rungs(settings),
         *_notify(settings, env, which),
         *_gpus(settings, env),
+        *sglang_wd,
     )
 
 

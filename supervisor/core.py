@@ -30,6 +30,7 @@ from supervisor.commands import Command
 from supervisor.config import Settings
 from supervisor.control import Child, LogFiles, PendingLaunch, ProcessControl, RealProcessControl
 from supervisor.counting import RestartingCount
+from supervisor.gpuwait import wants_look
 from supervisor.journal import Journal
 from supervisor.keepers import KeeperStatus
 from supervisor.ladder import LadderState
@@ -267,12 +268,22 @@ class Core:
             marker=self.marker,
             serving=self.lifecycle.state in SERVING,
             metrics=self._metrics_on[self.ladder.current],
+            look=self._wants_look(),
         )
         obs = await self.observer.observe(target)
         if obs.health is not None:
             self.metrics.health(obs.health.latency_s, obs.health.ok)
         self.obs = obs
         return obs
+
+    def _wants_look(self) -> bool:
+        """A py-spy look at the busy threads: while starting, once CPU alone moved half a window."""
+        h = self.history
+        if self.lifecycle.state != State.STARTING or h is None or h.ready_at is not None:
+            return False
+        now = self.clock.monotonic()
+        cpu_quiet = now - h.moved_at.get("cpu", h.launched_at)
+        return wants_look(now - h.last_progress_at, cpu_quiet, self.settings.watchdog)
 
     def publish(self) -> None:
         now = self.clock.monotonic()
@@ -322,6 +333,7 @@ class Core:
                 adopted=self.adopted and running,
                 takeover_s=self.takeover_s if st in SERVING else None,
                 stale_after_s=stale_after(wd.metrics_interval_s, wd.serving_stall_s),
+                busy=self.observer.last_busy,
             )
         )
         if self.xids.recent or self.xids.blocked is not None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from probes.types import GpuObservation, Observation
+from probes.types import BusySample, GpuObservation, Observation
 from supervisor.config import Settings
 from supervisor.diagnostics import BundleResult, CaptureRequest, capture
+from supervisor.gpuwait import sample_kind, thread_kind, where
 from supervisor.process import resume_stopped
 from supervisor.render import RenderedCommand
 from supervisor.watchdog import StallClass, Verdict
@@ -25,6 +26,18 @@ def provisional_class(verdict: Verdict | None) -> str | None:
     if cls == "idle":
         return "idle_deadlock"
     return "unknown"
+
+
+def busy_look_doc(look: BusySample | None) -> dict[str, object] | None:
+    """The py-spy look taken at the judging poll (issue 22): which busy thread did what."""
+    if look is None:
+        return None
+    return {
+        "pids": list(look.pids),
+        "error": look.error,
+        "kind": sample_kind(look),
+        "threads": [{"at": where(t), "kind": thread_kind(t)} for t in look.threads[:16]],
+    }
 
 
 def verdict_doc(verdict: Verdict | None, obs: Observation | None) -> dict[str, object]:
@@ -53,6 +66,10 @@ def verdict_doc(verdict: Verdict | None, obs: Observation | None) -> dict[str, o
             "gpu_status": obs.gpu.status,
             "gpu_tree_mem_bytes": obs.gpu.tree_mem_bytes,
             "gpu_max_util_percent": obs.gpu.max_util_percent,
+            "gpm_status": obs.gpm.status,
+            "gpm_reason": obs.gpm.reason,
+            "gpm_sm_active_ratio": {str(d.index): d.sm_active_ratio for d in obs.gpm.devices},
+            "busy_look": busy_look_doc(obs.busy),
         }
     return doc
 
@@ -98,6 +115,9 @@ async def collect(
         phase=obs.logs.phase,
         verdict=verdict_doc(verdict, obs),
         gpu=gpu_all,
+        gpm=obs.gpm,
+        sglang_watchdog=obs.sglang_watchdog.line if obs.sglang_watchdog is not None else "",
+        sglang_dumps=obs.sglang_watchdog.dumps if obs.sglang_watchdog is not None else (),
         tree_cpu_cores=cpu_rate,
         gpu_util_percent=obs.gpu.max_util_percent if obs.gpu.status == "ok" else None,
         busy_cpu_cores=settings.watchdog.busy_cpu_cores,

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from supervisor.busymetrics import busy_families
 from supervisor.config import CAUSES, HANG_CLASSES
 from supervisor.snapshot import StatusSnapshot
 from supervisor.state import SERVING, State
@@ -141,6 +142,7 @@ class _SnapshotCollector(Collector):
                 held.add_metric(labels, float(d.tree_mem_bytes))
         yield from (state, rung, rung_info, up, ttr, load, since, hour, last_inc, spec, running, queued)
         yield from (gpu_ok, util, used, total, held, build, tools, spec_tokens, inc_info, tokens)
+        yield from busy_families(s)
 
 
 class SupervisorMetrics:

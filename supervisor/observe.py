@@ -11,13 +11,18 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from probes.busy import BusyProbe
+from probes.gpm import GpmProbe
 from probes.gpu import GpuProbe
 from probes.http import HealthProbe
 from probes.logs import LogParser
 from probes.ports import PortsProbe
 from probes.proctree import ProcessTreeProbe
 from probes.serving import ServingProbe
+from probes.sglang_watchdog import SGLangWatchdogParser
 from probes.types import (
+    BusySample,
+    GpmObservation,
     GpuObservation,
     HealthObservation,
     LogLine,
@@ -27,6 +32,8 @@ from probes.types import (
     TreeObservation,
 )
 from supervisor.config import Settings
+from supervisor.diagnostics.tools import find_py_spy
+from supervisor.snapshot import ToolCheck
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Target:
     marker: str
     serving: bool  # the server reached ready: probe health at its interval, scrape /metrics
     metrics: bool  # the rung runs with --enable-metrics
+    look: bool = False  # take a py-spy look at the busy processes (watchdog: CPU the only channel)
 
 
 def _base_url(host: str, port: int) -> str:
@@ -56,16 +64,19 @@ class Observer:
         self._monotonic = monotonic
         self._closing: set[asyncio.Future[None]] = set()
         self.gpu = gpu
+        self.gpm = GpmProbe(gpu.nvml)
         # Thread states are for the bundles (which read /proc themselves), not for every poll.
         self.tree_probe = ProcessTreeProbe(with_threads=False)
         self.configure(settings)
         self.parser = LogParser()
+        self.sglang_watchdog = SGLangWatchdogParser()
         self._health_task: asyncio.Task[HealthObservation] | None = None
         self._serving_task: asyncio.Task[ServingObservation] | None = None
         self._health_started_at: float | None = None
         self._scraped_at: float | None = None
         self.last_health: HealthObservation | None = None
         self.last_serving: ServingObservation | None = None
+        self.last_busy: BusySample | None = None
 
     def configure(self, settings: Settings) -> None:
         self.settings = settings
@@ -75,12 +86,24 @@ class Observer:
         for probe in old:  # each owns an httpx client
             self._closing.add(asyncio.ensure_future(probe.aclose()))
         self.ports_probe = PortsProbe(srv.host, srv.port)
+        d = settings.diagnostics
+        spy = find_py_spy(d.py_spy_path) if d.py_spy else None
+        self.busy_probe = BusyProbe(spy, timeout_s=wd.busy_sample_timeout_s, monotonic=self._monotonic)
+        if not d.py_spy:
+            self.busy_probe.disabled = "py-spy is off ([diagnostics] py_spy = false)"
         self.health_probe = HealthProbe(url, wd.health_path, wd.health_timeout_s, monotonic=self._monotonic)
         self.serving_probe = ServingProbe(url, wd.metrics_path, wd.metrics_timeout_s, monotonic=self._monotonic)
+
+    def gpm_check(self) -> ToolCheck:
+        """The self-check's line for GPM (blocking: NVML). Without it the busy-hang rule has py-spy only."""
+        ok, detail = self.gpm.support(self.gpu.snapshot_all())
+        fallback = "" if ok else " (busy hangs at start-up are judged from py-spy looks alone)"
+        return ToolCheck(name="gpm", ok=ok, detail=detail + fallback)
 
     def reset(self) -> None:
         """A new launch: a fresh log parser and no stale HTTP answers."""
         self.parser = LogParser()
+        self.sglang_watchdog = SGLangWatchdogParser()
         self.health_probe.cancel()  # the shared request belongs to the old server
         for task in (self._health_task, self._serving_task):
             if task is not None:
@@ -88,19 +111,28 @@ class Observer:
         self._health_task = self._serving_task = None
         self._health_started_at = self._scraped_at = None
         self.last_health = self.last_serving = None
+        self.last_busy = None
 
     def feed(self, lines: list[LogLine]) -> None:
         self.parser.feed(lines)
+        self.sglang_watchdog.feed(lines)
 
-    def _blocking(self, t: Target) -> tuple[TreeObservation, PortsObservation, GpuObservation]:
+    def _blocking(
+        self, t: Target
+    ) -> tuple[TreeObservation, PortsObservation, GpuObservation, GpmObservation, BusySample | None]:
         tree = self.tree_probe.observe(t.root_pid, t.marker, t.root_exit)
         # New listening ports are a start-up progress channel; once serving, the port is known.
         ports = self.ports_probe.observe(() if t.serving else tree.pids)
         gpu = self.gpu.observe(tree.pids)
-        return tree, ports, gpu
+        gpm = self.gpm.observe(gpu)
+        rates = self.busy_probe.note(tree)
+        busy = self.busy_probe.sample(rates) if t.look and tree.root_alive else None
+        return tree, ports, gpu, gpm, busy
 
     async def observe(self, t: Target) -> Observation:
-        tree, ports, gpu = await asyncio.to_thread(self._blocking, t)
+        tree, ports, gpu, gpm, busy = await asyncio.to_thread(self._blocking, t)
+        if busy is not None:
+            self.last_busy = busy
         now = self._monotonic()
         health = self._take_health()
         serving = self._take_serving()
@@ -118,6 +150,9 @@ class Observer:
             gpu=gpu,
             health=health,
             serving=serving,
+            gpm=gpm,
+            busy=busy,
+            sglang_watchdog=self.sglang_watchdog.observe(),
         )
 
     def _maybe_scrape(self, now: float, t: Target) -> None:
@@ -163,4 +198,5 @@ class Observer:
         await self.serving_probe.aclose()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        await asyncio.to_thread(self.gpm.close)
         await asyncio.to_thread(self.gpu.close)

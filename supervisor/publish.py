@@ -5,8 +5,18 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from probes.types import GpuObservation, HealthObservation, Observation, ServingObservation, TreeObservation
+from probes.types import (
+    BusySample,
+    GpmObservation,
+    GpuObservation,
+    HealthObservation,
+    Observation,
+    ServingObservation,
+    TreeObservation,
+)
+from supervisor.gpuwait import where
 from supervisor.snapshot import (
+    BusyView,
     GpuDeviceView,
     GpuView,
     IncidentView,
@@ -28,9 +38,10 @@ def iso(wall: float | None) -> str | None:
     return dt.datetime.fromtimestamp(wall, tz=dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def gpu_view(gpu: GpuObservation | None) -> GpuView:
+def gpu_view(gpu: GpuObservation | None, gpm: GpmObservation | None = None) -> GpuView:
     if gpu is None:
         return GpuView(status="unavailable", reason="not probed yet")
+    sm = {d.index: d for d in gpm.devices} if gpm is not None else {}
     held: dict[int, int] = {}
     for p in gpu.processes:
         held[p.gpu_index] = held.get(p.gpu_index, 0) + p.used_bytes
@@ -46,10 +57,30 @@ def gpu_view(gpu: GpuObservation | None) -> GpuView:
                 mem_used_bytes=d.mem_used_bytes,
                 mem_total_bytes=d.mem_total_bytes,
                 tree_mem_bytes=held.get(d.index, 0),
+                sm_active_ratio=sm[d.index].sm_active_ratio if d.index in sm else None,
+                sm_occupancy_ratio=sm[d.index].sm_occupancy_ratio if d.index in sm else None,
             )
             for d in gpu.devices
         ),
         tree_mem_bytes=gpu.tree_mem_bytes,
+        gpm_status=gpm.status if gpm is not None else "unavailable",
+        gpm_reason=gpm.reason if gpm is not None else "not probed yet",
+    )
+
+
+def busy_view(h: History | None, last: BusySample | None, now: float) -> BusyView:
+    if h is None or h.ready_at is not None:  # a start-up reading: nothing to say once serving
+        return BusyView()
+    b = h.busy
+    fresh = last if last is not None and last.at >= h.launched_at else None
+    return BusyView(
+        looks=len(b.kinds),
+        kinds=b.kinds,
+        waits_in=b.waits_in,
+        threads=tuple(where(t) for t in fresh.threads[:8]) if fresh is not None else (),
+        error=fresh.error if fresh is not None else "",
+        look_s=fresh.duration_s if fresh is not None else None,
+        gpm_spin_s=round(now - b.spin_since, 3) if b.spin_since is not None else None,
     )
 
 
@@ -98,6 +129,7 @@ class Facts:
     adopted: bool = False
     takeover_s: float | None = None
     stale_after_s: float = 10.0  # tokens still this long with requests running: the gauges are frozen
+    busy: BusySample | None = None  # the latest py-spy look at the busy threads (not every poll has one)
 
 
 def _current(at: float, ok: bool, h: History | None) -> bool:
@@ -195,7 +227,11 @@ def build(f: Facts) -> StatusSnapshot:
         last_incident=f.last_incident,
         incidents=f.incidents,
         serving=serving,
-        gpu=gpu_view(f.observation.gpu if f.observation is not None else None),
+        gpu=gpu_view(
+            f.observation.gpu if f.observation is not None else None,
+            f.observation.gpm if f.observation is not None else None,
+        ),
+        busy=busy_view(h, f.busy, f.now),
         processes=process_views(obs.tree if obs is not None else None),
         selfcheck=f.selfcheck,
         diagnosing=f.diagnosing,

@@ -56,6 +56,8 @@ class GpuDeviceView(_Frozen):
     mem_used_bytes: int
     mem_total_bytes: int
     tree_mem_bytes: int = 0  # held by the supervised tree on this GPU
+    sm_active_ratio: float | None = None  # NVML GPM SM activity over the last poll, 0..1 (None: no GPM)
+    sm_occupancy_ratio: float | None = None  # NVML GPM SM occupancy, 0..1
 
 
 class GpuView(_Frozen):
@@ -63,6 +65,20 @@ class GpuView(_Frozen):
     reason: str = ""
     devices: tuple[GpuDeviceView, ...] = ()
     tree_mem_bytes: int = 0
+    gpm_status: str = "unavailable"  # "ok" | "unavailable": NVML GPU performance monitoring
+    gpm_reason: str = ""  # why GPM is unavailable (older GPU, MIG, permission, no binding)
+
+
+class BusyView(_Frozen):
+    """While starting: is the CPU that moves working, or only waiting on the GPU (supervisor/gpuwait.py)?"""
+
+    looks: int = 0  # py-spy looks since strong progress last moved
+    kinds: tuple[str, ...] = ()  # each look's finding: gpu_wait | compile | working | none | error
+    waits_in: str = ""  # the frame a busy thread waited in at the last look
+    threads: tuple[str, ...] = ()  # the last look's busy threads, "pid N 'name' in func (file:line)"
+    error: str = ""  # why the last look saw nothing (py-spy missing, off, denied, timed out)
+    look_s: float | None = None  # how long the last look took
+    gpm_spin_s: float | None = None  # how long GPM has shown the tree's GPU busy with idle SMs
 
 
 class ToolCheck(_Frozen):
@@ -139,6 +155,7 @@ class StatusSnapshot(_Frozen):
     incidents: int = 0
     serving: ServingView = ServingView()
     gpu: GpuView = GpuView(status="unavailable", reason="not probed yet")
+    busy: BusyView = BusyView()
     processes: tuple[ProcessView, ...] = ()
     selfcheck: tuple[ToolCheck, ...] = ()
     diagnosing: bool = False

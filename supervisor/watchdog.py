@@ -14,6 +14,8 @@ from typing import Literal
 
 from probes.types import Observation
 from supervisor.config import WatchdogSettings
+from supervisor.gpuwait import BusyState, busy_figures, fold_busy, gpu_bound
+from supervisor.sglangwd import cause_for, crash_error, dump_class, fired, reason
 
 Mode = Literal["starting", "serving"]
 Status = Literal["starting", "ready", "degraded", "incident"]
@@ -56,6 +58,7 @@ class History:
     tokens_moved_at: float | None = None
     accept_samples: tuple[tuple[float, float], ...] = ()
     decode_at: float | None = None  # time of the last `Decode batch` line already sampled
+    busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy readings while starting (supervisor/gpuwait.py)
 
     @property
     def last_progress_at(self) -> float:
@@ -144,23 +147,6 @@ def stall_class(cpu_rate: float, obs: Observation, s: WatchdogSettings) -> Stall
     return "busy" if cpu_rate >= s.busy_cpu_cores or busy_gpu else "idle"
 
 
-# What SGLang prints *because* a rank failed, not why: its SIGQUIT handling, and the main process's
-# EOFError when a scheduler died before reporting ready (`_launch_subprocesses` reads its pipe).
-_CRASH_CHATTER = ("Received sigquit from a child", "SIGQUIT received", "Triggering SIGQUIT for cleanup")
-
-
-def _consequence(err: str) -> bool:
-    return any(c in err for c in _CRASH_CHATTER) or err.split(": ", 1)[-1].strip() == "EOFError"
-
-
-def _crash_error(errors: tuple[str, ...]) -> str | None:
-    """The newest error in the log that is not a consequence of another: why the tree went down."""
-    for err in reversed(errors):
-        if not _consequence(err):
-            return err
-    return None
-
-
 def _exited(obs: Observation) -> Verdict | None:
     if obs.tree.root_alive:
         return None
@@ -169,7 +155,7 @@ def _exited(obs: Observation) -> Verdict | None:
     val = "?" if code is None else str(code if code >= 0 else -code)
     # SGLang kills its own tree with SIGKILL when a rank fails (kill_process_tree): "killed by
     # signal 9" alone would send the operator to dmesg for an OOM killer that never ran.
-    err = _crash_error(obs.logs.errors)
+    err = crash_error(obs.logs.errors)
     return Verdict(
         status="incident",
         cause="exited",
@@ -204,7 +190,8 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         # before this observation; resource channels are only known at the poll.
         from_log = ch in LOG_CHANNELS and line_at is not None and line_at <= now
         moved_at[ch] = line_at if from_log and line_at is not None else now
-    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate)
+    strong = any(c in STRONG_CHANNELS for c in moved)
+    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=fold_busy(h.busy, obs, now, strong, s))
     phase = obs.logs.phase
     figures = (
         ("since_progress_s", now - h.last_progress_at),
@@ -214,6 +201,7 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         ("tree_gpu_mem_bytes", float(obs.gpu.tree_mem_bytes)),
         ("gpu_util_percent", obs.gpu.max_util_percent),
         ("log_lines", float(obs.logs.lines_total)),
+        *busy_figures(h.busy, obs, now),
     )
     if _ready_now(obs, h):
         h = replace(h, ready_at=now)
@@ -234,10 +222,13 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         )
     quiet = now - h.last_progress_at
     cpu_quiet = now - moved_at.get("cpu", h.launched_at)
-    stalled = quiet >= s.startup_stall_s and (cpu_quiet >= s.startup_stall_s or quiet >= s.cpu_only_stall_s)
+    waiting = gpu_bound(h.busy, now, s)
+    stalled = quiet >= s.startup_stall_s and (cpu_quiet >= s.startup_stall_s or quiet >= s.cpu_only_stall_s or waiting)
     if stalled:
         cls = stall_class(cpu_rate, obs, s)
         what = "only CPU moved" if cpu_quiet < s.startup_stall_s else "no channel moved"
+        if waiting and cpu_quiet < s.startup_stall_s:
+            cls, what = "busy", f"only CPU moved, and it waits on the GPU ({waiting})"
         return (
             Verdict(
                 status="incident",
@@ -387,6 +378,13 @@ def assess(
     h: History, obs: Observation, now: float, s: WatchdogSettings, *, mode: Mode, speculative: bool = False
 ) -> tuple[Verdict, History]:
     """The watchdog's one decision per poll; pure."""
+    fire = fired(obs)
+    if fire is not None:  # SGLang judged the hang itself (supervisor/sglangwd.py)
+        cls, frame = dump_class(fire)
+        why = reason(fire, obs.tree.root_alive) + (f"; its dump shows {frame}" if frame else "")
+        phase = obs.logs.phase if mode == "starting" else "serving"
+        fig = (("sglang_watchdog_timeout_s", fire.timeout_s or 0.0),)
+        return Verdict("incident", cause_for(mode), why, stall_class=cls, phase=phase, figures=fig), h
     if mode == "starting":
         return assess_starting(h, obs, now, s)
     return assess_serving(h, obs, now, s, speculative=speculative)

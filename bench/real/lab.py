@@ -156,6 +156,10 @@ class Recorder:
                 "gpu_per_device": [(d.get("index"), d.get("tree_mem_bytes")) for d in gpu.get("devices") or []],
                 "roles": [(p.get("pid"), p.get("role"), p.get("rank"), p.get("status"))
                           for p in s.get("processes") or []],
+                # issue 22: the GPM and py-spy rules' readings (util %, SM active ratio per GPU; the looks)
+                "gpm": [(d.get("index"), d.get("util_percent"), d.get("sm_active_ratio"))
+                        for d in gpu.get("devices") or []],
+                "gpm_status": gpu.get("gpm_status"), "busy": s.get("busy"),
             })
         client.close()
 

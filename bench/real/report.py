@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench import gpu_tp  # noqa: E402
+from bench.real import busy_report  # noqa: E402
 from bench.report import table, write_section  # noqa: E402
 
 RESULTS = ROOT / "bench" / "real" / "results"
@@ -413,6 +414,7 @@ def render() -> None:
     doc = json.loads(SLIM.read_text())
     write_section("real-sglang", real_section(doc))
     write_section("multi-gpu", multi_section(doc, doc.get("gpu_tp", [])))
+    busy_report.render(write_section)  # issue 22's section, once its results are stored
     print(f"wrote the real-sglang and multi-gpu sections of docs/BENCHMARKS.md from {SLIM.relative_to(ROOT)}")
 
 
@@ -424,7 +426,10 @@ def main() -> int:
     ap.add_argument("--cudagdb", type=Path, default=None, help="cudagdb.json from bench/real/cudagdb_probe.py")
     ap.add_argument("--keep-harness", type=Path, default=None, help="take gpu_tp from this earlier slim copy")
     ap.add_argument("--gpu-tp-log", type=Path, default=None, help="what bench/gpu_tp.py printed, for a re-run")
+    ap.add_argument("--busy", type=Path, default=None, help="results-*.json with issue 22's busyhang/clean3 lanes")
     args = ap.parse_args()
+    if args.busy:
+        busy_report.store(args.busy)
     if args.raw:
         doc = build_slim(args.raw)
         add_ranks(doc, args.raw)

@@ -32,6 +32,7 @@ from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc
 from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
 from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ras_text, with_ras
 from supervisor.diagnostics.redact import Redactor, argv_secrets
+from supervisor.diagnostics.sglangdump import sglang_files, with_sglang_dumps
 from supervisor.diagnostics.spread import sample_spread, spread_text
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
 from supervisor.diagnostics.toolrun import ProcRun, Resume, missing_tool, read_pystack, run_one
@@ -125,6 +126,7 @@ def _evidence(
                 cpu_cores=got.cpu_cores.get(run.info.pid),
             )
         )
+    procs = with_sglang_dumps(procs, req.sglang_dumps)
     gpu_util = req.gpu_util_percent
     if gpu_util is None and req.gpu is not None and req.gpu.status == "ok" and req.gpu.devices:
         gpu_util = req.gpu.max_util_percent
@@ -213,9 +215,10 @@ def _files(req: CaptureRequest, got: _Collected, redactor: Redactor) -> dict[str
         texts.update(run.outputs)
         texts[f"proc-{snap.pid}.txt"] = render_proc(snap, redactor)
     texts["log-tail.txt"] = "\n".join(req.log_tail) + ("\n" if req.log_tail else "")
+    texts.update(sglang_files(req))
     blobs = {name: redactor.text(text).encode() for name, text in texts.items()}
     blobs["env.json"] = _json(redactor.env(req.env))
-    blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu)))
+    blobs["nvml.json"] = _json(redactor.obj(gpu_doc(req.gpu, req.gpm)))
     blobs["verdict.json"] = _json(redactor.obj(dict(req.verdict)))
     return blobs
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from probes.types import GpuObservation, ProcInfo, ThreadInfo
+from probes.types import GpmObservation, GpuObservation, ProcInfo, ThreadInfo
 
 HangClass = Literal["idle_deadlock", "busy_spin", "collective", "cuda_graph_capture", "io_wait", "unknown"]
 ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack"]
@@ -55,6 +55,9 @@ class CaptureRequest:
     phase: str | None = None
     verdict: Mapping[str, object] = field(default_factory=dict)  # JSON-able
     gpu: GpuObservation | None = None
+    gpm: GpmObservation | None = None  # NVML GPM SM activity at the poll that judged the hang
+    sglang_watchdog: str = ""  # SGLang's own watchdog fired: its timeout line ("" when it did not)
+    sglang_dumps: tuple[tuple[int, str], ...] = ()  # (pid, py-spy text) that SGLang's watchdog logged
     tree_cpu_cores: float | None = None  # recent CPU rate of the tree
     gpu_util_percent: float | None = None
     busy_cpu_cores: float = 0.8  # [watchdog] busy_cpu_cores

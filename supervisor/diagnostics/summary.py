@@ -6,7 +6,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from probes.types import GpuObservation, ProcInfo
+from probes.types import GpmObservation, GpuObservation, ProcInfo
+from supervisor.diagnostics.kernels import gpm_doc, gpm_lines, kernel_lines, resident
 from supervisor.diagnostics.model import CaptureRequest, Classification, Evidence, ToolOutcome
 from supervisor.diagnostics.redact import Redactor
 from supervisor.diagnostics.waits import ThreadView, thread_views
@@ -54,10 +55,10 @@ def _wait_record(v: ThreadView) -> dict[str, object]:
     }
 
 
-def gpu_doc(gpu: GpuObservation | None) -> dict[str, object]:
+def gpu_doc(gpu: GpuObservation | None, gpm: GpmObservation | None = None) -> dict[str, object]:
     if gpu is None:
-        return {"status": "unavailable", "reason": "no NVML snapshot was given"}
-    return asdict(gpu)
+        return {"status": "unavailable", "reason": "no NVML snapshot was given", "gpm": gpm_doc(gpm)}
+    return asdict(gpu) | {"gpm": gpm_doc(gpm)}
 
 
 def build_summary(
@@ -122,7 +123,11 @@ def build_summary(
         | {
             "devices": len(req.gpu.devices) if req.gpu else 0,
             "tree_mem_bytes": req.gpu.tree_mem_bytes if req.gpu else 0,
+            "util_percent": {str(d.index): d.util_percent for d in req.gpu.devices} if req.gpu else {},
+            "gpm": gpm_doc(req.gpm),
         },
+        "gpu_kernels": resident(evidence, req.gpu),
+        "sglang_watchdog": req.sglang_watchdog or None,
         "errors": list(errors),
         "files": sorted(files),
     }
@@ -144,6 +149,11 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
         f"Hang class: {s['hang_class']}"
         + ("" if s["trigger"] == "hung" else "   (not judged hung: the class says where the threads wait)"),
         *[f"  - {r}" for r in _strs(s["reasons"])],
+        *(
+            [f"SGLang's own watchdog fired: {s['sglang_watchdog']} (its dump: sglang-watchdog.txt)"]
+            if s.get("sglang_watchdog")
+            else []
+        ),
         f"Rung: {s['rung'] or '?'}   Phase: {s['phase'] or '?'}",
         f"Command: {' '.join(_strs(s['argv'])) or '?'}",
         "",
@@ -183,6 +193,10 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     nvml = s["nvml"]
     assert isinstance(nvml, dict)
     lines += ["", f"GPU (nvml.json): {nvml.get('status')} {nvml.get('reason') or ''}".rstrip()]
+    lines += gpm_lines(nvml)
+    kernels = _dicts(s.get("gpu_kernels"))
+    if kernels:
+        lines += ["GPU kernels resident (cuda-gdb) and the host frames waiting for them:", *kernel_lines(kernels)]
     dur = s["durations"]
     assert isinstance(dur, dict)
     lines.append("Durations: " + ", ".join(f"{k} {float(v):.2f} s" for k, v in dur.items()))

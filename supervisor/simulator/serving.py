@@ -33,6 +33,7 @@ from supervisor.simulator.messages import (
 )
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.segfault import die_of_segfault, victim_rank
+from supervisor.simulator.selfdump import pyspy_dump_self
 from supervisor.simulator.settings import Scenario
 from supervisor.simulator.startup import RankContext
 
@@ -96,6 +97,7 @@ class ServingLoop:
             since = self.forward_since
             if since is not None and time.monotonic() - since > timeout:
                 break
+        pyspy_dump_self(self.log)
         self.log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
         time.sleep(5)  # "so that the parent process can print the error"
         with contextlib.suppress(OSError):
@@ -171,12 +173,14 @@ class ServingLoop:
             hangs.wait_for_collective()
         elif s.scenario is Scenario.SERVING_STALL:
             self.stalled = True
+            self.forward_since = time.monotonic()  # the decode forward that never completes
         elif s.scenario is Scenario.RANK_DIES:
             die_of_segfault(self.ctx, self.log)
 
     def _forward(self, kind: str) -> None:
         """All ranks take part; a peer that is gone leaves this rank waiting forever, as NCCL does."""
-        self.forward_since = time.monotonic()
+        if not self.stalled:
+            self.forward_since = time.monotonic()
         try:
             for peer in self.peers:
                 peer.send(Step(kind))
@@ -186,7 +190,8 @@ class ServingLoop:
                     hangs.wait_for_collective()
         except (EOFError, OSError):
             hangs.wait_for_collective()
-        self.forward_since = None
+        if not self.stalled:  # a stalled decode forward stays "in progress" for SGLang's watchdog
+            self.forward_since = None
 
     def _token_usage(self) -> tuple[int, float]:
         used = sum(r.prompt_tokens + r.generated for r in self.running)

@@ -26,6 +26,8 @@ class Scenario(str, enum.Enum):
     IGNORE_SIGTERM = "ignore_sigterm"  # every process ignores SIGTERM
     ESCAPE_GROUP = "escape_group"  # a helper leaves the session and keeps the port
     LOG_FLOOD = "log_flood"  # hundreds of MB of output, some of it not UTF-8
+    BUSY_CAPTURE_HANG = "busy_capture_hang"  # a never-ending kernel in the draft graph's capture: a spin
+    LONG_COMPILE = "long_compile"  # a silent first compile: CPU in inductor/triton frames, nothing else moves
 
 
 #: Faults that begin a while after the server is ready (SGLANG_SIM_FAULT_AFTER_S).
@@ -57,6 +59,8 @@ class SimSettings:
     prefill_compile_s: float | None = None  # None: 0.5 s times pace (real: 68-105 s at 0/58)
     coredump_wait_s: float | None = None  # None: SGLang's 60 s times pace
     shm_dir: str | None = None  # SGLANG_SIM_SHM_DIR: where schedulers create their shm segment
+    compile_s: float | None = None  # None: 30 s times pace (long_compile's silent compilation)
+    fake_nvml: str | None = None  # the fake NVML's JSON file: the simulator's GPU shows there
 
     @property
     def import_seconds(self) -> float:
@@ -66,6 +70,10 @@ class SimSettings:
     @property
     def prefill_compile_seconds(self) -> float:
         return self.prefill_compile_s if self.prefill_compile_s is not None else 0.5 * self.pace
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.compile_s if self.compile_s is not None else 30.0 * self.pace
 
     @property
     def coredump_wait_seconds(self) -> float:
@@ -140,4 +148,6 @@ def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
         prefill_compile_s=_optional_float(env, "SGLANG_SIM_PREFILL_COMPILE_S"),
         coredump_wait_s=_optional_float(env, "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS"),
         shm_dir=env.get("SGLANG_SIM_SHM_DIR", "").strip() or None,
+        compile_s=_optional_float(env, "SGLANG_SIM_COMPILE_S"),
+        fake_nvml=env.get("SGLANG_SUPERVISOR_FAKE_NVML", "").strip() or None,
     )

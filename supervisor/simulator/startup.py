@@ -14,7 +14,12 @@ from typing import NoReturn
 from supervisor.simulator import crashes, hangs
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar
 from supervisor.simulator.cli import SimArgs
+from supervisor.simulator.fakegpu import SpinningKernel
 from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.mirror.sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
+    EAGLEDraftCudaGraphRunner,
+)
+from supervisor.simulator.mirror.torch._inductor.compile_fx import compile_fx_inner
 from supervisor.simulator.model import DIST_INIT_GB, DRAFT_GRAPH_GB, ModelFacts, shard_files
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.procutil import import_sglang
@@ -158,15 +163,19 @@ class Startup:
         avail = facts.avail_after_kv
         name = "target verify" if args.speculative else "target decode"
         per_req = args.num_draft_tokens if args.speculative else 1
-        avail = self._capture(name, per_req, avail, target_gb * 0.8, 2.0 * self.pace, facts.capture_bs)
+        spin = self.scenario is Scenario.BUSY_CAPTURE_HANG
+        gb, seconds = target_gb * 0.8, 2.0 * self.pace
+        avail = self._capture(name, per_req, avail, gb, seconds, facts.capture_bs, hang=spin and not args.speculative)
         if args.prefill_cuda_graph:
             avail = self._capture_prefill(avail, target_gb * 0.2)
         if args.speculative:
             draft_bs = tuple(bs for bs in facts.capture_bs if bs <= 64) or (1,)
             draft_gb = facts.graph_gb - target_gb
             topk = args.speculative_eagle_topk or 1
-            seconds = 0.25 * self.pace
-            avail = self._capture("draft decode", topk, avail, draft_gb / 2, seconds, draft_bs, rank0_only=True)
+            seconds = 0.25 * self.pace  # each draft graph
+            avail = self._capture(
+                "draft decode", topk, avail, draft_gb / 2, seconds, draft_bs, rank0_only=True, hang=spin
+            )
             per_req = args.num_draft_tokens
             self._capture("draft extend", per_req, avail, draft_gb / 2, seconds, draft_bs, rank0_only=True)
 
@@ -179,6 +188,7 @@ class Startup:
         seconds: float,
         sizes: tuple[int, ...],
         rank0_only: bool = False,
+        hang: bool = False,
     ) -> float:
         quiet = rank0_only and self.ctx.rank != 0
         if not quiet:
@@ -192,6 +202,8 @@ class Startup:
             now_avail = avail - mem_gb * i / len(sizes)
             if bar is not None:
                 bar.set_description(f"Capturing batches ({bs=} avail_mem={now_avail:.2f} GB)")
+            if hang:
+                self._spin_in_capture(sizes[i:])
             time.sleep(seconds / len(sizes))
             if bar is not None:
                 bar.update()
@@ -220,7 +232,10 @@ class Startup:
             if bar is not None:
                 now_avail = avail - mem_gb * i / len(sizes)
                 bar.set_description(f"Capturing num tokens (num_tokens={n} avail_mem={now_avail:.2f} GB)")
-            if i == 0:
+            if i == 0 and self.scenario is Scenario.LONG_COMPILE:
+                # inductor and triton at one core: no line, no read, no memory change, GPU idle
+                compile_fx_inner("prefill_graph", 8, self.ctx.settings.compile_seconds)
+            elif i == 0:
                 compiled = import_sglang(self.ctx.settings.prefill_compile_seconds)  # the first compilation
             time.sleep(0.5 * self.pace / len(sizes))
             if bar is not None:
@@ -234,6 +249,15 @@ class Startup:
             f"mem usage={mem_gb:.2f} GB, avail mem={after:.2f} GB."
         )
         return after
+
+    def _spin_in_capture(self, sizes: tuple[int, ...]) -> NoReturn:
+        """A draft forward under capture launches a kernel that never finishes, then synchronizes:
+        one core spins in Event.synchronize, the GPU shows 100 % and almost no SM activity, and
+        nothing else moves (REAL_SGLANG.md)."""
+        self._onset()
+        gpu = self.ctx.settings.fake_nvml
+        EAGLEDraftCudaGraphRunner(sizes, lambda bs: SpinningKernel(gpu))
+        raise AssertionError("a never-ending kernel finished")
 
     def _crash_oom(self) -> NoReturn:
         self.log.error(crashes.load_oom_traceback(self.ctx.rank, os.getpid()).rstrip("\n"))

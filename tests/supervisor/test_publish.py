@@ -7,7 +7,16 @@ from dataclasses import replace
 import pytest
 from observations import obs
 
-from probes.types import HealthObservation, ServingObservation
+from probes.types import (
+    BusySample,
+    BusyThread,
+    GpmDevice,
+    GpmObservation,
+    HealthObservation,
+    PyFrame,
+    ServingObservation,
+)
+from supervisor.gpuwait import BusyState
 from supervisor.publish import Facts, build
 from supervisor.watchdog import History, new_history
 
@@ -103,3 +112,26 @@ def test_a_serving_server_shows_phase_serving_and_no_start_up_progress_age() -> 
     assert snap.phase == "serving" and snap.last_progress_s is None
     starting = build(replace(facts(RELAUNCHED, None, None), state="starting"))
     assert starting.last_progress_s is not None and starting.phase != "serving"
+
+
+def test_busy_and_gpm_readings_are_shown_while_starting_only() -> None:
+    look = BusySample(
+        at=190.0,
+        pids=(7,),
+        threads=(BusyThread(7, 7, "MainThread", (PyFrame("Event.synchronize", "/x/torch/cuda/streams.py", 29),)),),
+        duration_s=0.02,
+    )
+    starting = replace(
+        new_history(100.0), busy=BusyState(spin_since=170.0, kinds=("gpu_wait", "none"), waits_in="pid 7 ...")
+    )
+    o = replace(obs(200.0), gpm=GpmObservation("ok", "", devices=(GpmDevice(0, "GPU-0", 0.0076, 0.0001),)))
+    f = replace(facts(starting, None, None), state="starting", observation=o, busy=look)
+    snap = build(f)
+    assert snap.busy.looks == 2 and snap.busy.kinds == ("gpu_wait", "none") and snap.busy.gpm_spin_s == 30.0
+    assert snap.busy.threads == ("pid 7 'MainThread' in Event.synchronize (torch/cuda/streams.py:29)",)
+    assert snap.gpu.gpm_status == "ok" and snap.gpu.devices[0].sm_active_ratio == 0.0076
+    served = build(replace(f, history=replace(starting, ready_at=180.0)))
+    assert served.busy.looks == 0 and served.busy.gpm_spin_s is None
+    assert served.gpu.devices[0].sm_active_ratio == 0.0076  # GPM itself is shown in every state
+    stale = build(replace(f, busy=replace(look, at=50.0)))  # a look at the previous server
+    assert stale.busy.threads == () and stale.busy.look_s is None

@@ -83,4 +83,5 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if _armed():
     sys.meta_path.insert(0, _Finder())
+import busyhang  # noqa: E402,F401 -- issue 22's fault: REAL_FAULT=busy_capture, a kernel that never ends in capture
 import illegal_access  # noqa: E402,F401 -- issue 24's fault: REAL_FAULT=illegal_access (illegal_access.py)

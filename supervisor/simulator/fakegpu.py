@@ -1,0 +1,83 @@
+"""The simulator's GPU, where the daemon reads one through the fake NVML (probes/fake_nvml.py).
+
+When `SGLANG_SUPERVISOR_FAKE_NVML` names the fake NVML's JSON file, a never-ending kernel shows there
+as a real one did on the H200: NVML utilisation 100 % and GPM SM activity 0.76 %, occupancy 0.01 %
+(REAL_SGLANG.md). The file's earlier readings are kept beside them and put back when the next server
+launches (the kernel dies with its process). Without the variable nothing is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SPIN_UTIL = 100.0
+SPIN_SM_UTIL = 0.76  # percent, as NVML GPM reports it
+SPIN_SM_OCCUPANCY = 0.01
+_SAVED = "simulator_saved"  # the devices' readings before the spin
+
+
+class SpinningKernel:
+    """A kernel that never finishes; launching it makes the fake GPU look busy and idle at once."""
+
+    finished = False
+
+    def __init__(self, nvml_file: str | None) -> None:
+        if nvml_file:
+            spin(nvml_file)
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("devices"), list) else None
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".sim-gpu-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def spin(nvml_file: str) -> None:
+    path = Path(nvml_file)
+    data = _load(path)
+    if data is None:
+        return
+    if _SAVED not in data:
+        data[_SAVED] = [{k: d.get(k) for k in ("util", "gpm")} for d in data["devices"] if isinstance(d, dict)]
+    for dev in data["devices"]:
+        if isinstance(dev, dict):
+            dev["util"] = SPIN_UTIL
+            dev["gpm"] = {"sm_util": SPIN_SM_UTIL, "sm_occupancy": SPIN_SM_OCCUPANCY}
+    _write(path, data)
+
+
+def settle(nvml_file: str | None) -> None:
+    """A new server launches: the old tree's kernels are gone, its readings come back."""
+    if not nvml_file:
+        return
+    path = Path(nvml_file)
+    data = _load(path)
+    if data is None or _SAVED not in data:
+        return
+    saved = data.pop(_SAVED)
+    for dev, before in zip(data["devices"], saved if isinstance(saved, list) else [], strict=False):
+        if isinstance(dev, dict) and isinstance(before, dict):
+            for key, value in before.items():
+                if value is None:
+                    dev.pop(key, None)
+                else:
+                    dev[key] = value
+    _write(path, data)
