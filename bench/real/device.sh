@@ -2,7 +2,10 @@
 # Every GPU stage of the recipe in one background job, packed after each stage into /tmp/real/out so
 # that short polling calls of the device tool can bring back whatever is done (bench/real/README.md).
 #   setsid nohup sh bench/real/device.sh > /tmp/real/device.log 2>&1 &
-# Stages: setup, matrix (issue 14), tp2 (issue 15: both lanes), gputp (the NCCL harness). STAGES
+# Stages: setup, matrix (issue 14), tp2 (issue 15: both lanes), gputp (the NCCL harness); on one
+# H200 for issues 22 and 24: busy (busyhang alone: GPM is per GPU), clean (clean3 alone: its GPM readings
+# are its own), i24 (stall and xid),
+# busyoh (the busy channels' cost on the real NVML), ranks (eight ranks captured). STAGES
 # picks a subset, e.g. STAGES="tp2 gputp"; stage plan runs PLAN (run.py plan --plan), e.g.
 # STAGES=plan PLAN="serve:0:0,cudagdb:1:0" ("+" separates GPUs: tp2:0+1:0). Issue 24 (not in the
 # default): i24 (the SIGSTOPped scheduler's bundle with pystack, lane stall; the Xid chain, lane xid;
@@ -33,6 +36,11 @@ for stage in $STAGES; do
             python3 bench/real/run.py pack --work "$REAL/work24" --out "$OUTDIR" ;;
     i24tp2) python3 bench/real/run.py plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
             python3 bench/real/run.py pack --work "$REAL/work24b" --out "$OUTDIR" ;;
+    busy)   python3 bench/real/run.py plan --plan "busyhang:0:0" --real "$REAL" --work "$REAL/work22a" --deadline 400
+            python3 bench/real/run.py pack --work "$REAL/work22a" --out "$OUTDIR" ;;
+    clean)  python3 bench/real/run.py plan --plan "clean3:0:0" --real "$REAL" --work "$REAL/work22b" --deadline 560
+            python3 bench/real/run.py pack --work "$REAL/work22b" --out "$OUTDIR" ;;
+    busyoh) PYTHONPATH=$REAL/site:. timeout 120 python3 -m bench.busy_overhead --no-write > "$OUTDIR/busyoh.log" 2>&1 ;;
     ranks)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH timeout 300 python3 bench/gpu_ranks.py --ranks 8 --gb 2 \
             --out "$OUTDIR/ranks" > "$OUTDIR/ranks.log" 2>&1 ;;
     gputp)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \

@@ -1,5 +1,6 @@
-"""A real GPU fault inside real SGLang: an illegal memory access from a small Triton kernel that
-reads address 0, launched from SGLang's `ModelRunner.forward` once the server serves (issue 24).
+"""A real GPU fault inside real SGLang: an illegal memory access from a small kernel that writes
+address 0 (CuPy's RawKernel where CuPy is installed, as on the device image; a Triton kernel reading
+address 0 otherwise), launched from SGLang's `ModelRunner.forward` once the server serves (issue 24).
 
 Armed by `REAL_FAULT=illegal_access` in the server's environment (imported by sitecustomize.py).
 The fault fires at the first forward after the file `REAL_FAULT_TRIGGER` exists (the recipe
@@ -40,21 +41,29 @@ def _due() -> bool:
 
 def _fault() -> None:
     import torch
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def read_null(out_ptr):  # type: ignore[no-untyped-def]
-        null = tl.full((1,), 0, tl.int64).to(tl.pointer_type(tl.float32))
-        tl.store(out_ptr + tl.arange(0, 1), tl.load(null))
 
     for name in ("REAL_FAULT_ONCE", "REAL_FAULT_ONSET"):
         path = os.environ.get(name)
         if path:
             with open(path, "w") as f:
                 f.write(repr(time.time()) if name == "REAL_FAULT_ONSET" else str(os.getpid()))
-    out = torch.empty(1, dtype=torch.float32, device="cuda")
-    read_null[(1,)](out)
+    try:  # CuPy (on the device image) shares torch's primary context: measured to raise Xid 31 there
+        import cupy
+        import numpy
+
+        bad = cupy.RawKernel('extern "C" __global__ void bad(unsigned long long a){ *((volatile int*)a) = 1; }', "bad")
+        bad((1,), (1,), (numpy.uint64(0),))
+    except ImportError:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def read_null(out_ptr):  # type: ignore[no-untyped-def]
+            null = tl.full((1,), 0, tl.int64).to(tl.pointer_type(tl.float32))
+            tl.store(out_ptr + tl.arange(0, 1), tl.load(null))
+
+        out = torch.empty(1, dtype=torch.float32, device="cuda")
+        read_null[(1,)](out)
     torch.cuda.synchronize()  # raises: an illegal memory access was encountered
 
 
