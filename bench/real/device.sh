@@ -40,7 +40,7 @@ for stage in $STAGES; do
             python3 bench/real/run.py pack --work "$REAL/work22a" --out "$OUTDIR" ;;
     clean)  python3 bench/real/run.py plan --plan "clean3:0:0" --real "$REAL" --work "$REAL/work22b" --deadline 560
             python3 bench/real/run.py pack --work "$REAL/work22b" --out "$OUTDIR" ;;
-    busyoh) PYTHONPATH=$REAL/site:. timeout 120 python3 -m bench.busy_overhead --no-write > "$OUTDIR/busyoh.log" 2>&1 ;;
+    busyoh) PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH timeout 120 python3 -m bench.busy_overhead --no-write > "$OUTDIR/busyoh.log" 2>&1 ;;
     ranks)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH timeout 300 python3 bench/gpu_ranks.py --ranks 8 --gb 2 \
             --out "$OUTDIR/ranks" > "$OUTDIR/ranks.log" 2>&1 ;;
     gputp)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
