@@ -30,16 +30,25 @@ async def port_available(sup: Core, rung_index: int, *, after_incident: bool) ->
     delay = backoff(sup.port_refusals, sup.settings.restart, sup.random())
     name = sup.settings.ladder[rung_index].name
     reason = f"port {srv.port} is held by {holder}: not launching rung {name}; next try in {delay:.1f} s"
+    defer_launch(sup, rung_index, after_incident, delay, reason, "port_busy", port=srv.port, holder=holder)
+    return False
+
+
+def defer_launch(
+    sup: Core, rung_index: int, after_incident: bool, delay: float, reason: str, refusal: str, **fields: object
+) -> None:
+    """A launch refused now (`refusal`: the `launches_refused_total` reason): journalled, counted,
+    and tried again after `delay` through the one pending launch the tick advances."""
     log.error("launch_refused", reason=reason, backoff_s=round(delay, 3))
-    sup.journal.append("launch_refused", rung=name, port=srv.port, holder=holder, backoff_s=round(delay, 3))
-    sup.metrics.launch_refused("port_busy")
+    rung = sup.settings.ladder[rung_index].name
+    sup.journal.append("launch_refused", rung=rung, **fields, backoff_s=round(delay, 3))
+    sup.metrics.launch_refused(refusal)
     if sup.lifecycle.state != State.RESTARTING:
         sup.move(State.RESTARTING, reason)
     sup.reason = reason
     sup.pending_launch = PendingLaunch(rung_index, after_incident, sup.clock.monotonic() + delay)
     sup.next_attempt_at = sup.pending_launch.at
     sup.publish()
-    return False
 
 
 def unique_incident_id(sup: Core, cause: str) -> str:

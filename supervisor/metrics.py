@@ -34,7 +34,7 @@ GPU_LABELS = ("gpu", "uuid")
 # event (a series that appears at 1 has no earlier sample to increase from).
 INCIDENT_CLASSES = (*HANG_CLASSES, "none")  # "none": nothing was classified (e.g. the server exited)
 DIAGNOSTIC_OUTCOMES = ("written", "write_failed", "error")
-LAUNCH_REFUSALS = ("port_busy",)
+LAUNCH_REFUSALS = ("port_busy", "gpu_held")
 INCIDENT_LABELS = ("id", "cause", "hang_class")
 
 log = structlog.get_logger("metrics")
@@ -213,7 +213,8 @@ class SupervisorMetrics:
         )
         self._launches_refused = Counter(
             PREFIX + "launches_refused",
-            "Launches not made, by reason (port_busy: the server port was held by another process)",
+            "Launches not made, by reason (port_busy: the server port was held by another process;"
+            " gpu_held: a process outside the server held memory on its GPUs)",
             ["reason"],
             registry=registry,
         )

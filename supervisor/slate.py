@@ -13,12 +13,11 @@ from pathlib import Path
 import structlog
 
 from supervisor import cleanslate as cs
-from supervisor.control import PendingLaunch
 from supervisor.core import Core
+from supervisor.guards import defer_launch
 from supervisor.ladder import backoff
 from supervisor.process.stoppids import stop_pids
 from supervisor.render import render_rung
-from supervisor.state import State
 
 log = structlog.get_logger("supervisor")
 
@@ -93,11 +92,4 @@ def _refuse(sup: Core, rung_index: int, after_incident: bool, why: str) -> None:
     delay = backoff(sup.gpu_refusals, sup.settings.restart, sup.random())
     name = sup.settings.ladder[rung_index].name
     reason = f"{why}: not launching rung {name} (SGLang would fail on their memory); next try in {delay:.1f} s"
-    log.error("launch_refused", reason=reason, backoff_s=round(delay, 3))
-    sup.journal.append("launch_refused", rung=name, gpu=why, backoff_s=round(delay, 3))
-    if sup.lifecycle.state != State.RESTARTING:
-        sup.move(State.RESTARTING, reason)
-    sup.reason = reason
-    sup.pending_launch = PendingLaunch(rung_index, after_incident, sup.clock.monotonic() + delay)
-    sup.next_attempt_at = sup.pending_launch.at
-    sup.publish()
+    defer_launch(sup, rung_index, after_incident, delay, reason, "gpu_held", gpu=why)

@@ -3,6 +3,7 @@ holding GPU memory (the fake NVML lists a real process), an orphan of an earlier
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from orphans import spawn_orphan
 from test_serving_watchdog import ready
@@ -57,6 +59,10 @@ async def test_a_stranger_on_the_gpu_refuses_the_launch_until_it_is_gone(daemon,
         assert f"pid {stranger.pid} ({sys.executable} -c import time" in snap.reason and "on GPU 0" in snap.reason
         refusals = [e for e in events(r) if e["event"] == "launch_refused"]
         assert refusals and "8.0 GiB" in str(refusals[0]["gpu"])
+        metrics = await asyncio.to_thread(lambda: httpx.get(f"{r.api}/metrics", timeout=5).text)
+        series = 'sglang_supervisor_launches_refused_total{reason="gpu_held"}'
+        counted = next(x for x in metrics.splitlines() if x.startswith(series))
+        assert float(counted.rsplit(" ", 1)[1]) >= 1  # counted like a held port
         assert stranger.poll() is None  # a stranger is never signalled
     finally:
         stranger.kill()
