@@ -1,9 +1,10 @@
 """GPU faults (Xid) in the supervisor: what the loop does with what probes.xid reports.
 
-Each tick drains the watcher: every Xid is journalled, counted, kept for /status and for the next
-incident and bundle. One that leaves a GPU of the server unusable until reset (supervisor.xidpolicy)
-blocks relaunching: the incident it causes or explains ends in `failed`, naming the GPU, and so
-does any launch until an operator's `start` (after a GPU reset) clears it.
+Each tick drains the watcher: every Xid on the daemon's GPUs (its CUDA_VISIBLE_DEVICES scope) is
+journalled, counted, kept for /status and for the next incident and bundle. One that leaves a GPU
+of the server unusable until reset (supervisor.xidpolicy) blocks relaunching: the incident it
+causes or explains ends in `failed`, naming the GPU, and so does any launch until an operator's
+`start` (after a GPU reset) clears it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ def take(sup: Core) -> list[XidEvent]:
         held = frozenset(p.gpu_index for p in sup.obs.gpu.processes)
         if held:
             book.server_gpus = held
-    events = book.watcher.drain() if book.watcher is not None else []
+    scope = sup.observer.gpu.scope
+    # A neighbour's GPU (another daemon's server on this host, outside CUDA_VISIBLE_DEVICES) is not
+    # this daemon's to count, alert on or name in its incidents: the neighbour's daemon does that.
+    drained = book.watcher.drain() if book.watcher is not None else []
+    events = [e for e in drained if e.gpu < 0 or scope.matches(e.gpu, e.uuid)]  # -1: a GPU that no longer answers
     if book.watcher is not None and book.watcher.status != "starting":
         now = (book.watcher.status, book.watcher.reason)
         if now != book.watch_seen:  # journalled once per change: an operator sees Xids are (not) watched

@@ -85,3 +85,20 @@ async def test_an_xid_that_needs_a_gpu_reset_fails_naming_the_gpu(daemon, sim, t
     r.sup.queue.put_nowait(Command(kind="start", source="test"))
     snap = await r.wait_for(ready, 60, "started again by the operator")
     assert snap.gpu_blocked is None
+
+
+async def test_an_xid_on_a_neighbours_gpu_is_not_this_daemons(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two servers on one host (issue 26's per-daemon GPU scope): a reset-class Xid on GPU 1, which
+    the other server uses, neither blocks nor names nor counts anything here; one on GPU 0 does."""
+    nvml = tmp_path / "nvml.json"
+    write_nvml(nvml, [])
+    env = {**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml), "CUDA_VISIBLE_DEVICES": "0"}
+    r = await daemon(sim("ok", tp=2), env=env)
+    await r.wait_for(ready, 40, "ready")
+    write_nvml(nvml, [(1, 79), (0, 13)])  # delivered in order: once 13 is seen, 79 was read before it
+    snap = await r.wait_for(lambda x: bool(x.gpu_xids), 10, "the Xid on our GPU")
+    assert [(v.gpu, v.xid) for v in snap.gpu_xids] == [(0, 13)], "the neighbour's Xid 79 is not ours"
+    assert snap.gpu_blocked is None and snap.state == "ready"
+    async with httpx.AsyncClient() as c:
+        metrics = (await c.get(f"{r.api}/metrics")).text
+    assert 'gpu="1"' not in "".join(x for x in metrics.splitlines() if x.startswith("sglang_supervisor_gpu_xid_total"))
