@@ -13,11 +13,10 @@ one-line import in `sitecustomize.py`; without `REAL_FAULT=busy_capture` it does
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 import time
+
+from onimport import after_import
 
 _TARGET = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
 NEVER = 1 << 62  # clock cycles for torch.cuda._sleep
@@ -56,23 +55,5 @@ def _wrap(module: object) -> None:
     runner.capture_one_shape = capture_one_shape
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-        if name != _TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_wrap(module):  # type: ignore[no-untyped-def]
-            exec_module(module)
-            _wrap(module)
-
-        spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
-        return spec
-
-
 if _armed():
-    sys.meta_path.insert(0, _Finder())
+    after_import(_TARGET, _wrap)

@@ -12,11 +12,10 @@ The driver reports an Xid (13 or 31 on an H200) and the CUDA context of that ran
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 import time
+
+from onimport import after_import
 
 _TARGET = "sglang.srt.model_executor.model_runner"
 
@@ -81,24 +80,5 @@ def _wrap(module: object) -> None:
     runner.forward = forward
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-        if name != _TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_wrap(module):  # type: ignore[no-untyped-def]
-            exec_module(module)
-            _wrap(module)
-
-        loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
-        return spec
-
-
 if _armed():
-    sys.meta_path.insert(0, _Finder())
+    after_import(_TARGET, _wrap)

@@ -12,12 +12,11 @@ by the recipe to time detection.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 import threading
 import time
+
+from onimport import after_import
 
 _TARGET = "sglang.srt.model_executor.model_runner"
 
@@ -62,26 +61,7 @@ def _wrap(module: object) -> None:
     runner.alloc_memory_pool = alloc_memory_pool
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-        if name != _TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_wrap(module):  # type: ignore[no-untyped-def]
-            exec_module(module)
-            _wrap(module)
-
-        loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
-        return spec
-
-
 if _armed():
-    sys.meta_path.insert(0, _Finder())
+    after_import(_TARGET, _wrap)
 import busyhang  # noqa: E402,F401 -- issue 22's fault: REAL_FAULT=busy_capture, a kernel that never ends in capture
 import illegal_access  # noqa: E402,F401 -- issue 24's fault: REAL_FAULT=illegal_access (illegal_access.py)
