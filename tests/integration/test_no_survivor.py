@@ -152,4 +152,12 @@ async def test_without_either_the_escapee_survives_and_holds_the_port(daemon, si
             time.sleep(0.05)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # the test process is a subreaper now: no zombie left behind
+        (tmp_path / "escapee.pid").unlink(missing_ok=True)
     snap = await r.wait_for(lambda x: x.state == "starting", 30, "launched once the port is free")
+    # Without either defence the relaunched server escapes again: end that one by hand too, so the
+    # control case leaves no process (and no log keeper waiting on its pipe) behind the suite.
+    again = await wait_escapee(r, tmp_path, s.server.port)
+    await stop_and_check(r, again)
+    os.kill(again, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(again, 0)
