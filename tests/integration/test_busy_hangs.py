@@ -104,7 +104,10 @@ async def test_py_spy_finds_the_synchronize_wait_when_gpm_is_unavailable(daemon,
     assert "py-spy" in got["detail"] and "synchronize" in got["detail"], got["detail"]
     assert "torch/cuda/streams.py" in got["detail"]
     look = got["verdict"]["observation"]["busy_look"]  # the judging poll's look, in the bundle's verdict.json
-    assert look["kind"] == "gpu_wait" and all(t["kind"] == "gpu_wait" for t in look["threads"]), look
+    # py-spy's "active" can catch a thread that just woke in a Python-level wait (kind idle): the rule
+    # leaves those out, so the look is a GPU wait when every other thread is one (and one is).
+    kinds = [t["kind"] for t in look["threads"]]
+    assert look["kind"] == "gpu_wait" and "gpu_wait" in kinds and set(kinds) <= {"gpu_wait", "idle"}, look
     # The bundle names the host frame that waits for the kernel (cuda-gdb, absent here, names the kernel).
     waits = [k["host_wait"] for k in got["bundle"]["gpu_kernels"]]
     assert waits and all("Event.synchronize" in (w or "") for w in waits), got["bundle"]["gpu_kernels"]
