@@ -101,8 +101,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_spawn_new_session_with_marker(spawn: SpawnFn, marker: str, wait_until: WaitFn) -> None:
-    proc = spawn(python_argv(SLEEPER))
-    assert wait_until(lambda: read_stat(proc.pid) is not None)
+    argv = python_argv(SLEEPER)
+    proc = spawn(argv)
+    # Between fork and exec /proc shows the parent's environment: wait until the program runs.
+    assert wait_until(
+        lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[:2] == [a.encode() for a in argv[:2]]
+    )
     assert os.getsid(proc.pid) == proc.pid
     assert os.getpgid(proc.pid) == proc.pid
     assert os.getsid(proc.pid) != os.getsid(0)
