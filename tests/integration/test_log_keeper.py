@@ -8,32 +8,22 @@ counted in /status and /metrics), and a stopped one is named in the incident.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
 import pytest
+from test_adoption import events, server_log, wait_for
 from test_daemon_process import cleanup, start, wait_status
 
 from supervisor.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 ACCESS = re.compile(r'"POST /generate\?(\S+) HTTP/1\.1" 200')
-
-
-def events(state_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (state_dir / "events.jsonl").read_text().splitlines() if x.strip()]
-
-
-def server_log(state_dir: Path) -> str:
-    files = sorted((state_dir / "logs").glob("server.log*"), reverse=True)
-    return "".join(f.read_text(errors="replace") for f in files)
 
 
 def generate(port: int, tag: str) -> int:
@@ -50,15 +40,6 @@ def keeper_of(server_pid: int) -> int:
         except OSError:
             continue
     raise AssertionError("no keeper on the server's pipe")
-
-
-def wait_for(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return bool(cond())
 
 
 async def test_a_keeper_killed_while_the_daemon_runs_is_replaced_and_no_line_is_lost(daemon, sim) -> None:  # type: ignore[no-untyped-def]
