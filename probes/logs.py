@@ -28,7 +28,7 @@ MAX_TRACEBACK_LINES = 2000  # a traceback never spans more; guards against a stu
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 # `[2026-11-29 14:00:00 TP0] `, `[2026-11-29 14:00:00 DP0 TP1] `, with or without milliseconds.
-_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?P<extra>[^\]]{0,60})\] ?")
+LOG_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?P<extra>[^\]]{0,60})\] ?")
 _RANK_TAG = re.compile(r"(?:[A-Z]{1,4}\d{1,5})(?: [A-Z]{1,4}\d{1,5}){0,4}")
 # tqdm, anchored at the line start: `<label>: <pct>% <anything> <done>/<total> [<times>, <rate>]`
 _BAR = re.compile(
@@ -98,7 +98,7 @@ def split_prefix(text: str) -> tuple[str, str]:
     """(`rank tag` such as "TP0" or "DP0 TP1", or "" when none; the message after the prefix)."""
     if not text.startswith("["):
         return "", text
-    m = _PREFIX.match(text)
+    m = LOG_PREFIX.match(text)
     if m is None:
         return "", text
     tag = m.group("extra").strip()

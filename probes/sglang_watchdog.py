@@ -24,11 +24,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from probes.logs import LOG_PREFIX
 from probes.types import LogLine, SGLangWatchdogFire
 
 MAX_DUMP_LINES = 2000  # per dump: a py-spy --native dump of a busy scheduler is a few hundred
 MAX_DUMPS = 16
-_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[^\]]{0,60}\] ?")
 _DUMP = re.compile(r"Pyspy dump for PID (?P<pid>\d{1,10}) \((?P<cmd>[^)]{0,200})\):\s*$")
 _FAILED = re.compile(r"Pyspy failed \((?P<cmd>[^)]{0,200})\)\. Error: (?P<err>.{0,300})")
 _FIRED = re.compile(
@@ -55,7 +55,7 @@ class SGLangWatchdogParser:
 
     def _line(self, line: LogLine) -> None:
         text = line.text[:4096]
-        prefixed = _PREFIX.match(text)
+        prefixed = LOG_PREFIX.match(text)  # the same `[time TPn] ` prefix the log parser strips
         body = text[prefixed.end() :] if prefixed else text
         if self._open is not None:
             if not prefixed and _DUMP_LINE.match(text) and len(self._open) < MAX_DUMP_LINES:
