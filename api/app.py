@@ -42,12 +42,12 @@ from api.models import (
     StartRequest,
     StopRequest,
 )
-from supervisor.commands import Command, CommandResult, SupervisorHandle
+from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
+from supervisor.daemon.journal import Journal
+from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.daemon.timeline import Timeline
 from supervisor.diagnostics.redact import Redactor
-from supervisor.journal import Journal
-from supervisor.snapshot import StatusSnapshot
-from supervisor.state import SERVING
-from supervisor.timeline import Timeline
+from supervisor.policy.lifecycle import SERVING
 
 SERVING_STATES = frozenset(s.value for s in SERVING)
 DEFAULT_LIVENESS_MAX_AGE_S = 30.0

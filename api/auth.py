@@ -15,7 +15,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from supervisor.config import ApiSettings, ConfigError
+from supervisor.config.settings import ApiSettings, ConfigError
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
 

@@ -15,8 +15,8 @@ from starlette.responses import HTMLResponse
 
 from api import bundles
 from api.pagehtml import PageData, render
-from supervisor.commands import SupervisorHandle
-from supervisor.timeline import Timeline
+from supervisor.daemon.commands import SupervisorHandle
+from supervisor.daemon.timeline import Timeline
 
 LOG_TAIL_LINES = 60
 LOG_TAIL_BYTES = 64 * 1024  # read from the end of the log file: a line flood cannot slow the page

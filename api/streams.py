@@ -19,7 +19,7 @@ from pydantic import StringConstraints, WithJsonSchema
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from api.follow import Follower, tail_lines
-from supervisor.eventnames import EVENT_NAMES, unknown_events
+from supervisor.daemon.eventnames import EVENT_NAMES, unknown_events
 
 FOLLOW_POLL_S = 0.25
 MAX_LOG_LINES = 10_000

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from supervisor.commands import Command, CommandResult
-from supervisor.snapshot import GpuDeviceView, GpuView, IncidentView, ProgressView, ServingView, StatusSnapshot
+from supervisor.daemon.commands import Command, CommandResult
+from supervisor.daemon.snapshot import GpuDeviceView, GpuView, IncidentView, ProgressView, ServingView, StatusSnapshot
 
 SAMPLE_LADDER = ("base", "no-cuda-graph", "no-spec")
 

@@ -26,9 +26,9 @@ import httpx
 
 from bench.report import machine, stamp, versions, write_section
 from supervisor import __version__
-from supervisor.config import Settings, settings_from_mapping
+from supervisor.config.render import dump_toml as to_toml
+from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.process import kill_marked
-from supervisor.render import dump_toml as to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -35,7 +35,7 @@ from bench.gpuserver.measure import ReleaseWatch, device_used, find_gdb, find_py
 from bench.gpuserver.tp import NO_MULTICAST  # noqa: E402
 from bench.report import machine, stamp, table  # noqa: E402
 from probes.gpu import GpuProbe, make_nvml  # noqa: E402
-from supervisor.config import Settings, settings_from_mapping  # noqa: E402
+from supervisor.config.settings import Settings, settings_from_mapping  # noqa: E402
 
 GB = 1024**3
 _PID = re.compile(r"pid (\d+)")

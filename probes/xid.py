@@ -1,6 +1,6 @@
 """GPU faults (Xid) as NVML reports them: a background thread blocked in `nvmlEventSetWait` with
 a short timeout, so the event loop never waits on the driver. The probe observes and never decides:
-what an Xid means for the server is supervisor.xidpolicy's business.
+what an Xid means for the server is supervisor.policy.xidpolicy's business.
 
 NVML's event API, as pynvml spells it: `nvmlEventSetCreate()`, `nvmlDeviceRegisterEvents(handle,
 nvmlEventTypeXidCriticalError, set)`, `nvmlEventSetWait(set, timeout_ms)` -> data with `device`

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import __version__
-from supervisor.config import ConfigError, load_settings
+from supervisor.config.settings import ConfigError, load_settings
 
 EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
 EXIT_LOCKED = 3  # another daemon holds the state directory (the unit does not restart on it)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from supervisor import logsetup
-    from supervisor.runner import serve
-    from supervisor.statelock import StateDirLocked, StateDirUnusable
+    from supervisor.daemon.instance_lock import StateDirLocked, StateDirUnusable
+    from supervisor.daemon.serve import serve
+    from supervisor.logs import setup as logsetup
 
     logsetup.configure(json=args.log_json, level=args.log_level)
     try:
@@ -65,7 +65,7 @@ def reexec() -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from supervisor.argcheck import check_rungs, check_rungs_json
+    from supervisor.config.argcheck import check_rungs, check_rungs_json
 
     try:
         settings = load_settings(args.config)
@@ -88,14 +88,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _completion(args: argparse.Namespace) -> int:
-    from supervisor.completion import script
+    from supervisor.client.completion import script
 
     print(script(build_parser(), args.shell), end="")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from supervisor.client import add_client_commands
+    from supervisor.client.verbs import add_client_commands
 
     p = argparse.ArgumentParser(
         prog="sglang-supervisor",
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from supervisor import entry
 
         entry.release()
-    from supervisor.client import COMMANDS, run_client
+    from supervisor.client.verbs import COMMANDS, run_client
 
     if args.command in COMMANDS:
         return int(run_client(args))

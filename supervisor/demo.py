@@ -17,10 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from supervisor import logsetup
-from supervisor.config import load_settings
-from supervisor.daemon import Supervisor
-from supervisor.snapshot import StatusSnapshot
+from supervisor.config.settings import load_settings
+from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.logs import setup as logsetup
 
 
 def free_port() -> int:
@@ -105,7 +105,7 @@ def status_line(s: StatusSnapshot, t: float) -> str:
 
 
 async def _demo(config_path: Path, duration: float | None, until_recovered: bool) -> tuple[int, StatusSnapshot | None]:
-    from supervisor.runner import serve
+    from supervisor.daemon.serve import serve
 
     settings = load_settings(config_path)
     holder: list[Supervisor] = []

@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.clock import FakeClock
-from supervisor.notify import NOTIFY_ENV_KEYS, Notifier, WatchdogPacer
+from supervisor.daemon.sdnotify import NOTIFY_ENV_KEYS, Notifier, WatchdogPacer
 
 
 class Receiver:

@@ -33,13 +33,13 @@ from bench.gpuserver.measure import (
     wait_released,
 )
 from probes.gpu import GpuProbe, make_nvml
-from supervisor.commands import Command
-from supervisor.config import Settings, settings_from_mapping
-from supervisor.daemon import Supervisor
+from supervisor.config.settings import Settings, settings_from_mapping
+from supervisor.daemon.commands import Command
+from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.serve import serve
+from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.diagnostics.tools import parse_cuda_kernels
 from supervisor.process import kill_marked
-from supervisor.runner import serve
-from supervisor.snapshot import StatusSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 HUNG_STATES = ("hung", "diagnosing", "restarting", "failed")

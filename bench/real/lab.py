@@ -21,8 +21,8 @@ import httpx
 import psutil
 
 from bench.common import free_port
-from supervisor.config import settings_from_mapping
-from supervisor.render import dump_toml
+from supervisor.config.render import dump_toml
+from supervisor.config.settings import settings_from_mapping
 
 __all__ = ["Daemon", "Load", "Recorder", "free_port", "schedulers", "title", "titles"]
 

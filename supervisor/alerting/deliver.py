@@ -13,8 +13,8 @@ import httpx
 from supervisor.alerting import shapes
 from supervisor.alerting.events import NotifyEvent
 from supervisor.alerting.settings import PAGERDUTY_URL, NotifyTarget
-from supervisor.config import ConfigError
-from supervisor.diagnostics.runner import run_tool
+from supervisor.config.settings import ConfigError
+from supervisor.diagnostics.toolproc import run_tool
 
 REDACTED = "<redacted>"
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter
 from supervisor.alerting import deliver
 from supervisor.alerting.events import NotifyEvent, Tracker
 from supervisor.alerting.settings import NotifyTarget
-from supervisor.journal import Journal
+from supervisor.daemon.journal import Journal
 
 log = structlog.get_logger("alerting")
 OUTCOMES = ("ok", "failed", "dropped")

@@ -1,5 +1,5 @@
 """The `[[notify]]` table: one target per table (a webhook or an exec hook). Part of the one
-settings model (`supervisor.config.Settings.notify`); secrets stay in files, read at start."""
+settings model (`supervisor.config.settings.Settings.notify`); secrets stay in files, read at start."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from supervisor.diagnostics.bundle import bundle_file, bundle_summary, list_bundles
 from supervisor.diagnostics.capture import capture
 from supervisor.diagnostics.classify import classify
-from supervisor.diagnostics.model import (
+from supervisor.diagnostics.records import (
     BundleResult,
     CaptureRequest,
     Classification,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from supervisor.diagnostics.model import Classification, Evidence, Frame, HangClass, ProcEvidence, StackThread
+from supervisor.diagnostics.records import Classification, Evidence, Frame, HangClass, ProcEvidence, StackThread
 from supervisor.diagnostics.waits import ThreadView, thread_views
 
 _GRAPH_FUNC = re.compile(

@@ -7,8 +7,8 @@ GPU 0, waited for by the scheduler's MainThread in Event.synchronize" without op
 from __future__ import annotations
 
 from probes.types import BusyThread, GpmObservation, GpuObservation, PyFrame
-from supervisor.diagnostics.model import Evidence, ProcEvidence, StackThread
-from supervisor.gpuwait import thread_kind, where
+from supervisor.diagnostics.records import Evidence, ProcEvidence, StackThread
+from supervisor.policy.gpuwait import thread_kind, where
 
 
 def _as_busy(pid: int, t: StackThread) -> BusyThread:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from supervisor.diagnostics.model import Classification, HangClass
 from supervisor.diagnostics.ras import RasComm, RasReport
+from supervisor.diagnostics.records import Classification, HangClass
 
 
 @dataclass(frozen=True)

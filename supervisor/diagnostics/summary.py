@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from probes.types import GpmObservation, GpuObservation, ProcInfo
 from supervisor.diagnostics.kernels import gpm_doc, gpm_lines, kernel_lines, resident
-from supervisor.diagnostics.model import CaptureRequest, Classification, Evidence, ToolOutcome
+from supervisor.diagnostics.records import CaptureRequest, Classification, Evidence, ToolOutcome
 from supervisor.diagnostics.redact import Redactor
 from supervisor.diagnostics.waits import ThreadView, thread_views
 

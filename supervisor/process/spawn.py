@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Protocol
 
 from probes.proctree import MARKER_ENV
-from supervisor.cgroup import LaunchCgroup
-from supervisor.preexec import ambient_dropper, pre_exec
+from supervisor.process.cgroup import LaunchCgroup
+from supervisor.process.preexec import ambient_dropper, pre_exec
 
 
 class SpawnError(Exception):
@@ -157,7 +157,7 @@ def start_log_keeper(
     extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """A log keeper reading `read_fd` (a new pipe's read end, or the daemon's copy for a replacement)."""
-    argv = [sys.executable, "-m", "supervisor.logkeeper", "--dir", log_dir, "--name", file_name]
+    argv = [sys.executable, "-m", "supervisor.logs.keeper", "--dir", log_dir, "--name", file_name]
     argv += ["--max-bytes", str(max_bytes), "--backups", str(backups), *extra]
     try:
         return subprocess.Popen(

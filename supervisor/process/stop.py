@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from probes.ports import port_holders, port_is_free
 from probes.proctree import ProcStat, read_stat, scan_tree
-from supervisor.cgroup import LaunchCgroup, adopted_orphans, reap_orphans
+from supervisor.process.cgroup import LaunchCgroup, adopted_orphans, reap_orphans
 from supervisor.process.signals import signal_member
 from supervisor.process.spawn import ChildHandle
 
@@ -195,7 +195,7 @@ def stop_tree(
     """
     if not marker:
         raise ValueError("stop_tree needs the marker the tree was launched with")
-    # A launched or an adopted root may carry its launch cgroup (supervisor.control.AdoptedChild).
+    # A launched or an adopted root may carry its launch cgroup (supervisor.process.control.AdoptedChild).
     found = getattr(root, "cgroup", None)
     cgroup = found if isinstance(found, LaunchCgroup) else None
     return _stop(

@@ -8,7 +8,7 @@ writes, so a reader that stops draining stops the server, as it would stop SGLan
 from __future__ import annotations
 
 from supervisor.simulator.bars import bar_cells
-from supervisor.simulator.logs import LogWriter, timestamp
+from supervisor.simulator.loglines import LogWriter, timestamp
 
 MB = 1024 * 1024
 _HUGE_LINE_BYTES = MB

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from supervisor.simulator import metrics
-from supervisor.simulator.cli import SimArgs
+from supervisor.simulator import exposition as metrics
+from supervisor.simulator.argv import SimArgs
 from supervisor.simulator.httpstats import HttpStats
-from supervisor.simulator.logs import LogWriter
-from supervisor.simulator.model import ModelFacts
+from supervisor.simulator.loglines import LogWriter
+from supervisor.simulator.modelcard import ModelFacts
+from supervisor.simulator.options import SimSettings
 from supervisor.simulator.serverargs import server_args_items
-from supervisor.simulator.settings import SimSettings
 from supervisor.simulator.tokenizer import ClientDisconnected, GenerateResult, ServerStatus, TokenizerManager
 
 SGLANG_VERSION = "0.5.16"

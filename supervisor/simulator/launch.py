@@ -16,7 +16,7 @@ from multiprocessing.process import BaseProcess
 import psutil
 
 from supervisor.simulator.detokenizer import run_detokenizer_process
-from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.scheduler import run_scheduler_process
 from supervisor.simulator.startup import RankContext
 

@@ -8,12 +8,12 @@ from multiprocessing.connection import Connection
 from typing import NoReturn
 
 from supervisor.simulator import hangs
-from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.decode_loop import ServingLoop
+from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
+from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import become_child, import_sglang, log_prefix, scheduler_title, start_heartbeat
 from supervisor.simulator.segfault import die_of_segfault, victim_rank
-from supervisor.simulator.serving import ServingLoop
-from supervisor.simulator.settings import Scenario
 from supervisor.simulator.shm import open_segment
 from supervisor.simulator.startup import RankContext, Startup
 

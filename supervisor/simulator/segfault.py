@@ -8,7 +8,7 @@ import os
 import resource
 from typing import NoReturn
 
-from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.startup import RankContext
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.loglines import LogWriter
 
 
 def pyspy_dump_self(log: LogWriter, timeout_s: float = 30.0) -> None:

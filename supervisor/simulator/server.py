@@ -15,18 +15,18 @@ from types import FrameType
 from typing import NoReturn
 
 from supervisor.simulator import crashes
-from supervisor.simulator.cli import SimArgs, parse_args
+from supervisor.simulator.argv import SimArgs, parse_args
 from supervisor.simulator.fakegpu import settle
 from supervisor.simulator.flood import flood
 from supervisor.simulator.httpd import Front, SimHTTPServer
 from supervisor.simulator.launch import Children, kill_process_tree, launch
-from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import FiredUp
-from supervisor.simulator.model import ModelFacts, model_facts
+from supervisor.simulator.modelcard import ModelFacts, model_facts
 from supervisor.simulator.onset import write_onset
+from supervisor.simulator.options import Scenario, SettingsError, SimSettings, load_settings
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
 from supervisor.simulator.serverargs import deprecation_warnings, server_args_line
-from supervisor.simulator.settings import Scenario, SettingsError, SimSettings, load_settings
 from supervisor.simulator.startup import RankContext
 from supervisor.simulator.tokenizer import ServerStatus, TokenizerManager
 

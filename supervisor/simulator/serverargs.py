@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zlib
 
-from supervisor.simulator.cli import SimArgs
-from supervisor.simulator.model import ModelFacts
+from supervisor.simulator.argv import SimArgs
+from supervisor.simulator.modelcard import ModelFacts
 
 Value = str | int | float | bool | None
 

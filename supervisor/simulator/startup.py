@@ -12,18 +12,18 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from supervisor.simulator import crashes, hangs
+from supervisor.simulator.argv import SimArgs
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar
-from supervisor.simulator.cli import SimArgs
 from supervisor.simulator.fakegpu import SpinningKernel
-from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.mirror.sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
     EAGLEDraftCudaGraphRunner,
 )
 from supervisor.simulator.mirror.torch._inductor.compile_fx import compile_fx_inner
-from supervisor.simulator.model import DIST_INIT_GB, DRAFT_GRAPH_GB, ModelFacts, shard_files
+from supervisor.simulator.modelcard import DIST_INIT_GB, DRAFT_GRAPH_GB, ModelFacts, shard_files
 from supervisor.simulator.onset import write_onset
+from supervisor.simulator.options import Scenario, SimSettings
 from supervisor.simulator.procutil import import_sglang
-from supervisor.simulator.settings import Scenario, SimSettings
 from supervisor.simulator.weights import WeightReader
 
 MB = 1024 * 1024

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from supervisor.simulator.logs import LogWriter
+from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import AbortReq, GenerateReq, InfoOut, InfoReq, SchedulerStats, StatsOut, TokenOut
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from api.app import create_app
 from api.testing import FakeSupervisor
-from supervisor.journal import Journal
-from supervisor.metrics import SupervisorMetrics
+from supervisor.daemon.journal import Journal
+from supervisor.daemon.metrics import SupervisorMetrics
 
 TOKEN = "s3cret-token-value-0123456789"
 BUNDLE = "20250101T000000Z-startup_stall"

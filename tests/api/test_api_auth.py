@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from structlog.testing import capture_logs
 
 from api.auth import check_bind, is_loopback, load_token
-from supervisor.config import ApiSettings, ConfigError
+from supervisor.config.settings import ApiSettings, ConfigError
 
 PROTECTED = [
     ("GET", "/status"),

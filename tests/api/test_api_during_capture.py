@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry
 
 from api.app import create_app
 from api.testing import FakeSupervisor
-from supervisor.commands import CommandResult
-from supervisor.journal import Journal
-from supervisor.metrics import SupervisorMetrics
+from supervisor.daemon.commands import CommandResult
+from supervisor.daemon.journal import Journal
+from supervisor.daemon.metrics import SupervisorMetrics
 
 pytestmark = [
     pytest.mark.integration,

@@ -22,8 +22,8 @@ from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from api.app import create_app
 from api.testing import FakeSupervisor
-from supervisor.journal import Journal
-from supervisor.metrics import SupervisorMetrics
+from supervisor.daemon.journal import Journal
+from supervisor.daemon.metrics import SupervisorMetrics
 
 FUZZ_TOKEN = "fuzz-token-0123456789abcdef"
 OPEN = {"/livez", "/readyz", "/metrics"}

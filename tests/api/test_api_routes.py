@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.testing import SAMPLE_LADDER, FakeSupervisor, sample_snapshot
-from supervisor.commands import Command, CommandResult
-from supervisor.journal import Journal
+from supervisor.daemon.commands import Command, CommandResult
+from supervisor.daemon.journal import Journal
 
 AppFactory = Callable[..., FastAPI]
 ClientFactory = Callable[..., httpx.AsyncClient]

@@ -13,8 +13,8 @@ from fastapi import FastAPI
 
 from api.pagehtml import STATE_COLOURS, PageData, render
 from api.testing import FakeSupervisor, sample_snapshot, sample_starting_snapshot
-from supervisor.snapshot import GpuView, ProgressView
-from supervisor.timeline import Timeline
+from supervisor.daemon.snapshot import GpuView, ProgressView
+from supervisor.daemon.timeline import Timeline
 
 BUNDLE = "20250101T000000Z-startup_stall"
 

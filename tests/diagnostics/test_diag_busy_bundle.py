@@ -16,7 +16,7 @@ import pytest
 from probes.types import GpmDevice, GpmObservation, GpuDevice, GpuObservation, GpuProcess
 from supervisor.diagnostics import CaptureRequest, capture
 from supervisor.diagnostics.kernels import kernel_lines, resident
-from supervisor.diagnostics.model import Evidence, Frame, ProcEvidence, StackThread
+from supervisor.diagnostics.records import Evidence, Frame, ProcEvidence, StackThread
 from supervisor.diagnostics.sglangdump import with_sglang_dumps
 
 if TYPE_CHECKING:

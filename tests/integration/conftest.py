@@ -13,10 +13,10 @@ import httpx
 import pytest
 from simsupport import sim_settings
 
-from supervisor.config import Settings
-from supervisor.daemon import Supervisor
-from supervisor.runner import serve
-from supervisor.snapshot import StatusSnapshot
+from supervisor.config.settings import Settings
+from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.serve import serve
+from supervisor.daemon.snapshot import StatusSnapshot
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Running:
         )
 
     async def stop(self) -> int:
-        from supervisor.commands import Command
+        from supervisor.daemon.commands import Command
 
         if not self.task.done():
             self.sup.queue.put_nowait(Command(kind="shutdown", source="test"))

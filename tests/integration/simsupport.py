@@ -8,7 +8,7 @@ from typing import Any
 
 from freeport import free_port
 
-from supervisor.config import Settings, settings_from_mapping
+from supervisor.config.settings import Settings, settings_from_mapping
 
 
 def sim_settings(

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from test_daemon_process import cleanup, marked, start, wait_status
 
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from test_daemon_process import cleanup, start, wait_status
 
-from supervisor.cgroup import PREFIX, CgroupRoot
-from supervisor.persist import marker_for
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
+from supervisor.daemon.persist import marker_for
+from supervisor.process.cgroup import PREFIX, CgroupRoot
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser
-from supervisor.client import run_client
+from supervisor.client.verbs import run_client
 
 pytestmark = pytest.mark.integration
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")  # the in-process daemon's own log on stdout

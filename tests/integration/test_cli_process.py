@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.render import dump_toml
+from supervisor.config.render import dump_toml
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "supervisor"]

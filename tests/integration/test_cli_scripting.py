@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.render import dump_toml
+from supervisor.config.render import dump_toml
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "supervisor"]

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ def cleanup(proc: subprocess.Popen[bytes], state_dir: str) -> None:
     except (OSError, ValueError, KeyError):
         return
     kill_marked(marker, grace_s=0.5)
-    from supervisor.cgroup import CgroupRoot
+    from supervisor.process.cgroup import CgroupRoot
 
     root, _ = CgroupRoot.find()  # the daemon ran in this test's cgroup: its launch cgroup is below it
     for cg in root.leftovers_of(marker) if root is not None else ():

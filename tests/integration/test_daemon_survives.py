@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor import apiguard
+from supervisor.daemon import apiguard
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +145,7 @@ async def test_slow_header_connections_are_capped_and_timed_out(daemon, sim, mon
 
 
 async def test_an_exception_during_start_up_is_survived_and_the_server_started(daemon, sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from supervisor import actions
+    from supervisor.daemon import actions
 
     async def broken(sup: Any) -> Any:
         raise OSError(24, "Too many open files")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_daemon_process import cleanup, start, wait_status
 
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_daemon_process import cleanup, start, wait_status
 
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from test_serving_watchdog import ready
 
-from supervisor.commands import Command
+from supervisor.daemon.commands import Command
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
-from supervisor.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "supervisor"))
-from test_journalsend import parse
+from journalwire import parse
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import Settings
+from supervisor.config.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ import pytest
 from test_adoption import events, server_log, wait_for
 from test_daemon_process import cleanup, start, wait_status
 
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 ACCESS = re.compile(r'"POST /generate\?(\S+) HTTP/1\.1" 200')
@@ -35,7 +35,7 @@ def keeper_of(server_pid: int) -> int:
     pipe = os.readlink(f"/proc/{server_pid}/fd/1")
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "supervisor.logkeeper" in (p.info["cmdline"] or []) and os.readlink(f"/proc/{p.pid}/fd/0") == pipe:
+            if "supervisor.logs.keeper" in (p.info["cmdline"] or []) and os.readlink(f"/proc/{p.pid}/fd/0") == pipe:
                 return p.pid
         except OSError:
             continue

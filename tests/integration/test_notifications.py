@@ -18,8 +18,8 @@ from receivers import receiver
 from test_daemon_process import cleanup, start, wait_status
 
 from supervisor.alerting.settings import NotifyTarget
-from supervisor.config import Settings
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
+from supervisor.config.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -130,8 +130,8 @@ def test_a_lost_state_json_still_finds_the_starting_tree_by_its_marker(sim, tmp_
     import psutil
     from test_daemon_process import cleanup, start, wait_status
 
-    from supervisor.persist import marker_for
-    from supervisor.render import dump_toml as to_toml
+    from supervisor.config.render import dump_toml as to_toml
+    from supervisor.daemon.persist import marker_for
 
     slow = sim("ok", tp=1, env={"SGLANG_SIM_PACE": "3.0"})
     cfg = tmp_path / "slow.toml"

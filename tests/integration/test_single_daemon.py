@@ -18,8 +18,8 @@ import pytest
 from freeport import free_port
 from test_daemon_process import cleanup, start, wait_status
 
-from supervisor.config import settings_from_mapping
-from supervisor.render import dump_toml as to_toml
+from supervisor.config.render import dump_toml as to_toml
+from supervisor.config.settings import settings_from_mapping
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from probes.ports import port_accepts
+from supervisor.config.render import render_rung
 from supervisor.process import ServerProcess, kill_marked
-from supervisor.render import render_rung
 
 pytestmark = pytest.mark.integration
 

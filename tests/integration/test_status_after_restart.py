@@ -15,7 +15,7 @@ import httpx
 import pytest
 from test_daemon_process import cleanup, wait_status
 
-from supervisor.render import dump_toml
+from supervisor.config.render import dump_toml
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "supervisor"]

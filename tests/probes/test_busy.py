@@ -15,7 +15,7 @@ import pytest
 from probes.busy import BusyProbe, parse_active_threads, py_spy_look_argv
 from probes.types import ProcInfo, TreeObservation
 from supervisor.diagnostics.tools import find_py_spy
-from supervisor.gpuwait import sample_kind, thread_kind
+from supervisor.policy.gpuwait import sample_kind, thread_kind
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]

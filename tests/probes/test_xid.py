@@ -10,7 +10,7 @@ import pytest
 
 from probes.fake_nvml import FakeDevice, FakeNvml
 from probes.xid import XidEvent, XidWatcher
-from supervisor.xidpolicy import blocking, describe, xid_action
+from supervisor.policy.xidpolicy import blocking, describe, xid_action
 
 
 def _wait(pred, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from api.pagehtml import STATE_COLOURS
-from supervisor.state import State
+from supervisor.policy.lifecycle import State
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 

@@ -20,13 +20,13 @@ from prometheus_client import CollectorRegistry
 from probes.gpu import GpuProbe
 from probes.types import HealthObservation, Observation
 from supervisor.clock import FakeClock
-from supervisor.commands import Command
-from supervisor.config import Settings, settings_from_mapping
-from supervisor.control import LogFiles, SpawnError, StopReport
-from supervisor.daemon import Supervisor
-from supervisor.keepers import KeeperStatus
-from supervisor.metrics import SupervisorMetrics
-from supervisor.observe import Observer, Target
+from supervisor.config.settings import Settings, settings_from_mapping
+from supervisor.daemon.commands import Command
+from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.daemon.observe import Observer, Target
+from supervisor.logs.tending import KeeperStatus
+from supervisor.process.control import LogFiles, SpawnError, StopReport
 
 NO_SUCH_PID = 4_000_000  # above pid_max: the evidence tools find nothing to attach to
 
@@ -236,7 +236,7 @@ async def test_a_launch_that_cannot_start_is_failed_at_once_not_a_walk_down_the_
 
 
 async def test_secrets_stay_out_of_the_journal_and_check_config(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from supervisor.argcheck import check_rungs
+    from supervisor.config.argcheck import check_rungs
 
     clock = FakeClock()
     s = settings_from_mapping(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import RestartSettings, Settings
+from supervisor.config.settings import RestartSettings, Settings
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "sglang-supervisor.service"
 ENV_FILE = UNIT.with_name("sglang-supervisor.env")

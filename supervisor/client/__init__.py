@@ -1,0 +1,1 @@
+"""The CLI client: finding the daemon, its verbs, their output, waits and streams."""

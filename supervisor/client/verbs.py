@@ -1,0 +1,316 @@
+"""Client commands against a running daemon: `status`, `restart`, `stop`, `start`, `diagnose`,
+`reload`, `events`, `bundles`, `logs`. The daemon's address and token come from `--url`/`--token-file`,
+else from the daemon's own config (`--config`, `$SGLANG_SUPERVISOR_CONFIG`, or the installed
+/etc/sglang-supervisor/config.toml; only its `[api]` table is read), else the defaults.
+
+Exit codes scripts can trust: 0 done, 1 the daemon answered with an error, 2 usage (bad
+arguments, unreadable token file, bad URL), 3 the daemon could not be reached or did not answer
+in time, 4 the daemon refused the token; `status` and `--wait` add one code per state and 124 for
+a wait that ran out of time (supervisor/client/wait.py, docs/OPERATIONS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from supervisor.client import stream as clientstream
+from supervisor.client.format import TOKEN_ENV, format_answer, format_bundle, format_error
+from supervisor.client.locate import CONFIG_ENV, ClientConfigError, api_settings, choose_config
+from supervisor.client.wait import (
+    DEFAULT_WAIT_S,
+    EXIT_AUTH,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    state_exit,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8900"
+COMMANDS = ("status", "restart", "stop", "start", "diagnose", "reload", "events", "bundles", "logs")
+DEFAULT_TIMEOUT_S = 15.0
+# A capture runs py-spy over every process and gdb over a hung tree: minutes, not seconds.
+DIAGNOSE_TIMEOUT_S = 600.0
+
+__all__ = ["COMMANDS", "EXIT_AUTH", "EXIT_ERROR", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "run_client"]
+
+
+class UsageError(Exception):
+    pass
+
+
+def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the client commands; `run_client` runs whichever was chosen."""
+    helps = {
+        "status": "show the supervisor's state, rung, progress, last incident, serving and GPUs",
+        "restart": "restart the server now (stop, verify release, relaunch)",
+        "stop": "stop the server and keep it stopped",
+        "start": "start the server after a stop or out of failed",
+        "diagnose": "capture evidence now (py-spy, optionally gdb) and print the bundle",
+        "reload": "re-read the daemon's config file (as SIGHUP or systemctl reload does)",
+        "events": "show the event journal, oldest first (filter by --event and --since; --follow for new ones)",
+        "bundles": "list diagnostic bundles, newest first, or show one bundle's summary",
+        "logs": "show the server's own output (stdout and stderr), secrets redacted; -f follows it",
+    }
+    for name in COMMANDS:
+        p = subparsers.add_parser(name, help=helps[name], description=helps[name])
+        p.add_argument(
+            "--config",
+            help=f"the daemon's config file: its [api] address and token (default: ${CONFIG_ENV}, "
+            "else /etc/sglang-supervisor/config.toml when it exists)",
+        )
+        p.add_argument("--url", help=f"the daemon's API (default: from the config, else {DEFAULT_URL})")
+        p.add_argument(
+            "--token-file", help=f"file holding the API token (default: from the config, else ${TOKEN_ENV} if set)"
+        )
+        p.add_argument("--json", action="store_true", help="print the daemon's JSON answer as it is")
+        p.add_argument("--timeout", type=float, help="seconds to wait for the answer")
+        if name == "status":
+            p.add_argument(
+                "--watch",
+                type=float,
+                nargs="?",
+                const=2.0,
+                metavar="SECONDS",
+                help="show it again every SECONDS (default 2) until Ctrl-C",
+            )
+        if name == "restart":
+            p.add_argument("--rung", help="go straight to this rung of the ladder")
+            p.add_argument("--reason", default="", help="recorded with the incident")
+            p.add_argument("--diagnose", action="store_true", help="capture evidence before stopping")
+        if name == "start":
+            p.add_argument("--rung", help="start on this rung (default: the current one)")
+        if name == "stop":
+            p.add_argument("--reason", default="", help="recorded in the journal")
+        if name in ("stop", "start", "restart"):
+            what = "stopped and its port and GPUs verified free" if name == "stop" else "a new server serves"
+            p.add_argument("--wait", action="store_true", help=f"wait until the server is {what}")
+            p.add_argument(
+                "--wait-timeout",
+                type=float,
+                default=DEFAULT_WAIT_S[name],
+                metavar="SECONDS",
+                help=f"give up waiting after this long, exit 124 (default {DEFAULT_WAIT_S[name]:g})",
+            )
+        if name == "diagnose":
+            p.add_argument("--native", action=argparse.BooleanOptionalAction, help="py-spy --native")
+            p.add_argument("--gdb", action=argparse.BooleanOptionalAction, help="also take gdb backtraces")
+        if name == "events":
+            p.add_argument("--limit", type=int, default=100, help="the last N events (1-1000, default 100)")
+            p.add_argument("--event", action="append", help="only this event name (repeatable)")
+            p.add_argument("--since", help="only events at or after this ISO-8601 time (UTC unless it says)")
+            p.add_argument("-f", "--follow", action="store_true", help="then keep printing new events until Ctrl-C")
+        if name == "logs":
+            p.add_argument("-n", "--lines", type=int, default=100, help="the last N lines (0-10000, default 100)")
+            p.add_argument("-f", "--follow", action="store_true", help="then keep printing new lines until Ctrl-C")
+        if name == "bundles":
+            p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list")
+        p.set_defaults(client_command=name)
+
+
+def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    command = getattr(args, "client_command", None) or getattr(args, "command", None)
+    if command not in COMMANDS:
+        print(f"error: unknown client command {command!r}", file=sys.stderr)
+        return EXIT_USAGE
+    environ = os.environ if env is None else env
+    url = getattr(args, "url", None) or DEFAULT_URL
+    try:
+        url, token = _address(args, environ)
+        timeout = args.timeout if args.timeout is not None else _default_timeout(command)
+        conn = clientstream.Conn(url, token, timeout, _send)
+        if command == "bundles" and getattr(args, "id", None):
+            return _show_bundle(url, args.id, token, timeout, as_json=args.json)
+        if command == "status" and args.watch is not None:
+            return clientstream.watch(conn, args.watch, as_json=args.json, out=sys.stdout, err=sys.stderr)
+        if command in ("logs", "events") and (command == "logs" or args.follow):
+            return clientstream.stream(conn, command, _stream_params(command, args), as_json=args.json)
+        if command in ("stop", "start", "restart") and args.wait:
+            return clientstream.command_and_wait(
+                conn, command, _request_for(command, args), args.wait_timeout, as_json=args.json
+            )
+        method, path, body, params = _request_for(command, args)
+        response = _send(url, method, path, body, token, timeout, params)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except (httpx.TimeoutException, httpx.TransportError) as err:
+        print(f"error: cannot reach the daemon at {url}: {_transport_reason(err)}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    return report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr)
+
+
+def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None]:
+    """(base URL, token): explicit flags first, then the daemon's config ([api] only), then the defaults."""
+    url: str | None = getattr(args, "url", None)
+    token_file: str | None = getattr(args, "token_file", None)
+    token: str | None = None
+    choice = choose_config(getattr(args, "config", None), env)
+    if choice.path is not None:
+        from api.auth import load_token
+        from supervisor.config.settings import ConfigError
+
+        try:
+            api, notes = api_settings(choice.path)
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr)
+            if url is None:
+                url = f"http://{_connect_host(api.host)}:{api.port}"
+            if token_file is None:
+                token = load_token(api, env)
+        except (ClientConfigError, ConfigError) as err:
+            where = "--config" if getattr(args, "config", None) else (CONFIG_ENV if choice.explicit else "config")
+            raise UsageError(f"{where}: {err}") from None
+    if token_file:
+        token = _token(token_file, env)
+    elif token is None:
+        token = _token(None, env)
+    return url or DEFAULT_URL, token
+
+
+def _connect_host(host: str) -> str:
+    """Where to connect for a daemon bound to `host` (a wildcard bind answers on loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _default_timeout(command: str) -> float:
+    return DIAGNOSE_TIMEOUT_S if command == "diagnose" else DEFAULT_TIMEOUT_S
+
+
+def _token(token_file: str | None, env: Mapping[str, str]) -> str | None:
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(
+                f"cannot read --token-file {token_file}: {getattr(err, 'strerror', None) or err}"
+            ) from None
+        if not token:
+            raise UsageError(f"--token-file {token_file} is empty")
+        return token
+    return env.get(TOKEN_ENV, "").strip() or None
+
+
+def _stream_params(command: str, args: argparse.Namespace) -> list[tuple[str, str]]:
+    if command == "logs":
+        return [("lines", str(args.lines))] + ([("follow", "true")] if args.follow else [])
+    return _request_for(command, args)[3] + [("follow", "true")]
+
+
+def _request_for(
+    command: str, args: argparse.Namespace
+) -> tuple[str, str, dict[str, object] | None, list[tuple[str, str]]]:
+    if command == "status":
+        return "GET", "/status", None, []
+    if command == "restart":
+        body: dict[str, object] = {"reason": args.reason, "diagnose": args.diagnose}
+        if args.rung:
+            body["rung"] = args.rung
+        return "POST", "/restart", body, []
+    if command == "diagnose":
+        body = {k: v for k, v in (("native", args.native), ("gdb", args.gdb)) if v is not None}
+        return "POST", "/diagnose", body, []
+    if command == "events":
+        params = [("limit", str(args.limit))] + [("event", e) for e in args.event or ()]
+        if args.since:
+            params.append(("since", _since(args.since)))
+        return "GET", "/events", None, params
+    if command == "bundles":
+        return "GET", "/diagnostics", None, []
+    if command == "stop" and args.reason:
+        return "POST", "/stop", {"reason": args.reason}, []
+    if command == "start" and args.rung:
+        return "POST", "/start", {"rung": args.rung}, []
+    return "POST", f"/{command}", None, []
+
+
+def _since(text: str) -> str:
+    """An ISO time as the API takes it (with an offset); a time without one is UTC."""
+    try:
+        at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--since {text!r}: not an ISO-8601 time, e.g. 2026-11-30T12:00:00Z") from None
+    return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)).isoformat()
+
+
+def _send(
+    url: str,
+    method: str,
+    path: str,
+    body: dict[str, object] | None,
+    token: str | None,
+    timeout: float,
+    params: list[tuple[str, str]] | None = None,
+) -> httpx.Response:
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        with httpx.Client(base_url=url.rstrip("/"), timeout=timeout, headers=headers, trust_env=False) as client:
+            return client.request(method, path, json=body, params=tuple(params or ()))
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as err:
+        raise UsageError(f"--url {url!r}: {err}") from None
+
+
+def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *, as_json: bool) -> int:
+    """One bundle: its summary.txt (what a person reads first) and its files."""
+    detail = _send(url, "GET", f"/diagnostics/{bundle_id}", None, token, timeout)
+    if as_json or detail.status_code != 200:
+        return report("bundles", detail, as_json=as_json, out=sys.stdout, err=sys.stderr)
+    data: Any = detail.json()
+    text = ""
+    if "summary.txt" in (data.get("files") or ()):
+        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/summary.txt", None, token, timeout)
+        if answer.status_code == 200:
+            text = answer.text.rstrip()
+    print(format_bundle(data, text))
+    return EXIT_OK
+
+
+def _transport_reason(err: Exception) -> str:
+    if isinstance(err, httpx.TimeoutException):
+        return "no answer in time (raise --timeout)"
+    return str(err) or type(err).__name__
+
+
+def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """Print the daemon's answer (or its error) and return the exit code."""
+    try:
+        data: Any = response.json()
+    except ValueError:
+        print(
+            f"error: HTTP {response.status_code} from {response.request.url} is not a sglang-supervisor answer",
+            file=err,
+        )
+        return EXIT_AUTH if response.status_code == 401 else EXIT_ERROR
+    http = _exit_code(response.status_code)
+    code = http
+    if http == EXIT_OK and command == "status" and isinstance(data, dict):
+        code = state_exit(data.get("state"))  # by state, as `systemctl is-active`
+    if as_json:
+        print(json.dumps(data, indent=2, sort_keys=False), file=out)
+        return code
+    if http != EXIT_OK:
+        print(format_error(response.status_code, data), file=err)
+        return code
+    print(format_answer(command, data), file=out)
+    return code
+
+
+def _exit_code(status: int) -> int:
+    if status == 401:
+        return EXIT_AUTH
+    return EXIT_OK if 200 <= status < 300 else EXIT_ERROR

@@ -1,0 +1,1 @@
+"""The one settings model, the rendering of each rung's command, and check-config."""

@@ -1,0 +1,136 @@
+"""Turning an incident into a diagnostics capture request, and the bundle's class into the incident's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from probes.types import BusySample, GpuObservation, Observation
+from supervisor.config.render import RenderedCommand
+from supervisor.config.settings import Settings
+from supervisor.diagnostics import BundleResult, CaptureRequest, capture
+from supervisor.policy.gpuwait import sample_kind, thread_kind, where
+from supervisor.policy.watchdog import StallClass, Verdict
+from supervisor.process import resume_stopped
+
+
+def provisional_class(verdict: Verdict | None) -> str | None:
+    """The watchdog's own guess, used when no bundle could classify the hang."""
+    if verdict is None or verdict.cause in ("exited", "manual", "spec_regression"):
+        return None
+    if verdict.phase == "capturing_graphs":
+        return "cuda_graph_capture"
+    cls: StallClass | None = verdict.stall_class
+    if cls == "busy":
+        return "busy_spin"
+    if cls == "idle":
+        return "idle_deadlock"
+    return "unknown"
+
+
+def busy_look_doc(look: BusySample | None) -> dict[str, object] | None:
+    """The py-spy look taken at the judging poll (issue 22): which busy thread did what."""
+    if look is None:
+        return None
+    return {
+        "pids": list(look.pids),
+        "error": look.error,
+        "kind": sample_kind(look),
+        "threads": [{"at": where(t), "kind": thread_kind(t)} for t in look.threads[:16]],
+    }
+
+
+def verdict_doc(verdict: Verdict | None, obs: Observation | None) -> dict[str, object]:
+    doc: dict[str, object] = {}
+    if verdict is not None:
+        doc.update(
+            status=verdict.status,
+            cause=verdict.cause,
+            reason=verdict.reason,
+            stall_class=verdict.stall_class,
+            phase=verdict.phase,
+            moved=list(verdict.moved),
+            figures=dict(verdict.figures),
+        )
+    if obs is not None:
+        doc["observation"] = {
+            "tree_cpu_time_s": obs.tree.cpu_time_s,
+            "tree_rss_bytes": obs.tree.rss_bytes,
+            "tree_read_chars": obs.tree.read_chars,
+            "processes": len(obs.tree.processes),
+            "listening_ports": sorted({s.port for s in obs.ports.listening}),
+            "server_port_accepts": obs.ports.server_port_accepts,
+            "log_lines": obs.logs.lines_total,
+            "phase": obs.logs.phase,
+            "errors": list(obs.logs.errors[-5:]),
+            "gpu_status": obs.gpu.status,
+            "gpu_tree_mem_bytes": obs.gpu.tree_mem_bytes,
+            "gpu_max_util_percent": obs.gpu.max_util_percent,
+            "gpm_status": obs.gpm.status,
+            "gpm_reason": obs.gpm.reason,
+            "gpm_sm_active_ratio": {str(d.index): d.sm_active_ratio for d in obs.gpm.devices},
+            "busy_look": busy_look_doc(obs.busy),
+        }
+    return doc
+
+
+async def collect(
+    *,
+    settings: Settings,
+    incident_id: str,
+    trigger: str,
+    cause: str | None,
+    obs: Observation,
+    verdict: Verdict | None,
+    rendered: RenderedCommand,
+    env: Mapping[str, str],
+    log_tail: list[str],
+    gpu_all: GpuObservation | None,
+    cpu_rate: float | None,
+    native: bool | None = None,
+    gdb: bool | None = None,
+    hung: bool,
+    created_at: float | None = None,
+    gpu_xids: tuple[Mapping[str, object], ...] = (),
+) -> BundleResult:
+    d = settings.diagnostics
+    use_gdb = gdb if gdb is not None else (d.gdb == "always" or (d.gdb == "on_hang" and hung))
+    req = CaptureRequest(
+        incident_id=incident_id,
+        trigger="hung" if trigger == "hung" else "manual",
+        cause=cause,
+        processes=obs.tree.processes,
+        py_spy=d.py_spy,
+        native=d.native if native is None else native,
+        gdb=use_gdb,
+        # A person who asks for gdb or native frames explicitly accepts a brief pause of each process
+        # (py-spy --native must stop a process to unwind it); otherwise a healthy server is not paused.
+        nonblocking=not hung and not gdb and native is not True,
+        py_spy_timeout_s=d.py_spy_timeout_s,
+        gdb_timeout_s=d.gdb_timeout_s,
+        log_tail=tuple(log_tail[-d.log_tail_lines :]),
+        rung=rendered.rung,
+        argv=rendered.argv,
+        env=dict(env),
+        phase=obs.logs.phase,
+        verdict=verdict_doc(verdict, obs),
+        gpu=gpu_all,
+        gpm=obs.gpm,
+        sglang_watchdog=obs.sglang_watchdog.line if obs.sglang_watchdog is not None else "",
+        sglang_dumps=obs.sglang_watchdog.dumps if obs.sglang_watchdog is not None else (),
+        tree_cpu_cores=cpu_rate,
+        gpu_util_percent=obs.gpu.max_util_percent if obs.gpu.status == "ok" else None,
+        busy_cpu_cores=settings.watchdog.busy_cpu_cores,
+        busy_gpu_percent=settings.watchdog.busy_gpu_percent,
+        created_at=created_at,
+        gpu_xids=gpu_xids,
+    )
+    return await capture(
+        req,
+        Path(settings.paths.state_dir) / "diagnostics",
+        keep=d.keep,
+        max_bytes=int(d.max_mb * 1024 * 1024),
+        py_spy_path=d.py_spy_path,
+        gdb_path=d.gdb_path,
+        resume=resume_stopped,
+    )

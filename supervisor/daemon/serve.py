@@ -1,0 +1,289 @@
+"""`sglang-supervisor run`: one asyncio loop hosting the API (uvicorn) and the supervisor task.
+
+Signals only enqueue commands (SIGTERM/SIGINT: shutdown, SIGHUP: reload, SIGUSR2: handoff). systemd hears READY=1
+once the loop and the API run; the server's readiness is the API's business, not systemd's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from api.app import create_app
+from api.auth import check_bind, load_token
+from probes.gpu import GpuProbe, make_nvml
+from probes.gpuscope import DeviceScope
+from probes.ports import port_holders
+from probes.xid import XidWatcher
+from supervisor import __version__, entry
+from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
+from supervisor.clock import Clock, SystemClock
+from supervisor.config.settings import ConfigError, Settings
+from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
+from supervisor.daemon.commands import Command
+from supervisor.daemon.instance_lock import StateLock, acquire
+from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.daemon.sdnotify import Notifier
+from supervisor.daemon.timeline import Timeline
+from supervisor.logs.view import LogRedaction, server_log_file
+from supervisor.process.cgroup import CgroupRoot, become_subreaper
+from supervisor.process.control import RealProcessControl
+
+log = structlog.get_logger("supervisor")
+EXIT_HANDOFF = 75  # the cli re-executes the daemon; exit 75 only if that fails (RestartForceExitStatus=75)
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon's handlers enqueue commands instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio only turns off Nagle's algorithm for such sockets, and without
+    # that every answer on a kept-open connection (a Prometheus scrape) waits ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        held = api_port_holder(port)
+        why = f"{err.strerror or err}{held}"
+        raise ConfigError(f"api: cannot listen on {host}:{port}: {why} (set [api] port)") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def api_port_holder(port: int) -> str:
+    """`; held by another sglang-supervisor daemon (pid N)` when one listens there, else ""."""
+    for pid in port_holders(port) or ():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"sglang-supervisor" in a or a == b"supervisor" for a in argv):
+            return f"; held by another sglang-supervisor daemon (pid {pid})"
+    return ""
+
+
+@dataclass
+class Api:
+    server: _ApiServer
+    task: asyncio.Task[None]
+    sock: socket.socket
+
+    async def close(self) -> None:
+        self.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.task, timeout=5)
+        self.sock.close()
+
+
+async def start_api(
+    sup: Supervisor,
+    settings: Settings,
+    env: Mapping[str, str],
+    registry: CollectorRegistry,
+    timeline: Timeline | None = None,
+) -> Api:
+    token = load_token(settings.api, env)
+    check_bind(settings.api.host, token)
+    sock = bind_socket(settings.api.host, settings.api.port)
+    redaction = LogRedaction(sup.settings, dict(env))
+
+    def redact(text: str) -> str:
+        redaction.update(sup.settings)  # a reload may bring new secrets
+        return redaction(text)
+
+    app = create_app(
+        sup,
+        token=token,
+        diag_dir=settings.state_dir / "diagnostics",
+        journal=sup.journal,
+        registry=registry,
+        max_body_bytes=settings.api.max_body_bytes,
+        liveness=sup.heartbeat_age,
+        version=__version__,
+        log_file=server_log_file(settings),
+        redact=redact,
+        timeline=timeline,
+    )
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        **uvicorn_options(sup.api_guard),
+    )
+    server = _ApiServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(500):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()
+    log.info("api_listening", host=settings.api.host, port=settings.api.port, auth=token is not None)
+    return Api(server, task, sock)
+
+
+def make_supervisor(
+    settings: Settings,
+    env: Mapping[str, str],
+    registry: CollectorRegistry,
+    *,
+    config_path: Path | None,
+    notifier: Notifier,
+    clock: Clock | None = None,
+) -> Supervisor:
+    subreaper = become_subreaper()
+    cgroups, why = CgroupRoot.find()
+    log.info("containment", subreaper=subreaper, cgroup=why)
+    scope = DeviceScope.for_server(settings.server.env, env)
+    log.info("gpu_scope", gpus=scope.describe())
+    sup = Supervisor(
+        settings,
+        clock=clock or SystemClock(),
+        metrics=lambda snap: SupervisorMetrics(registry, snap),
+        gpu=GpuProbe(make_nvml(env), scope=scope),
+        env=env,
+        config_path=config_path,
+        notifier=notifier,
+        version=__version__,
+        control=RealProcessControl(cgroups, subreaper=subreaper),
+    )
+    sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    sup.journal.append("gpu_scope", gpus=scope.describe())
+    sup.xids.watcher = XidWatcher(make_nvml(env))  # its own NVML handle: waits block in its thread
+    sup.xids.watcher.start()
+    return sup
+
+
+def start_alerter(sup: Supervisor, settings: Settings, metrics: NotifyMetrics) -> Alerter:
+    """The [[notify]] lanes, listening to the journal; ConfigError when a secret file is unreadable."""
+    alerter = Alerter(
+        settings.notify,
+        journal=sup.journal,
+        metrics=metrics,
+        instance=instance_name(settings.server.host, settings.server.port),
+        hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
+    )
+    alerter.start()
+    sup.journal.listeners.append(alerter.offer)
+    return alerter
+
+
+def install_signals(sup: Supervisor) -> None:
+    loop = asyncio.get_running_loop()
+
+    def enqueue(kind: str) -> None:
+        sup.queue.put_nowait(Command(kind=kind, source="signal", reason=f"signal ({kind})"))  # type: ignore[arg-type]
+
+    loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGUSR2, enqueue, "handoff")
+    loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
+    entry.release()  # what arrived since the process started (held by entry.hold) is queued now
+
+
+async def serve(
+    settings: Settings,
+    *,
+    env: Mapping[str, str],
+    config_path: Path | None,
+    ready: asyncio.Event | None = None,
+    holder: list[Supervisor] | None = None,
+    signals: bool = True,
+) -> int:
+    """Run the daemon until a shutdown command, which stops the server tree on the way out.
+
+    After a handoff (SIGUSR2) the server keeps running for the successor to adopt, and the exit
+    status is EXIT_HANDOFF, which the systemd unit turns into an immediate restart.
+    """
+    lock = acquire(settings.state_dir)  # before anything looks at the server: StateDirLocked
+    try:
+        return await _serve_locked(
+            settings, lock, env=env, config_path=config_path, ready=ready, holder=holder, signals=signals
+        )
+    finally:
+        lock.release()  # the last act: a successor (handoff) waits for exactly this
+
+
+async def _serve_locked(
+    settings: Settings,
+    lock: StateLock,
+    *,
+    env: Mapping[str, str],
+    config_path: Path | None,
+    ready: asyncio.Event | None,
+    holder: list[Supervisor] | None,
+    signals: bool,
+) -> int:
+    soft, hard = raise_nofile_limit()
+    log.info("nofile_limit", soft=soft, hard=hard)
+    notifier = Notifier.from_env(env)
+    registry = CollectorRegistry()
+    sup = make_supervisor(settings, env, registry, config_path=config_path, notifier=notifier)
+    if holder is not None:
+        holder.append(sup)
+    notify_metrics = NotifyMetrics(registry)
+    alerter = start_alerter(sup, settings, notify_metrics)
+    retired: list[asyncio.Task[None]] = []  # alerters replaced by a reload, finishing their queues
+    timeline = Timeline(sup.clock.monotonic)
+    sup.publish_listeners.append(timeline.feed)
+    api = await start_api(sup, settings, env, registry, timeline)
+
+    current = settings
+
+    async def on_reload(new: Settings) -> None:
+        """Rebind the API when its settings changed; a refused new API config keeps the old one."""
+        nonlocal api, current, alerter
+        if new.notify != current.notify or new.server.port != current.server.port:
+            fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
+            sup.journal.listeners.remove(alerter.offer)
+            retired.append(asyncio.create_task(alerter.close(grace_s=5.0)))  # its queue drains aside
+            alerter = fresh
+        if new.api != current.api:
+            token = load_token(new.api, env)  # raises ConfigError before anything is torn down
+            check_bind(new.api.host, token)
+            await api.close()
+            try:
+                api = await start_api(sup, new, env, registry, timeline)
+            except ConfigError:
+                api = await start_api(sup, current, env, registry, timeline)
+                raise
+        current = new
+
+    sup.on_reload = on_reload
+    if signals:
+        install_signals(sup)
+    notifier.ready()
+    if ready is not None:
+        ready.set()
+    try:
+        await sup.run()
+    finally:
+        if sup.handoff:
+            lock.announce_handoff()
+        await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
+        await api.close()
+        if sup.xids.watcher is not None:
+            await asyncio.to_thread(sup.xids.watcher.stop)
+    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
+    return EXIT_HANDOFF if sup.handoff else 0

@@ -1,0 +1,189 @@
+"""The fallback ladder as data, and `next_rung`: a pure choice of where to go after an incident.
+
+Rung 0 is the base configuration, then the `[[fallback]]` rungs in order. After an incident:
+a rung further down whose `on` list names the incident's hang class or cause is jumped to; else
+the same rung is retried up to `retries_per_rung` times; else the ladder steps down one rung;
+past the last rung, or over the hourly restart budget, the supervisor gives up (`failed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from supervisor.config.settings import RestartSettings, Rung
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Attempt:
+    rung: str
+    started_at: float  # wall clock, so it survives a daemon restart
+    outcome: str = "running"  # "running", "ready", or the cause that ended it
+    hang_class: str | None = None
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class LadderState:
+    current: int = 0
+    failures_on_current: int = 0  # incidents on the current rung since it was entered or stable
+    consecutive_failures: int = 0  # for the backoff; reset once a server is stable
+    last_good: int | None = None  # the rung that most recently reached ready
+    restart_times: tuple[float, ...] = ()  # wall clock of relaunches after incidents
+    attempts: tuple[Attempt, ...] = ()  # newest last, bounded
+
+    def restarts_within_hour(self, now_wall: float) -> int:
+        return sum(1 for t in self.restart_times if now_wall - t < HOUR_S)
+
+
+@dataclass(frozen=True)
+class Incident:
+    cause: str
+    hang_class: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["relaunch", "give_up"]
+    rung: int
+    reason: str
+    backoff_s: float = 0.0
+
+
+MAX_EXPONENT = 60  # 2**60 times any sane initial delay is past any cap: no OverflowError from a huge count
+
+
+def backoff(consecutive_failures: int, s: RestartSettings, rand: float) -> float:
+    """Exponential from backoff_initial_s, capped at backoff_max_s, with +-jitter (rand in [0, 1))."""
+    if consecutive_failures <= 0:
+        return 0.0
+    raw = s.backoff_initial_s * (2.0 ** min(consecutive_failures - 1, MAX_EXPONENT))
+    base = min(raw, s.backoff_max_s)
+    return max(0.0, base * (1.0 + s.backoff_jitter * (2.0 * rand - 1.0)))
+
+
+def _matching_rung(ladder: Sequence[Rung], current: int, incident: Incident) -> int | None:
+    for i in range(current + 1, len(ladder)):
+        on = ladder[i].on
+        if incident.cause in on or (incident.hang_class is not None and incident.hang_class in on):
+            return i
+    return None
+
+
+def next_rung(
+    ladder: Sequence[Rung],
+    state: LadderState,
+    incident: Incident,
+    s: RestartSettings,
+    *,
+    now_wall: float,
+    rand: float = 0.5,
+    speculative: Sequence[bool] = (),
+) -> Decision:
+    """Where to relaunch after `incident` on rung `state.current` (pure).
+
+    `state` already counts this incident (`record_incident` ran first, as the daemon does): the
+    retries done on this rung are `failures_on_current - 1`, and the first backoff is
+    `backoff_initial_s` (consecutive_failures == 1).
+    """
+    used = state.restarts_within_hour(now_wall)
+    if used >= s.max_restarts_per_hour:
+        return Decision("give_up", state.current, f"restart budget spent: {used} restarts in the last hour")
+    delay = backoff(max(1, state.consecutive_failures), s, rand)
+    if incident.cause == "spec_regression" and speculative:
+        for i in range(state.current + 1, len(ladder)):
+            if i < len(speculative) and not speculative[i]:
+                return Decision(
+                    "relaunch", i, f"speculative acceptance regressed: rung {ladder[i].name} has none", delay
+                )
+        return Decision("give_up", state.current, "speculative regression and no rung without speculation below")
+    jump = _matching_rung(ladder, state.current, incident)
+    if jump is not None:
+        what = incident.hang_class if incident.hang_class in ladder[jump].on else incident.cause
+        return Decision("relaunch", jump, f"rung {ladder[jump].name} answers {what}", delay)
+    retried = max(0, state.failures_on_current - 1)
+    if retried < s.retries_per_rung:
+        n = retried + 1
+        return Decision(
+            "relaunch", state.current, f"retry {n}/{s.retries_per_rung} of rung {ladder[state.current].name}", delay
+        )
+    if state.current + 1 < len(ladder):
+        nxt = state.current + 1
+        return Decision("relaunch", nxt, f"rung {ladder[state.current].name} keeps failing: step down", delay)
+    return Decision("give_up", state.current, f"ladder exhausted: last rung {ladder[state.current].name} failed")
+
+
+MAX_ATTEMPTS = 50
+
+
+def record_incident(state: LadderState, incident: Incident, now_wall: float) -> LadderState:
+    attempts = state.attempts
+    if attempts and attempts[-1].outcome in ("running", "ready"):
+        last = replace(attempts[-1], outcome=incident.cause, hang_class=incident.hang_class, ended_at=now_wall)
+        attempts = (*attempts[:-1], last)
+    return replace(
+        state,
+        failures_on_current=state.failures_on_current + 1,
+        consecutive_failures=state.consecutive_failures + 1,
+        attempts=attempts[-MAX_ATTEMPTS:],
+    )
+
+
+def record_launch(
+    state: LadderState, rung_index: int, rung_name: str, now_wall: float, *, after_incident: bool
+) -> LadderState:
+    moved = rung_index != state.current
+    times = tuple(t for t in state.restart_times if now_wall - t < HOUR_S)
+    if after_incident:
+        times += (now_wall,)
+    return replace(
+        state,
+        current=rung_index,
+        failures_on_current=0 if moved else state.failures_on_current,
+        restart_times=times,
+        attempts=(*state.attempts, Attempt(rung=rung_name, started_at=now_wall))[-MAX_ATTEMPTS:],
+    )
+
+
+def record_end(state: LadderState, outcome: str, now_wall: float) -> LadderState:
+    """Close the newest attempt if it is still open ("running" or "ready"): a manual restart, a
+    stop, a daemon shutdown or restart; every attempt ends with an outcome."""
+    attempts = state.attempts
+    if attempts and attempts[-1].outcome in ("running", "ready"):
+        attempts = (*attempts[:-1], replace(attempts[-1], outcome=outcome, ended_at=now_wall))
+    return replace(state, attempts=attempts)
+
+
+def record_ready(state: LadderState) -> LadderState:
+    attempts = state.attempts
+    if attempts and attempts[-1].outcome == "running":
+        attempts = (*attempts[:-1], replace(attempts[-1], outcome="ready"))
+    return replace(state, last_good=state.current, attempts=attempts)
+
+
+def record_stable(state: LadderState) -> LadderState:
+    """After `stable_s` of service the retry counters start afresh."""
+    return replace(state, failures_on_current=0, consecutive_failures=0)
+
+
+def fresh_start(state: LadderState) -> LadderState:
+    """Counters afresh (retries, backoff, hourly budget) for a start out of `failed`, by hand or after
+    `failed_cooldown_s`; the ladder's memory of what served (last_good, attempts) is kept."""
+    return replace(state, failures_on_current=0, consecutive_failures=0, restart_times=())
+
+
+def resume_rung(state: LadderState, ladder_len: int, start_from: Literal["last_good", "preferred"]) -> int:
+    """Where a restarted daemon begins: never above a rung that served, never a rung that just failed.
+
+    The ladder position already accounts for failures; the last-good rung guards against resuming
+    on an experiment (a promotion back to the preferred rung) that was under way.
+    """
+    if start_from == "preferred":
+        return 0
+    pos = state.current
+    if state.last_good is not None:
+        pos = max(pos, state.last_good)
+    return min(max(pos, 0), ladder_len - 1)

@@ -1,0 +1,396 @@
+"""Verdicts from progress, never from a fixed timer.
+
+`assess(history, observation, now, settings, ...)` is a pure function: no I/O, no clock reads, no
+logging. It returns the verdict and the history to pass to the next call. While the server starts,
+every channel the probes read is a progress signal; a stall is judged only when none moved for the
+stall window. While it serves: health, token progress, ranks and speculative acceptance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from probes.types import Observation
+from supervisor.config.settings import WatchdogSettings
+from supervisor.policy.gpuwait import BusyState, busy_figures, fold_busy, gpu_bound
+from supervisor.policy.sglangwd import cause_for, crash_error, dump_class, fired, reason
+
+Mode = Literal["starting", "serving"]
+Status = Literal["starting", "ready", "degraded", "incident"]
+StallClass = Literal["idle", "busy"]
+
+# Progress channels while starting. "cpu" alone is weak evidence: a spinning collective burns
+# CPU too, so CPU-only movement postpones a stall verdict only up to `cpu_only_stall_s`.
+CHANNELS = ("log", "progress", "phase", "cpu", "io", "rss", "gpu_mem", "port")
+STRONG_CHANNELS = tuple(c for c in CHANNELS if c != "cpu")
+LOG_CHANNELS = frozenset({"log", "progress", "phase"})
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Readings at the previous poll (rates) or at the channel's last movement (levels)."""
+
+    at: float
+    lines_total: int = 0
+    phase: str = "spawning"
+    progress_key: tuple[str, int] | None = None
+    cpu_time_s: float = 0.0
+    io_chars: int = 0
+    rss_ref: int = 0  # RSS when the rss channel last moved
+    gpu_mem_ref: int = 0  # tree GPU memory when the gpu_mem channel last moved
+    ports: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class History:
+    launched_at: float
+    base: Baseline
+    moved_at: Mapping[str, float] = field(default_factory=dict)  # channel -> last time it moved
+    cpu_rate: float = 0.0  # cores, over the last poll
+    # serving
+    ready_at: float | None = None
+    ranks: frozenset[int] = frozenset()  # scheduler/detokenizer pids seen while serving
+    health_failures: int = 0
+    health_seen: int = 0
+    tokens: float | None = None
+    tokens_moved_at: float | None = None
+    accept_samples: tuple[tuple[float, float], ...] = ()
+    decode_at: float | None = None  # time of the last `Decode batch` line already sampled
+    busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy looks while starting (policy/gpuwait.py)
+
+    @property
+    def last_progress_at(self) -> float:
+        strong = [self.moved_at[c] for c in STRONG_CHANNELS if c in self.moved_at]
+        return max([self.launched_at, *strong])
+
+    @property
+    def last_any_progress_at(self) -> float:
+        return max([self.launched_at, *self.moved_at.values()])
+
+
+def new_history(launched_at: float) -> History:
+    return History(launched_at=launched_at, base=Baseline(at=launched_at))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    cause: str | None = None  # one of config.CAUSES when status == "incident" (or spec_regression)
+    reason: str = ""
+    stall_class: StallClass | None = None
+    phase: str | None = None
+    moved: tuple[str, ...] = ()  # channels that moved at this poll
+    figures: tuple[tuple[str, float], ...] = ()  # the observations that led to it
+
+    @property
+    def is_incident(self) -> bool:
+        return self.status == "incident"
+
+
+def _progress_key(obs: Observation) -> tuple[str, int] | None:
+    p = obs.logs.progress
+    return (p.label, p.done) if p is not None else None
+
+
+def _moved_channels(
+    base: Baseline, obs: Observation, dt: float, s: WatchdogSettings
+) -> tuple[list[str], float, Baseline]:
+    tree = obs.tree
+    moved: list[str] = []
+    if obs.logs.lines_total > base.lines_total:
+        moved.append("log")
+    key = _progress_key(obs)
+    if (
+        key is not None
+        and key != base.progress_key
+        and (base.progress_key is None or key[0] != base.progress_key[0] or key[1] > base.progress_key[1])
+    ):
+        moved.append("progress")
+    if obs.logs.phase != base.phase:
+        moved.append("phase")
+    cpu_rate = max(0.0, tree.cpu_time_s - base.cpu_time_s) / dt if dt > 0 else 0.0
+    if cpu_rate >= s.cpu_progress_cores:
+        moved.append("cpu")
+    io = tree.read_chars + tree.write_chars
+    if dt > 0 and (io - base.io_chars) / dt >= s.read_progress_bytes_per_s:
+        moved.append("io")
+    rss_ref = base.rss_ref
+    if abs(tree.rss_bytes - rss_ref) >= s.rss_progress_bytes:
+        moved.append("rss")
+        rss_ref = tree.rss_bytes
+    gpu_ref = base.gpu_mem_ref
+    gpu_mem = obs.gpu.tree_mem_bytes
+    if obs.gpu.status == "ok" and abs(gpu_mem - gpu_ref) >= s.gpu_mem_progress_bytes:
+        moved.append("gpu_mem")
+        gpu_ref = gpu_mem
+    ports = frozenset(sock.port for sock in obs.ports.listening)
+    if ports - base.ports:
+        moved.append("port")
+    nxt = Baseline(
+        at=obs.at,
+        lines_total=obs.logs.lines_total,
+        phase=obs.logs.phase,
+        progress_key=key if key is not None else base.progress_key,
+        cpu_time_s=tree.cpu_time_s,
+        io_chars=io,
+        rss_ref=rss_ref,
+        gpu_mem_ref=gpu_ref,
+        ports=ports | base.ports,
+    )
+    return moved, cpu_rate, nxt
+
+
+def stall_class(cpu_rate: float, obs: Observation, s: WatchdogSettings) -> StallClass:
+    busy_gpu = obs.gpu.status == "ok" and obs.gpu.max_util_percent >= s.busy_gpu_percent
+    return "busy" if cpu_rate >= s.busy_cpu_cores or busy_gpu else "idle"
+
+
+def _exited(obs: Observation) -> Verdict | None:
+    if obs.tree.root_alive:
+        return None
+    code = obs.tree.root_exit
+    how = "exited" if code is None or code >= 0 else "killed by signal"
+    val = "?" if code is None else str(code if code >= 0 else -code)
+    # SGLang kills its own tree with SIGKILL when a rank fails (kill_process_tree): "killed by
+    # signal 9" alone would send the operator to dmesg for an OOM killer that never ran.
+    err = crash_error(obs.logs.errors)
+    return Verdict(
+        status="incident",
+        cause="exited",
+        reason=f"server main process {how} {val}" + (f"; the log's last error: {err}" if err else ""),
+        phase=obs.logs.phase,
+        figures=(("exit_code", float(code if code is not None else 0)),),
+    )
+
+
+def _ready_now(obs: Observation, h: History) -> bool:
+    """Ready is proven, never printed: the server port is bound by a process of this tree and a
+    health request to it answered. The ready line is a phase hint only: a child can print it without
+    binding (a forged or broken server), and an orphan of an earlier launch can print it into the
+    shared server.log. SGLang binds before its warm-up and prints the line after, so this is at most
+    a health interval later than the line."""
+    owned = obs.ports.server_port_owned
+    if owned is None:  # the tree's descriptors are unreadable: the port accepting is all there is
+        owned = obs.ports.server_port_accepts
+    return owned and obs.health is not None and obs.health.ok
+
+
+def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSettings) -> tuple[Verdict, History]:
+    gone = _exited(obs)
+    if gone is not None:
+        return gone, h
+    dt = obs.at - h.base.at
+    moved, cpu_rate, base = _moved_channels(h.base, obs, dt, s)
+    moved_at = dict(h.moved_at)
+    line_at = obs.logs.last_line_at
+    for ch in moved:
+        # Channels read from the log moved when the line was read, which can be up to a poll
+        # before this observation; resource channels are only known at the poll.
+        from_log = ch in LOG_CHANNELS and line_at is not None and line_at <= now
+        moved_at[ch] = line_at if from_log and line_at is not None else now
+    strong = any(c in STRONG_CHANNELS for c in moved)
+    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=fold_busy(h.busy, obs, now, strong, s))
+    phase = obs.logs.phase
+    figures = (
+        ("since_progress_s", now - h.last_progress_at),
+        ("since_launch_s", now - h.launched_at),
+        ("tree_cpu_cores", round(cpu_rate, 3)),
+        ("tree_rss_bytes", float(obs.tree.rss_bytes)),
+        ("tree_gpu_mem_bytes", float(obs.gpu.tree_mem_bytes)),
+        ("gpu_util_percent", obs.gpu.max_util_percent),
+        ("log_lines", float(obs.logs.lines_total)),
+        *busy_figures(h.busy, obs, now),
+    )
+    if _ready_now(obs, h):
+        h = replace(h, ready_at=now)
+        why = "port bound by the tree and health answered"
+        return Verdict(status="ready", reason=why, phase="serving", moved=tuple(moved)), h
+    if now - h.launched_at >= s.startup_timeout_s:
+        return (
+            Verdict(
+                status="incident",
+                cause="startup_timeout",
+                reason=f"not ready after {s.startup_timeout_s:.0f} s (backstop), still in {phase}",
+                stall_class=stall_class(cpu_rate, obs, s),
+                phase=phase,
+                moved=tuple(moved),
+                figures=figures,
+            ),
+            h,
+        )
+    quiet = now - h.last_progress_at
+    cpu_quiet = now - moved_at.get("cpu", h.launched_at)
+    waiting = gpu_bound(h.busy, now, s)
+    stalled = quiet >= s.startup_stall_s and (cpu_quiet >= s.startup_stall_s or quiet >= s.cpu_only_stall_s or waiting)
+    if stalled:
+        cls = stall_class(cpu_rate, obs, s)
+        what = "only CPU moved" if cpu_quiet < s.startup_stall_s else "no channel moved"
+        if waiting and cpu_quiet < s.startup_stall_s:
+            cls, what = "busy", f"only CPU moved, and it waits on the GPU ({waiting})"
+        return (
+            Verdict(
+                status="incident",
+                cause="startup_stall",
+                reason=f"{what} for {quiet:.0f} s in phase {phase} ({cls})",
+                stall_class=cls,
+                phase=phase,
+                moved=tuple(moved),
+                figures=figures,
+            ),
+            h,
+        )
+    return Verdict(status="starting", reason=f"{phase}", phase=phase, moved=tuple(moved), figures=figures), h
+
+
+def _token_count(obs: Observation) -> float | None:
+    sv = obs.serving
+    if sv is None or not sv.available:
+        return None
+    if sv.decode_tokens_total is not None:
+        return sv.decode_tokens_total
+    return sv.generation_tokens_total
+
+
+def _accept_sample(obs: Observation, h: History) -> tuple[float | None, float | None]:
+    """A fresh acceptance-length reading taken while requests run, and the decode line's time."""
+    sv = obs.serving
+    # An accept length is at least 1.0 (the verified token); SGLang publishes 0.0 until its first
+    # decode-log interval, so anything under 1.0 is "no reading yet", not a regression.
+    if sv is not None and sv.available and sv.spec_accept_length is not None:
+        running = (sv.running_reqs or 0) > 0
+        return (sv.spec_accept_length if running and sv.spec_accept_length >= 1.0 else None), h.decode_at
+    d = obs.logs.last_decode
+    if d is None or d.accept_len is None or (h.decode_at is not None and d.at <= h.decode_at):
+        return None, h.decode_at
+    return (d.accept_len if d.running_reqs > 0 and d.accept_len >= 1.0 else None), d.at
+
+
+def assess_serving(
+    h: History, obs: Observation, now: float, s: WatchdogSettings, *, speculative: bool
+) -> tuple[Verdict, History]:
+    gone = _exited(obs)
+    if gone is not None:
+        return gone, h
+    # Ranks: every scheduler/detokenizer seen while serving must stay alive.
+    alive = {p.pid for p in obs.tree.processes if p.role in ("scheduler", "detokenizer") and p.status != "zombie"}
+    lost = h.ranks - alive
+    h = replace(h, ranks=h.ranks | alive)
+    if lost:
+        return (
+            Verdict(
+                status="incident",
+                cause="rank_died",
+                reason=f"child process(es) {sorted(lost)} of the server exited while the main process lives",
+                phase="serving",
+                figures=tuple(("lost_pid", float(p)) for p in sorted(lost)),
+            ),
+            replace(h, ranks=h.ranks - lost),
+        )
+    # Health.
+    if obs.health is not None:
+        fails = 0 if obs.health.ok else h.health_failures + 1
+        h = replace(h, health_failures=fails, health_seen=h.health_seen + 1)
+    if h.health_failures >= s.health_failures:
+        err = obs.health.error if obs.health is not None else ""
+        return (
+            Verdict(
+                status="incident",
+                cause="unhealthy",
+                reason=f"{h.health_failures} health checks failed in a row ({err})",
+                phase="serving",
+                figures=(("health_failures", float(h.health_failures)),),
+            ),
+            h,
+        )
+    # Token progress while requests are in flight.
+    tokens = _token_count(obs)
+    sv = obs.serving
+    # In flight: the scheduler's gauges, or the HTTP front's open generation requests (the gauges can
+    # freeze at 0 running when the stall follows a prefill line).
+    busy = (
+        sv is not None
+        and sv.available
+        and ((sv.running_reqs or 0) + (sv.queue_reqs or 0) > 0 or (sv.active_requests or 0) > 0)
+    )
+    if tokens is not None and (h.tokens is None or tokens > h.tokens):
+        # the scrape's own time: its answer may be attached a poll after it was taken
+        scraped = sv.at if sv is not None and sv.at <= now else now
+        h = replace(h, tokens=tokens, tokens_moved_at=scraped)
+    if not busy:
+        # Idle (or no metrics): an idle server's frozen gauges are not a stall.
+        h = replace(h, tokens_moved_at=now if tokens is not None else h.tokens_moved_at)
+    elif h.tokens_moved_at is not None and now - h.tokens_moved_at >= s.serving_stall_s:
+        assert sv is not None
+        return (
+            Verdict(
+                status="incident",
+                cause="serving_stall",
+                reason=(
+                    f"{(sv.running_reqs or 0):.0f} running and {(sv.queue_reqs or 0):.0f} queued requests"
+                    + (f" ({sv.active_requests:.0f} open at the HTTP front)" if sv.active_requests else "")
+                    + ", "
+                    f"no decode tokens for {now - h.tokens_moved_at:.0f} s"
+                ),
+                phase="serving",
+                figures=(("running_reqs", float(sv.running_reqs or 0)), ("tokens", float(tokens or 0))),
+            ),
+            h,
+        )
+    elif h.tokens_moved_at is None:
+        h = replace(h, tokens_moved_at=now)
+    # Speculative acceptance, judged only while traffic flows.
+    if speculative:
+        sample, decode_at = _accept_sample(obs, h)
+        kept = tuple(x for x in h.accept_samples if x[0] > now - s.spec_window_s)
+        if sample is not None:
+            kept += ((now, sample),)
+        h = replace(h, accept_samples=kept, decode_at=decode_at)
+        samples = h.accept_samples
+        span = samples[-1][0] - samples[0][0] if samples else 0.0
+        if len(samples) >= 3 and span >= s.spec_window_s / 2:
+            mean = sum(v for _, v in samples) / len(samples)
+            if mean < s.spec_accept_floor:
+                return (
+                    Verdict(
+                        status="degraded",
+                        cause="spec_regression",
+                        reason=f"speculative acceptance length {mean:.2f} under floor {s.spec_accept_floor:.2f}",
+                        phase="serving",
+                        figures=(("spec_accept_length", round(mean, 3)),),
+                    ),
+                    h,
+                )
+    if h.health_failures > 0:
+        return (
+            Verdict(
+                status="degraded",
+                reason=f"{h.health_failures} health check(s) failed in a row",
+                phase="serving",
+            ),
+            h,
+        )
+    return Verdict(status="ready", reason="healthy", phase="serving"), h
+
+
+def assess(
+    h: History, obs: Observation, now: float, s: WatchdogSettings, *, mode: Mode, speculative: bool = False
+) -> tuple[Verdict, History]:
+    """The watchdog's one decision per poll; pure."""
+    fire = fired(obs)
+    if fire is not None:  # SGLang judged the hang itself (supervisor/policy/sglangwd.py)
+        cls, frame = dump_class(fire)
+        why = reason(fire, obs.tree.root_alive) + (f"; its dump shows {frame}" if frame else "")
+        phase = obs.logs.phase if mode == "starting" else "serving"
+        fig = (("sglang_watchdog_timeout_s", fire.timeout_s or 0.0),)
+        return Verdict("incident", cause_for(mode), why, stall_class=cls, phase=phase, figures=fig), h
+    if mode == "starting":
+        return assess_starting(h, obs, now, s)
+    return assess_serving(h, obs, now, s, speculative=speculative)
+
+
+def mean_accept(h: History) -> float | None:
+    if not h.accept_samples:
+        return None
+    return sum(v for _, v in h.accept_samples) / len(h.accept_samples)
