@@ -27,7 +27,7 @@ from bench.report import table
 from probes.busy import BusyProbe
 from probes.gpm import GpmProbe
 from probes.gpu import GpuProbe
-from supervisor.diagnostics.tools import find_py_spy
+from supervisor.diagnostics import find_py_spy
 from supervisor.simulator.gpu import SimulatedDevice, SimulatedNvml
 
 SPINNER = (

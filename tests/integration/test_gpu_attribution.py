@@ -72,6 +72,7 @@ async def test_gpu_memory_never_released_follows_the_policy(
     s = sim(
         "crash_on_load",
         restart={"release_timeout_s": 1.0, "release_policy": policy, "retries_per_rung": 5},
+        gpu=nvml,
     )
     r = await daemon(s)
     pid = r.snap().pid
