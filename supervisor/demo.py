@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 from supervisor.config.settings import load_settings
-from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.logs import setup as logsetup
 from supervisor.simulator.gpu.kernel import create as create_gpu_file
@@ -112,27 +111,20 @@ def status_line(s: StatusSnapshot, t: float) -> str:
 
 
 async def _demo(config_path: Path, duration: float | None, until_recovered: bool) -> tuple[int, StatusSnapshot | None]:
-    from supervisor.daemon.serve import serve
+    from supervisor.daemon.inprocess import start_in_process
 
     settings = load_settings(config_path)
-    holder: list[Supervisor] = []
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        serve(settings, env=dict(os.environ), config_path=config_path, ready=ready, holder=holder)
-    )
     loop = asyncio.get_running_loop()
     start = loop.time()
-    await asyncio.wait({task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        return task.result(), None
-    sup = holder[0]
+    daemon = await start_in_process(settings, config_path=config_path, signals=True, start_timeout=60.0)
+    task = daemon.task
     # Ctrl-C goes to the supervisor's queue (the runner installed the handler): shut down cleanly.
     last = ""
     tty = sys.stdout.isatty()
     told_at: float | None = None
     while not task.done():
         t = loop.time() - start
-        snap = sup.snapshot()
+        snap = daemon.snapshot()
         line = status_line(snap, t)
         if line != last or tty:
             print(("\r" + line.ljust(120)) if tty else line, end="" if tty else "\n", flush=True)
@@ -147,7 +139,7 @@ async def _demo(config_path: Path, duration: float | None, until_recovered: bool
     rc = await task
     if tty:
         print()
-    return rc, sup.snapshot()
+    return rc, daemon.snapshot()
 
 
 def run_demo(*, duration: float | None, state_dir: str | None, keep: bool, until_recovered: bool = False) -> int:
