@@ -87,5 +87,5 @@ class SimulatedEvents:
             return extra
 
     def _queued_xids(self) -> list[tuple[int, int]]:
-        """Xid events raised in memory rather than through the file (tests/support/fake_nvml.py)."""
+        """Xid events raised in memory rather than through the file (none here; a subclass may add some)."""
         return []
