@@ -7,7 +7,9 @@ from typing import Any
 
 from supervisor.simulator.gpu import Handle, NVMLError, SimulatedDevice, SimulatedNvml
 
-__all__ = ["FakeNvml", "Handle", "NVMLError", "SimulatedDevice"]
+__all__ = ["FakeDevice", "FakeNvml", "Handle", "NVMLError", "SimulatedDevice"]
+
+FakeDevice = SimulatedDevice  # the name tests used when this lived in probes/fake_nvml.py
 
 
 class FakeNvml(SimulatedNvml):
