@@ -2,7 +2,7 @@
 
 - GPM: `GpmProbe.observe` (one `nvmlGpmSampleGet` per GPU and one `nvmlGpmMetricsGet` against the
   previous sample) after the GPU probe, per poll, for 1 and 8 GPUs. Real NVML where it loads and
-  supports GPM (the H200), else the fake NVML (it measures the probe's own cost only; said so).
+  supports GPM (the H200), else the simulator's GPU (it measures the probe's own cost only; said so).
 - py-spy looks: `BusyProbe.sample` (`py-spy dump --nonblocking --full-filenames`, Python frames only,
   in parallel) on 1, 2 and 4 real processes spinning in the simulator's `Event.synchronize`, plus
   the ones it skips (below 0.1 cores). Taken only while CPU is the only channel moving, one per poll.
@@ -25,10 +25,10 @@ from typing import Any
 from bench.common import ROOT, machine, median, percentile, publish, save_result, stamp
 from bench.report import table
 from probes.busy import BusyProbe
-from probes.fake_nvml import FakeDevice, FakeNvml
 from probes.gpm import GpmProbe
 from probes.gpu import GpuProbe
-from supervisor.diagnostics.tools import find_py_spy
+from supervisor.diagnostics import find_py_spy
+from supervisor.simulator.gpu import SimulatedDevice, SimulatedNvml
 
 SPINNER = (
     "from supervisor.simulator.mirror.sglang.srt.speculative.eagle_draft_cuda_graph_runner import "
@@ -40,7 +40,7 @@ SPINNER = (
 
 
 def _nvml(gpus: int) -> tuple[Any, str]:
-    """Real pynvml when it initialises and the GPUs support GPM, else the fake with `gpus` GPUs."""
+    """Real pynvml when it initialises and the GPUs support GPM, else the simulator's GPU with `gpus` GPUs."""
     try:
         import pynvml
 
@@ -50,8 +50,8 @@ def _nvml(gpus: int) -> tuple[Any, str]:
             return pynvml, f"real NVML ({len(obs.devices)} x {obs.devices[0].name})"
     except Exception:
         pass
-    fake = FakeNvml([FakeDevice(util=100, gpm={"sm_util": 0.76, "sm_occupancy": 0.01}) for _ in range(gpus)])
-    return fake, f"fake NVML, {gpus} GPU{'s' if gpus > 1 else ''} (the probe's own cost; no driver)"
+    sim = SimulatedNvml([SimulatedDevice(util=100, gpm={"sm_util": 0.76, "sm_occupancy": 0.01}) for _ in range(gpus)])
+    return sim, f"simulated GPU, {gpus} GPU{'s' if gpus > 1 else ''} (the probe's own cost; no driver)"
 
 
 def gpm_cost(gpus: int, polls: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 One script, every step, one table (issue 10). On the GPU machine, from the repository root:
 
-    PYTHONPATH=.:$PYTHONPATH python bench/gpu_bench.py --out $OUT --write-docs
+    python -m bench.gpu_bench --out $OUT --write-docs
 
 Steps: (e) the server comes up under the daemon and `/status` attributes its GPU memory to the tree;
 (a) the NVML probe's per-process memory and its cost per poll; (b) an idle deadlock after a 40 GB
@@ -10,7 +10,8 @@ load and (c) a GPU kernel spinning on a flag, each detected by the daemon, class
 (py-spy --native and cuda-gdb), stopped and the release verified; (d) the same two hangs captured
 without the daemon, with and without cuda-gdb, then SIGKILLed with the GPU release timed.
 `--device cpu` runs the same steps on host memory, to check the harness where there is no GPU
-(NVML then reports unavailable, or whatever `SGLANG_SUPERVISOR_FAKE_NVML` names).
+(NVML then reports unavailable; `--simulated-gpu FILE` reads the simulator's GPU instead, as
+`[gpu] source = "simulator"` does).
 `--render FILE` writes the docs section from a saved result file.
 """
 
@@ -32,16 +33,13 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import structlog
 
-import structlog  # noqa: E402
-
-from bench.gpuserver.direct import run_direct  # noqa: E402
-from bench.gpuserver.harness import RunConfig, gdb_facts, run_hang, run_serve  # noqa: E402
-from bench.gpuserver.measure import find_gdb, find_py_spy  # noqa: E402
-from bench.report import machine, stamp, table, write_section  # noqa: E402
+from bench.gpuserver.direct import run_direct
+from bench.gpuserver.harness import RunConfig, gdb_facts, run_hang, run_serve
+from bench.gpuserver.measure import find_gdb, find_py_spy
+from bench.report import machine, stamp, table, write_section
+from supervisor.config.gpu import GpuSettings
 
 GB = 1024**3
 
@@ -313,7 +311,7 @@ def section(results: dict[str, Any]) -> str:
     tests = f"\n{results['tests']}\n" if results.get("tests") else ""
     return f"""## GPU: real NVML, a real idle and busy hang on one GPU
 
-`PYTHONPATH=. python bench/gpu_bench.py --out DIR --write-docs` (or `--render DIR` afterwards) on the
+`python -m bench.gpu_bench --out DIR --write-docs` (or `--render DIR` afterwards) on the
 `nvidia-h200` device: {results["gpu"]}, driver {results["driver"]}, {results["date"]}.
 Machine: {results["machine"]}. Tools: {results["tools"]}.
 
@@ -345,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--weights-gb", type=float, default=40.0)
+    parser.add_argument("--simulated-gpu", default=None, help="read the simulator's GPU file instead of NVML")
     parser.add_argument("--out", type=Path, default=None, help="where the result JSON and the bundles go")
     parser.add_argument("--write-docs", action="store_true", help="write the `gpu` section of docs/BENCHMARKS.md")
     parser.add_argument(
@@ -362,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    rc = RunConfig(device=args.device, weights_gb=args.weights_gb)
+    gpu = GpuSettings(source="simulator", file=args.simulated_gpu) if args.simulated_gpu else GpuSettings()
+    rc = RunConfig(device=args.device, weights_gb=args.weights_gb, gpu=gpu)
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     results = asyncio.run(run_all(rc, work, args.out))
     hang, serve = render(results)

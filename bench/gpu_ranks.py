@@ -1,8 +1,8 @@
 """Eight ranks at one instant: the capture of an eight-rank tree by the daemon's diagnostics code.
 
-    python bench/gpu_ranks.py --write-docs                 # the H200 (one GPU: eight ranks share it)
-    python bench/gpu_ranks.py --cpu                        # any machine: the simulator's eight ranks, no GPU
-    python bench/gpu_ranks.py --cpu --spin                 # any machine: eight ranks spinning in Python
+    python -m bench.gpu_ranks --write-docs                 # the H200 (one GPU: eight ranks share it)
+    python -m bench.gpu_ranks --cpu                        # any machine: the simulator's eight ranks, no GPU
+    python -m bench.gpu_ranks --cpu --spin                 # any machine: eight ranks spinning in Python
 
 Eight processes (bench/gpuserver/busy_ranks.py, titled `sglang::scheduler_TP0..7`) each hold GPU
 memory and keep a `torch.cuda._sleep` kernel running; `supervisor.diagnostics.capture` reads all of
@@ -26,16 +26,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench.gpuserver.measure import find_gdb, find_py_spy
+from bench.report import machine, stamp, table, write_section
+from probes.gpu import GpuProbe
+from probes.proctree import MARKER_ENV, ProcessTreeProbe
+from supervisor.diagnostics import CaptureRequest, capture
+from supervisor.process import kill_marked, resume_stopped
 
-from bench.gpuserver.measure import find_gdb, find_py_spy  # noqa: E402
-from bench.report import machine, stamp, table, write_section  # noqa: E402
-from probes.gpu import GpuProbe, make_nvml  # noqa: E402
-from probes.proctree import MARKER_ENV, ProcessTreeProbe  # noqa: E402
-from supervisor.diagnostics import CaptureRequest, capture  # noqa: E402
-from supervisor.process import kill_marked, resume_stopped  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_S = 15.0
 
@@ -89,7 +87,7 @@ def start(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[bytes]
 
 async def capture_once(args: argparse.Namespace, root: int, marker: str, diag: Path, n: int) -> dict[str, Any]:
     procs = ProcessTreeProbe().observe(root, marker).processes
-    gpu = GpuProbe(make_nvml(os.environ)).snapshot_all()
+    gpu = GpuProbe().snapshot_all()  # the real NVML
     req = CaptureRequest(
         incident_id=f"ranks-{args.ranks}-{n}",
         trigger="hung",
@@ -142,7 +140,7 @@ def render(result: dict[str, Any]) -> str:
         [
             f"## Eight ranks at one instant ({result['mode']})",
             "",
-            f"Measured {result['stamp']} on {result['machine']}. Reproduce: `python bench/gpu_ranks.py"
+            f"Measured {result['stamp']} on {result['machine']}. Reproduce: `python -m bench.gpu_ranks"
             f"{ {'gpu': '', 'cpu': ' --cpu', 'cpu-spin': ' --cpu --spin'}[result['mode']] } --write-docs`.",
             "",
             f"{result['ranks']} processes titled `sglang::scheduler_TP0..{result['ranks'] - 1}`, each "

@@ -14,17 +14,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from bench.common import PY, ROOT, header, median, publish, save_result
+from bench.common import PY, header, median, publish, save_result
 from bench.report import table
-from supervisor.diagnostics.pystack import find_pystack, parse_pystack, pystack_argv
-from supervisor.diagnostics.ras import query_ras
-
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-from fake_ras import FakeRas, comm, report
+from supervisor.diagnostics import find_pystack, parse_pystack, pystack_argv, query_ras
+from tests.support.fake_ras import FakeRas, comm, report  # the tests' RAS server (run from the repository root)
 
 PROG = """
 import threading, time

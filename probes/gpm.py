@@ -39,7 +39,7 @@ def _err(err: BaseException) -> str:
 
 
 class GpmProbe:
-    """SM activity per GPU from GPM; `nvml` is the object the GPU probe uses (pynvml or FakeNvml)."""
+    """SM activity per GPU from GPM; `nvml` is the object the GPU probe uses (pynvml or the simulator's GPU)."""
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from probes.gpuscope import DeviceScope
 from probes.types import GpuDevice, GpuObservation, GpuProcess
 
-FAKE_NVML_ENV = "SGLANG_SUPERVISOR_FAKE_NVML"  # names a JSON file: see probes/fake_nvml.py
 INIT_RETRY_S = 60.0  # a failed nvmlInit is retried no more often: it can take seconds per attempt
 _NOT_AVAILABLE = 2**63  # older pynvml passes NVML_VALUE_NOT_AVAILABLE (2**64 - 1) through
 
@@ -48,7 +47,8 @@ class ProcessLike(Protocol):
 
 
 class NvmlLike(Protocol):
-    """The few pynvml functions the probe uses; the pynvml module itself and FakeNvml satisfy it."""
+    """The few pynvml functions the probe uses; the pynvml module itself and the simulator's GPU
+    (supervisor/simulator/gpu) satisfy it."""
 
     def nvmlInit(self) -> None: ...
 
@@ -73,14 +73,9 @@ class NvmlLike(Protocol):
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> Sequence[ProcessLike]: ...
 
 
-def make_nvml(env: Mapping[str, str]) -> NvmlLike | None:
-    """What the daemon hands GpuProbe: the fake NVML when `FAKE_NVML_ENV` names a file (tests),
-    else the pynvml module, else None (GpuProbe then reports `unavailable`)."""
-    path = env.get(FAKE_NVML_ENV)
-    if path:
-        from probes.fake_nvml import FakeNvml
-
-        return FakeNvml.from_file(path)
+def load_pynvml() -> NvmlLike | None:
+    """The pynvml module, or None where it is not installed (GpuProbe then reports `unavailable`).
+    Which NVML the daemon reads is the composition root's choice (supervisor/daemon/gpusource.py)."""
     try:
         import pynvml
     except Exception:  # ImportError, or a broken install failing on import

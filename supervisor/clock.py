@@ -1,4 +1,5 @@
-"""Injected time: the daemon reads the clock only through a `Clock`, so tests drive a fake one."""
+"""Injected time: the daemon reads the clock only through a `Clock`, so tests drive a fake one
+(tests/support/fakeclock.py)."""
 
 from __future__ import annotations
 
@@ -24,24 +25,3 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
-
-
-class FakeClock:
-    """A clock that only moves when told to; `sleep` advances it and yields to the loop."""
-
-    def __init__(self, start: float = 1000.0, wall_offset: float = 1_700_000_000.0) -> None:
-        self.now = start
-        self._wall_offset = wall_offset
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return self.now + self._wall_offset
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
-        await asyncio.sleep(0)

@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 
 from supervisor.config.settings import load_settings
-from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.logs import setup as logsetup
+from supervisor.simulator.gpu.kernel import create as create_gpu_file
 
 
 def free_port() -> int:
@@ -32,6 +32,7 @@ def free_port() -> int:
 
 def demo_config(state_dir: Path, server_port: int, api_port: int) -> str:
     py = sys.executable
+    gpu_file = state_dir / "simulated-gpu.json"
     return f"""\
 # Written by `sglang-supervisor demo`: the built-in SGLang simulator stands in for a GPU server.
 [server]
@@ -40,7 +41,7 @@ host = "127.0.0.1"
 port = {server_port}
 # The simulator's behaviour: deadlock right after the weights load, unless --disable-cuda-graph.
 env = {{ SGLANG_SIM_SCENARIO = "deadlock_after_load", SGLANG_SIM_UNLESS = "disable-cuda-graph", \
-SGLANG_SIM_PACE = "0.5", SGLANG_SIM_HEALTH_LATENCY_S = "0.2" }}
+SGLANG_SIM_PACE = "0.5", SGLANG_SIM_HEALTH_LATENCY_S = "0.2", SGLANG_SIM_GPU_FILE = "{gpu_file}" }}
 
 [server.args]
 model-path = "/models/demo-model"
@@ -78,6 +79,11 @@ port = {api_port}
 
 [paths]
 state_dir = "{state_dir}"
+
+# No GPU here: the daemon reads the simulator's GPU, a JSON file the simulated server writes to.
+[gpu]
+source = "simulator"
+file = "{gpu_file}"
 """
 
 
@@ -105,27 +111,20 @@ def status_line(s: StatusSnapshot, t: float) -> str:
 
 
 async def _demo(config_path: Path, duration: float | None, until_recovered: bool) -> tuple[int, StatusSnapshot | None]:
-    from supervisor.daemon.serve import serve
+    from supervisor.daemon.inprocess import start_in_process
 
     settings = load_settings(config_path)
-    holder: list[Supervisor] = []
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        serve(settings, env=dict(os.environ), config_path=config_path, ready=ready, holder=holder)
-    )
     loop = asyncio.get_running_loop()
     start = loop.time()
-    await asyncio.wait({task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        return task.result(), None
-    sup = holder[0]
+    daemon = await start_in_process(settings, config_path=config_path, signals=True, start_timeout=60.0)
+    task = daemon.task
     # Ctrl-C goes to the supervisor's queue (the runner installed the handler): shut down cleanly.
     last = ""
     tty = sys.stdout.isatty()
     told_at: float | None = None
     while not task.done():
         t = loop.time() - start
-        snap = sup.snapshot()
+        snap = daemon.snapshot()
         line = status_line(snap, t)
         if line != last or tty:
             print(("\r" + line.ljust(120)) if tty else line, end="" if tty else "\n", flush=True)
@@ -140,7 +139,7 @@ async def _demo(config_path: Path, duration: float | None, until_recovered: bool
     rc = await task
     if tty:
         print()
-    return rc, sup.snapshot()
+    return rc, daemon.snapshot()
 
 
 def run_demo(*, duration: float | None, state_dir: str | None, keep: bool, until_recovered: bool = False) -> int:
@@ -150,6 +149,9 @@ def run_demo(*, duration: float | None, state_dir: str | None, keep: bool, until
     api_port = free_port()
     config_path = root / "demo.toml"
     config_path.write_text(demo_config(root, free_port(), api_port))
+    gpu = load_settings(config_path).gpu
+    if gpu.file:
+        create_gpu_file(Path(gpu.file), gpus=2)  # tp-size 2
     logsetup.configure(json=False, level="WARNING")
     print(f"sglang-supervisor demo: config {config_path}, API http://127.0.0.1:{api_port}/status")
     print("rung 'base' deadlocks after the weights load; watch it be detected, diagnosed and fall back.")
@@ -159,6 +161,7 @@ def run_demo(*, duration: float | None, state_dir: str | None, keep: bool, until
         print("Ctrl-C to stop.")
     where = "deleted at the end (--keep keeps it)" if temp and not keep else "kept"
     print(f"logs, evidence bundles and the event journal go to {root} ({where})")
+    print(f"GPU: {gpu.describe()}")
     rc, snap = asyncio.run(_demo(config_path, duration, until_recovered))
     if snap is not None:
         print(f"final: state={snap.state} rung={snap.rung} restarts={snap.restarts} incidents={snap.incidents}")

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 from structlog.testing import capture_logs
 
-from supervisor.clock import FakeClock
 from supervisor.daemon.sdnotify import NOTIFY_ENV_KEYS, Notifier, WatchdogPacer
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from bench.gpuserver.harness import ROOT, RunConfig, free_port, server_env, wait_file
 from bench.gpuserver.measure import alive, device_used, find_gdb, find_py_spy, wait_released
-from probes.gpu import GpuProbe, make_nvml
+from probes.gpu import GpuProbe
 from probes.proctree import ProcessTreeProbe
-from supervisor.diagnostics import CaptureRequest, capture
-from supervisor.diagnostics.tools import parse_cuda_kernels
+from supervisor.daemon.gpusource import open_nvml
+from supervisor.diagnostics import CaptureRequest, capture, parse_cuda_kernels
 from supervisor.process import resume_stopped
 
 
@@ -44,7 +44,7 @@ class DirectResult:
 async def run_direct(work: Path, mode: str, rc: RunConfig) -> DirectResult:
     """Hang the server without the daemon, run the daemon's capture twice (without, then with gdb), SIGKILL it."""
     work.mkdir(parents=True, exist_ok=True)
-    probe = GpuProbe(make_nvml(os.environ))
+    probe = GpuProbe(open_nvml(rc.gpu))
     baseline = device_used(probe)
     status_file = work / "status.json"
     env = {**os.environ, **server_env(mode, status_file, rc), "PYTHONUNBUFFERED": "1"}

@@ -32,13 +32,12 @@ from bench.gpuserver.measure import (
     probe_cost,
     wait_released,
 )
-from probes.gpu import GpuProbe, make_nvml
+from probes.gpu import GpuProbe
+from supervisor.config.gpu import GpuSettings
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.commands import Command
-from supervisor.daemon.loop import Supervisor
-from supervisor.daemon.serve import serve
-from supervisor.daemon.snapshot import StatusSnapshot
-from supervisor.diagnostics.tools import parse_cuda_kernels
+from supervisor.daemon.gpusource import open_nvml
+from supervisor.daemon.inprocess import InProcessDaemon, StatusSnapshot, start_in_process
+from supervisor.diagnostics import parse_cuda_kernels
 from supervisor.process import kill_marked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +59,7 @@ class RunConfig:
     release_timeout_s: float = 30.0
     ready_timeout_s: float = 240.0
     env: Mapping[str, str] = field(default_factory=dict)
+    gpu: GpuSettings = field(default_factory=GpuSettings)  # [gpu]: the real NVML, or the simulator's GPU
 
 
 def free_port() -> int:
@@ -120,6 +120,7 @@ def settings_for(work: Path, mode: str, rc: RunConfig, *, gdb: str) -> Settings:
             },
             "api": {"port": free_port()},
             "paths": {"state_dir": str(work / "state")},
+            "gpu": rc.gpu.model_dump(),
         }
     )
 
@@ -145,46 +146,29 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 @dataclass
 class Daemon:
-    sup: Supervisor
-    task: asyncio.Task[int]
-    settings: Settings
+    """The daemon in-process (supervisor.daemon.inprocess), cleaning up its tree's leftovers on stop."""
+
+    inner: InProcessDaemon
+
+    @property
+    def settings(self) -> Settings:
+        return self.inner.settings
 
     def snap(self) -> StatusSnapshot:
-        return self.sup.snapshot()
+        return self.inner.snapshot()
 
     async def wait_for(self, pred: Callable[[StatusSnapshot], bool], timeout: float, what: str) -> StatusSnapshot:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            snap = self.snap()
-            if pred(snap):
-                return snap
-            if self.task.done():
-                self.task.result()
-                raise RuntimeError(f"the daemon exited while waiting for {what}")
-            await asyncio.sleep(0.05)
-        raise TimeoutError(f"no {what} within {timeout:.0f} s; last state {self.snap().state} ({self.snap().reason})")
+        return await self.inner.wait_for(pred, timeout, what)
 
     async def stop(self) -> None:
-        if not self.task.done():
-            self.sup.queue.put_nowait(Command(kind="shutdown", source="bench"))
         try:
-            await asyncio.wait_for(self.task, timeout=120)
+            await self.inner.stop(timeout=120)
         finally:
-            await asyncio.to_thread(kill_marked, self.sup.marker, grace_s=0.5)
+            await asyncio.to_thread(kill_marked, self.inner.marker, grace_s=0.5)
 
 
 async def start_daemon(settings: Settings) -> Daemon:
-    holder: list[Supervisor] = []
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        serve(settings, env=dict(os.environ), config_path=None, ready=ready, holder=holder, signals=False)
-    )
-    waiter = asyncio.create_task(ready.wait())
-    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED, timeout=30)
-    waiter.cancel()
-    if task.done():
-        task.result()
-    return Daemon(holder[0], task, settings)
+    return Daemon(await start_in_process(settings, env=dict(os.environ)))
 
 
 async def wait_file(path: Path, pred: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
@@ -255,7 +239,7 @@ async def run_hang(work: Path, mode: str, rc: RunConfig, *, gdb: str = "on_hang"
     """Launch under the daemon, let it detect, capture, stop and verify; read what it recorded."""
     work.mkdir(parents=True, exist_ok=True)
     settings = settings_for(work, mode, rc, gdb=gdb)
-    probe = GpuProbe(make_nvml(os.environ))
+    probe = GpuProbe(open_nvml(rc.gpu))
     baseline = device_used(probe)
     daemon = await start_daemon(settings)
     watch: ReleaseWatch | None = None
@@ -316,7 +300,7 @@ class ServeResult:
 async def run_serve(work: Path, rc: RunConfig, *, calls: int = 100) -> ServeResult:
     work.mkdir(parents=True, exist_ok=True)
     settings = settings_for(work, "serve", rc, gdb="never")
-    probe = GpuProbe(make_nvml(os.environ))
+    probe = GpuProbe(open_nvml(rc.gpu))
     baseline = device_used(probe)
     daemon = await start_daemon(settings)
     try:

@@ -2,7 +2,7 @@
 
 Run on a CPU machine that reaches the package index (any Python 3.10+):
 
-    python3 bench/real/build_bundle.py            # writes .real/bundle.tar.xz (git-ignored)
+    python3 -m bench.real.build_bundle            # writes .real/bundle.tar.xz (git-ignored)
 
 The list, with the reason each package travels, is `bench/real/packages.toml`. The archive holds
 `site/` (put it first on PYTHONPATH) and `bin/py-spy`; on the device `bench/real/run.py` unpacks it

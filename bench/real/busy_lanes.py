@@ -34,17 +34,20 @@ SIMULATE = os.environ.get("REAL_SIMULATE") == "1"
 
 
 def _fake_gpu(work: Path) -> dict[str, str]:
-    """REAL_SIMULATE: one fake H200 with GPM, shared by the daemon (reads) and the simulator (writes)."""
+    """REAL_SIMULATE: one simulated H200 with GPM, shared by the daemon (`[gpu]`, reads) and the
+    simulator (`SGLANG_SIM_GPU_FILE` in the server's environment, writes)."""
     if not SIMULATE:
         return {}
     path = work / "fake-nvml.json"
     path.write_text(json.dumps({"devices": [{"util": 0, "mem_used": 1 << 30, "gpm": {"sm_util": 0.0}}]}))
-    return {"SGLANG_SUPERVISOR_FAKE_NVML": str(path)}
+    return {"SGLANG_SIM_GPU_FILE": str(path)}
 
 
 def _daemon(work: Path, real: Path, cfg: dict[str, Any], gpu_env: dict[str, str]) -> Daemon:
     cfg["server"]["port"] = free_port()
-    return Daemon(work, cfg, {**configs.daemon_env(real), **gpu_env})
+    if gpu_env:  # the daemon reads the simulated GPU because its config says so
+        cfg["gpu"] = {"source": "simulator", "file": gpu_env["SGLANG_SIM_GPU_FILE"]}
+    return Daemon(work, cfg, configs.daemon_env(real))
 
 
 def _fault_env(work: Path) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Issue 22's lanes (`busyhang`, `clean3`) -> the "Real SGLang: busy hangs at start-up" section of
 docs/BENCHMARKS.md, with a slim copy in bench/real/results/busy-h200.json. Called by report.py:
 
-    python3 bench/real/report.py --busy OUT/results-work4.json    # store, then render every section
-    python3 bench/real/report.py                                  # re-render (this section too, once stored)
+    python3 -m bench.real.report --busy OUT/results-work4.json    # store, then render every section
+    python3 -m bench.real.report                                  # re-render (this section too, once stored)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ a GPU kernel (`torch.cuda._sleep`); cuda-gdb attaches to it with the daemon's ow
 variants: no symbol loading for shared libraries, and `info cuda kernels` alone. Prints and writes
 JSON: seconds, exit code, whether a `#0` frame and the spinning kernel were seen.
 
-    python3 bench/real/cudagdb_probe.py --out DIR [--gdb /usr/local/cuda/bin/cuda-gdb]
+    python3 -m bench.real.cudagdb_probe --out DIR [--gdb /usr/local/cuda/bin/cuda-gdb]
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from supervisor.diagnostics import tools  # noqa: E402
+from supervisor import diagnostics
 
 TARGET = r"""
 import threading, time, torch
@@ -44,7 +41,7 @@ KERNELS = ("-ex", "info cuda kernels")
 def variants(exe: str, pid: int) -> dict[str, tuple[str, ...]]:
     p = (exe, "-p", str(pid))
     return {
-        "daemon": tools.gdb_argv(exe, pid, "cuda-gdb"),
+        "daemon": diagnostics.gdb_argv(exe, pid, "cuda-gdb"),
         "no_solib": (*p, *NO_SOLIB, *QUIET, *HEAD, "-ex", "thread apply all bt", *KERNELS),
         "kernels_only": (*p, *QUIET, *HEAD, *KERNELS),
         "kernels_only_no_solib": (*p, *NO_SOLIB, *QUIET, *HEAD, *KERNELS),
@@ -67,10 +64,10 @@ def main() -> None:
         for rnd in range(args.rounds):
             for name, argv in variants(args.gdb, target.pid).items():
                 t0 = time.time()
-                env = tools.tool_env(dict(os.environ))
+                env = diagnostics.tool_env(dict(os.environ))
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
                 dt = round(time.time() - t0, 2)
-                kernels = tools.parse_cuda_kernels(r.stdout)
+                kernels = diagnostics.parse_cuda_kernels(r.stdout)
                 (args.out / f"{name}-{rnd}.txt").write_text(f"# {' '.join(argv)}\n{r.stdout}\n--- stderr\n{r.stderr}")
                 row = {"variant": name, "round": rnd, "seconds": dt, "rc": r.returncode,
                        "frame0": "#0 " in r.stdout, "kernels": list(kernels), "bytes": len(r.stdout)}

@@ -17,34 +17,34 @@ STAGES=${STAGES:-"matrix tp2 gputp"}
 mkdir -p "$OUTDIR"
 stamp() { echo "$(date -u +%H:%M:%S) $*" >> "$OUTDIR/stages.txt"; }
 stamp setup-begin
-python3 bench/real/run.py setup --real "$REAL" > "$OUTDIR/setup.json" 2>&1
+python3 -m bench.real.run setup --real "$REAL" > "$OUTDIR/setup.json" 2>&1
 stamp setup-end
 # The lanes import the daemon (pydantic, fastapi, structlog), which the bundle carries.
 export PYTHONPATH="$REAL/site:$(pwd)"
 for stage in $STAGES; do
   stamp "$stage-begin"
   case $stage in
-    matrix) python3 bench/real/run.py matrix --real "$REAL" --work "$REAL/work" --deadline 580
-            python3 bench/real/run.py pack --work "$REAL/work" --out "$OUTDIR" ;;
-    tp2)    python3 bench/real/run.py tp2 --real "$REAL" --work "$REAL/work2" --deadline 400
-            python3 bench/real/run.py pack --work "$REAL/work2" --out "$OUTDIR" ;;
-    tp2b)   python3 bench/real/run.py tp2b --real "$REAL" --work "$REAL/work3" --deadline 300
-            python3 bench/real/run.py pack --work "$REAL/work3" --out "$OUTDIR" ;;
-    plan)   python3 bench/real/run.py plan --plan "$PLAN" --real "$REAL" --work "$REAL/work4" --deadline 560
-            python3 bench/real/run.py pack --work "$REAL/work4" --out "$OUTDIR" ;;
-    i24)    python3 bench/real/run.py plan --plan "stall:0:0,xid:0:75" --real "$REAL" --work "$REAL/work24" --deadline 560
-            python3 bench/real/run.py pack --work "$REAL/work24" --out "$OUTDIR" ;;
-    i24tp2) python3 bench/real/run.py plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
-            python3 bench/real/run.py pack --work "$REAL/work24b" --out "$OUTDIR" ;;
-    busy)   python3 bench/real/run.py plan --plan "busyhang:0:0" --real "$REAL" --work "$REAL/work22a" --deadline 400
-            python3 bench/real/run.py pack --work "$REAL/work22a" --out "$OUTDIR" ;;
-    clean)  python3 bench/real/run.py plan --plan "clean3:0:0" --real "$REAL" --work "$REAL/work22b" --deadline 560
-            python3 bench/real/run.py pack --work "$REAL/work22b" --out "$OUTDIR" ;;
+    matrix) python3 -m bench.real.run matrix --real "$REAL" --work "$REAL/work" --deadline 580
+            python3 -m bench.real.run pack --work "$REAL/work" --out "$OUTDIR" ;;
+    tp2)    python3 -m bench.real.run tp2 --real "$REAL" --work "$REAL/work2" --deadline 400
+            python3 -m bench.real.run pack --work "$REAL/work2" --out "$OUTDIR" ;;
+    tp2b)   python3 -m bench.real.run tp2b --real "$REAL" --work "$REAL/work3" --deadline 300
+            python3 -m bench.real.run pack --work "$REAL/work3" --out "$OUTDIR" ;;
+    plan)   python3 -m bench.real.run plan --plan "$PLAN" --real "$REAL" --work "$REAL/work4" --deadline 560
+            python3 -m bench.real.run pack --work "$REAL/work4" --out "$OUTDIR" ;;
+    i24)    python3 -m bench.real.run plan --plan "stall:0:0,xid:0:75" --real "$REAL" --work "$REAL/work24" --deadline 560
+            python3 -m bench.real.run pack --work "$REAL/work24" --out "$OUTDIR" ;;
+    i24tp2) python3 -m bench.real.run plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
+            python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
+    busy)   python3 -m bench.real.run plan --plan "busyhang:0:0" --real "$REAL" --work "$REAL/work22a" --deadline 400
+            python3 -m bench.real.run pack --work "$REAL/work22a" --out "$OUTDIR" ;;
+    clean)  python3 -m bench.real.run plan --plan "clean3:0:0" --real "$REAL" --work "$REAL/work22b" --deadline 560
+            python3 -m bench.real.run pack --work "$REAL/work22b" --out "$OUTDIR" ;;
     busyoh) PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH timeout 120 python3 -m bench.busy_overhead --no-write > "$OUTDIR/busyoh.log" 2>&1 ;;
-    ranks)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH timeout 300 python3 bench/gpu_ranks.py --ranks 8 --gb 2 \
+    ranks)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH timeout 300 python3 -m bench.gpu_ranks --ranks 8 --gb 2 \
             --out "$OUTDIR/ranks" > "$OUTDIR/ranks.log" 2>&1 ;;
     gputp)  PYTHONPATH=$REAL/site:. PATH=$REAL/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-            NVSHMEM_DISABLE_NVLS=1 timeout 240 python3 bench/gpu_tp.py --backend nccl --tp-size 2 \
+            NVSHMEM_DISABLE_NVLS=1 timeout 240 python3 -m bench.gpu_tp --backend nccl --tp-size 2 \
             --out "$OUTDIR/gputp" > "$OUTDIR/gputp.log" 2>&1 ;;
   esac
   stamp "$stage-end"

@@ -52,8 +52,8 @@ def lane_xid(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     cfg = configs.config(real, models, gpus=gpu, watchdog=dict(configs.FAST), env_extra=extra, inject=True)
     cfg["server"]["port"] = free_port()
     env = configs.daemon_env(real)
-    if _simulated():
-        env["SGLANG_SUPERVISOR_FAKE_NVML"] = str(_fake_nvml(work, []))
+    if _simulated():  # the simulator's GPU, named by the config: its file raises the Xid below
+        cfg["gpu"] = {"source": "simulator", "file": str(_fake_nvml(work, []))}
     d = Daemon(work, cfg, env)
     rec = Recorder(d).start()
     with _recording(res, d, rec):

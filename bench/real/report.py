@@ -1,8 +1,8 @@
 """Turn the recipe's results into docs/BENCHMARKS.md's "Real SGLang" and "Multi-GPU" sections.
 
-    python3 bench/real/report.py --raw OUT/results-work.json OUT2/results-work4.json=after_ ... \
+    python3 -m bench.real.report --raw OUT/results-work.json OUT2/results-work4.json=after_ ... \
         [--gpu-tp gpu_tp.json] [--nvml nvml.json] [--cudagdb cudagdb.json]
-    python3 bench/real/report.py          # re-render from the slim copy kept in bench/real/results/
+    python3 -m bench.real.report          # re-render from the slim copy kept in bench/real/results/
 
 `--raw` takes what `run.py pack` brought back from the device, keeps a slim copy (no timelines or
 full bundles) under bench/real/results/, and writes the sections. A later file's lane replaces an
@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from bench.gpu_tp_render import ran_section
+from bench.real import busy_report
+from bench.report import table, write_section
 
-from bench import gpu_tp  # noqa: E402
-from bench.real import busy_report  # noqa: E402
-from bench.report import table, write_section  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 RESULTS = ROOT / "bench" / "real" / "results"
 SLIM = RESULTS / "h200x2-2026-12-01.json"
@@ -224,9 +223,9 @@ matrix ran its four lanes at once, two servers per GPU (start-ups 45 s apart), s
 include that contention; a, c and d are from a re-run of lane `serve` (beside the cuda-gdb probe on
 the other GPU; the matrix's own run of it picked a zombie fork as d's victim: fixed in the recipe),
 and the two "again" rows are
-single-lane runs made after the cuda-gdb change below. Reproduce: `python3
-bench/real/build_bundle.py` here, then on the GPU machine `sh bench/real/device.sh` (or `run.py
-setup`, `run.py matrix`, `run.py tp2`, `run.py pack`), and `python3 bench/real/report.py --raw ...`
+single-lane runs made after the cuda-gdb change below. Reproduce: `python3 -m
+bench.real.build_bundle` here, then on the GPU machine `sh bench/real/device.sh` (or `python3 -m
+bench.real.run` `setup`, `matrix`, `tp2`, `pack`), and `python3 -m bench.real.report --raw ...`
 (bench/real/README.md).
 
 {table(head, rows)}
@@ -371,7 +370,7 @@ def harness_again(rows: dict[str, str], when: str) -> str:
 
 
 def multi_section(doc: dict[str, Any], harness: list[dict[str, Any]]) -> str:
-    runs = "\n".join(gpu_tp._ran(r).replace("on one GPU", "on two GPUs" if r["tp_size"] > 1 else "on one GPU")
+    runs = "\n".join(ran_section(r).replace("on one GPU", "on two GPUs" if r["tp_size"] > 1 else "on one GPU")
                      for r in harness)
     again = harness_again(doc.get("gpu_tp_again") or {}, str(doc.get("versions", {}).get("date", ""))[:10])
     return f"""## Multi-GPU: tensor-parallel collective hangs on two H200s (issues 11, 15)

@@ -1,11 +1,13 @@
 """Real SGLang under the daemon, on the GPU machine. One entry point, several steps:
 
-    python3 bench/real/run.py setup   --bundle .real/bundle.tar.xz     # unpack, make the tiny models
-    python3 bench/real/run.py matrix  --work /tmp/real/work            # issue 14's lanes, in parallel
-    python3 bench/real/run.py tp2     --work /tmp/real/work2           # issue 15: tensor parallelism 2
-    python3 bench/real/run.py tp2b    --work /tmp/real/work3           # a two-rank transcript
-    python3 bench/real/run.py plan    --plan stall:0:0,deadlock:1:0    # chosen lanes (lane:gpus:delay)
-    python3 bench/real/run.py pack    --work DIR --out DIR             # results.json + transcripts.tar.gz
+    python3 -m bench.real.run setup   --bundle .real/bundle.tar.xz     # unpack, make the tiny models
+    python3 -m bench.real.run matrix  --work /tmp/real/work            # issue 14's lanes, in parallel
+    python3 -m bench.real.run tp2     --work /tmp/real/work2           # issue 15: tensor parallelism 2
+    python3 -m bench.real.run tp2b    --work /tmp/real/work3           # a two-rank transcript
+    python3 -m bench.real.run plan    --plan stall:0:0,deadlock:1:0    # chosen lanes (lane:gpus:delay)
+    python3 -m bench.real.run pack    --work DIR --out DIR             # results.json + transcripts.tar.gz
+
+From the repository root (`-m` puts it on the path).
 
 The lanes import the daemon, so PYTHONPATH must hold the bundle's site/ and the repo (device.sh
 sets it).
@@ -31,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 # Lanes of the matrix: (lane, GPU, delay before it starts). Two servers share a GPU only with their
 # start-ups 45 s apart: SGLang sizes its KV pool from the memory free before its weights load.
@@ -46,7 +47,7 @@ def setup(bundle: Path, real: Path) -> dict[str, Any]:
         with tarfile.open(bundle) as tar:
             tar.extractall(real)
     env = {**os.environ, "PYTHONPATH": str(real / "site")}
-    subprocess.run([sys.executable, str(ROOT / "bench" / "real" / "models.py"), str(real / "models")],
+    subprocess.run([sys.executable, "-m", "bench.real.models", str(real / "models")],
                    env=env, check=True, cwd=ROOT)
     return {"setup_s": round(time.time() - t0, 1)}
 
@@ -80,8 +81,8 @@ def lane(name: str, work: Path, real: Path, gpu: str) -> None:
 
     work.mkdir(parents=True, exist_ok=True)
     if name == "cudagdb":
-        subprocess.run([sys.executable, str(ROOT / "bench" / "real" / "cudagdb_probe.py"), "--out", str(work)],
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu}, check=False)
+        subprocess.run([sys.executable, "-m", "bench.real.cudagdb_probe", "--out", str(work)],
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu}, check=False, cwd=ROOT)
         return
     if name == "transcript" or name == "transcript_tp2":
         tp = 2 if name.endswith("tp2") else 1
@@ -109,7 +110,7 @@ def run_lanes(plan: tuple[tuple[str, str, float], ...], work: Path, real: Path, 
                 pending.remove(item)
                 log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it
                 procs[name] = subprocess.Popen(
-                    [sys.executable, str(Path(__file__)), "lane", name, "--gpu", gpu, "--work", str(work / name),
+                    [sys.executable, "-m", "bench.real.run", "lane", name, "--gpu", gpu, "--work", str(work / name),
                      "--real", str(real)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if time.time() - t0 > deadline_s:

@@ -99,6 +99,7 @@ def check_rungs(
         out.write(f"  command: {shlex.join(redact.argv(r.argv))}\n")
         if r.env:
             out.write("  env: " + " ".join(f"{k}={v}" for k, v in redact.env(r.env).items()) + "\n")
+    out.write(f"gpu: {settings.gpu.describe()}\n")
     findings = check_settings(settings, os.environ if env is None else env)
     for f in findings:
         out.write(f.line() + "\n")
@@ -131,6 +132,7 @@ def check_rungs_json(
     failed = any(f.level == "error" or strict for f in findings)
     doc: dict[str, object] = {
         "rungs": rungs,
+        "gpu": {"source": settings.gpu.source, "file": settings.gpu.file, "detail": settings.gpu.describe()},
         "findings": [{"level": f.level, "key": f.key, "message": f.message} for f in findings],
     }
     if validate:

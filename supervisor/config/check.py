@@ -47,16 +47,20 @@ def check_settings(settings: Settings, env: Mapping[str, str], which: Which = _w
 
 
 def _gpus(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
-    """A GPU another process holds memory on: the daemon would refuse to launch onto it."""
-    from probes.gpu import GpuProbe, make_nvml
+    """A GPU another process holds memory on: the daemon would refuse to launch onto it; a simulated
+    GPU whose file cannot be read (the probe would report `unavailable` until it can)."""
+    from probes.gpu import GpuProbe
     from supervisor.daemon import cleanslate as cs
+    from supervisor.daemon.gpusource import open_nvml
 
-    probe = GpuProbe(make_nvml(env))
+    probe = GpuProbe(open_nvml(settings.gpu))
     try:
         gpu = probe.snapshot_all()
     finally:
         probe.close()
     if gpu.status != "ok":
+        if settings.gpu.simulated:
+            return [Finding("warning", "gpu.file", f"the GPU probe would report unavailable: {gpu.reason}")]
         return []
     server_env = {**env, **render_rung(settings.server, settings.ladder[0]).env}
     holders = cs.gpu_holders(gpu, (), cs.visible_gpus(server_env, gpu), cs.command_of)

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.alerting.settings import NotifyTarget, unique_names
+from supervisor.config.gpu import GpuSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -221,6 +222,7 @@ class Settings(_Section):
     logs: LogsSettings = Field(default_factory=LogsSettings)
     paths: PathsSettings = Field(default_factory=PathsSettings)
     notify: tuple[NotifyTarget, ...] = ()  # [[notify]]: supervisor/alerting, docs/OPERATIONS.md
+    gpu: GpuSettings = Field(default_factory=GpuSettings)  # [gpu]: supervisor/config/gpu.py
 
     @field_validator("fallback", "notify", mode="before")
     @classmethod

@@ -76,7 +76,7 @@ class Supervisor(Core):
     async def startup(self, autostart: bool) -> None:
         self.selfcheck = await asyncio.to_thread(
             self_check, self.settings.diagnostics.py_spy_path, self.settings.diagnostics.gdb_path
-        ) + (await asyncio.to_thread(self.observer.gpm_check),)
+        ) + (await asyncio.to_thread(self.observer.gpm_check),) + self.observer.gpu_source_checks()
         for check in self.selfcheck:
             log.info("selfcheck", tool=check.name, ok=check.ok, detail=check.detail)
         names = tuple(r.name for r in self.settings.ladder)

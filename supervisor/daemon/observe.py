@@ -100,6 +100,14 @@ class Observer:
         fallback = "" if ok else " (busy hangs at start-up are judged from py-spy looks alone)"
         return ToolCheck(name="gpm", ok=ok, detail=detail + fallback)
 
+    def gpu_source_checks(self) -> tuple[ToolCheck, ...]:
+        """The self-check's line saying the GPU is the simulator's (none with the real NVML), so an
+        operator never mistakes simulated readings for a GPU's."""
+        gpu = self.settings.gpu
+        if not gpu.simulated:
+            return ()
+        return (ToolCheck(name="gpu", ok=True, detail=f"simulated: {gpu.describe()}"),)
+
     def reset(self) -> None:
         """A new launch: a fresh log parser and no stale HTTP answers."""
         self.parser = LogParser()

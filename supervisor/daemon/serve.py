@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from api.app import create_app
 from api.auth import check_bind, load_token
-from probes.gpu import GpuProbe, make_nvml
+from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
 from probes.xid import XidWatcher
@@ -30,6 +30,7 @@ from supervisor.clock import Clock, SystemClock
 from supervisor.config.settings import ConfigError, Settings
 from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.daemon.commands import Command
+from supervisor.daemon.gpusource import open_nvml
 from supervisor.daemon.instance_lock import StateLock, acquire
 from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.metrics import SupervisorMetrics
@@ -156,12 +157,12 @@ def make_supervisor(
     cgroups, why = CgroupRoot.find()
     log.info("containment", subreaper=subreaper, cgroup=why)
     scope = DeviceScope.for_server(settings.server.env, env)
-    log.info("gpu_scope", gpus=scope.describe())
+    log.info("gpu_scope", gpus=scope.describe(), source=settings.gpu.describe())
     sup = Supervisor(
         settings,
         clock=clock or SystemClock(),
         metrics=lambda snap: SupervisorMetrics(registry, snap),
-        gpu=GpuProbe(make_nvml(env), scope=scope),
+        gpu=GpuProbe(open_nvml(settings.gpu), scope=scope),
         env=env,
         config_path=config_path,
         notifier=notifier,
@@ -169,8 +170,8 @@ def make_supervisor(
         control=RealProcessControl(cgroups, subreaper=subreaper),
     )
     sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
-    sup.journal.append("gpu_scope", gpus=scope.describe())
-    sup.xids.watcher = XidWatcher(make_nvml(env))  # its own NVML handle: waits block in its thread
+    sup.journal.append("gpu_scope", gpus=scope.describe(), source=settings.gpu.source)
+    sup.xids.watcher = XidWatcher(open_nvml(settings.gpu))  # its own NVML handle: waits block in its thread
     sup.xids.watcher.start()
     return sup
 
@@ -254,6 +255,11 @@ async def _serve_locked(
     async def on_reload(new: Settings) -> None:
         """Rebind the API when its settings changed; a refused new API config keeps the old one."""
         nonlocal api, current, alerter
+        if new.gpu != current.gpu:  # the probes hold the NVML they were built with
+            raise ConfigError(
+                f"[gpu] changed ({current.gpu.describe()} -> {new.gpu.describe()}): a reload cannot swap the "
+                "GPU probes' NVML; restart the daemon (systemctl restart) to apply it"
+            )
         if new.notify != current.notify or new.server.port != current.server.port:
             fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
             sup.journal.listeners.remove(alerter.offer)

@@ -1,7 +1,9 @@
 """Evidence before anything is killed: py-spy and gdb of every process, /proc, NVML, one bundle.
 
 The daemon calls `capture` on a hung verdict or a `POST /diagnose`, `self_check` at start, and the
-API reads bundles through `list_bundles`, `bundle_summary` and `bundle_file`.
+API reads bundles through `list_bundles`, `bundle_summary` and `bundle_file`. Benchmarks also use
+the tools' finders, command lines and parsers (`find_py_spy`, `gdb_argv`, `parse_cuda_kernels`,
+`parse_pystack`, `query_ras`, ...) from here.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 from supervisor.diagnostics.bundle import bundle_file, bundle_summary, list_bundles
 from supervisor.diagnostics.capture import capture
 from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.pystack import find_pystack, parse_pystack, pystack_argv
+from supervisor.diagnostics.ras import query_ras
 from supervisor.diagnostics.records import (
     BundleResult,
     CaptureRequest,
@@ -23,6 +27,7 @@ from supervisor.diagnostics.records import (
 )
 from supervisor.diagnostics.redact import Redactor
 from supervisor.diagnostics.selfcheck import self_check
+from supervisor.diagnostics.tools import find_gdb, find_py_spy, gdb_argv, parse_cuda_kernels, tool_env
 
 __all__ = [
     "BundleResult",
@@ -39,7 +44,16 @@ __all__ = [
     "bundle_summary",
     "capture",
     "classify",
+    "find_gdb",
+    "find_py_spy",
+    "find_pystack",
+    "gdb_argv",
     "list_bundles",
     "new_incident_id",
+    "parse_cuda_kernels",
+    "parse_pystack",
+    "pystack_argv",
+    "query_ras",
     "self_check",
+    "tool_env",
 ]

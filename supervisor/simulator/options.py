@@ -10,6 +10,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+GPU_FILE_ENV = "SGLANG_SIM_GPU_FILE"  # the simulated GPU's JSON file, shared with the daemon's [gpu] file
+
 
 class Scenario(str, enum.Enum):
     OK = "ok"  # starts and serves
@@ -60,7 +62,7 @@ class SimSettings:
     coredump_wait_s: float | None = None  # None: SGLang's 60 s times pace
     shm_dir: str | None = None  # SGLANG_SIM_SHM_DIR: where schedulers create their shm segment
     compile_s: float | None = None  # None: 30 s times pace (long_compile's silent compilation)
-    fake_nvml: str | None = None  # the fake NVML's JSON file: the simulator's GPU shows there
+    gpu_file: str | None = None  # the simulated GPU's JSON file (supervisor/simulator/gpu): kernels show there
 
     @property
     def import_seconds(self) -> float:
@@ -149,5 +151,5 @@ def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
         coredump_wait_s=_optional_float(env, "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS"),
         shm_dir=env.get("SGLANG_SIM_SHM_DIR", "").strip() or None,
         compile_s=_optional_float(env, "SGLANG_SIM_COMPILE_S"),
-        fake_nvml=env.get("SGLANG_SUPERVISOR_FAKE_NVML", "").strip() or None,
+        gpu_file=env.get(GPU_FILE_ENV, "").strip() or None,
     )

@@ -16,8 +16,8 @@ from typing import NoReturn
 
 from supervisor.simulator import crashes
 from supervisor.simulator.argv import SimArgs, parse_args
-from supervisor.simulator.fakegpu import settle
 from supervisor.simulator.flood import flood
+from supervisor.simulator.gpu.kernel import settle
 from supervisor.simulator.httpd import Front, SimHTTPServer
 from supervisor.simulator.launch import Children, kill_process_tree, launch
 from supervisor.simulator.loglines import LogWriter
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> int:
         print(f"simulator: {e}", file=sys.stderr)
         return 2
     args = parse_args(argv)
-    settle(settings.fake_nvml)  # the last tree's never-ending kernels died with it
+    settle(settings.gpu_file)  # the last tree's never-ending kernels died with it
     log = LogWriter("")
     try:
         MainProcess(args, settings, model_facts(args), log, argv).run()

@@ -14,7 +14,7 @@ from typing import NoReturn
 from supervisor.simulator import crashes, hangs
 from supervisor.simulator.argv import SimArgs
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar
-from supervisor.simulator.fakegpu import SpinningKernel
+from supervisor.simulator.gpu.kernel import SpinningKernel
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.mirror.sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
     EAGLEDraftCudaGraphRunner,
@@ -255,7 +255,7 @@ class Startup:
         one core spins in Event.synchronize, the GPU shows 100 % and almost no SM activity, and
         nothing else moves (REAL_SGLANG.md)."""
         self._onset()
-        gpu = self.ctx.settings.fake_nvml
+        gpu = self.ctx.settings.gpu_file
         EAGLEDraftCudaGraphRunner(sizes, lambda bs: SpinningKernel(gpu))
         raise AssertionError("a never-ending kernel finished")
 

@@ -6,7 +6,6 @@ They run the daemon against `bench/gpuserver` (importable once the repository ro
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -19,9 +18,9 @@ if ROOT not in sys.path:
 
 def _gpu_absent() -> str | None:
     """Why the GPU tests cannot run here, or None."""
-    from probes.gpu import GpuProbe, make_nvml
+    from probes.gpu import GpuProbe
 
-    probe = GpuProbe(make_nvml(os.environ))
+    probe = GpuProbe()  # the real NVML: pynvml
     try:
         obs = probe.observe([])
     finally:

@@ -23,7 +23,10 @@ def sim_settings(
     restart: dict[str, Any] | None = None,
     diagnostics: dict[str, Any] | None = None,
     api: dict[str, Any] | None = None,
+    gpu: Path | None = None,
 ) -> Settings:
+    """`gpu`: the simulated GPU's JSON file, which the daemon reads (`[gpu] source = "simulator"`) and
+    the simulator writes (its `SGLANG_SIM_GPU_FILE`); None: the daemon reads the real NVML."""
     sim_env = {
         "SGLANG_SIM_SCENARIO": scenario,
         "SGLANG_SIM_PACE": "0.15",
@@ -36,6 +39,8 @@ def sim_settings(
         # is longer than that, and the tests keep the same ratio with shorter times.
         "SGLANG_SIM_IDLE_METRICS_S": "1.5",
     }
+    if gpu is not None:
+        sim_env["SGLANG_SIM_GPU_FILE"] = str(gpu)
     sim_env.update(env or {})
     data: dict[str, Any] = {
         "server": {
@@ -71,4 +76,6 @@ def sim_settings(
         "api": {"port": free_port(), **(api or {})},
         "paths": {"state_dir": str(tmp_path / "state")},
     }
+    if gpu is not None:
+        data["gpu"] = {"source": "simulator", "file": str(gpu)}
     return settings_from_mapping(data)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,14 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
     nvml = fake_gpu(tmp_path, gpm=gpm)
     s = sim(
         "busy_capture_hang",
-        env={"SGLANG_SIM_ONSET_FILE": str(onset_file), "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)},
+        env={"SGLANG_SIM_ONSET_FILE": str(onset_file)},
         args=SPEC,
         fallback=[NO_GRAPH],
         watchdog=WATCH,
         diagnostics={"py_spy": py_spy},
+        gpu=nvml,
     )
-    r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    r = await daemon(s)
     metrics = ""
     if gpm:
         spinning = await r.wait_for(lambda x: x.busy.gpm_spin_s is not None, 40, "GPM showing the spin")
@@ -128,12 +128,12 @@ async def test_without_gpm_or_py_spy_the_cpu_only_backstop_still_holds(  # type:
     nvml = fake_gpu(tmp_path, gpm=False)
     s = sim(
         "busy_capture_hang",
-        env={"SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)},
         args=SPEC,
         watchdog={"startup_stall_s": 2.0, "cpu_only_stall_s": 8.0},
         diagnostics=diagnostics,
+        gpu=nvml,
     )
-    r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    r = await daemon(s)
     snap = await r.wait_for(lambda x: x.phase == "capturing_graphs" and x.busy.looks > 0, 40, "a look that failed")
     assert snap.gpu.gpm_status == "unavailable" and "not supported" in snap.gpu.gpm_reason
     assert said in snap.busy.error and snap.busy.kinds[-1] == "error"
@@ -149,11 +149,12 @@ async def test_a_silent_compile_is_never_judged_stalled(daemon, sim, tmp_path: P
     nvml = fake_gpu(tmp_path, gpm=True)
     s = sim(
         "long_compile",
-        env={"SGLANG_SIM_COMPILE_S": "14", "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)},
+        env={"SGLANG_SIM_COMPILE_S": "14"},
         args=SPEC,
         watchdog={"startup_stall_s": 2.0, "cpu_only_stall_s": 60.0},
+        gpu=nvml,
     )
-    r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    r = await daemon(s)
     kinds: set[str] = set()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -52,8 +52,8 @@ async def test_a_stranger_on_the_gpu_refuses_the_launch_until_it_is_gone(daemon,
     nvml = tmp_path / "nvml.json"
     nvml.write_text(json.dumps({"devices": [{"uuid": "GPU-aaaa", "processes": {str(stranger.pid): 8 * 2**30}}]}))
     try:
-        s = sim("ok", tp=1, restart={"backoff_initial_s": 0.5, "backoff_max_s": 1.0})
-        r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+        s = sim("ok", tp=1, restart={"backoff_initial_s": 0.5, "backoff_max_s": 1.0}, gpu=nvml)
+        r = await daemon(s)
         snap = await r.wait_for(lambda x: "GPU memory held by" in x.reason, 20, "the refusal")
         assert snap.state == "restarting" and snap.pid is None
         assert f"pid {stranger.pid} ({sys.executable} -c import time" in snap.reason and "on GPU 0" in snap.reason

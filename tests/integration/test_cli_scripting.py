@@ -206,8 +206,8 @@ async def test_stop_wait_reports_what_nvml_showed(daemon, sim, tmp_path: Path) -
 
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})
-    s = sim("ok", restart={"release_timeout_s": 1.0})
-    r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    s = sim("ok", restart={"release_timeout_s": 1.0}, gpu=nvml)
+    r = await daemon(s)
     await r.wait_for(lambda x: x.state == "ready", 30, "ready")
     code, out, err = await cli("stop", "--url", r.api, "--wait")
     assert code == 0 and out.splitlines()[-1] == "stop: stopped; port free, GPU memory released (verified by NVML)"

@@ -30,6 +30,11 @@ def test_the_demo_ends_once_recovered_and_keeps_its_evidence() -> None:
         assert re.search(r"final: state=stopped rung=no-cuda-graph restarts=1 incidents=1", out), out[-2000:]
         assert root is not None and any((root / "diagnostics").glob("*startup_stall/summary.txt"))
         assert "Hang class: idle_deadlock" in out
+        # The demo's GPU is the simulator's, chosen by its config and said so.
+        assert re.search(r"^GPU: the simulator's GPU from \S+simulated-gpu.json", out, re.M), out[:2000]
+        assert '[gpu]\nsource = "simulator"' in (root / "demo.toml").read_text()
+        bundle = next((root / "diagnostics").glob("*startup_stall/summary.json")).read_text()
+        assert "GPU-sim-0" in bundle and "GPU-sim-1" in bundle  # the NVML snapshot in the evidence
     finally:
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)

@@ -38,8 +38,8 @@ def write_nvml(path: Path, processes: dict[int, int], util: float = 0.0) -> None
 async def test_tree_gpu_memory_is_attributed_and_counts_as_progress(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})
-    s = sim("deadlock_after_load", watchdog={"startup_stall_s": 3.0})
-    r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    s = sim("deadlock_after_load", watchdog={"startup_stall_s": 3.0}, gpu=nvml)
+    r = await daemon(s)
     snap = await r.wait_for(lambda x: any(p.role == "scheduler" for p in x.processes), 20, "schedulers")
     sched = [p.pid for p in snap.processes if p.role == "scheduler"]
     # The schedulers "load weights onto the GPU" while the tree is otherwise deadlocked: each change
@@ -72,8 +72,9 @@ async def test_gpu_memory_never_released_follows_the_policy(
     s = sim(
         "crash_on_load",
         restart={"release_timeout_s": 1.0, "release_policy": policy, "retries_per_rung": 5},
+        gpu=nvml,
     )
-    r = await daemon(s, env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    r = await daemon(s)
     pid = r.snap().pid
     assert pid is not None
     write_nvml(nvml, {pid: 40 * GB})  # a driver that keeps the dead process's memory

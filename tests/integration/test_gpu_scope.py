@@ -41,12 +41,12 @@ def gpu_samples(text: str, name: str) -> dict[str, float]:
 async def test_each_daemon_sees_only_its_servers_gpus(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})
-    env = {**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)}
+    env = dict(os.environ)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = sim("ok", tp=1, env={"CUDA_VISIBLE_DEVICES": "0,1"})  # from [server] env
+    a = sim("ok", tp=1, env={"CUDA_VISIBLE_DEVICES": "0,1"}, gpu=nvml)  # from [server] env
     a = a.model_copy(update={"paths": a.paths.model_copy(update={"state_dir": str(tmp_path / "a")})})
-    b = sim("ok", tp=1)
+    b = sim("ok", tp=1, gpu=nvml)
     b = b.model_copy(update={"paths": b.paths.model_copy(update={"state_dir": str(tmp_path / "b")})})
     cfg_b = tmp_path / "b.toml"
     cfg_b.write_text(to_toml(b))

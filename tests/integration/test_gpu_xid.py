@@ -40,7 +40,7 @@ async def test_an_application_xid_is_named_by_the_incident_and_restarts(daemon, 
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, [])
     r = await daemon(
-        sim("ok", tp=2, restart={"retries_per_rung": 2}), env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)}
+        sim("ok", tp=2, restart={"retries_per_rung": 2}, gpu=nvml)
     )
     await r.wait_for(ready, 40, "ready")
     await _fault(r, nvml, 31)
@@ -65,8 +65,7 @@ async def test_an_xid_that_needs_a_gpu_reset_fails_naming_the_gpu(daemon, sim, t
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, [])
     r = await daemon(
-        sim("ok", tp=2, restart={"retries_per_rung": 3, "failed_cooldown_s": 1.0}),
-        env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)},
+        sim("ok", tp=2, restart={"retries_per_rung": 3, "failed_cooldown_s": 1.0}, gpu=nvml),
     )
     snap = await r.wait_for(ready, 40, "ready")
     await _fault(r, nvml, 79)
@@ -92,8 +91,8 @@ async def test_an_xid_on_a_neighbours_gpu_is_not_this_daemons(daemon, sim, tmp_p
     the other server uses, neither blocks nor names nor counts anything here; one on GPU 0 does."""
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, [])
-    env = {**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml), "CUDA_VISIBLE_DEVICES": "0"}
-    r = await daemon(sim("ok", tp=2), env=env)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    r = await daemon(sim("ok", tp=2, gpu=nvml), env=env)
     await r.wait_for(ready, 40, "ready")
     write_nvml(nvml, [(1, 79), (0, 13)])  # delivered in order: once 13 is seen, 79 was read before it
     snap = await r.wait_for(lambda x: bool(x.gpu_xids), 10, "the Xid on our GPU")

@@ -47,7 +47,7 @@ def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
 async def test_gpu_gauges_follow_nvml_after_a_stop(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})
-    r = await daemon(sim("ok"), env={**os.environ, "SGLANG_SUPERVISOR_FAKE_NVML": str(nvml)})
+    r = await daemon(sim("ok", gpu=nvml))
     snap = await r.wait_for(lambda x: x.state == "ready", 30, "ready")
     pids = [p.pid for p in snap.processes if p.role == "scheduler"]
     write_nvml(nvml, {pid: 10 * GB for pid in pids})

@@ -7,10 +7,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_nvml import FakeNvml
 
-from probes.fake_nvml import FakeDevice, FakeNvml
 from probes.gpm import GpmProbe
 from probes.gpu import GpuProbe
+from supervisor.simulator.gpu import SimulatedDevice
 
 
 def _probes(fake: FakeNvml) -> tuple[GpuProbe, GpmProbe]:
@@ -20,7 +21,7 @@ def _probes(fake: FakeNvml) -> tuple[GpuProbe, GpmProbe]:
 
 def test_two_samples_per_reading_then_one_per_poll() -> None:
     # The H200 readings: a spinning kernel (util 100 %, SM 0.76 %, occupancy 0.01 %).
-    fake = FakeNvml([FakeDevice(util=100, gpm={"sm_util": 0.76, "sm_occupancy": 0.01})])
+    fake = FakeNvml([SimulatedDevice(util=100, gpm={"sm_util": 0.76, "sm_occupancy": 0.01})])
     gpu, gpm = _probes(fake)
     first = gpm.observe(gpu.observe([]))
     assert first.status == "ok" and first.devices == ()  # the first sample waits for its pair
@@ -35,7 +36,7 @@ def test_two_samples_per_reading_then_one_per_poll() -> None:
 
 
 def test_unsupported_gpu_says_so_and_others_still_read() -> None:
-    fake = FakeNvml([FakeDevice(gpm=None), FakeDevice(gpm={"sm_util": 50.0})])
+    fake = FakeNvml([SimulatedDevice(gpm=None), SimulatedDevice(gpm={"sm_util": 50.0})])
     gpu, gpm = _probes(fake)
     gpm.observe(gpu.observe([]))
     got = gpm.observe(gpu.observe([]))
@@ -48,7 +49,7 @@ def test_unsupported_gpu_says_so_and_others_still_read() -> None:
 
 
 def test_no_gpu_supports_gpm_is_unavailable() -> None:
-    fake = FakeNvml([FakeDevice()])
+    fake = FakeNvml([SimulatedDevice()])
     gpu, gpm = _probes(fake)
     got = gpm.observe(gpu.observe([]))
     assert got.status == "unavailable" and "not supported" in got.reason
@@ -57,7 +58,7 @@ def test_no_gpu_supports_gpm_is_unavailable() -> None:
 
 
 def test_mig_mode_is_unavailable() -> None:
-    fake = FakeNvml([FakeDevice(gpm={"sm_util": 1.0})])
+    fake = FakeNvml([SimulatedDevice(gpm={"sm_util": 1.0})])
     fake.nvmlDeviceGetMigMode = lambda handle: [1, 1]  # type: ignore[attr-defined]
     gpu, gpm = _probes(fake)
     got = gpm.observe(gpu.observe([]))
@@ -66,17 +67,17 @@ def test_mig_mode_is_unavailable() -> None:
 
 def test_a_binding_without_gpm_or_without_nvml() -> None:
     old = SimpleNamespace(nvmlDeviceGetHandleByIndex=lambda i: i)  # an nvidia-ml-py before 12.535
-    got = GpmProbe(old).observe(GpuProbe(FakeNvml([FakeDevice()])).observe([]))
+    got = GpmProbe(old).observe(GpuProbe(FakeNvml([SimulatedDevice()])).observe([]))
     assert got.status == "unavailable" and "no GPM" in got.reason
-    assert GpmProbe(None).observe(GpuProbe(FakeNvml([FakeDevice()])).observe([])).reason == "NVML is not available"
-    broken = FakeNvml([FakeDevice(gpm={"sm_util": 1.0})], init_error="Driver Not Loaded")
+    assert GpmProbe(None).observe(GpuProbe(FakeNvml([SimulatedDevice()])).observe([])).reason == "NVML is not available"
+    broken = FakeNvml([SimulatedDevice(gpm={"sm_util": 1.0})], init_error="Driver Not Loaded")
     gpu, gpm = _probes(broken)
     got = gpm.observe(gpu.observe([]))
     assert got.status == "unavailable" and "Driver Not Loaded" in got.reason
 
 
 def test_a_failing_sample_degrades_one_poll_only() -> None:
-    fake = FakeNvml([FakeDevice(gpm={"sm_util": 10.0})])
+    fake = FakeNvml([SimulatedDevice(gpm={"sm_util": 10.0})])
     gpu, gpm = _probes(fake)
     gpm.observe(gpu.observe([]))
     fake.fail("nvmlGpmSampleGet")
@@ -119,7 +120,7 @@ def test_the_real_bindings_structures_take_what_the_probe_writes() -> None:
             m.value, m.nvmlReturn = (0.76 if m.metricId == pynvml.NVML_GPM_METRIC_SM_UTIL else 0.01), 0
         return req
 
-    fake = FakeNvml([FakeDevice(util=100)])
+    fake = FakeNvml([SimulatedDevice(util=100)])
     binding = SimpleNamespace(
         nvmlDeviceGetHandleByIndex=fake.nvmlDeviceGetHandleByIndex,
         nvmlGpmQueryDeviceSupport=lambda h: SimpleNamespace(isSupportedDevice=1),

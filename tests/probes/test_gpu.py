@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from fake_nvml import FakeNvml, Handle
 
-from probes.fake_nvml import FAKE_NVML_ENV, FakeDevice, FakeNvml, Handle, make_nvml
-from probes.gpu import GpuProbe
+from probes.gpu import GpuProbe, load_pynvml
 from probes.types import GpuDevice, GpuProcess
+from supervisor.simulator.gpu import SimulatedDevice, SimulatedNvml
 
 GiB = 1024**3
 
@@ -26,8 +27,8 @@ class Clock:
 def two_gpus() -> FakeNvml:
     fake = FakeNvml(
         devices=[
-            FakeDevice(uuid="GPU-a", util=3, power_w=75.5, processes={100: 60 * GiB, 999: 1 * GiB}),
-            FakeDevice(uuid="GPU-b", util=97, processes={101: 70 * GiB}, graphics_processes={101: 2 * GiB}),
+            SimulatedDevice(uuid="GPU-a", util=3, power_w=75.5, processes={100: 60 * GiB, 999: 1 * GiB}),
+            SimulatedDevice(uuid="GPU-b", util=97, processes={101: 70 * GiB}, graphics_processes={101: 2 * GiB}),
         ]
     )
     return fake
@@ -185,7 +186,7 @@ def test_missing_pynvml_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert probe.held_by([1]) == {}
     assert probe.snapshot_all().status == "unavailable"
     probe.close()
-    assert make_nvml({}) is None
+    assert load_pynvml() is None
 
 
 class Exploding:
@@ -216,7 +217,7 @@ class BytesNames(FakeNvml):
 
 
 def test_bytes_names_are_decoded() -> None:
-    obs = GpuProbe(BytesNames(devices=[FakeDevice()])).observe([])
+    obs = GpuProbe(BytesNames(devices=[SimulatedDevice()])).observe([])
     assert (obs.devices[0].name, obs.devices[0].uuid) == ("NVIDIA H100 80GB HBM3", "GPU-\ufffd")
 
 
@@ -226,15 +227,13 @@ def write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-def test_fake_from_file_follows_changes(tmp_path: Path) -> None:
+def test_simulated_gpu_file_follows_changes(tmp_path: Path) -> None:
     path = tmp_path / "nvml.json"
     write_json(
         path,
         {"devices": [{"uuid": "GPU-x", "util": 2, "mem_total": 100, "processes": {"4242": 40, "7": None}}]},
     )
-    nvml = make_nvml({FAKE_NVML_ENV: str(path)})
-    assert isinstance(nvml, FakeNvml)
-    probe = GpuProbe(nvml)
+    probe = GpuProbe(SimulatedNvml.from_file(path))
     obs = probe.observe([4242])
     assert obs.devices == (
         GpuDevice(index=0, uuid="GPU-x", name="NVIDIA H200", util_percent=2.0, mem_used_bytes=40, mem_total_bytes=100),
@@ -266,27 +265,25 @@ def test_fake_from_file_follows_changes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content", [None, "not json", '{"devices": {}}', '{"devices": [{"processes": [1]}]}'])
-def test_fake_file_missing_or_invalid_from_the_start(tmp_path: Path, content: str | None) -> None:
+def test_simulated_gpu_file_missing_or_invalid_from_the_start(tmp_path: Path, content: str | None) -> None:
     path = tmp_path / "nvml.json"
     if content is not None:
         path.write_text(content, encoding="utf-8")
-    obs = GpuProbe(FakeNvml.from_file(path)).observe([1])
+    obs = GpuProbe(SimulatedNvml.from_file(path)).observe([1])
     assert obs.status == "unavailable"
     assert str(path) in obs.reason
 
 
-def test_fake_file_init_error(tmp_path: Path) -> None:
+def test_simulated_gpu_file_init_error(tmp_path: Path) -> None:
     path = tmp_path / "nvml.json"
     write_json(path, {"init_error": "Driver Not Loaded", "devices": [{}]})
-    obs = GpuProbe(FakeNvml.from_file(path)).observe([1])
+    obs = GpuProbe(SimulatedNvml.from_file(path)).observe([1])
     assert (obs.status, obs.reason) == ("unavailable", "nvmlInit failed: Driver Not Loaded")
 
 
-def test_make_nvml_prefers_the_fake_then_pynvml(tmp_path: Path) -> None:
+def test_load_pynvml_is_the_module() -> None:
     pynvml = pytest.importorskip("pynvml")
-    assert make_nvml({}) is pynvml
-    assert make_nvml({FAKE_NVML_ENV: ""}) is pynvml
-    assert isinstance(make_nvml({FAKE_NVML_ENV: str(tmp_path / "x.json")}), FakeNvml)
+    assert load_pynvml() is pynvml
 
 
 @pytest.mark.gpu
@@ -310,9 +307,3 @@ def test_real_nvml() -> None:
         assert set(probe.held_by([os.getpid()])) <= {os.getpid()}
     finally:
         probe.close()
-
-
-def test_make_nvml_is_one_function() -> None:
-    from probes import gpu
-
-    assert gpu.make_nvml is make_nvml

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from fake_nvml import FakeNvml
 
-from probes.fake_nvml import FakeDevice, FakeNvml
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
+from supervisor.simulator.gpu import SimulatedDevice
 
 GiB = 1024**3
 
@@ -41,10 +42,10 @@ def test_the_servers_env_wins_over_the_daemons() -> None:
 def fake_host() -> FakeNvml:
     return FakeNvml(
         devices=[
-            FakeDevice(uuid="GPU-0000", processes={100: 60 * GiB}),
-            FakeDevice(uuid="GPU-1111", processes={100: 60 * GiB}),
-            FakeDevice(uuid="GPU-2222", processes={900: 70 * GiB}),  # the neighbour's server
-            FakeDevice(uuid="GPU-3333", processes={900: 70 * GiB}),
+            SimulatedDevice(uuid="GPU-0000", processes={100: 60 * GiB}),
+            SimulatedDevice(uuid="GPU-1111", processes={100: 60 * GiB}),
+            SimulatedDevice(uuid="GPU-2222", processes={900: 70 * GiB}),  # the neighbour's server
+            SimulatedDevice(uuid="GPU-3333", processes={900: 70 * GiB}),
         ]
     )
 

@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_nvml import FakeNvml
 
-from probes.fake_nvml import FakeDevice, FakeNvml
 from probes.xid import XidEvent, XidWatcher
 from supervisor.policy.xidpolicy import blocking, describe, xid_action
+from supervisor.simulator.gpu import SimulatedDevice
 
 
 def _wait(pred, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
@@ -23,7 +24,7 @@ def _wait(pred, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
 
 
 def test_an_xid_raised_on_the_fake_is_read_by_the_watcher() -> None:
-    nvml = FakeNvml([FakeDevice(uuid="GPU-a"), FakeDevice(uuid="GPU-b")])
+    nvml = FakeNvml([SimulatedDevice(uuid="GPU-a"), SimulatedDevice(uuid="GPU-b")])
     w = XidWatcher(nvml, wall=lambda: 1000.0, wait_ms=50)
     w.start()
     try:
@@ -67,9 +68,19 @@ def test_no_nvml_is_unavailable_and_the_thread_stops_quickly() -> None:
 
 @pytest.mark.parametrize(
     ("xid", "action"),
-    [(13, "restart"), (31, "restart"), (43, "restart"), (94, "restart"), (999, "restart"),
-     (48, "reset_gpu"), (64, "reset_gpu"), (79, "reset_gpu"), (95, "reset_gpu"), (119, "reset_gpu"),
-     (120, "reset_gpu")],
+    [
+        (13, "restart"),
+        (31, "restart"),
+        (43, "restart"),
+        (94, "restart"),
+        (999, "restart"),
+        (48, "reset_gpu"),
+        (64, "reset_gpu"),
+        (79, "reset_gpu"),
+        (95, "reset_gpu"),
+        (119, "reset_gpu"),
+        (120, "reset_gpu"),
+    ],
 )
 def test_the_catalogue_decides_restart_or_reset(xid: int, action: str) -> None:
     assert xid_action(xid) == action
@@ -87,7 +98,7 @@ def test_only_a_reset_xid_on_a_server_gpu_blocks() -> None:
 
 
 def test_a_gpu_that_refuses_events_does_not_blind_the_others() -> None:
-    nvml = FakeNvml([FakeDevice(uuid="GPU-a"), FakeDevice(uuid="GPU-b")])
+    nvml = FakeNvml([SimulatedDevice(uuid="GPU-a"), SimulatedDevice(uuid="GPU-b")])
     nvml.fail("nvmlDeviceRegisterEvents", gpu=0)
     w = XidWatcher(nvml, wait_ms=50)
     w.start()

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 from observations import obs, proc
 from prometheus_client import CollectorRegistry
 
 from probes.gpu import GpuProbe
 from probes.types import HealthObservation, Observation
-from supervisor.clock import FakeClock
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.daemon.commands import Command
 from supervisor.daemon.loop import Supervisor

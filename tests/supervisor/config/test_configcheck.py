@@ -157,11 +157,39 @@ def test_a_gpu_another_process_holds_is_reported(
     nvml = tmp_path / "nvml.json"
     held = {"uuid": "GPU-b", "processes": {str(os.getpid()): 2**31}}
     nvml.write_text(json.dumps({"devices": [{"uuid": "GPU-a"}, held]}))
-    monkeypatch.setenv("SGLANG_SUPERVISOR_FAKE_NVML", str(nvml))
-    code, out, _ = check(base())
+    gpu = f'[gpu]\nsource = "simulator"\nfile = "{nvml}"\n'
+    code, out, _ = check(base(gpu))
+    assert f"gpu: the simulator's GPU from {nvml} ([gpu] source = \"simulator\"), not a real NVML" in out
     assert f"warning: server: GPU 1 holds 2.0 GiB of pid {os.getpid()} (" in out
     assert code == 0  # a warning: under --strict it fails
-    code, out, _ = check(base('[server.env]\nCUDA_VISIBLE_DEVICES = "0"'), "--strict")
+    code, out, _ = check(base(gpu + '[server.env]\nCUDA_VISIBLE_DEVICES = "0"'), "--strict")
     assert code == 0 and "GPU 1 holds" not in out  # not one of the server's GPUs
-    code, _, _ = check(base(), "--strict")
+    code, _, _ = check(base(gpu), "--strict")
     assert code != 0
+
+
+def test_the_environment_never_switches_check_config_to_a_simulated_gpu(
+    check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import os
+
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps({"devices": [{"processes": {str(os.getpid()): 2**31}}]}))
+    for name in ("SGLANG_SUPERVISOR_FAKE_NVML", "SGLANG_SIM_GPU_FILE"):  # the old switch, the simulator's own
+        monkeypatch.setenv(name, str(nvml))
+    code, out, _ = check(base())
+    assert code == 0 and "gpu: NVML (pynvml)" in out and "holds 2.0 GiB" not in out
+
+
+def test_a_simulated_gpu_without_its_file_is_refused_or_warned(check: Check, tmp_path: Path) -> None:
+    code, out, err = check(base('[gpu]\nsource = "simulator"\n'))
+    assert code == 1 and "gpu: Value error, source = \"simulator\" reads a JSON file: set [gpu] file" in err
+    code, _, err = check(base(f'[gpu]\nfile = "{tmp_path}/x.json"\n'))
+    assert code == 1 and 'file is read only with source = "simulator"' in err
+    missing = tmp_path / "absent.json"
+    code, out, _ = check(base(f'[gpu]\nsource = "simulator"\nfile = "{missing}"\n'), "--json")
+    doc = __import__("json").loads(out)
+    assert doc["gpu"] == {"source": "simulator", "file": str(missing), "detail": doc["gpu"]["detail"]}
+    assert [f["key"] for f in doc["findings"]] == ["gpu.file"]
+    assert str(missing) in doc["findings"][0]["message"] and code == 0

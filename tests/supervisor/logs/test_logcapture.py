@@ -18,8 +18,8 @@ from typing import Any
 
 import psutil
 import pytest
+from fakeclock import FakeClock
 
-from supervisor.clock import FakeClock
 from supervisor.logs.capture import LogCapture, LogPosition, _Splitter
 from supervisor.process import ServerProcess, spawn_log_keeper
 from supervisor.process.control import keeper_env

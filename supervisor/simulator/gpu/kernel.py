@@ -1,9 +1,10 @@
-"""The simulator's GPU, where the daemon reads one through the fake NVML (probes/fake_nvml.py).
+"""What the simulated server does to its GPU: the JSON file of the simulated NVML (nvml.py).
 
-When `SGLANG_SUPERVISOR_FAKE_NVML` names the fake NVML's JSON file, a never-ending kernel shows there
-as a real one did on the H200: NVML utilisation 100 % and GPM SM activity 0.76 %, occupancy 0.01 %
-(REAL_SGLANG.md). The file's earlier readings are kept beside them and put back when the next server
-launches (the kernel dies with its process). Without the variable nothing is written.
+When the simulator's `SGLANG_SIM_GPU_FILE` names that file (the daemon reads the same one under
+`[gpu] source = "simulator"`), a never-ending kernel shows there as a real one did on the H200: NVML
+utilisation 100 % and GPM SM activity 0.76 %, occupancy 0.01 % (REAL_SGLANG.md). The file's earlier
+readings are kept beside them and put back when the next server launches (the kernel dies with its
+process). Without the variable nothing is written.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ _SAVED = "simulator_saved"  # the devices' readings before the spin
 
 
 class SpinningKernel:
-    """A kernel that never finishes; launching it makes the fake GPU look busy and idle at once."""
+    """A kernel that never finishes; launching it makes the simulated GPU look busy and idle at once."""
 
     finished = False
 
@@ -48,6 +49,14 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+
+
+def create(path: Path, gpus: int) -> None:
+    """A simulated GPU file with `gpus` idle H200s (the demo's; tests write their own)."""
+    devices = [{"uuid": f"GPU-sim-{i}", "name": "NVIDIA H200 (simulated)", "util": 0} for i in range(gpus)]
+    for dev in devices:
+        dev["gpm"] = {"sm_util": 0.0, "sm_occupancy": 0.0}
+    _write(path, {"devices": devices})
 
 
 def spin(nvml_file: str) -> None:

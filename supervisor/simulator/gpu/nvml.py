@@ -1,14 +1,14 @@
-"""An in-memory NVML with pynvml's function names and return shapes, for tests and CI.
+"""The simulator's GPU: an NVML with pynvml's function names and return shapes, read from a JSON file.
 
-Configured in code (`FakeNvml(devices=[FakeDevice(...)])`, then `set_process`, `set_util`, ...) or
-from a JSON file: when the environment variable `SGLANG_SUPERVISOR_FAKE_NVML` names a file,
-`make_nvml` (defined in probes.gpu, re-exported here) returns `FakeNvml.from_file(path)`, which
-re-reads the file whenever its mtime, size or inode changes (checked on `nvmlInit` and on each
-`nvmlDeviceGetCount`, i.e. once per probe), so a test can change utilisation, memory and process
-attribution while the daemon runs. Write the file atomically (temp file, then rename): a
-half-written file is ignored and the last good one stays. A file that is missing or invalid from
-the start makes `nvmlInit` fail, so the probe reports `unavailable` with the file's name in the
-reason.
+The daemon reads it instead of the real NVML when the config says so (`[gpu] source = "simulator"`,
+`file = ...`: supervisor/daemon/gpusource.py); the simulator writes to the same file (a spinning
+kernel, supervisor/simulator/gpu/kernel.py), and a test or the demo writes utilisation, memory and
+process attribution there while the daemon runs. The file is re-read whenever its mtime, size or
+inode changes (checked on `nvmlInit` and on each `nvmlDeviceGetCount`, i.e. once per probe). Write
+it atomically (temp file, then rename): a half-written file is ignored and the last good one stays.
+A file that is missing or invalid from the start makes `nvmlInit` fail, so the probe reports
+`unavailable` with the file's name in the reason. `SimulatedNvml(devices=[...])` builds one in
+memory (benchmarks; tests add knobs in tests/support/fake_nvml.py).
 
 The JSON file:
 
@@ -28,7 +28,7 @@ The JSON file:
           "gpm": {"sm_util": 0.76, "sm_occupancy": 0.01}      # optional: GPM percent; absent: unsupported
         }
       ],
-      "xid_events": [{"gpu": 0, "xid": 79}]   # optional, append-only: Xid events (probes/fake_nvml_events.py)
+      "xid_events": [{"gpu": 0, "xid": 79}]   # optional, append-only: Xid events (events.py)
     }
 """
 
@@ -41,28 +41,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.fake_gpm import FakeGpm, parse_gpm
-from probes.fake_nvml_events import FakeNvmlEvents
-from probes.gpu import FAKE_NVML_ENV, make_nvml
+from supervisor.simulator.gpu.errors import (
+    NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED,
+    NVMLError,
+)
+from supervisor.simulator.gpu.events import SimulatedEvents
+from supervisor.simulator.gpu.gpm import SimulatedGpm, parse_gpm
 
-__all__ = ["FAKE_NVML_ENV", "FakeDevice", "FakeNvml", "NVMLError", "make_nvml"]
+__all__ = ["H200_BYTES", "Handle", "NVMLError", "SimulatedDevice", "SimulatedNvml"]
 
 H200_BYTES = 143771 * 1024 * 1024
-
-NVML_ERROR_UNINITIALIZED = 1
-NVML_ERROR_INVALID_ARGUMENT = 2
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_GPU_IS_LOST = 15
-
-
-class NVMLError(Exception):
-    """Shaped like pynvml.NVMLError: `value` is the NVML return code."""
-
-    def __init__(self, value: int, message: str = "") -> None:
-        super().__init__(message or f"NVML error {value}")
-        self.value = value
-
 
 @dataclass(frozen=True)
 class Utilization:
@@ -91,7 +83,7 @@ class Handle:
 
 
 @dataclass
-class FakeDevice:
+class SimulatedDevice:
     uuid: str = ""
     name: str = "NVIDIA H200"
     util: float = 0.0
@@ -101,14 +93,15 @@ class FakeDevice:
     processes: dict[int, int | None] = field(default_factory=dict)
     graphics_processes: dict[int, int | None] = field(default_factory=dict)
     fail: set[str] = field(default_factory=set)  # names of calls that raise on this device
-    gpm: dict[str, float] | None = None  # GPM percent readings (probes/fake_gpm.py); None: unsupported
+    gpm: dict[str, float] | None = None  # GPM percent readings (gpm.py); None: unsupported
 
 
-class FakeNvml(FakeNvmlEvents, FakeGpm):
-    """Implements NvmlLike; every method name and return shape is pynvml's (events: FakeNvmlEvents, GPM: FakeGpm)."""
+class SimulatedNvml(SimulatedEvents, SimulatedGpm):
+    """Implements probes.gpu.NvmlLike; every method name and return shape is pynvml's (events:
+    SimulatedEvents, GPM: SimulatedGpm)."""
 
-    def __init__(self, devices: Sequence[FakeDevice] = (), *, init_error: str | None = None) -> None:
-        self.devices: list[FakeDevice] = list(devices)
+    def __init__(self, devices: Sequence[SimulatedDevice] = (), *, init_error: str | None = None) -> None:
+        self.devices: list[SimulatedDevice] = list(devices)
         for i, dev in enumerate(self.devices):
             dev.uuid = dev.uuid or f"GPU-fake-{i}"
         self.init_error = init_error
@@ -120,44 +113,18 @@ class FakeNvml(FakeNvmlEvents, FakeGpm):
         self._path: Path | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._file_error = ""
-        self.xid_queue: list[tuple[int, int]] = []
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> FakeNvml:
-        fake = cls()
-        fake._path = Path(path)
-        fake._reload()
-        return fake
+    def from_file(cls, path: str | os.PathLike[str]) -> SimulatedNvml:
+        sim = cls()
+        sim._path = Path(path)
+        sim._reload()
+        return sim
 
-    # -- configuration, for tests ---------------------------------------------------------------
-    def set_process(self, gpu: int, pid: int, used_bytes: int | None) -> None:
-        self.devices[gpu].processes[pid] = used_bytes
-
-    def remove_process(self, gpu: int, pid: int) -> None:
-        self.devices[gpu].processes.pop(pid, None)
-        self.devices[gpu].graphics_processes.pop(pid, None)
-
-    def set_util(self, gpu: int, percent: float) -> None:
-        self.devices[gpu].util = percent
-
-    def set_memory(self, gpu: int, used: int | None) -> None:
-        self.devices[gpu].mem_used = used
-
-    def fail(self, call: str, gpu: int | None = None) -> None:
-        """Make `call` raise NVMLError, on one GPU or (gpu=None) everywhere, until `heal`."""
-        if gpu is None:
-            self.fail_calls.add(call)
-        else:
-            self.devices[gpu].fail.add(call)
-
-    def raise_xid(self, gpu: int, xid: int) -> None:
-        """Queue an Xid critical error on `gpu` for the event sets (as the file's `xid_events` do)."""
-        self.xid_queue.append((gpu, xid))
-
-    def heal(self) -> None:
-        self.fail_calls.clear()
-        for dev in self.devices:
-            dev.fail.clear()
+    @property
+    def path(self) -> Path | None:
+        """The JSON file this NVML reads, or None when built in memory."""
+        return self._path
 
     # -- pynvml's functions ---------------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -219,14 +186,11 @@ class FakeNvml(FakeNvmlEvents, FakeGpm):
         return [ProcessInfo(pid=pid, usedGpuMemory=b) for pid, b in dev.graphics_processes.items()]
 
     # -- internals ------------------------------------------------------------------------------
-    def _gpm_device(self, handle: Handle, call: str) -> FakeDevice:
+    def _gpm_device(self, handle: Handle, call: str) -> SimulatedDevice:
         return self._device(handle, call)
 
     def _gpm_error(self, code: int, text: str) -> Exception:
         return NVMLError(code, text)
-
-    def _gpm_devices(self) -> list[FakeDevice]:
-        return self.devices
 
     def _require_init(self) -> None:
         if self._initialized <= 0:
@@ -236,7 +200,7 @@ class FakeNvml(FakeNvmlEvents, FakeGpm):
         if call in self.fail_calls or (gpu is not None and call in self.devices[gpu].fail):
             raise NVMLError(NVML_ERROR_GPU_IS_LOST, f"{call}: GPU is lost")
 
-    def _device(self, handle: Handle, call: str) -> FakeDevice:
+    def _device(self, handle: Handle, call: str) -> SimulatedDevice:
         self._require_init()
         if not isinstance(handle, Handle) or not 0 <= handle.index < len(self.devices):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument")
@@ -255,14 +219,14 @@ class FakeNvml(FakeNvmlEvents, FakeGpm):
                 config = _parse_config(json.loads(self._path.read_text(encoding="utf-8")))
             except (OSError, ValueError, TypeError, KeyError) as err:
                 if self._stamp is None:  # nothing good loaded yet: NVML "has no driver"
-                    self._file_error = f"fake NVML file {self._path}: {err}"
+                    self._file_error = f"simulated GPU file {self._path}: {err}"
                 return
             self._stamp = stamp
             self._file_error = ""
             self.init_error, self.devices = config
 
 
-def _parse_config(data: object) -> tuple[str | None, list[FakeDevice]]:
+def _parse_config(data: object) -> tuple[str | None, list[SimulatedDevice]]:
     if not isinstance(data, dict):
         raise ValueError("expected a JSON object with a 'devices' list")
     init_error = data.get("init_error")
@@ -276,7 +240,7 @@ def _parse_config(data: object) -> tuple[str | None, list[FakeDevice]]:
         power = raw.get("power_w")
         mem_used = raw.get("mem_used")
         devices.append(
-            FakeDevice(
+            SimulatedDevice(
                 uuid=str(raw.get("uuid") or f"GPU-fake-{i}"),
                 name=str(raw.get("name", "NVIDIA H200")),
                 util=float(raw.get("util", 0.0)),

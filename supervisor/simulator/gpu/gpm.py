@@ -1,9 +1,9 @@
-"""GPM for the fake NVML (tests, demo, simulator): pynvml's GPM functions, names and shapes.
+"""GPM for the simulated GPU (nvml.py): pynvml's GPM functions, names and shapes.
 
 A device's `gpm` is None where GPM is not supported (`nvmlGpmQueryDeviceSupport` says so), else the
 SM activity and occupancy in percent, as NVML reports them. A metrics read between two samples
-returns the values the device had at the second sample: the fake has no counters to difference.
-In the JSON file (see probes/fake_nvml.py): `"gpm": {"sm_util": 0.76, "sm_occupancy": 0.01}`.
+returns the values the device had at the second sample: there are no counters to difference.
+In the JSON file (see nvml.py): `"gpm": {"sm_util": 0.76, "sm_occupancy": 0.01}`.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class _Device(Protocol):
     gpm: dict[str, float] | None
 
 
-class FakeGpm:
-    """Mixed into FakeNvml; `_gpm_device(handle, call)` gives the device or raises NVMLError."""
+class SimulatedGpm:
+    """Mixed into SimulatedNvml; `_gpm_device(handle, call)` gives the device or raises NVMLError."""
 
     NVML_GPM_METRIC_SM_UTIL = NVML_GPM_METRIC_SM_UTIL
     NVML_GPM_METRIC_SM_OCCUPANCY = NVML_GPM_METRIC_SM_OCCUPANCY
@@ -67,14 +67,6 @@ class FakeGpm:
         raise NotImplementedError
 
     def _gpm_error(self, code: int, text: str) -> Exception:
-        raise NotImplementedError
-
-    def set_gpm(self, gpu: int, sm_util: float | None, sm_occupancy: float = 0.0) -> None:
-        """SM activity and occupancy in percent; `sm_util=None`: GPM not supported on this GPU."""
-        dev: Any = self._gpm_devices()[gpu]
-        dev.gpm = None if sm_util is None else {"sm_util": sm_util, "sm_occupancy": sm_occupancy}
-
-    def _gpm_devices(self) -> list[Any]:
         raise NotImplementedError
 
     def nvmlGpmQueryDeviceSupport(self, handle: Any) -> GpmSupport:

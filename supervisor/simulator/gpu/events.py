@@ -1,5 +1,5 @@
-"""NVML's event API for the fake NVML (probes.fake_nvml): Xid critical errors driven by the same
-JSON file, so a test (or the demo) can raise an Xid on a running daemon.
+"""NVML's event API for the simulated GPU (nvml.py): Xid critical errors driven by the same JSON
+file, so a test (or the demo) can raise an Xid on a running daemon.
 
 The file gains a top-level list, append-only:
 
@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-NVML_ERROR_TIMEOUT = 10
+from supervisor.simulator.gpu.errors import NVMLError
+
+NVML_ERROR_TIMEOUT = 10  # not an error the other calls raise: nvmlEventSetWait's own
 EVENT_XID_CRITICAL = 0x8
 
 
@@ -38,8 +40,8 @@ class EventSet:
     delivered: int = 0  # entries of xid_events already seen by this set
 
 
-class FakeNvmlEvents:
-    """Mixed into FakeNvml, which provides `_path`, `_device`, `NVMLError` shapes and the devices."""
+class SimulatedEvents:
+    """Mixed into SimulatedNvml, which provides `_path`, `_device` and the devices."""
 
     _path: Path | None
     _xid_lock = threading.Lock()
@@ -56,8 +58,6 @@ class FakeNvmlEvents:
             event_set.handles[handle.index] = handle
 
     def nvmlEventSetWait(self, event_set: EventSet, timeout_ms: int) -> EventData:
-        from probes.fake_nvml import NVMLError
-
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             events = self._xid_events()
@@ -77,7 +77,7 @@ class FakeNvmlEvents:
 
     def _xid_events(self) -> list[tuple[int, int]]:
         """The file's `xid_events`; a file being rewritten or malformed reads as no new events."""
-        extra: list[tuple[int, int]] = list(getattr(self, "xid_queue", []))
+        extra = self._queued_xids()
         if self._path is None:
             return extra
         try:
@@ -85,3 +85,7 @@ class FakeNvmlEvents:
             return [(int(e["gpu"]), int(e["xid"])) for e in raw] + extra
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return extra
+
+    def _queued_xids(self) -> list[tuple[int, int]]:
+        """Xid events raised in memory rather than through the file (none here; a subclass may add some)."""
+        return []
