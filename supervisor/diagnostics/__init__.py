@@ -1,12 +1,11 @@
 """Evidence before anything is killed: py-spy and gdb of every process, /proc, NVML, one bundle.
 
-The daemon calls `capture` on a hung verdict or a `POST /diagnose`, `self_check` at start, and the
-API reads bundles through `list_bundles`, `bundle_summary` and `bundle_file`.
+The daemon calls `capture` on a hung verdict or a `POST /diagnose` and `self_check` at start; the
+API reads finished bundles through its one descriptor-safe reader, `api.bundles`.
 """
 
 from __future__ import annotations
 
-from supervisor.diagnostics.bundle import bundle_file, bundle_summary, list_bundles
 from supervisor.diagnostics.capture import capture
 from supervisor.diagnostics.classify import classify
 from supervisor.diagnostics.records import (
@@ -35,11 +34,8 @@ __all__ = [
     "Redactor",
     "StackThread",
     "ToolOutcome",
-    "bundle_file",
-    "bundle_summary",
     "capture",
     "classify",
-    "list_bundles",
     "new_incident_id",
     "self_check",
 ]
