@@ -5,6 +5,7 @@ the image itself is never built in the tests."""
 from __future__ import annotations
 
 import fnmatch
+import shlex
 import shutil
 import subprocess
 import sys
@@ -55,11 +56,23 @@ def test_the_entry_point_is_the_daemon_with_the_manifests_config() -> None:
     assert only("STOPSIGNAL").value == ("SIGTERM",)
 
 
+def _shell_steps() -> list[list[str]]:
+    """Each `&&` step of every RUN, as words."""
+    return [shlex.split(step) for c in commands() if c.cmd == "RUN" for step in c.value[0].split("&&")]
+
+
 def test_it_installs_the_package_py_spy_and_gdb() -> None:
-    runs = " ".join(c.value[0] for c in commands() if c.cmd == "RUN")
-    assert "apt-get install" in runs and " gdb" in runs
-    assert "pip install" in runs and "/opt/sglang-supervisor/src py-spy" in runs
-    assert "ln -s /opt/sglang-supervisor/venv/bin/sglang-supervisor /usr/local/bin/sglang-supervisor" in runs
+    steps = _shell_steps()
+    (apt,) = [s for s in steps if s[:2] == ["apt-get", "install"]]
+    assert "gdb" in apt
+    (pip,) = [s for s in steps if "pip" in s and "install" in s]
+    assert {"/opt/sglang-supervisor/src", "py-spy"} <= set(pip)
+    venv_python = pip[pip.index("--python") + 1]
+    venv_bin = str(Path(venv_python).parent)
+    linked = {s[3]: s[2] for s in steps if s[:2] == ["ln", "-s"]}
+    for tool in ("sglang-supervisor", "py-spy", "pystack"):  # on PATH; `python3` stays the image's
+        assert linked[f"/usr/local/bin/{tool}"] == f"{venv_bin}/{tool}", tool
+    assert "/usr/local/bin/python3" not in linked
     assert set(only("EXPOSE").value) == {"8900", "30000"}
 
 
