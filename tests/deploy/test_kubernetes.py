@@ -244,11 +244,14 @@ def test_the_config_validates_for_the_leader_and_the_worker(rank: int) -> None:
     assert settings.api.host == "0.0.0.0" and settings.api.token_file is not None
 
 
-@pytest.mark.skipif(
+NEEDS_GROUP = pytest.mark.skipif(
     "group" not in Settings.model_fields,
     reason="supervisor.config.settings has no [group] section on this branch yet (issue 23's group half); "
     "the lead merges it, then this test loads the ConfigMap's config as each node does",
 )
+
+
+@NEEDS_GROUP
 @pytest.mark.parametrize("rank", [0, 1])
 def test_the_configmap_config_loads_as_each_node_through_the_real_loader(rank: int, tmp_path: Path) -> None:
     from supervisor.config.settings import load_settings
@@ -263,6 +266,18 @@ def test_the_configmap_config_loads_as_each_node_through_the_real_loader(rank: i
     argv = render_rung(settings.server, settings.ladder[0]).argv
     assert "--node-rank" in argv and argv[argv.index("--node-rank") + 1] == str(rank)
     assert argv[argv.index("--dist-init-addr") + 1] == f"{LEADER_ADDRESS}:20000"
+
+
+@NEEDS_GROUP
+def test_the_configmap_config_outside_lws_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    """Run without LWS's variables (a copy on a laptop, a pod of another controller), the daemon
+    refuses to start rather than join a group it was not placed in."""
+    from supervisor.config.settings import load_settings
+
+    path = tmp_path / "config.toml"
+    path.write_text(config_text())
+    with pytest.raises(ConfigError, match=r"\$\{LWS_[A-Z_]+\}"):
+        load_settings(path, env={})  # type: ignore[call-arg]
 
 
 def test_the_example_secrets_placeholder_is_refused_as_a_token(tmp_path: Path) -> None:
