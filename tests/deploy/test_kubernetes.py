@@ -10,7 +10,10 @@ together: the daemon's command, its config's mount, token, state volume, ports a
 from __future__ import annotations
 
 import copy
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from deploy_files import (
 )
 
 from api.auth import load_token
-from supervisor.config.render import render_rung
+from supervisor.config.render import dump_toml, render_rung
 from supervisor.config.settings import ApiSettings, ConfigError, Settings, settings_from_mapping
 
 # The oldest Kubernetes LWS v1 runs on that we check against, and the newest the validator knows.
@@ -278,6 +281,46 @@ def test_the_configmap_config_outside_lws_is_refused_naming_the_variable(tmp_pat
     path.write_text(config_text())
     with pytest.raises(ConfigError, match=r"\$\{LWS_[A-Z_]+\}"):
         load_settings(path, env={})  # type: ignore[call-arg]
+
+
+def _check_config(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "supervisor", "check-config", "--config", str(config)]
+    return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+
+
+def _token_file(tmp_path: Path) -> Path:
+    """Where the Secret would be: a private file holding a token."""
+    token = tmp_path / "token"
+    token.write_text("k8s-test-token-0123456789abcdef\n")
+    token.chmod(0o400)
+    return token
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("rank", [0, 1])
+def test_check_config_in_the_pod_accepts_the_config_for_each_node(rank: int, tmp_path: Path) -> None:
+    """`kubectl exec <pod> -- sglang-supervisor check-config --config ...` as each node would run it
+    (everything but `[group]` until that section is merged; then the next test runs it whole)."""
+    data = substituted(config_toml(), node_env(rank))
+    data.pop("group")
+    data["api"]["token_file"] = str(_token_file(tmp_path))
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml(settings_from_mapping(data)))
+    done = _check_config(path, {})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"--node-rank {rank} --dist-init-addr {LEADER_ADDRESS}:20000" in done.stdout
+    assert "config OK" in done.stdout
+
+
+@NEEDS_GROUP
+@pytest.mark.integration
+@pytest.mark.parametrize("rank", [0, 1])
+def test_check_config_in_the_pod_accepts_the_configmap_text_with_lws_variables(rank: int, tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(config_text().replace("/run/secrets/sglang-supervisor/token", str(_token_file(tmp_path))))
+    done = _check_config(path, node_env(rank))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"--node-rank {rank} --dist-init-addr {LEADER_ADDRESS}:20000" in done.stdout
 
 
 def test_the_example_secrets_placeholder_is_refused_as_a_token(tmp_path: Path) -> None:
