@@ -12,6 +12,7 @@ import httpx
 import pytest
 from fake_supervisor import FakeSupervisor, attach, sample_snapshot
 from fastapi import FastAPI, Security
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -145,3 +146,14 @@ async def test_the_schema_serves_what_docs_api_md_documents(make_app: AppFactory
     for key, (success, errors) in documented.items():
         assert success in served[key], key
         assert errors <= served[key], (key, errors - served[key])
+
+
+def test_routes_live_in_routers_not_in_the_factory(make_app: AppFactory) -> None:
+    """create_app assembles; every route is a module-level function of a router module."""
+    app = make_app(token="t0k-0123456789", log_file=Path("/nonexistent/server.log"))
+    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    assert len(routes) >= 15
+    for route in routes:
+        module = route.endpoint.__module__
+        assert module.startswith("api.routes.") or module == "api.page", (route.path, module)
+        assert "<locals>" not in route.endpoint.__qualname__, route.path
