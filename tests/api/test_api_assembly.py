@@ -153,7 +153,8 @@ def test_routes_live_in_routers_not_in_the_factory() -> None:
     """create_app assembles: no route (nor any other function) is defined inside it."""
     tree = ast.parse(Path(app_module.__file__ or "").read_text())
     (factory,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "create_app"]
-    nested = [getattr(n, "name", "<lambda>") for n in ast.walk(factory) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    nested = [getattr(n, "name", "<lambda>") for n in ast.walk(factory) if isinstance(n, functions)]
     assert nested == ["create_app"]
     routers = {
         n.args[0].value.id  # type: ignore[attr-defined]
