@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 
 import httpx
@@ -67,3 +69,32 @@ async def test_readyz_follows_the_server_and_livez_the_loop_with_a_token(daemon,
         assert (await c.post("/start", headers=auth)).status_code == 202
         await _poll_readyz(c, 200, 60)
         assert (await c.get("/livez")).status_code == 200
+
+
+async def test_a_daemon_with_the_configmaps_api_section_serves_probes_and_the_pods_cli(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """deploy/kubernetes/configmap.yaml's `[api]`: all interfaces (the kubelet and the other nodes'
+    daemons), a token file from the Secret. The probes answer without the token, and
+    `sglang-supervisor status` in the pod finds address and token in the mounted config itself."""
+    from deploy_files import config_text, config_toml
+
+    api = config_toml()["api"]
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o400)  # as the Secret volume's defaultMode makes it
+    s = sim("ok", tp=1, api={"host": api["host"], "token_file": str(token)})
+    r = await daemon(s)
+    await r.wait_for(lambda x: x.state == "ready", 60, "ready")
+    async with httpx.AsyncClient(base_url=r.api, timeout=10) as c:
+        assert (await c.get("/readyz")).status_code == 200
+        assert (await c.get("/livez")).status_code == 200
+        assert (await c.get("/status")).status_code == 401
+    mounted = tmp_path / "config.toml"  # the ConfigMap's text, with this test's port and token path
+    mounted.write_text(
+        config_text()
+        .replace(f"port = {api['port']}", f"port = {s.api.port}")
+        .replace(api["token_file"], str(token))
+    )
+    cmd = [sys.executable, "-m", "supervisor", "status", "--config", str(mounted)]
+    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ready" in done.stdout
