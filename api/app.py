@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, Security
+from fastapi import APIRouter, Depends, FastAPI, Security
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -81,15 +81,23 @@ def create_app(
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(InternalErrors)
 
-    # With a token, every router but the probes' declares (and checks) the bearer scheme.
-    auth = [Security(require_token)] if token is not None else []
-    unauthorized = UNAUTHORIZED if token is not None else {}
-    app.include_router(status.router, dependencies=auth, responses=unauthorized)
-    app.include_router(commands.router, dependencies=auth, responses=unauthorized)
-    app.include_router(diagnostics.router, dependencies=auth, responses=unauthorized)
-    app.include_router(events.router, dependencies=auth, responses=unauthorized)
-    app.include_router(probes.router)
+    include_protected(app, status.router)
+    include_protected(app, commands.router)
+    include_protected(app, diagnostics.router)
+    include_protected(app, events.router)
+    app.include_router(probes.router)  # open: /livez, /readyz, /metrics
     if log_file is not None:
-        app.include_router(logs.router, dependencies=auth, responses=unauthorized)
-    app.include_router(page.router, dependencies=auth, responses=unauthorized)  # same auth as /status
+        include_protected(app, logs.router)
+    include_protected(app, page.router)  # the status page: same auth as /status
     return app
+
+
+def include_protected(app: FastAPI, router: APIRouter) -> None:
+    """Include `router` behind the token: with one configured, its routes check it (`require_token`)
+    and /openapi.json shows the bearer scheme and the 401 on each. The way to add a router later,
+    e.g. the daemon's group routes."""
+    context: ApiContext = app.state.context
+    if context.token is None:
+        app.include_router(router)
+        return
+    app.include_router(router, dependencies=[Security(require_token)], responses=UNAUTHORIZED)

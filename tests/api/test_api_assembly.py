@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 import pytest
 from fake_supervisor import FakeSupervisor, attach, sample_snapshot
-from fastapi import FastAPI, Security
+from fastapi import APIRouter, FastAPI, Security
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import app as app_module
-from api.app import create_app
-from api.deps import ApiContext, get_supervisor, require_token
+from api.app import create_app, include_protected
+from api.deps import ApiContext, Supervisor, get_supervisor, require_token
 from api.errors import http_exception_handler
 from api.routes import commands, probes
 from supervisor.daemon.journal import Journal
@@ -157,8 +157,30 @@ def test_routes_live_in_routers_not_in_the_factory() -> None:
     nested = [getattr(n, "name", "<lambda>") for n in ast.walk(factory) if isinstance(n, functions)]
     assert nested == ["create_app"]
     routers = {
-        n.args[0].value.id  # type: ignore[attr-defined]
+        ast.unparse(n.args[-1]).removesuffix(".router")
         for n in ast.walk(factory)
-        if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "include_router"
+        if isinstance(n, ast.Call) and ast.unparse(n.func) in ("app.include_router", "include_protected")
     }
     assert routers >= {"status", "commands", "diagnostics", "events", "probes", "logs", "page"}
+
+
+async def test_a_router_added_later_is_behind_the_token_and_documented(
+    make_app: AppFactory, make_client: ClientFactory, handle: FakeSupervisor
+) -> None:
+    """How the daemon adds a router after create_app (the group's member routes): include_protected."""
+    extra = APIRouter(prefix="/extra", tags=["extra"])
+
+    @extra.get("/ping")
+    async def ping(supervisor: Supervisor) -> dict[str, str]:
+        return {"state": supervisor.snapshot().state}
+
+    token = "t0k-0123456789"
+    app = make_app(token=token)
+    include_protected(app, extra)
+    async with make_client(app) as c:
+        assert (await c.get("/extra/ping")).status_code == 401
+        ok = await c.get("/extra/ping", headers={"Authorization": f"Bearer {token}"})
+        assert ok.json() == {"state": handle.snap.state}
+        schema = (await c.get("/openapi.json", headers={"Authorization": f"Bearer {token}"})).json()
+    op = schema["paths"]["/extra/ping"]["get"]
+    assert op["security"] == [{"bearer": []}] and "401" in op["responses"]
