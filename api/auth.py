@@ -18,6 +18,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from supervisor.config.settings import ApiSettings, ConfigError
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
+UNAUTHORIZED_DETAIL = "missing or invalid bearer token"
+CHALLENGE = 'Bearer realm="sglang-supervisor"'  # the WWW-Authenticate header of a 401
 
 
 def load_token(settings: ApiSettings, env: Mapping[str, str]) -> str | None:
@@ -90,7 +92,7 @@ class BearerAuth:
         if scope["type"] == "http" and scope["path"] in self._open:
             await self.app(scope, receive, send)
             return
-        if self._authorized(scope):
+        if authorized(scope, self._token):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -98,19 +100,20 @@ class BearerAuth:
             return
         await _unauthorized(send)
 
-    def _authorized(self, scope: Scope) -> bool:
-        assert self._token is not None
-        for name, value in scope.get("headers", ()):
-            if name.lower() != b"authorization":
-                continue
-            scheme, _, credentials = bytes(value).strip().partition(b" ")
-            if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self._token):
-                return True
-        return False
+
+def authorized(scope: Scope, token: bytes) -> bool:
+    """Whether any `Authorization` header of the request is `Bearer <token>` (scheme in any case)."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() != b"authorization":
+            continue
+        scheme, _, credentials = bytes(value).strip().partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token):
+            return True
+    return False
 
 
 async def _unauthorized(send: Send) -> None:
-    body = json.dumps({"error": "unauthorized", "detail": "missing or invalid bearer token"}).encode()
+    body = json.dumps({"error": "unauthorized", "detail": UNAUTHORIZED_DETAIL}).encode()
     await send(
         {
             "type": "http.response.start",
@@ -118,7 +121,7 @@ async def _unauthorized(send: Send) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b'Bearer realm="sglang-supervisor"'),
+                (b"www-authenticate", CHALLENGE.encode()),
             ],
         }
     )

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from starlette.responses import HTMLResponse
 
 from api import bundles
+from api.deps import ApiContext, Context, Supervisor
 from api.pagehtml import PageData, render
 from supervisor.daemon.commands import SupervisorHandle
-from supervisor.daemon.timeline import Timeline
 
 LOG_TAIL_LINES = 60
 LOG_TAIL_BYTES = 64 * 1024  # read from the end of the log file: a line flood cannot slow the page
@@ -30,20 +27,6 @@ HEADERS = {
 }
 
 router = APIRouter(tags=["status"])
-
-
-@dataclass(frozen=True)
-class PageContext:
-    handle: SupervisorHandle
-    diag_dir: Path
-    log_file: Path
-    timeline: Timeline | None
-    redact: Callable[[str], str]
-
-
-def get_page(request: Request) -> PageContext:
-    ctx: PageContext = request.app.state.page
-    return ctx
 
 
 def tail_lines(path: Path, n: int, max_bytes: int = LOG_TAIL_BYTES) -> list[str]:
@@ -62,11 +45,11 @@ def tail_lines(path: Path, n: int, max_bytes: int = LOG_TAIL_BYTES) -> list[str]
     return [ln[:500] for ln in lines if ln.strip()][-n:]
 
 
-def _gather(ctx: PageContext) -> PageData:
+def _gather(handle: SupervisorHandle, ctx: ApiContext) -> PageData:
     listed = bundles.list_bundles(ctx.diag_dir)[:MAX_BUNDLES]
-    lines = [ctx.redact(line) for line in tail_lines(ctx.log_file, LOG_TAIL_LINES)]
+    lines = [ctx.redact(line) for line in tail_lines(ctx.server_log, LOG_TAIL_LINES)]
     return PageData(
-        snapshot=ctx.handle.snapshot(),
+        snapshot=handle.snapshot(),
         bundles=[(b.id, b.summary) for b in listed],
         log_lines=lines,
         timeline=ctx.timeline.points() if ctx.timeline is not None else (),
@@ -74,7 +57,7 @@ def _gather(ctx: PageContext) -> PageData:
 
 
 @router.get("/ui", response_class=HTMLResponse, responses={200: {"content": {"text/html": {}}}})
-async def status_page(ctx: Annotated[PageContext, Depends(get_page)]) -> HTMLResponse:
+async def status_page(handle: Supervisor, ctx: Context) -> HTMLResponse:
     """The status page: state, ladder, incidents with their bundles, the log tail, the start-up timeline."""
-    data = await asyncio.to_thread(_gather, ctx)
+    data = await asyncio.to_thread(_gather, handle, ctx)
     return HTMLResponse(render(data), headers=HEADERS)

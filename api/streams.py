@@ -1,4 +1,4 @@
-"""Streamed reads: `GET /logs` (the server's output, `follow=true` keeps the answer open) and the
+"""Streamed reads, for `GET /logs` (the server's output, `follow=true` keeps the answer open) and the
 follow mode of `GET /events` (JSON lines as the journal gets them), so `sglang-supervisor logs -f`
 and `events --follow` are one open HTTP answer each, not a polling loop in the client.
 
@@ -14,15 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Query
 from pydantic import StringConstraints, WithJsonSchema
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
-from api.follow import Follower, tail_lines
+from api.follow import Follower
 from supervisor.daemon.eventnames import EVENT_NAMES, unknown_events
 
 FOLLOW_POLL_S = 0.25
-MAX_LOG_LINES = 10_000
 NDJSON = "application/x-ndjson"
 
 # Journal event names are snake_case (`state_changed`); anything else (`event=`, a number) is a mistake.
@@ -51,7 +49,7 @@ async def start_following(path: Path) -> Follower:
     return await asyncio.to_thread(Follower, path)
 
 
-async def _follow(follower: Follower, poll_s: float) -> AsyncIterator[bytes]:
+async def follow_lines(follower: Follower, poll_s: float) -> AsyncIterator[bytes]:
     try:
         while True:
             lines = await asyncio.to_thread(follower.read_new)
@@ -71,7 +69,7 @@ def follow_events(
     async def body() -> AsyncIterator[bytes]:
         # The follower was opened at the file's end before `first` was read: a record written in
         # between may be sent twice, never missed.
-        stream = _follow(follower, poll_s)
+        stream = follow_lines(follower, poll_s)
         for record in first:
             yield (json.dumps(record, ensure_ascii=False) + "\n").encode()
         async for line in stream:
@@ -83,41 +81,3 @@ def follow_events(
                 yield (json.dumps(record, ensure_ascii=False) + "\n").encode()
 
     return StreamingResponse(body(), media_type=NDJSON, headers={"Cache-Control": "no-store"})
-
-
-def logs_router(log_file: Path, redact: Callable[[str], str], poll_s: float = FOLLOW_POLL_S) -> APIRouter:
-    router = APIRouter(tags=["status"])
-
-    def render(line: bytes) -> bytes:
-        text = line.decode("utf-8", errors="replace")
-        if "\r" in text:  # a progress bar's updates: its latest state
-            text = [s for s in text.split("\r") if s.strip()][-1] if text.strip() else ""
-        return (redact(text) + "\n").encode()
-
-    @router.get(
-        "/logs",
-        response_class=StreamingResponse,
-        responses={200: {"description": "the server's output, one line each", "content": {"text/plain": {}}}},
-    )
-    async def logs(
-        lines: Annotated[int, Query(ge=0, le=MAX_LOG_LINES, description="how many of the last lines")] = 100,
-        # Not in the schema: an OpenAPI client (or fuzzer) cannot consume an answer that never ends.
-        follow: Annotated[bool, Query(include_in_schema=False)] = False,
-    ) -> Response:
-        """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted."""
-        follower = await start_following(log_file) if follow else None
-        tail = await asyncio.to_thread(tail_lines, log_file, lines)
-
-        async def body() -> AsyncIterator[bytes]:
-            stream = _follow(follower, poll_s) if follower is not None else None
-            for line in tail:
-                yield render(line)
-            if stream is not None:
-                async for line in stream:
-                    yield render(line)
-
-        return StreamingResponse(
-            body(), media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
-        )
-
-    return router

@@ -1,14 +1,13 @@
 """Evidence before anything is killed: py-spy and gdb of every process, /proc, NVML, one bundle.
 
-The daemon calls `capture` on a hung verdict or a `POST /diagnose`, `self_check` at start, and the
-API reads bundles through `list_bundles`, `bundle_summary` and `bundle_file`. Benchmarks also use
+The daemon calls `capture` on a hung verdict or a `POST /diagnose` and `self_check` at start; the
+API reads finished bundles through its one descriptor-safe reader, `api.bundles`. Benchmarks also use
 the tools' finders, command lines and parsers (`find_py_spy`, `gdb_argv`, `parse_cuda_kernels`,
 `parse_pystack`, `query_ras`, ...) from here.
 """
 
 from __future__ import annotations
 
-from supervisor.diagnostics.bundle import bundle_file, bundle_summary, list_bundles
 from supervisor.diagnostics.capture import capture
 from supervisor.diagnostics.classify import classify
 from supervisor.diagnostics.pystack import find_pystack, parse_pystack, pystack_argv
@@ -40,15 +39,12 @@ __all__ = [
     "Redactor",
     "StackThread",
     "ToolOutcome",
-    "bundle_file",
-    "bundle_summary",
     "capture",
     "classify",
     "find_gdb",
     "find_py_spy",
     "find_pystack",
     "gdb_argv",
-    "list_bundles",
     "new_incident_id",
     "parse_cuda_kernels",
     "parse_pystack",

@@ -1,4 +1,4 @@
-"""Bundle directories on disk: atomic write, retention, and safe lookup for the API.
+"""Bundle directories on disk: atomic write and retention (the API reads them through api/bundles.py).
 
 A bundle is written into `diag_dir/.tmp-<id>`, every file fsynced, then renamed to
 `diag_dir/<id>`: a reader (or a crash) sees a whole bundle or none.
@@ -7,7 +7,6 @@ A bundle is written into `diag_dir/.tmp-<id>`, every file fsynced, then renamed 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -129,68 +128,3 @@ def enforce_retention(
         count -= 1
         total -= sizes[d.name]
     return removed, errors
-
-
-def _read_summary(path: Path) -> dict[str, object] | None:
-    try:
-        doc = json.loads((path / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def list_bundles(diag_dir: Path) -> list[dict[str, object]]:
-    """Newest first: id, created_at, trigger, cause, hang_class, bytes, files."""
-    out: list[dict[str, object]] = []
-    for d in reversed(_bundle_dirs(Path(diag_dir))):
-        doc = _read_summary(d)
-        item: dict[str, object] = {"id": d.name, "bytes": _dir_bytes(d)}
-        if doc is None:
-            item["error"] = "summary.json unreadable"
-        else:
-            for key in ("created_at", "trigger", "cause", "hang_class", "rung", "phase"):
-                item[key] = doc.get(key)
-        try:
-            item["files"] = sorted(p.name for p in d.iterdir() if p.is_file() and not p.is_symlink())
-        except OSError:
-            item["files"] = []
-        out.append(item)
-    return out
-
-
-def _bundle_dir(diag_dir: Path, bundle_id: str) -> Path | None:
-    if not _SAFE.match(bundle_id) or bundle_id.startswith("."):
-        return None
-    base = Path(diag_dir)
-    d = base / bundle_id
-    if d.is_symlink() or not d.is_dir():
-        return None
-    try:
-        if d.resolve().parent != base.resolve():
-            return None
-    except OSError:
-        return None
-    return d
-
-
-def bundle_file(diag_dir: Path, bundle_id: str, name: str) -> Path | None:
-    """The file `name` of bundle `bundle_id`, or None: both must match [A-Za-z0-9._-]+, no symlinks,
-    and resolve inside the bundle directory. Safe to call with untrusted input from the API."""
-    d = _bundle_dir(diag_dir, bundle_id)
-    if d is None or not _SAFE.match(name) or name in (".", ".."):
-        return None
-    f = d / name
-    if f.is_symlink() or not f.is_file():
-        return None
-    try:
-        if f.resolve().parent != d.resolve():
-            return None
-    except OSError:
-        return None
-    return f
-
-
-def bundle_summary(diag_dir: Path, bundle_id: str) -> dict[str, object] | None:
-    """The parsed summary.json of one bundle (GET /diagnostics/{id}), or None."""
-    d = _bundle_dir(diag_dir, bundle_id)
-    return _read_summary(d) if d is not None else None

@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
+from fake_supervisor import FakeSupervisor, attach
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from api.app import create_app
-from api.testing import FakeSupervisor
 from supervisor.daemon.journal import Journal
 from supervisor.daemon.metrics import SupervisorMetrics
 
@@ -135,14 +135,17 @@ def make_app(handle: FakeSupervisor, diag_dir: Path, journal: Journal) -> Callab
     def factory(token: str | None = None, max_body_bytes: int = 4096, **kwargs: Any) -> FastAPI:
         registry = CollectorRegistry()
         SupervisorMetrics(registry, handle.snapshot)
-        return create_app(
+        return attach(
+            create_app(
+                None,
+                token=token,
+                diag_dir=diag_dir,
+                journal=journal,
+                registry=registry,
+                max_body_bytes=max_body_bytes,
+                **kwargs,
+            ),
             handle,
-            token=token,
-            diag_dir=diag_dir,
-            journal=journal,
-            registry=registry,
-            max_body_bytes=max_body_bytes,
-            **kwargs,
         )
 
     return factory

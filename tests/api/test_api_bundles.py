@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 from api import bundles
+from supervisor.diagnostics.bundle import write_bundle
 
 BUNDLE = "20250101T000000Z-startup_stall"
 
@@ -171,3 +173,74 @@ def test_safe_names(name: str) -> None:
 )
 def test_unsafe_names(name: str) -> None:
     assert not bundles.is_safe_name(name)
+
+
+# The reader on its own (it is the only one: the daemon writes bundles, only the API reads them).
+
+
+def _written(diag_dir: Path, bundle_id: str, age_s: float) -> Path:
+    """A bundle as the daemon writes it (supervisor.diagnostics.bundle.write_bundle)."""
+    summary = json.dumps({"id": bundle_id, "hang_class": "unknown"}).encode()
+    path = write_bundle(diag_dir, bundle_id, {"summary.json": summary, "blob.txt": b"x" * 10})
+    at = time.time() - age_s
+    os.utime(path, (at, at))
+    return path
+
+
+def _read_fd(fd: int) -> bytes:
+    return b"".join(bundles.read_chunks(fd))
+
+
+def test_reader_lists_what_the_writer_wrote_newest_first(tmp_path: Path) -> None:
+    _written(tmp_path, "a", age_s=10)
+    _written(tmp_path, "b", age_s=0)
+    listed = bundles.list_bundles(tmp_path)
+    assert [b.id for b in listed] == ["b", "a"]
+    assert listed[0].summary == {"id": "b", "hang_class": "unknown"}
+    detail = bundles.bundle_detail(tmp_path, "b")
+    assert detail is not None and detail.files == ["blob.txt", "summary.json"]
+    fd = bundles.open_bundle_file(tmp_path, "a", "blob.txt")
+    assert fd is not None and _read_fd(fd) == b"x" * 10
+    assert bundles.list_bundles(tmp_path / "missing") == []
+    assert bundles.bundle_detail(tmp_path, "../a") is None
+
+
+@pytest.mark.parametrize(
+    ("bundle_id", "name"),
+    [
+        ("..", "summary.json"),
+        ("a", ".."),
+        ("a", "../a/summary.json"),
+        ("a/..", "summary.json"),
+        ("a", "nope.txt"),
+        ("missing", "summary.json"),
+        (".tmp-x", "summary.json"),
+        ("a", "link.txt"),
+        ("linked", "summary.json"),
+        ("a", "sub"),
+        ("a", ""),
+    ],
+)
+def test_reader_refuses_anything_unsafe(tmp_path: Path, bundle_id: str, name: str) -> None:
+    d = _written(tmp_path, "a", age_s=0)
+    (d / "sub").mkdir()
+    outside = tmp_path.parent / f"outside-{tmp_path.name}.txt"
+    outside.write_text("secret")
+    (d / "link.txt").symlink_to(outside)
+    (tmp_path / "linked").symlink_to(d)
+    (tmp_path / ".tmp-x").mkdir()
+    (tmp_path / ".tmp-x" / "summary.json").write_text("{}")
+    assert bundles.open_bundle_file(tmp_path, bundle_id, name) is None
+    assert bundles.open_bundle_file(tmp_path, "a", "summary.json") is not None  # the same bundle, a safe name
+
+
+def test_a_link_swapped_in_after_listing_is_still_refused(tmp_path: Path) -> None:
+    """The descriptor-safe part: a name checked and then replaced by a link is opened O_NOFOLLOW."""
+    d = _written(tmp_path, "a", age_s=0)
+    detail = bundles.bundle_detail(tmp_path, "a")
+    assert detail is not None and "blob.txt" in detail.files
+    outside = tmp_path.parent / f"outside-{tmp_path.name}.txt"
+    outside.write_text("secret")
+    (d / "blob.txt").unlink()
+    (d / "blob.txt").symlink_to(outside)
+    assert bundles.open_bundle_file(tmp_path, "a", "blob.txt") is None

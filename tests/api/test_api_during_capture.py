@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from fake_supervisor import FakeSupervisor, attach
 from prometheus_client import CollectorRegistry
 
 from api.app import create_app
-from api.testing import FakeSupervisor
 from supervisor.daemon.commands import CommandResult
 from supervisor.daemon.journal import Journal
 from supervisor.daemon.metrics import SupervisorMetrics
@@ -102,13 +102,16 @@ def test_status_and_metrics_answer_during_a_gdb_capture(hung_process: subprocess
     handle = GdbCapturingSupervisor(hung_process.pid)
     registry = CollectorRegistry()
     SupervisorMetrics(registry, handle.snapshot)
-    app = create_app(
+    app = attach(
+        create_app(
+            None,
+            token=None,
+            diag_dir=tmp_path,
+            journal=Journal(tmp_path / "events.jsonl"),
+            registry=registry,
+            max_body_bytes=65536,
+        ),
         handle,
-        token=None,
-        diag_dir=tmp_path,
-        journal=Journal(tmp_path / "events.jsonl"),
-        registry=registry,
-        max_body_bytes=65536,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto 6: asyncio sets TCP_NODELAY
     sock.bind(("127.0.0.1", 0))

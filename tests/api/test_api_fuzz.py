@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import schemathesis
+from fake_supervisor import FakeSupervisor, attach
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,6 @@ from prometheus_client import CollectorRegistry
 from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from api.app import create_app
-from api.testing import FakeSupervisor
 from supervisor.daemon.journal import Journal
 from supervisor.daemon.metrics import SupervisorMetrics
 
@@ -42,13 +42,16 @@ def _app(token: str | None) -> FastAPI:
     handle = FakeSupervisor()
     registry = CollectorRegistry()
     SupervisorMetrics(registry, handle.snapshot)
-    return create_app(
+    return attach(
+        create_app(
+            None,
+            token=token,
+            diag_dir=FIXTURES / "diagnostics",
+            journal=Journal(FIXTURES / "events.jsonl"),
+            registry=registry,
+            max_body_bytes=64 * 1024,  # the default cap; 413s are tested in test_api_routes
+        ),
         handle,
-        token=token,
-        diag_dir=FIXTURES / "diagnostics",
-        journal=Journal(FIXTURES / "events.jsonl"),
-        registry=registry,
-        max_body_bytes=64 * 1024,  # the default cap; 413s are tested in test_api_routes
     )
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_supervisor import SAMPLE_LADDER, FakeSupervisor, sample_snapshot
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.testing import SAMPLE_LADDER, FakeSupervisor, sample_snapshot
 from supervisor.daemon.commands import Command, CommandResult
 from supervisor.daemon.journal import Journal
 

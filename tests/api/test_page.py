@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fake_supervisor import FakeSupervisor, sample_snapshot, sample_starting_snapshot
 from fastapi import FastAPI
 
 from api.pagehtml import STATE_COLOURS, PageData, render
-from api.testing import FakeSupervisor, sample_snapshot, sample_starting_snapshot
 from supervisor.daemon.snapshot import GpuView, ProgressView
 from supervisor.daemon.timeline import Timeline
 

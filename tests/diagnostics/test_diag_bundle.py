@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.diagnostics import bundle
-from supervisor.diagnostics.bundle import bundle_file, bundle_summary, enforce_retention, list_bundles
+from supervisor.diagnostics.bundle import enforce_retention
 
 
 def make(diag: Path, name: str, size: int = 10, age_s: float = 0.0) -> Path:
@@ -93,51 +93,6 @@ def test_retention_ignores_foreign_directories_and_clears_stale_tmp(tmp_path: Pa
     removed, _ = enforce_retention(tmp_path, keep=1, max_bytes=10**9, protect="b0")
     assert removed == []
     assert (tmp_path / "not-a-bundle").is_dir() and fresh.is_dir() and not stale.exists()
-
-
-def test_list_bundles_newest_first(tmp_path: Path) -> None:
-    make(tmp_path, "a", age_s=10)
-    make(tmp_path, "b", age_s=0)
-    items = list_bundles(tmp_path)
-    assert [i["id"] for i in items] == ["b", "a"]
-    assert items[0]["hang_class"] == "unknown"
-    assert items[0]["files"] == ["blob.txt", "summary.json"]
-    assert list_bundles(tmp_path / "missing") == []
-
-
-@pytest.mark.parametrize(
-    ("bundle_id", "name"),
-    [
-        ("..", "summary.json"),
-        ("a", ".."),
-        ("a", "../a/summary.json"),
-        ("a/..", "summary.json"),
-        ("a", "nope.txt"),
-        ("missing", "summary.json"),
-        (".tmp-x", "summary.json"),
-        ("a", "link.txt"),
-        ("linked", "summary.json"),
-        ("a", "sub"),
-        ("a", ""),
-    ],
-)
-def test_bundle_file_refuses_anything_unsafe(tmp_path: Path, bundle_id: str, name: str) -> None:
-    d = make(tmp_path, "a")
-    (d / "sub").mkdir()
-    outside = tmp_path.parent / f"outside-{tmp_path.name}.txt"
-    outside.write_text("secret")
-    (d / "link.txt").symlink_to(outside)
-    (tmp_path / "linked").symlink_to(d)
-    (tmp_path / ".tmp-x").mkdir()
-    (tmp_path / ".tmp-x" / "summary.json").write_text("{}")
-    assert bundle_file(tmp_path, bundle_id, name) is None
-
-
-def test_bundle_file_and_summary_lookup(tmp_path: Path) -> None:
-    make(tmp_path, "a")
-    assert bundle_file(tmp_path, "a", "blob.txt") == tmp_path / "a" / "blob.txt"
-    assert bundle_summary(tmp_path, "a") == {"id": "a", "hang_class": "unknown"}
-    assert bundle_summary(tmp_path, "../a") is None
 
 
 @pytest.mark.parametrize(

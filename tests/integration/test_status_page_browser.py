@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fake_supervisor import sample_snapshot
 from png import Image, read_png
 
 from api.pagehtml import STATE_COLOURS, PageData, render
-from api.testing import sample_snapshot
 
 pytestmark = [
     pytest.mark.integration,

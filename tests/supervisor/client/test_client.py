@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from fake_supervisor import FakeSupervisor, attach, sample_starting_snapshot
 from prometheus_client import CollectorRegistry
 
 from api.app import create_app
-from api.testing import FakeSupervisor, sample_starting_snapshot
 from supervisor.client.verbs import add_client_commands, run_client
 from supervisor.daemon.journal import Journal
 from supervisor.daemon.metrics import SupervisorMetrics
@@ -38,13 +38,16 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     handle = FakeSupervisor()
     registry = CollectorRegistry()
     SupervisorMetrics(registry, handle.snapshot)
-    app = create_app(
+    app = attach(
+        create_app(
+            None,
+            token=TOKEN,
+            diag_dir=tmp_path / "diagnostics",
+            journal=Journal(tmp_path / "events.jsonl"),
+            registry=registry,
+            max_body_bytes=64 * 1024,
+        ),
         handle,
-        token=TOKEN,
-        diag_dir=tmp_path / "diagnostics",
-        journal=Journal(tmp_path / "events.jsonl"),
-        registry=registry,
-        max_body_bytes=64 * 1024,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto 6: asyncio sets TCP_NODELAY
     sock.bind(("127.0.0.1", 0))

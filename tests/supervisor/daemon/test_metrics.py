@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fake_supervisor import sample_snapshot, sample_starting_snapshot
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.testing import sample_snapshot, sample_starting_snapshot
 from supervisor.alerting.dispatch import NotifyMetrics
 from supervisor.alerting.settings import NotifyTarget
 from supervisor.daemon.metrics import SupervisorMetrics

@@ -1,4 +1,4 @@
-"""An in-memory `SupervisorHandle` for tests of the API and the CLI client.
+"""An in-memory `SupervisorHandle` for tests of the API and the CLI client (tests only, not shipped).
 
 It answers the way the supervisor's queue does: one restart at a time (a second is a conflict),
 one capture at a time (a second is busy), stop/start refused when already there, unknown rungs
@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from supervisor.daemon.commands import Command, CommandResult
+from fastapi import FastAPI
+
+from api.deps import get_supervisor
+from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
 from supervisor.daemon.snapshot import GpuDeviceView, GpuView, IncidentView, ProgressView, ServingView, StatusSnapshot
 
 SAMPLE_LADDER = ("base", "no-cuda-graph", "no-spec")
@@ -136,3 +139,9 @@ class FakeSupervisor:
             return CommandResult("done", bundle_id="b-manual", summary={"hang_class": "unknown"})
         finally:
             self.diagnosing = False
+
+
+def attach(app: FastAPI, handle: SupervisorHandle) -> FastAPI:
+    """Serve `app`'s routes over `handle`, the FastAPI way (`dependency_overrides`)."""
+    app.dependency_overrides[get_supervisor] = lambda: handle
+    return app

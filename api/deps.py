@@ -1,0 +1,88 @@
+"""What the routes declare with `Depends`: the supervisor handle, the API's context, the token.
+
+`create_app` puts the handle and the context on `app.state`; routes never reach for them any
+other way, so a test swaps either through `app.dependency_overrides[get_supervisor]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CollectorRegistry
+
+from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized
+from supervisor.daemon.commands import SupervisorHandle
+from supervisor.daemon.journal import Journal
+from supervisor.daemon.timeline import Timeline
+
+# The scheme /openapi.json publishes; auto_error=False so a refusal has this API's error shape.
+bearer_scheme = HTTPBearer(scheme_name="bearer", auto_error=False)
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    """Everything but the supervisor that the routes read: where bundles, the journal and logs are."""
+
+    diag_dir: Path
+    journal: Journal
+    registry: CollectorRegistry
+    redact: Callable[[str], str]  # applied to every server log line a route shows
+    liveness: Callable[[], float] | None = None  # age in seconds of the loop's last heartbeat
+    liveness_max_age_s: float = 30.0
+    log_file: Path | None = None  # the server's output for GET /logs; None: no /logs route
+    timeline: Timeline | None = None
+    token: str | None = None
+
+    @property
+    def server_log(self) -> Path:
+        """The server log the status page tails (the state directory's logs/server.log by default)."""
+        return self.log_file if self.log_file is not None else self.diag_dir.parent / "logs" / "server.log"
+
+
+def get_supervisor(request: Request) -> SupervisorHandle:
+    handle: SupervisorHandle | None = getattr(request.app.state, "supervisor", None)
+    if handle is None:
+        raise HTTPException(503, "no supervisor is attached to this API yet")
+    return handle
+
+
+def get_context(request: Request) -> ApiContext:
+    ctx: ApiContext = request.app.state.context
+    return ctx
+
+
+Supervisor = Annotated[SupervisorHandle, Depends(get_supervisor)]
+Context = Annotated[ApiContext, Depends(get_context)]
+
+
+def require_token(
+    request: Request,
+    ctx: Context,
+    _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
+) -> None:
+    """The routes' own token check, and what declares the bearer scheme in /openapi.json.
+
+    `BearerAuth` (api/auth.py) refuses a bad token before the body is read, and answers for paths
+    that are no route; this check holds a route shut wherever that middleware is not in front.
+    Both use `auth.authorized`, so they cannot disagree.
+    """
+    if ctx.token is not None and not authorized(request.scope, ctx.token.encode("utf-8")):
+        raise HTTPException(401, UNAUTHORIZED_DETAIL, headers={"WWW-Authenticate": CHALLENGE})
+
+
+async def no_unknown_query(request: Request) -> None:
+    """A misspelt query parameter (`?limt=5`) is an error, as an unknown body field is."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    allowed = {p.alias for p in dependant.query_params} if dependant is not None else set()
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise RequestValidationError(
+            [{"type": "extra_forbidden", "loc": ("query", name), "msg": "unknown query parameter"} for name in unknown]
+        )

@@ -1,0 +1,1 @@
+"""The API's routers, one per concern; `api.app.create_app` includes them."""

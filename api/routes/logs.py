@@ -1,0 +1,55 @@
+"""`GET /logs`: the server's output as the log keeper wrote it, secrets redacted; `follow=true`
+keeps the answer open and sends each new line (`sglang-supervisor logs -f`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from starlette.responses import Response, StreamingResponse
+
+from api.deps import Context
+from api.follow import tail_lines
+from api.streams import FOLLOW_POLL_S, follow_lines, start_following
+
+MAX_LOG_LINES = 10_000
+
+router = APIRouter(tags=["status"])
+
+
+def render_line(line: bytes, redact: Callable[[str], str]) -> bytes:
+    text = line.decode("utf-8", errors="replace")
+    if "\r" in text:  # a progress bar's updates: its latest state
+        text = [s for s in text.split("\r") if s.strip()][-1] if text.strip() else ""
+    return (redact(text) + "\n").encode()
+
+
+@router.get(
+    "/logs",
+    response_class=StreamingResponse,
+    responses={200: {"description": "the server's output, one line each", "content": {"text/plain": {}}}},
+)
+async def logs(
+    ctx: Context,
+    lines: Annotated[int, Query(ge=0, le=MAX_LOG_LINES, description="how many of the last lines")] = 100,
+    # Not in the schema: an OpenAPI client (or fuzzer) cannot consume an answer that never ends.
+    follow: Annotated[bool, Query(include_in_schema=False)] = False,
+) -> Response:
+    """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted."""
+    log_file = ctx.server_log
+    follower = await start_following(log_file) if follow else None
+    tail = await asyncio.to_thread(tail_lines, log_file, lines)
+
+    async def body() -> AsyncIterator[bytes]:
+        stream = follow_lines(follower, FOLLOW_POLL_S) if follower is not None else None
+        for line in tail:
+            yield render_line(line, ctx.redact)
+        if stream is not None:
+            async for line in stream:
+                yield render_line(line, ctx.redact)
+
+    return StreamingResponse(
+        body(), media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
+    )
