@@ -26,6 +26,7 @@ from supervisor.simulator.ncclwait import wait_for as _wait
 from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
+from supervisor.simulator.schedwatchdog import start_watchdog
 from supervisor.simulator.segfault import die_of_segfault
 from supervisor.simulator.startup import RankContext
 
@@ -62,6 +63,7 @@ class Follower:
         self.layout = node_layout(ctx.args)
         self.fault_at: float | None = None
         self.stalled = False
+        self.forward_since: float | None = None  # the forward in progress, for SGLang's watchdog
 
     def _my_fault(self) -> Scenario | None:
         scenario = self.ctx.settings.scenario
@@ -78,6 +80,7 @@ class Follower:
             self.fault_at = time.monotonic() + self.ctx.settings.fault_after_s
 
     def run(self) -> NoReturn:
+        start_watchdog(self.ctx.args.watchdog_timeout, lambda: self.forward_since, self.log, self.ctx.main_pid)
         while True:
             timeout = None if self.fault_at is None else max(0.0, self.fault_at - time.monotonic())
             try:
@@ -94,11 +97,14 @@ class Follower:
 
     def _forward(self, step: Step) -> None:
         gpu = self.ctx.settings.fake_nvml
+        self.forward_since = time.monotonic()
         if self.stalled and step.kind == "decode":
             _wait_forever(gpu)  # the decode forward's kernel never finishes; nobody gets this rank's share
         with contextlib.suppress(OSError):
             self.leader.send(Ack(self.ctx.rank))
-        if _wait([self.leader], Done, gpu):
+        fired_up = _wait([self.leader], Done, gpu)
+        self.forward_since = None
+        if fired_up:
             self._armed()
 
     def _onset(self) -> None:

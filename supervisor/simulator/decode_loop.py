@@ -10,7 +10,6 @@ import contextlib
 import os
 import random
 import signal
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -35,8 +34,8 @@ from supervisor.simulator.messages import (
 from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
+from supervisor.simulator.schedwatchdog import start_watchdog
 from supervisor.simulator.segfault import die_of_segfault
-from supervisor.simulator.selfdump import pyspy_dump_self
 from supervisor.simulator.startup import RankContext
 
 SPEC_STEP_COST = 1.74  # a verify step costs this many plain decode steps
@@ -98,22 +97,8 @@ class ServingLoop:
         )
         self.forward_since: float | None = None  # when the forward pass in progress began
 
-    def _watchdog(self) -> None:
-        """SGLang's scheduler watchdog: a forward pass stuck past --watchdog-timeout ends the server."""
-        timeout = self.ctx.args.watchdog_timeout
-        while True:
-            time.sleep(max(0.1, timeout // 2))  # SGLang checks every timeout // 2 seconds
-            since = self.forward_since
-            if since is not None and time.monotonic() - since > timeout:
-                break
-        pyspy_dump_self(self.log)
-        self.log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
-        time.sleep(5)  # "so that the parent process can print the error"
-        with contextlib.suppress(OSError):
-            os.kill(self.ctx.main_pid, signal.SIGQUIT)
-
     def run(self) -> NoReturn:
-        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
+        start_watchdog(self.ctx.args.watchdog_timeout, lambda: self.forward_since, self.log, self.ctx.main_pid)
         while True:
             self._receive(self._wait_s())
             if self.fault_at is not None and time.monotonic() >= self.fault_at:

@@ -4,6 +4,7 @@ real collectives over TCP between the nodes' ranks, and each node's own faults."
 from __future__ import annotations
 
 import os
+import socket
 import signal
 import threading
 import time
@@ -268,3 +269,82 @@ def test_tp_size_must_divide_by_nnodes(sim: SimStarter) -> None:
     s = node(sim, 0, 2, free_port(), 3)
     assert s.proc.wait(20) == 1
     assert "AssertionError: tp_size must be divisible by number of nodes" in s.stderr()
+
+
+def test_node_0s_health_fails_after_the_timeout_when_a_worker_rank_died(sim: SimStarter) -> None:
+    store = free_port()
+    n0 = node(sim, 0, 2, store, 2, "ok", env={"SGLANG_HEALTH_CHECK_TIMEOUT": "2"})
+    n1 = node(sim, 1, 2, store, 2)
+    ready([n0, n1])
+    assert n0.request("/health")[0] == 200
+    scheduler(n1, "sglang::scheduler_TP1").kill()
+    tic = time.monotonic()
+    assert n0.request("/health", timeout=15)[0] == 503  # the health generate never comes back
+    assert time.monotonic() - tic >= 1.5
+    assert "Health check failed. Server couldn't get a response from detokenizer for last 2" in n0.stderr()
+    assert n0.request("/model_info")[0] == 200 and n0.proc.poll() is None
+
+
+def test_node_1s_crash_after_ready_ends_node_1_and_hangs_node_0(sim: SimStarter) -> None:
+    store = free_port()
+    n0 = node(sim, 0, 2, store, 2, "ok", "--enable-metrics")
+    n1 = node(sim, 1, 2, store, 2, "crash_after_ready", env={"SGLANG_SIM_FAULT_AFTER_S": "1"})
+    ready([n0, n1])
+    assert n1.proc.wait(15) == -signal.SIGKILL  # the launch-phase handler kills the tree and itself
+    log = n1.stderr()
+    assert "TP1] Scheduler hit an exception:" in log and "illegal memory access" in log
+    assert "Received sigquit from a child process. It usually means the child failed." in log
+    load = Load(n0)
+    time.sleep(1.0)
+    assert not advancing(n0, 1.5) and n0.proc.poll() is None
+    assert n0.onset()["scenario"] == "ok" and n1.onset()["scenario"] == "crash_after_ready"
+    load.stop.set()
+
+
+def test_node_1s_serving_stall_stops_node_0s_decode(sim: SimStarter) -> None:
+    store = free_port()
+    n0 = node(sim, 0, 2, store, 2, "ok", "--enable-metrics")
+    n1 = node(sim, 1, 2, store, 2, "serving_stall", env={"SGLANG_SIM_FAULT_AFTER_S": "1"})
+    ready([n0, n1])
+    assert n1.wait_until(lambda: n1.onset_path.exists() and n1.onset().get("onset_wall") is not None, 10)
+    load = Load(n0)
+    time.sleep(1.5)
+    assert not advancing(n0, 1.5)
+    assert n1.onset()["writer_pid"] == scheduler(n1, "sglang::scheduler_TP1").pid  # node 1's rank stalled
+    assert n0.proc.poll() is None and n1.proc.poll() is None
+    load.stop.set()
+
+
+def test_a_worker_ranks_own_watchdog_ends_its_node(sim: SimStarter) -> None:
+    """Three nodes; node 2's rank stopped under load: node 1's rank waits inside the collective until
+    SGLang's scheduler watchdog fires there, and node 1's main kills its tree."""
+    store = free_port()
+    nodes = [node(sim, r, 3, store, 3, "ok", "--watchdog-timeout", "2", "--enable-metrics") for r in range(3)]
+    ready(nodes)
+    load = Load(nodes[0])
+    assert nodes[0].wait_until(lambda: advancing(nodes[0], 0.5), 10)
+    stopped = scheduler(nodes[2], "sglang::scheduler_TP2")
+    stopped.suspend()
+    try:
+        assert nodes[1].proc.wait(30) == -signal.SIGKILL
+        log = nodes[1].stderr()
+        assert "TP1] Scheduler watchdog timeout (self.watchdog_timeout=2.0, self.soft=False)" in log
+        assert "Received sigquit from a child process. It usually means the child failed." in log
+    finally:
+        stopped.resume()
+    load.stop.set()
+
+
+def test_a_dummy_health_port_in_use_leaves_the_node_without_one(sim: SimStarter) -> None:
+    store = free_port()
+    n0 = node(sim, 0, 2, store, 2)
+    n1 = node(sim, 1, 2, store, 2)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", n1.port))
+        squatter.listen(1)
+        assert n0.wait_log(READY, 30)
+        assert n1.wait_log("Dummy health check server stopped at 127.0.0.1:", 30)
+        assert "error while attempting to bind on address ('127.0.0.1'," in n1.stderr()
+        assert n1.proc.poll() is None  # its ranks still serve the group
+        assert n0.generate(max_new_tokens=8)[0] == 200
