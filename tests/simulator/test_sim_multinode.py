@@ -4,8 +4,8 @@ real collectives over TCP between the nodes' ranks, and each node's own faults."
 from __future__ import annotations
 
 import os
-import socket
 import signal
+import socket
 import threading
 import time
 from typing import TYPE_CHECKING
