@@ -73,7 +73,8 @@ def decode(line: bytes) -> Message | None:
 
 class Link:
     def __init__(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):  # a step is a few bytes: send it now (TCP only)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(True)
         self.sock = sock
         self._buf = b""
@@ -96,10 +97,9 @@ class Link:
             chunk = self.sock.recv(65536)
         except OSError:
             chunk = b""
-        if not chunk or (len(self._buf) + len(chunk) > MAX_LINE and b"\n" not in self._buf + chunk):
-            self._eof = True
-        else:
-            self._buf += chunk
+        self._buf += chunk
+        if not chunk or (len(self._buf) >= MAX_LINE and b"\n" not in self._buf):
+            self._eof = True  # gone, or not speaking our protocol
 
     def poll(self, timeout: float | None = 0.0) -> bool:
         """Whether recv() would return (or raise EOFError) without waiting longer than timeout."""

@@ -78,6 +78,14 @@ class StoreServer:
             self._joined[hello.rank] = link
             self._cond.notify_all()
 
+    def close(self) -> None:
+        """Stop listening and drop every connection (the process's end does the same)."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with self._cond:
+            for link in [*self._joined.values(), *self._held]:
+                link.close()
+
     def wait_for_world(self, deadline: float) -> list[Link]:
         """Every other rank's link, in rank order, once all joined; RendezvousError at the deadline."""
         started = time.monotonic()
