@@ -191,3 +191,31 @@ def worker_lifespan_traceback() -> str:
         + frames
         + "AttributeError: 'NoneType' object has no attribute 'server_args'\n"
     )
+
+
+def worker_ready_traceback(error: str) -> str:
+    """The main process's traceback when `_wait_for_scheduler_ready` raises (0.5.16 `engine.py`)."""
+    frames = _frames(
+        [
+            (f"{_PKG}/sglang/launch_server.py", 29, "<module>", "launch_server(server_args)"),
+            (f"{_SRT}/entrypoints/http_server.py", 2678, "launch_server", ") = Engine._launch_subprocesses("),
+            (f"{_SRT}/entrypoints/engine.py", 839, "_launch_subprocesses", "scheduler_init_result.wait_for_ready()"),
+            (
+                f"{_SRT}/entrypoints/engine.py",
+                682,
+                "wait_for_ready",
+                "infos = _wait_for_scheduler_ready(scheduler_pipe_readers, scheduler_procs)",
+            ),
+            (
+                f"{_SRT}/entrypoints/engine.py",
+                1396,
+                "_wait_for_scheduler_ready",
+                "raise _scheduler_died_error(j, scheduler_procs[j])",
+            ),
+        ]
+    )
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '  File "<frozen runpy>", line 88, in _run_code\n' + frames + f"RuntimeError: {error}\n"
+    )

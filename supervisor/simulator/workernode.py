@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -32,6 +33,7 @@ from supervisor.simulator.serverargs import ENTRYPOINT_WARNING, deprecation_warn
 from supervisor.simulator.startup import RankContext
 
 UVICORN_STARTUP_FAILURE = 3
+READY_POLL_S = 5.0  # _wait_for_scheduler_ready's poll
 
 
 class WorkerNode:
@@ -79,22 +81,41 @@ class WorkerNode:
         self._http_server_without_tokenizer()
 
     def _wait_for_ready(self, schedulers: list[BaseProcess], readers: list[Connection]) -> None:
-        """As on node 0: each rank in turn, no deadline; a dead rank ends the launch."""
+        """0.5.16's `_wait_for_scheduler_ready`: each rank in turn, polling every 5 s, and between polls
+        every rank checked for an early death."""
         for rank, reader in enumerate(readers):
-            try:
-                data = reader.recv()
-            except EOFError:
-                proc = schedulers[rank]
-                proc.join(timeout=5)
-                self.log.error(f"Rank {rank} scheduler is dead. Please check if there are relevant logs.")
-                self.log.error(f"Exit code: {proc.exitcode}")
-                self.log.raw(crashes.launch_eof_traceback())
-                kill_process_tree(include_parent=False, log=self.log)
-                os._exit(1)
-            if not isinstance(data, dict) or data.get("status") != "ready":
-                self.log.error("Initialization failed. Please see the error messages above.")
-                kill_process_tree(include_parent=False, log=self.log)
-                os._exit(1)
+            while True:
+                if reader.poll(READY_POLL_S):
+                    try:
+                        data = reader.recv()
+                    except EOFError:
+                        self._died(rank, schedulers)
+                    if not isinstance(data, dict) or data.get("status") != "ready":
+                        self._failed(RuntimeError("Initialization failed. Please see the error messages above."))
+                    break
+                for other, proc in enumerate(schedulers):
+                    if not proc.is_alive():
+                        self._died(other, schedulers)
+
+    def _died(self, rank: int, schedulers: list[BaseProcess]) -> NoReturn:
+        proc = schedulers[rank]
+        proc.join(timeout=10)
+        self._failed(
+            RuntimeError(
+                f"Rank {rank} scheduler died during initialization (exit code: {proc.exitcode}). "
+                "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+                "Run `dmesg -T | grep -i oom` to check."
+            ),
+            schedulers,
+        )
+
+    def _failed(self, error: RuntimeError, schedulers: Sequence[BaseProcess] = ()) -> NoReturn:
+        """The exception leaves `launch_server`: Python prints it, then multiprocessing's exit hook
+        joins the other (non-daemon) schedulers, which may take until they end, then exit 1."""
+        self.log.raw(crashes.worker_ready_traceback(str(error)))
+        for proc in schedulers:
+            proc.join()
+        os._exit(1)
 
     def _dummy_health_server(self) -> None:
         host, port = self.args.host, self.args.port

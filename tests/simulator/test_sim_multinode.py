@@ -348,3 +348,34 @@ def test_a_dummy_health_port_in_use_leaves_the_node_without_one(sim: SimStarter)
         assert "error while attempting to bind on address ('127.0.0.1'," in n1.stderr()
         assert n1.proc.poll() is None  # its ranks still serve the group
         assert n0.generate(max_new_tokens=8)[0] == 200
+
+
+def test_a_worker_node_alone_times_out_at_the_rendezvous(sim: SimStarter) -> None:
+    n1 = node(sim, 1, 2, free_port(), 2, "ok", "--dist-timeout", "2")
+    assert n1.proc.wait(20) == -signal.SIGKILL
+    log = n1.stderr()
+    assert "TP1] Scheduler hit an exception:" in log
+    assert "torch.distributed.DistNetworkError: The client socket has timed out after 2000ms" in log
+    assert "Received sigquit from a child process." in log and DUMMY not in log
+
+
+def test_a_worker_rank_dying_at_init_is_reported_and_the_others_awaited(sim: SimStarter) -> None:
+    """0.5.16: the ready wait polls every 5 s, raises for the dead rank, and Python's exit then joins
+    the node's other schedulers (non-daemon), which wait at the rendezvous."""
+    n1 = node(sim, 1, 2, free_port(), 4)
+    assert n1.wait_log(f"TP3] {INIT_BEGIN}") and n1.wait_log(f"TP2] {INIT_BEGIN}")
+    scheduler(n1, "sglang::scheduler_TP3").kill()
+    assert n1.wait_log("RuntimeError: Rank 1 scheduler died during initialization (exit code: -9).", 15)
+    assert n1.proc.poll() is None and alive(scheduler(n1, "sglang::scheduler_TP2"))  # joined, not killed
+    scheduler(n1, "sglang::scheduler_TP2").kill()
+    assert n1.proc.wait(10) == 1
+
+
+def test_sigterm_ends_a_worker_node_and_its_ranks(sim: SimStarter) -> None:
+    _, (n0, n1) = group(sim, 2, 4)
+    ready([n0, n1])
+    ranks = [scheduler(n1, t) for t in ("sglang::scheduler_TP2", "sglang::scheduler_TP3")]
+    n1.proc.send_signal(signal.SIGTERM)  # the main only: no handler on a worker node
+    assert n1.proc.wait(5) == -signal.SIGTERM
+    assert n1.wait_until(lambda: not any(alive(r) for r in ranks), 5)  # PDEATHSIG
+    assert n0.proc.poll() is None
