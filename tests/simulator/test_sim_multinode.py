@@ -379,3 +379,25 @@ def test_sigterm_ends_a_worker_node_and_its_ranks(sim: SimStarter) -> None:
     assert n1.proc.wait(5) == -signal.SIGTERM
     assert n1.wait_until(lambda: not any(alive(r) for r in ranks), 5)  # PDEATHSIG
     assert n0.proc.poll() is None
+
+
+def test_node_1s_crash_on_load_ends_node_1_and_holds_node_0(sim: SimStarter) -> None:
+    store = free_port()
+    n0 = node(sim, 0, 2, store, 2)
+    n1 = node(sim, 1, 2, store, 2, "crash_on_load")
+    assert n1.proc.wait(30) == 1
+    log = n1.stderr()
+    assert "TP1] Scheduler hit an exception:" in log and "torch.OutOfMemoryError: CUDA out of memory." in log
+    assert "RuntimeError: Rank 0 scheduler died during initialization (exit code: 1)." in log
+    time.sleep(1.0)
+    assert n0.proc.poll() is None and not n0.accepts() and READY not in n0.stderr()  # in a start-up collective
+
+
+def test_node_1s_health_hangs_makes_node_0s_health_fail(sim: SimStarter) -> None:
+    store = free_port()
+    n0 = node(sim, 0, 2, store, 2, "ok", env={"SGLANG_HEALTH_CHECK_TIMEOUT": "2"})
+    n1 = node(sim, 1, 2, store, 2, "health_hangs", env={"SGLANG_SIM_FAULT_AFTER_S": "1"})
+    ready([n0, n1])
+    assert n1.wait_until(lambda: n1.onset_path.exists() and n1.onset().get("onset_wall") is not None, 10)
+    assert n0.request("/health", timeout=15)[0] == 503
+    assert n1.request("/health") == (200, b"") and n1.proc.poll() is None
