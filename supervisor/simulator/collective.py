@@ -43,8 +43,10 @@ class LeaderMesh:
             with contextlib.suppress(OSError):  # a dead peer: the collective will wait for it
                 link.send(message)
 
-    def all_reduce(self, kind: str) -> None:
-        """One forward pass; never returns while any rank of any node is gone or stopped."""
+    def forward(self, kind: str) -> None:
+        """One forward pass and its all-reduce; never returns while any rank of any node is gone or
+        stopped. Its host thread ends up where SGLang's does, in the synchronize after the launch: the
+        collective itself runs on the GPU, so no collective frame is on the Python stack."""
         self._send_all(Step(kind))
         _wait(self.links, Ack, self.gpu)
         self._send_all(Done())

@@ -178,7 +178,7 @@ class ServingLoop:
         if not self.stalled:
             self.forward_since = time.monotonic()
         if self.mesh is not None:
-            self.mesh.all_reduce(kind)  # every rank of every node; never returns without all of them
+            self.mesh.forward(kind)  # every rank of every node; never returns without all of them
         try:
             for peer in self.peers:
                 peer.send(Step(kind))
