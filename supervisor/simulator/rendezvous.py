@@ -20,6 +20,7 @@ from supervisor.simulator.mirror.torch.distributed.rendezvous import _create_c10
 from supervisor.simulator.nodes import NodeLayout, split_addr
 
 HELLO_WAIT_S = 10.0  # a connection that says nothing is not a rank
+MAX_HELD = 64  # latecomers and strangers kept waiting; more are closed at once
 CONNECT_RETRY_S = 1.0  # TCPStore's client retries a refused connect about once a second
 
 
@@ -37,7 +38,8 @@ class StoreServer:
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a relaunch reuses the port
         try:
-            self._sock.bind((host, port))
+            # TCPStore's server listens on the port on every local address, whatever host was named.
+            self._sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
             self._sock.listen(256)
         except OSError as e:
             self._sock.close()
@@ -69,7 +71,10 @@ class StoreServer:
         with self._cond:
             valid = isinstance(hello, Hello) and 0 < hello.rank < self.world_size
             if not valid or self._formed:
-                self._held.append(link)  # not a member of this group (or too late): never answered
+                if len(self._held) < MAX_HELD:
+                    self._held.append(link)  # not a member of this group (or too late): never answered
+                else:
+                    link.close()
                 return
             assert isinstance(hello, Hello)
             old = self._joined.get(hello.rank)
