@@ -219,3 +219,19 @@ def worker_ready_traceback(error: str) -> str:
         '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
         '  File "<frozen runpy>", line 88, in _run_code\n' + frames + f"RuntimeError: {error}\n"
     )
+
+
+def gloo_traceback(error: str) -> str:
+    """A scheduler's record when the memory profile's CPU-group all-reduce loses a peer (gloo)."""
+    frames = _frames(
+        [
+            (f"{_SRT}/managers/scheduler.py", 4622, "run_scheduler_process", "scheduler = Scheduler("),
+            (f"{_SRT}/managers/scheduler.py", 398, "__init__", "self.init_model_worker()"),
+            (f"{_SRT}/managers/tp_worker.py", 259, "__init__", "self._init_model_runner()"),
+            (f"{_SRT}/model_executor/model_runner.py", 420, "initialize", "self.init_memory_pool(min_per_gpu_memory)"),
+            (f"{_SRT}/utils/common.py", 512, "get_available_gpu_memory", "torch.distributed.all_reduce("),
+            (f"{_PKG}/torch/distributed/c10d_logger.py", 83, "wrapper", "return func(*args, **kwargs)"),
+            (f"{_PKG}/torch/distributed/distributed_c10d.py", 2943, "all_reduce", "work.wait()"),
+        ]
+    )
+    return f"Scheduler hit an exception: Traceback (most recent call last):\n{frames}RuntimeError: {error}\n"

@@ -83,6 +83,13 @@ class Link:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def peer(self) -> tuple[str, int]:
+        try:
+            host, port = self.sock.getpeername()[:2]
+        except (OSError, ValueError):
+            return ("unknown", 0)
+        return str(host), int(port)
+
     def send(self, message: Message) -> None:
         """Raises OSError when the peer is gone."""
         self.sock.sendall(encode(message))

@@ -13,10 +13,11 @@ import contextlib
 import os
 import time
 
-from supervisor.simulator.fakegpu import SpinningKernel
+from supervisor.simulator.fakegpu import SpinningKernel, settle
 from supervisor.simulator.links import Done, Link
 from supervisor.simulator.messages import Ack, FiredUp
 from supervisor.simulator.mirror.torch.cuda.streams import Event
+from supervisor.simulator.mirror.torch.distributed.distributed_c10d import all_reduce
 
 GPU_BUSY_AFTER_S = 1.0  # NVML averages utilisation over its sample period: a stuck kernel shows after it
 
@@ -47,6 +48,8 @@ class _Collective:
     def finished(self) -> bool:
         self.pending = [link for link in self.pending if not self._arrived(link)]
         if not self.pending:
+            if self.shown:
+                settle(self.gpu)  # the kernel finished after all: the GPU reads what it read before
             return True
         if not self.shown and time.monotonic() - self.started > GPU_BUSY_AFTER_S:
             self.shown = True
@@ -63,15 +66,38 @@ def wait_for(links: list[Link], expect: type, gpu: str | None) -> bool:
     return kernel.fired_up
 
 
-def barrier(links: list[Link], rank: int, gpu: str | None) -> None:
-    """A start-up collective (the memory profile's all-reduce, a graph capture's first forward):
-    rank 0 collects everyone's share and answers; nobody leaves before all ranks arrived."""
-    if rank == 0:
-        wait_for(links, Ack, gpu)
-        for link in links:
-            with contextlib.suppress(OSError):
-                link.send(Done())
+class GlooError(RuntimeError):
+    """A CPU-group collective lost a peer: gloo raises where NCCL would wait."""
+
+
+def barrier(links: list[Link], rank: int, gpu: str | None, cpu_group: bool = False) -> None:
+    """A start-up collective: rank 0 collects everyone's share and answers; nobody leaves before all
+    ranks arrived. On the GPU (a captured forward's all-reduce) ranks spin as in a serving forward;
+    on the CPU group (the memory profile's all-reduce, gloo) they block idle, and a peer that closed
+    its connection raises GlooError, as gloo does."""
+    if not cpu_group:
+        if rank == 0:
+            wait_for(links, Ack, gpu)
+            _send_all(links, Done())
+        else:
+            _send_all(links, Ack(rank))
+            wait_for(links, Done, gpu)
         return
-    with contextlib.suppress(OSError):
-        links[0].send(Ack(rank))
-    wait_for(links, Done, gpu)
+    try:
+        if rank == 0:
+            all_reduce(links, lambda m: isinstance(m, Ack))
+            _send_all(links, Done())
+        else:
+            _send_all(links, Ack(rank))
+            all_reduce(links, lambda m: isinstance(m, Done))
+    except EOFError:
+        host, port = links[0].peer()
+        raise GlooError(
+            f"[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [{host}]:{port}"
+        ) from None
+
+
+def _send_all(links: list[Link], message: Ack | Done) -> None:
+    for link in links:
+        with contextlib.suppress(OSError):
+            link.send(message)

@@ -14,6 +14,7 @@ from supervisor.simulator.collective import Follower, LeaderMesh
 from supervisor.simulator.decode_loop import ServingLoop
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
+from supervisor.simulator.ncclwait import GlooError
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import become_child, import_sglang, log_prefix, scheduler_title, start_heartbeat
 from supervisor.simulator.rendezvous import RendezvousError
@@ -41,9 +42,13 @@ def follow(ctx: RankContext, log: LogWriter, leader: Connection) -> NoReturn:
             die_of_segfault(ctx, log)
 
 
-def rendezvous_failed(ctx: RankContext, log: LogWriter, error: RendezvousError) -> NoReturn:
+def rendezvous_failed(ctx: RankContext, log: LogWriter, error: RendezvousError | GlooError) -> NoReturn:
     """SGLang's scheduler on an exception: log it, SIGQUIT the parent (which kills the tree), end."""
-    log.error(crashes.dist_init_traceback(str(error), store_side=ctx.rank == 0).rstrip("\n"))
+    if isinstance(error, GlooError):
+        text = crashes.gloo_traceback(str(error))
+    else:
+        text = crashes.dist_init_traceback(str(error), store_side=ctx.rank == 0)
+    log.error(text.rstrip("\n"))
     with contextlib.suppress(OSError):
         os.kill(os.getppid(), signal.SIGQUIT)
     os._exit(0)
@@ -71,7 +76,7 @@ def run_scheduler_process(
         startup = Startup(ctx, log)
         try:
             weights = startup.run()
-        except RendezvousError as e:
+        except (RendezvousError, GlooError) as e:
             rendezvous_failed(ctx, log, e)
         ready.send(
             {

@@ -91,10 +91,10 @@ class Startup:
         flags = self.ctx.args.unknown_flags
         write_onset(s.onset_file, s.scenario.value, s.requested.value, self.ctx.main_pid, flags)
 
-    def _group_sync(self) -> None:
+    def _group_sync(self, cpu_group: bool = False) -> None:
         """A collective of the start-up: on several nodes, a rank waits here for every other."""
         if self.links:
-            barrier(self.links, self.ctx.rank, self.ctx.settings.fake_nvml)
+            barrier(self.links, self.ctx.rank, self.ctx.settings.fake_nvml, cpu_group)
 
     def _init_distributed(self) -> None:
         self.log.info("Init torch distributed begin.")
@@ -157,7 +157,7 @@ class Startup:
     def _allocate_kv(self) -> None:
         facts = self.ctx.facts
         time.sleep(0.25 * self.pace)
-        self._group_sync()  # the memory profile takes the minimum over all ranks (an all-reduce)
+        self._group_sync(cpu_group=True)  # the memory profile's minimum over all ranks (gloo)
         self.log.info(
             f"KV Cache is allocated. dtype: {_dtype(self.ctx.args.kv_cache_dtype)}, #tokens: {facts.kv_tokens}, "
             f"K size: {facts.kv_k_gb:.2f} GB, "

@@ -1,8 +1,10 @@
-"""torch.distributed's `broadcast` (`torch/distributed/distributed_c10d.py`), as SGLang's ranks > 0
-call it through `broadcast_pyobj` to learn rank 0's next batch: a blocking wait on the wire."""
+"""torch.distributed's `broadcast` and `all_reduce` (`torch/distributed/distributed_c10d.py`) on a CPU
+(gloo) group: SGLang's ranks > 0 call `broadcast` through `broadcast_pyobj` to learn rank 0's next
+batch, and the start-up's memory profile all-reduces over the CPU group. Blocking waits on the wire."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 T_co = TypeVar("T_co", covariant=True)
@@ -19,3 +21,11 @@ def broadcast(source: Source[T_co], timeout: float | None) -> T_co | None:
     if not source.poll(timeout):
         return None
     return source.recv()
+
+
+def all_reduce(sources: Sequence[Source[object]], contributed: Callable[[object], bool]) -> None:
+    """A CPU-group (gloo) all-reduce as seen from one rank: block on each peer until its share came.
+    gloo notices a peer that closed its connection: EOFError here, an error in torch."""
+    for source in sources:
+        while not contributed(source.recv()):
+            pass
