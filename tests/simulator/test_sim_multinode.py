@@ -160,14 +160,18 @@ def test_the_rendezvous_times_out_as_torch_does(sim: SimStarter) -> None:
 
 
 def test_a_worker_rank_sigkilled_under_load_stalls_node_0(sim: SimStarter) -> None:
-    _, (n0, n1) = group(sim, 2, 2, "--enable-metrics")
+    _, (n0, n1) = group(sim, 2, 2, "--enable-metrics", "--decode-log-interval", "5")
     ready([n0, n1])
     load = Load(n0)
     assert n0.wait_until(lambda: advancing(n0, 0.5), 10)
+    assert n0.wait_log("TP0] Decode batch, #running-req: 2,")
     victim = scheduler(n1, "sglang::scheduler_TP1")
     victim.kill()
     time.sleep(1.0)  # the forward in flight finishes or not; from here nothing moves
+    decode_lines = n0.stderr().count("Decode batch")
     assert not advancing(n0, 2.0)
+    assert n0.stderr().count("Decode batch") == decode_lines
+    assert n0.metrics()["sglang:num_running_reqs"] > 0  # requests still running: a serving stall
     assert n0.proc.poll() is None and alive(scheduler(n0, "sglang::scheduler_TP0"))  # node 0 does not exit
     assert n0.request("/get_model_info")[0] == 200
     # Node 1 had one rank: its main falls out of wait_for_completion into an HTTP start-up that fails.
