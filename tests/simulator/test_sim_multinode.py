@@ -421,3 +421,18 @@ def test_node_1s_health_hangs_makes_node_0s_health_fail(sim: SimStarter) -> None
     assert n1.wait_until(lambda: n1.onset_path.exists() and n1.onset().get("onset_wall") is not None, 10)
     assert n0.request("/health", timeout=15)[0] == 503
     assert n1.request("/health") == (200, b"") and n1.proc.poll() is None
+
+
+def test_three_nodes_a_rank_killed_on_the_last_node_hangs_the_other_two(sim: SimStarter) -> None:
+    _, nodes = group(sim, 3, 3, "--enable-metrics")
+    ready(nodes)
+    load = Load(nodes[0])
+    assert nodes[0].wait_until(lambda: advancing(nodes[0], 0.5), 10)
+    middle = scheduler(nodes[1], "sglang::scheduler_TP1")
+    scheduler(nodes[2], "sglang::scheduler_TP2").kill()
+    assert nodes[2].proc.wait(10) == 3
+    time.sleep(1.0)
+    assert not advancing(nodes[0], 2.0)
+    assert nodes[0].proc.poll() is None and nodes[1].proc.poll() is None and alive(middle)  # hung, not gone
+    assert nodes[1].request("/health") == (200, b"")
+    load.stop.set()
