@@ -10,7 +10,6 @@ import contextlib
 import os
 import random
 import signal
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -18,6 +17,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from supervisor.simulator import crashes, hangs
+from supervisor.simulator.collective import LeaderMesh
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import (
     AbortReq,
@@ -31,10 +31,11 @@ from supervisor.simulator.messages import (
     Step,
     TokenOut,
 )
+from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
-from supervisor.simulator.segfault import die_of_segfault, victim_rank
-from supervisor.simulator.selfdump import pyspy_dump_self
+from supervisor.simulator.schedwatchdog import start_watchdog
+from supervisor.simulator.segfault import die_of_segfault
 from supervisor.simulator.startup import RankContext
 
 SPEC_STEP_COST = 1.74  # a verify step costs this many plain decode steps
@@ -57,9 +58,16 @@ class Req:
 
 class ServingLoop:
     def __init__(
-        self, ctx: RankContext, log: LogWriter, inbox: Connection, outbox: Connection, peers: list[Connection]
+        self,
+        ctx: RankContext,
+        log: LogWriter,
+        inbox: Connection,
+        outbox: Connection,
+        peers: list[Connection],
+        mesh: LeaderMesh | None = None,
     ) -> None:
         self.ctx = ctx
+        self.mesh = mesh  # multi-node: the group's links (then `peers` is empty)
         self.log = log
         self.inbox = inbox
         self.outbox = outbox
@@ -89,22 +97,8 @@ class ServingLoop:
         )
         self.forward_since: float | None = None  # when the forward pass in progress began
 
-    def _watchdog(self) -> None:
-        """SGLang's scheduler watchdog: a forward pass stuck past --watchdog-timeout ends the server."""
-        timeout = self.ctx.args.watchdog_timeout
-        while True:
-            time.sleep(max(0.1, timeout // 2))  # SGLang checks every timeout // 2 seconds
-            since = self.forward_since
-            if since is not None and time.monotonic() - since > timeout:
-                break
-        pyspy_dump_self(self.log)
-        self.log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
-        time.sleep(5)  # "so that the parent process can print the error"
-        with contextlib.suppress(OSError):
-            os.kill(self.ctx.main_pid, signal.SIGQUIT)
-
     def run(self) -> NoReturn:
-        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
+        start_watchdog(self.ctx.args.watchdog_timeout, lambda: self.forward_since, self.log, self.ctx.main_pid)
         while True:
             self._receive(self._wait_s())
             if self.fault_at is not None and time.monotonic() >= self.fault_at:
@@ -151,8 +145,10 @@ class ServingLoop:
             for peer in self.peers:
                 with contextlib.suppress(OSError):
                     peer.send(message)
+            if self.mesh is not None:
+                self.mesh.fired_up()
             scenario = self.ctx.settings.scenario
-            dies_here = scenario is Scenario.RANK_DIES and victim_rank(self.ctx.args.tp_size) == 0
+            dies_here = scenario is Scenario.RANK_DIES and node_layout(self.ctx.args).victim() == 0
             if dies_here or scenario in (Scenario.CRASH_AFTER_READY, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL):
                 self.fault_at = time.monotonic() + self.ctx.settings.fault_after_s
 
@@ -181,6 +177,8 @@ class ServingLoop:
         """All ranks take part; a peer that is gone leaves this rank waiting forever, as NCCL does."""
         if not self.stalled:
             self.forward_since = time.monotonic()
+        if self.mesh is not None:
+            self.mesh.forward(kind)  # every rank of every node; never returns without all of them
         try:
             for peer in self.peers:
                 peer.send(Step(kind))
