@@ -31,8 +31,8 @@ from supervisor.config.settings import ConfigError, Settings
 from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.daemon.commands import Command
 from supervisor.daemon.instance_lock import StateLock, acquire
-from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.daemon.owner import Supervisor
 from supervisor.daemon.sdnotify import Notifier
 from supervisor.daemon.timeline import Timeline
 from supervisor.logs.view import LogRedaction, server_log_file

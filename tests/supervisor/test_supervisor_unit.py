@@ -10,10 +10,11 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fakecontrol import FakeControl
 from observations import obs, proc
 from prometheus_client import CollectorRegistry
 
@@ -22,67 +23,9 @@ from probes.types import HealthObservation, Observation
 from supervisor.clock import FakeClock
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.daemon.commands import Command
-from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer, Target
-from supervisor.logs.tending import KeeperStatus
-from supervisor.process.control import LogFiles, SpawnError, StopReport
-
-NO_SUCH_PID = 4_000_000  # above pid_max: the evidence tools find nothing to attach to
-
-
-class FakeChild:
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-        self.code: int | None = None
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    def poll(self) -> int | None:
-        return self.code
-
-    def exit(self, code: int) -> None:
-        if self.code is None:
-            self.code = code
-
-
-class FakeControl:
-    def __init__(self) -> None:
-        self.spawned: list[tuple[tuple[str, ...], dict[str, str]]] = []
-        self.children: list[FakeChild] = []
-        self.stops = 0
-        self.fail_spawn = False
-
-    def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None, logs: LogFiles
-    ) -> FakeChild:
-        if self.fail_spawn:
-            raise SpawnError(f"cannot run {argv[0]!r}: no such file")
-        self.spawned.append((tuple(argv), dict(env)))
-        child = FakeChild(NO_SUCH_PID + len(self.children))
-        self.children.append(child)
-        return child
-
-    def stop(self, root: object, marker: str, host: str, port: int, grace_s: float) -> StopReport:
-        self.stops += 1
-        pid = root.pid if isinstance(root, FakeChild) else 0
-        if isinstance(root, FakeChild):
-            root.exit(-15)
-        return StopReport((pid,), (pid,), (), (), True, (), -15, 0.01, False)
-
-    def adopt(self, pid: int, starttime: int, marker: str) -> FakeChild:
-        return FakeChild(pid)
-
-    def reap(self, exclude: int | None) -> list[int]:
-        return []
-
-    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
-        return StopReport((), (), (), (), True, (), None, 0.0, False)
-
-    def tend_keeper(self, server_pid: int, logs: LogFiles) -> KeeperStatus:
-        return KeeperStatus("running", 4242)
+from supervisor.daemon.owner import Supervisor
 
 
 class ScriptedObserver(Observer):
@@ -165,12 +108,16 @@ async def test_stall_captures_stops_and_steps_down(rig) -> None:  # type: ignore
     observer.script = lambda t, now: tree_of(t, now, phase="allocating_kv")  # nothing ever moves
     await ticks(sup, clock, 4)
     assert sup.snapshot().state == "starting"  # 8 s < 10 s window
-    await ticks(sup, clock, 2)  # window passed: incident, evidence, stop, relaunch after backoff
+    await ticks(sup, clock, 2)  # window passed: incident, evidence, stop, then the backoff's pending timer
     snap = sup.snapshot()
     assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"
     assert snap.last_incident.hang_class == "idle_deadlock" and snap.last_incident.rung == "base"
     assert snap.last_incident.bundle is not None
-    assert control.stops == 1 and snap.state == "starting" and snap.rung == "no-graph"
+    assert control.stops == 1 and snap.state == "restarting" and snap.next_attempt_in_s == 1.0
+    assert len(control.spawned) == 1, "nothing launches before the backoff is over"
+    await ticks(sup, clock, 1)  # the tick after the deadline carries the pending launch out
+    snap = sup.snapshot()
+    assert snap.state == "starting" and snap.rung == "no-graph" and snap.next_attempt_in_s is None
     assert "--disable-cuda-graph" in control.spawned[1][0]
     events = [e["event"] for e in sup.journal.read(100)]
     for name in ("incident", "bundle_written", "server_stopped", "ladder_decision", "server_launched"):
@@ -187,16 +134,21 @@ async def test_crash_loop_backs_off_and_fails_on_budget(rig) -> None:  # type: i
         return tree_of(t, now, alive=False, exit_code=1)
 
     observer.script = dead
-    starts = []
+    delays = []
     for _ in range(6):
-        before = clock.now
-        await ticks(sup, clock, 1)
-        starts.append(clock.now - before)
-        if sup.snapshot().state == "failed":
+        await ticks(sup, clock, 1)  # the server is found dead: incident, stop, the ladder's decision
+        snap = sup.snapshot()
+        if snap.state == "failed":
             break
+        assert snap.state == "restarting" and snap.next_attempt_in_s is not None
+        delays.append(snap.next_attempt_in_s)
+        launched = len(control.spawned)
+        clock.advance(snap.next_attempt_in_s)
+        await sup.tick()  # the pending timer is due: the relaunch
+        assert len(control.spawned) == launched + 1 and sup.snapshot().state == "starting"
     snap = sup.snapshot()
     assert snap.state == "failed" and "budget" in snap.reason and snap.restarts == 3
-    assert starts[0] < starts[1] < starts[2], f"delays grow: {starts}"
+    assert delays[0] < delays[1] < delays[2], f"delays grow: {delays}"
 
 
 async def test_commands_answered_at_once_when_they_conflict(rig) -> None:  # type: ignore[no-untyped-def]
@@ -206,7 +158,7 @@ async def test_commands_answered_at_once_when_they_conflict(rig) -> None:  # typ
     assert r.outcome == "invalid" and "base, no-graph" in r.message
     r = await sup.submit(Command(kind="start"))
     assert r.outcome == "conflict"
-    sup.restart_pending = True
+    sup.inhand.restart_pending = True
     r = await sup.submit(Command(kind="restart"))
     assert r.outcome == "conflict"
 
