@@ -8,7 +8,6 @@ adopt, hand over, shut down. Each calls a helper with explicit values (`launchin
 from __future__ import annotations
 
 import asyncio
-import shlex
 from dataclasses import replace
 
 from probes.types import Observation
@@ -45,7 +44,7 @@ class ServerLifecycle(OwnerState):
         rung = self.settings.ladder[rung_index]
         rendered = render_rung(self.settings.server, rung)
         if (blocked := self.xids.blocked_reason()) is not None and self.lifecycle.state != State.STOPPED:
-            self.journal.append("launch_refused", rung=rung.name, reason=blocked)
+            self.record("launch_refused", "error", rung=rung.name, reason=blocked)
             self.move(State.FAILED, blocked)
             return
         srv = self.settings.server
@@ -107,8 +106,7 @@ class ServerLifecycle(OwnerState):
         self.persist()  # from here on a successor daemon can adopt this server
         # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
         shown = Redactor.from_envs([env]).argv(rendered.argv)
-        self.journal.append("server_launched", rung=rung.name, pid=spawned.child.pid, argv=list(shown))
-        self.log.info("server_launched", argv=shlex.join(shown))
+        self.record("server_launched", rung=rung.name, pid=spawned.child.pid, argv=list(shown))
         self.move(State.STARTING, f"launched rung {rung.name}")
 
     def defer_launch(
@@ -116,9 +114,8 @@ class ServerLifecycle(OwnerState):
     ) -> None:
         """A launch refused now (`refusal`: the `launches_refused_total` reason): journalled, counted,
         and tried again after `delay` through the one pending timer the tick advances."""
-        self.log.error("launch_refused", reason=reason, backoff_s=round(delay, 3))
         rung = self.settings.ladder[rung_index].name
-        self.journal.append("launch_refused", rung=rung, **fields, backoff_s=round(delay, 3))
+        self.record("launch_refused", "error", rung=rung, reason=reason, **fields, backoff_s=round(delay, 3))
         self.metrics.launch_refused(refusal)
         if self.lifecycle.state != State.RESTARTING:
             self.move(State.RESTARTING, reason)

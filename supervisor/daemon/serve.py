@@ -39,7 +39,7 @@ from supervisor.logs.view import LogRedaction, server_log_file
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
 
-log = structlog.get_logger("supervisor")
+log = structlog.get_logger(__name__)
 EXIT_HANDOFF = 75  # the cli re-executes the daemon; exit 75 only if that fails (RestartForceExitStatus=75)
 
 
