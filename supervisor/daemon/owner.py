@@ -5,8 +5,9 @@ Commands (API, signals) arrive on one queue; `check` decides whether one applies
 and again when its turn comes), and `handle` runs `handle_<kind>`. A command that arrives while a
 backoff, a deferred launch or a `failed` cooldown waits goes the same way: waiting is the pending
 timer (`records.Pending`), which the loop wakes for and the tick carries out first, never a loop
-inside a helper. Only this object writes its records; the helpers it calls (launching, slate,
-stopping, takeover, evidence, xids) take explicit values and return outcomes. Adding a command is
+inside a helper. Start-up adopts a predecessor's server (`takeover`) or sweeps its leftovers; a
+handoff leaves the server for a successor. Only this object writes its records; the helpers it calls
+(launching, slate, stopping, takeover, evidence, xids) take explicit values and return outcomes. Adding a command is
 one `handle_<kind>` method and one line in `check`; adding a step to the tick is one named call.
 """
 
@@ -15,49 +16,37 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from probes.types import Observation
-from supervisor.config.settings import ConfigError, Settings, load_settings
-from supervisor.daemon import xids
+from supervisor.config.settings import ConfigError, load_settings
+from supervisor.daemon import takeover, validation, xids
 from supervisor.daemon.commands import Command, CommandResult, finish
-from supervisor.daemon.owner_lifecycle import ServerLifecycle
+from supervisor.daemon.owner_watch import ServerWatch
 from supervisor.daemon.persist import OpenIncident, load
 from supervisor.daemon.publish import iso
 from supervisor.daemon.records import Pending
 from supervisor.daemon.snapshot import IncidentView
+from supervisor.daemon.validation import RESTARTING as CUT_SHORT
 from supervisor.diagnostics import self_check
-from supervisor.policy.ladder import record_end, record_ready, record_stable, resume_rung
-from supervisor.policy.lifecycle import RUNNING, SERVING, State
-from supervisor.policy.watchdog import Mode, Verdict, assess, new_history
-
-CUT_SHORT = (State.HUNG, State.DIAGNOSING, State.RESTARTING)  # a restart in progress
+from supervisor.policy.ladder import record_end, resume_rung
+from supervisor.policy.lifecycle import RUNNING, State
+from supervisor.policy.watchdog import Verdict
 
 
-class Supervisor(ServerLifecycle):
+class Supervisor(ServerWatch):
     """Owns the server tree, its lifecycle state and the ladder; the API sees `snapshot`/`submit`."""
 
     # ---- commands: one validation, one dispatcher, one method per kind ---------------------
 
     def check(self, cmd: Command, *, queued: bool) -> CommandResult | None:
-        """None when `cmd` applies now, else the answer that ends it. At submit (`queued=False`) a
-        second restart or capture is refused while one is queued or under way; in the queue, only
-        what the state has since made meaningless is."""
-        st = self.lifecycle.state
-        if cmd.kind == "restart":
-            if cmd.rung is not None and self.settings.rung_index(cmd.rung) is None:
-                names = ", ".join(r.name for r in self.settings.ladder)
-                return CommandResult("invalid", f"unknown rung {cmd.rung!r}; rungs: {names}", st.value)
-            if not queued and (self.inhand.restart_pending or st in CUT_SHORT):
-                return CommandResult("conflict", f"a restart is already under way (state {st.value})", st.value)
-        if cmd.kind == "diagnose":
-            if not queued and (self.inhand.diagnosing or st == State.DIAGNOSING):
-                return CommandResult("busy", "a capture is already running", st.value)
-            if st not in RUNNING and st != State.HUNG:
-                return CommandResult("invalid", f"no server to diagnose (state {st.value})", st.value)
-        if cmd.kind == "start" and st in RUNNING:
-            return CommandResult("conflict", f"already running (state {st.value})", st.value)
-        if cmd.kind == "stop" and st == State.STOPPED:
-            return CommandResult("done", "already stopped", st.value)
-        return None
+        """The one validation (`supervisor.daemon.validation.check`), at submit and in the queue."""
+        inhand = self.inhand
+        return validation.check(
+            cmd,
+            state=self.lifecycle.state,
+            settings=self.settings,
+            restart_pending=inhand.restart_pending,
+            diagnosing=inhand.diagnosing,
+            queued=queued,
+        )
 
     async def submit(self, command: Command) -> CommandResult:
         early = self.check(command, queued=False)
@@ -139,14 +128,11 @@ class Supervisor(ServerLifecycle):
             else:
                 await self.launch(target, after_incident=False)
             return
-        verdict = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")
         # Answer at once with the incident's id; the restart itself takes minutes.
         pending_id = self.unique_incident_id("manual")
         finish(cmd, CommandResult("accepted", hint, st.value, incident_id=pending_id))
         idx = self.settings.rung_index(cmd.rung) if cmd.rung else None
-        await self.incident(
-            "manual", verdict, self.slot.obs, forced_rung=idx, diagnose=cmd.diagnose, incident_id=pending_id
-        )
+        await self.manual_restart(idx, cmd.reason, diagnose=cmd.diagnose, incident_id=pending_id)
 
     async def handle_diagnose(self, cmd: Command) -> None:
         obs = self.slot.obs if self.slot.obs is not None else await self.observe()
@@ -172,7 +158,7 @@ class Supervisor(ServerLifecycle):
         self.notifier.reloading()
         try:
             new = await asyncio.to_thread(load_settings, self.config_path)
-            refuse_restart_only_changes(self.settings, new)
+            validation.refuse_restart_only_changes(self.settings, new)
             if self.on_reload is not None:
                 await self.on_reload(new)
         except ConfigError as err:
@@ -296,12 +282,6 @@ class Supervisor(ServerLifecycle):
             return
         await self.watch()
 
-    def take_xids(self) -> None:
-        for note in xids.take(self.xids, self.slot.obs, self.observer.gpu.scope):
-            if note.xid is not None:
-                self.metrics.xid(note.xid.gpu, note.xid.uuid, note.xid.xid, str(note.fields["action"]))
-            self.record(note.event, note.level, **note.fields)
-
     async def resume_cut_short(self) -> bool:
         """A restart an exception cut short is taken up again as an incident (stop, verify, relaunch)."""
         if not self.inhand.resume_after_error:
@@ -329,119 +309,53 @@ class Supervisor(ServerLifecycle):
             await self.launch(p.rung, after_incident=p.after_incident)
         return True
 
-    async def reap_orphans(self) -> None:
-        """Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit."""
-        await asyncio.to_thread(self.control.reap, self.server_pid())
+    # ---- adoption and handover ------------------------------------------------------------
 
-    async def tend_keeper(self) -> None:
-        """The server's log keeper, every poll: a dead one is replaced on the same pipe (no server
-        restart, no line lost), a stopped one is named; each change is journalled once."""
-        slot = self.slot
-        if slot.child is None:
-            slot.keeper = None
-            return
-        before = slot.keeper
-        now = await asyncio.to_thread(self.control.tend_keeper, slot.child.pid, self.log_files())
-        slot.keeper = now
-        fields = {"pid": now.pid, "old_pid": now.old_pid, "why": now.why, "pipe_bytes": now.pipe_bytes}
-        if now.condition == "replaced":
-            self.counters.keepers_replaced += 1
-            self.metrics.keeper_replaced()
-            self.record("log_keeper_replaced", "warning", **fields)
-        elif now.condition == (before.condition if before is not None else None):
-            return
-        elif now.condition == "stopped":
-            self.record("log_keeper_stopped", "error", **fields)
-        elif now.condition == "lost":
-            self.record("log_keeper_lost", "error", **fields)
+    async def adopt_server(self) -> bool:
+        """At start: take over the server a predecessor left running, if it is provably that server.
 
-    async def watch(self) -> None:
-        """Observe the running server, let the watchdog judge it, act on the verdict."""
-        obs = await self.observe()
-        slot = self.slot
-        if slot.child is not None and obs.tree.root_exit is None and not obs.tree.root_alive:
-            # waitpid says the main process lives but /proc did not show it (EMFILE, EACCES, a race):
-            # this poll saw nothing trustworthy, which is not "the server exited".
-            self.counters.unknown_observations += 1
-            self.log.warning("observation_unknown", count=self.counters.unknown_observations)
-            self.publish()
-            return
-        if slot.history is None:
-            slot.history = new_history(self.clock.monotonic())
-        mode: Mode = "serving" if self.lifecycle.state in SERVING else "starting"
-        spec = self.speculative()[self.ladder.current]
-        verdict, slot.history = assess(slot.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec)
-        await self.act(verdict, obs)
-        self.save_log_position()
-        self.publish()
-
-    async def act(self, v: Verdict, obs: Observation) -> None:
-        if v.is_incident:
-            assert v.cause is not None
-            await self.incident(v.cause, v, obs)
-        elif self.lifecycle.state == State.STARTING:
-            if v.status == "ready":
-                self.mark_ready()
-            else:
-                self.reason = v.reason
-        else:
-            await self.act_serving(v, self.clock.monotonic())
-
-    def mark_ready(self) -> None:
-        slot, now, rung = self.slot, self.clock.monotonic(), self.current_rung_name()
-        slot.ready_at = now
-        slot.stable_marked = False
-        self.ladder = record_ready(self.ladder)
-        if slot.adopted:  # a takeover is not a load: the launch-to-ready time is the record's
-            slot.takeover_s = round(now - slot.launched_at, 3)
-            slot.time_to_ready_s = slot.record.time_to_ready_s if slot.record is not None else None
-            self.persist()
-            self.metrics.takeover(slot.takeover_s)
-            self.journal.append("server_ready", rung=rung, adopted=True, takeover_s=slot.takeover_s)
-            self.move(State.READY, f"adopted server ready on rung {rung}")
-            return
-        slot.time_to_ready_s = round(now - slot.launched_at, 3)
-        if slot.record is not None:
-            slot.record = replace(slot.record, time_to_ready_s=slot.time_to_ready_s)
+        Ladder position and attempt stay as saved; probes start afresh and the usual rules judge it
+        from `starting` (a serving server is `ready` at the first good health probe). False when
+        there is nothing to adopt or it cannot be proven ours (the caller then stops it by marker).
+        """
+        record = self.slot.record
+        if record is None:
+            return False
+        rung = self.settings.rung_index(record.rung)
+        files, lines = self.log_files(), self.settings.logs.memory_lines
+        taken = await takeover.take_over(record, rung, self.marker, self.control, files, lines, self.clock)
+        if isinstance(taken, takeover.NotAdopted):
+            self.refuse_adoption(taken.why)
+            return False
+        assert rung is not None
+        self.ladder = replace(self.ladder, current=rung)
+        self.fresh_slot(record.launched_wall)
+        self.slot.adopted = True
+        self.slot.capture, self.slot.child, self.slot.record = taken.capture, taken.child, record
+        self.bind_server()
         self.persist()
-        self.metrics.ready(slot.time_to_ready_s)
-        self.journal.append("server_ready", rung=rung, time_to_ready_s=slot.time_to_ready_s)
-        self.move(State.READY, f"ready on rung {rung} in {slot.time_to_ready_s:.1f} s")
+        self.record("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)
+        self.move(State.STARTING, f"adopted server pid {record.pid} on rung {record.rung}")
+        return True
 
-    async def act_serving(self, v: Verdict, now: float) -> None:
-        st, slot = self.lifecycle.state, self.slot
-        if v.cause == "spec_regression":
-            if self.settings.watchdog.on_spec_regression == "fallback":
-                await self.incident("spec_regression", v, slot.obs)
-                return
-            if not slot.spec_alerted:
-                slot.spec_alerted = True
-                self.counters.incidents += 1
-                self.metrics.incident("spec_regression", "none")
-                self.journal.append("spec_regression", reason=v.reason, rung=self.current_rung_name())
-        if v.status == "degraded" and st == State.READY:
-            self.move(State.DEGRADED, v.reason)
-        elif v.status == "ready" and st == State.DEGRADED:
-            slot.spec_alerted = False
-            self.move(State.READY, "recovered")
-        elif v.status == "degraded":
-            self.reason = v.reason
-        rs = self.settings.restart
-        if slot.ready_at is not None and not slot.stable_marked and now - slot.ready_at >= rs.stable_s:
-            slot.stable_marked = True
-            self.ladder = record_stable(self.ladder)
-            self.persist()
-            self.journal.append("server_stable", rung=self.current_rung_name())
-        if (
-            rs.promote_after_s > 0
-            and self.ladder.current > 0
-            and slot.ready_at is not None
-            and now - slot.ready_at >= rs.promote_after_s
-            and self.lifecycle.state == State.READY
-        ):
-            top = self.settings.ladder[0].name
-            self.journal.append("promotion", from_rung=self.current_rung_name(), to_rung=top)
-            await self.handle_restart(Command(kind="restart", rung=top, reason="promotion"))
+    def refuse_adoption(self, why: str) -> None:
+        """The saved server is not taken over; the caller stops whatever carries the marker."""
+        record = self.slot.record
+        self.slot.record = None
+        if record is not None:
+            self.record("adoption_refused", "warning", pid=record.pid, reason=why)
+
+    async def hand_over(self) -> None:
+        """Exit for a successor (an upgrade): the server keeps running, state.json says how to adopt it."""
+        self.notifier.stopping()
+        if self.slot.capture is not None:
+            await asyncio.to_thread(self.slot.capture.close)  # its position now covers every line read
+        self.persist()
+        record = self.slot.record
+        assert record is not None
+        self.record("daemon_handoff", pid=record.pid, rung=record.rung, state=self.lifecycle.state.value)
+        await self.observer.close()
+        self.answer_queued("daemon handed over to its successor", self.lifecycle.state.value)
 
     # ---- the daemon's care of itself -------------------------------------------------------
 
@@ -468,20 +382,3 @@ class Supervisor(ServerLifecycle):
         self.journal.append("incident", **view.model_dump(), interrupted=True)
         self.log.warning("incident_interrupted", id=inc.id, cause=inc.cause, rung=inc.rung)
         self.ladder = record_end(self.ladder, inc.cause, self.clock.wall())
-
-
-def refuse_restart_only_changes(old: Settings, new: Settings) -> None:
-    """What a reload cannot apply whole is refused, so nothing is half applied: the state directory
-    (journal, state.json, logs and bundles are open there) and the server port (the running server
-    listens on the old one, and its stop is verified there)."""
-    if new.state_dir.resolve() != old.state_dir.resolve():
-        raise ConfigError(
-            f"[paths] state_dir changed from {old.state_dir} to {new.state_dir}: a reload cannot move the "
-            "journal, state and bundles; restart the daemon (systemctl restart) to apply it"
-        )
-    if (new.server.host, new.server.port) != (old.server.host, old.server.port):
-        raise ConfigError(
-            f"[server] host/port changed from {old.server.host}:{old.server.port} to "
-            f"{new.server.host}:{new.server.port}: a reload cannot move a running server; restart the "
-            "daemon (systemctl restart) to apply it"
-        )

@@ -1,6 +1,6 @@
 """The owner's acts on the server: launch, incident (evidence, stop, the ladder's decision), stop,
-adopt, hand over, shut down. Each calls a helper with explicit values (`launching`, `slate`,
-`stopping`, `takeover`, `evidence`, `xids`) and applies the outcome it returns to the records.
+sweep leftovers, shut down. Each calls a helper with explicit values (`launching`, `slate`,
+`stopping`, `evidence`, `xids`) and applies the outcome it returns to the records.
 
 `ServerLifecycle` is the second part of the one owner, `supervisor.daemon.owner.Supervisor`.
 """
@@ -8,11 +8,12 @@ adopt, hand over, shut down. Each calls a helper with explicit values (`launchin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import replace
 
 from probes.types import Observation
 from supervisor.config.render import render_rung
-from supervisor.daemon import launching, slate, stopping, takeover, xids
+from supervisor.daemon import launching, slate, stopping, xids
 from supervisor.daemon.commands import CommandResult, finish
 from supervisor.daemon.evidence import collect, provisional_class
 from supervisor.daemon.owner_state import OwnerState
@@ -33,6 +34,7 @@ from supervisor.policy.ladder import (
 )
 from supervisor.policy.lifecycle import RUNNING, State
 from supervisor.policy.watchdog import Verdict
+from supervisor.process.control import LogFiles
 
 HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 
@@ -205,6 +207,12 @@ class ServerLifecycle(OwnerState):
         self.journal.append("incident", **self.inhand.last_incident.model_dump(), **extra)
         await self.recover(Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
 
+    async def manual_restart(self, rung: int | None, reason: str, *, diagnose: bool, incident_id: str) -> None:
+        """A restart of the running server asked for (an operator, a promotion): a `manual` incident."""
+        verdict = Verdict(status="incident", cause="manual", reason=reason or "restart requested")
+        obs = self.slot.obs
+        await self.incident("manual", verdict, obs, forced_rung=rung, diagnose=diagnose, incident_id=incident_id)
+
     async def capture_bundle(
         self,
         incident_id: str,
@@ -359,50 +367,26 @@ class ServerLifecycle(OwnerState):
         while not self.queue.empty():
             finish(self.queue.get_nowait(), CommandResult("failed", why, state))
 
-    # ---- adoption and handover ------------------------------------------------------------
+    # ---- what the server gets ---------------------------------------------------------------
 
-    async def adopt_server(self) -> bool:
-        """At start: take over the server a predecessor left running, if it is provably that server.
+    def log_files(self) -> LogFiles:
+        """Where the log keeper writes the server's output, and how much it keeps."""
+        logs = self.settings.logs
+        return LogFiles(
+            self.state_dir / "logs",
+            int(logs.max_file_mb * 1024 * 1024),
+            logs.backups,
+            journal_socket=logs.journal_socket if logs.journal else None,
+            journal_id=logs.journal_identifier,
+        )
 
-        Ladder position and attempt stay as saved; probes start afresh and the usual rules judge it
-        from `starting` (a serving server is `ready` at the first good health probe). False when
-        there is nothing to adopt or it cannot be proven ours (the caller then stops it by marker).
-        """
-        record = self.slot.record
-        if record is None:
-            return False
-        rung = self.settings.rung_index(record.rung)
-        files, lines = self.log_files(), self.settings.logs.memory_lines
-        taken = await takeover.take_over(record, rung, self.marker, self.control, files, lines, self.clock)
-        if isinstance(taken, takeover.NotAdopted):
-            self.refuse_adoption(taken.why)
-            return False
-        assert rung is not None
-        self.ladder = replace(self.ladder, current=rung)
-        self.fresh_slot(record.launched_wall)
-        self.slot.adopted = True
-        self.slot.capture, self.slot.child, self.slot.record = taken.capture, taken.child, record
-        self.bind_server()
-        self.persist()
-        self.record("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)
-        self.move(State.STARTING, f"adopted server pid {record.pid} on rung {record.rung}")
-        return True
+    def child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in self.env.items() if k not in _NOT_FOR_CHILD}
+        env.pop(self.settings.api.token_env, None)
+        env.update(extra)
+        return env
 
-    def refuse_adoption(self, why: str) -> None:
-        """The saved server is not taken over; the caller stops whatever carries the marker."""
-        record = self.slot.record
-        self.slot.record = None
-        if record is not None:
-            self.record("adoption_refused", "warning", pid=record.pid, reason=why)
 
-    async def hand_over(self) -> None:
-        """Exit for a successor (an upgrade): the server keeps running, state.json says how to adopt it."""
-        self.notifier.stopping()
-        if self.slot.capture is not None:
-            await asyncio.to_thread(self.slot.capture.close)  # its position now covers every line read
-        self.persist()
-        record = self.slot.record
-        assert record is not None
-        self.record("daemon_handoff", pid=record.pid, rung=record.rung, state=self.lifecycle.state.value)
-        await self.observer.close()
-        self.answer_queued("daemon handed over to its successor", self.lifecycle.state.value)
+_NOT_FOR_CHILD = frozenset(
+    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID"}
+)

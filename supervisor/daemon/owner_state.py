@@ -2,9 +2,11 @@
 states, persisting, publishing, observing, and `record` (the journal line and the log line of one
 event, written together).
 
-`OwnerState` is the first part of the one owner, `supervisor.daemon.owner.Supervisor` (the lifecycle
-and the loop are `supervisor.daemon.owner_lifecycle` and `owner`); the class is split over three
-files only to keep each small. No helper imports any of them: helpers take explicit values.
+`OwnerState` is the first part of the one owner, `supervisor.daemon.owner.Supervisor`: OwnerState
+(records, primitives) <- `owner_lifecycle.ServerLifecycle` (launch, incident, stop) <-
+`owner_watch.ServerWatch` (the tick's watch over a running server) <- `owner.Supervisor` (the loop,
+the commands, start-up and adoption). One class, split over four files only to keep each small. No
+helper imports any of them: helpers take explicit values and return outcomes.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from supervisor.policy.gpuwait import wants_look
 from supervisor.policy.ladder import LadderState
 from supervisor.policy.lifecycle import RUNNING, SERVING, Lifecycle, State
 from supervisor.policy.watchdog import new_history
-from supervisor.process.control import LogFiles, ProcessControl, RealProcessControl
+from supervisor.process.control import ProcessControl, RealProcessControl
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -395,27 +397,3 @@ class OwnerState:
         for what in ("journal", "server_log", "state", "bundle"):
             self.metrics.write_error(what, getattr(now, what) - getattr(before, what))
         self.counted_writes = now
-
-    # ---- what the server gets ---------------------------------------------------------------
-
-    def log_files(self) -> LogFiles:
-        """Where the log keeper writes the server's output, and how much it keeps."""
-        logs = self.settings.logs
-        return LogFiles(
-            self.state_dir / "logs",
-            int(logs.max_file_mb * 1024 * 1024),
-            logs.backups,
-            journal_socket=logs.journal_socket if logs.journal else None,
-            journal_id=logs.journal_identifier,
-        )
-
-    def child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in self.env.items() if k not in _NOT_FOR_CHILD}
-        env.pop(self.settings.api.token_env, None)
-        env.update(extra)
-        return env
-
-
-_NOT_FOR_CHILD = frozenset(
-    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID"}
-)

@@ -1,6 +1,6 @@
 """The lifecycle has one owner and imports flow one way (STYLE 16), inside supervisor/daemon/:
 
-    owner -> owner_lifecycle -> owner_state          (one class, `Supervisor`, in three files)
+    owner -> owner_watch -> owner_lifecycle -> owner_state     (one class, `Supervisor`, in four files)
       \\-> helpers: launching, slate, stopping, takeover, evidence, xids, incidentids, beating
       \\-> records: records, persist, adopt, commands, snapshot, ...
 
@@ -17,11 +17,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 PKG = ROOT / "supervisor" / "daemon"
-OWNER = {"owner", "owner_lifecycle", "owner_state"}
+OWNER = {"owner", "owner_watch", "owner_lifecycle", "owner_state"}
 # The helpers that act for the owner (spawn, stop, sweep, adopt, capture, drain Xids).
 HELPERS = {"launching", "slate", "stopping", "takeover", "evidence", "xids"}
 # Small pieces the owner and its helpers share: a record of tools, the heartbeat wrapper.
-SHARED = {"beating", "incidentids", "records"}
+SHARED = {"beating", "incidentids", "records", "validation"}
 # A helper may use another's record of tools (slate stops processes with `stopping.StopTools`).
 HELPER_USES = {"slate": {"stopping"}}
 # Outside supervisor/daemon, only the composition root (serve), the demo, tests and bench build it.
@@ -65,7 +65,8 @@ def test_only_the_owner_imports_the_helpers(module: str) -> None:
 def test_the_owner_parts_import_each_other_one_way() -> None:
     assert imported(PKG / "owner_state.py") & OWNER == set()
     assert imported(PKG / "owner_lifecycle.py") & OWNER == {"owner_state"}
-    assert imported(PKG / "owner.py") & OWNER == {"owner_lifecycle"}
+    assert imported(PKG / "owner_watch.py") & OWNER == {"owner_lifecycle"}
+    assert imported(PKG / "owner.py") & OWNER == {"owner_watch"}
 
 
 def test_the_owner_uses_the_helpers() -> None:
