@@ -47,7 +47,13 @@ async def test_a_stop_during_the_backoff_stops_the_wait(daemon, sim) -> None:  #
 async def test_a_start_during_the_backoff_launches_now_on_the_decided_rung(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     s = sim(
         "crash_on_load",
-        restart={**LONG, "backoff_initial_s": 60.0, "retries_per_rung": 0, "failed_cooldown_s": 0},
+        restart={
+            **LONG,
+            "backoff_initial_s": 60.0,
+            "backoff_max_s": 120.0,
+            "retries_per_rung": 0,
+            "failed_cooldown_s": 0,
+        },
         fallback=[{"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}],
     )
     r = await daemon(s)
