@@ -169,6 +169,7 @@ class ServerLifecycle(OwnerState):
         incident_id: str | None = None,
     ) -> None:
         incident_id = incident_id or self.unique_incident_id(cause)
+        self.log = self.log.bind(incident=incident_id)  # its capture, stop and decision name it
         hang_class = provisional_class(verdict)
         bundle_id: str | None = None
         keeper = self.slot.keeper.describe() if self.slot.keeper is not None else ""
@@ -206,6 +207,7 @@ class ServerLifecycle(OwnerState):
         extra = {"xids": xids.as_records(named)} if named else {}
         self.journal.append("incident", **self.inhand.last_incident.model_dump(), **extra)
         await self.recover(Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
+        self.log = self.log.try_unbind("incident")  # a relaunch has already bound its own context
 
     async def manual_restart(self, rung: int | None, reason: str, *, diagnose: bool, incident_id: str) -> None:
         """A restart of the running server asked for (an operator, a promotion): a `manual` incident."""
@@ -331,7 +333,7 @@ class ServerLifecycle(OwnerState):
             await asyncio.to_thread(slot.capture.close)
             self.server_log_write_errors()  # its last count, before the next keeper starts its file afresh
         slot.capture, slot.child, slot.record, slot.history = None, None, None, None
-        self.bind_server()  # no pid from here on
+        self.log = self.log.bind(pid=None)  # no server from here on
         self.last_stop = stopped.view
         self.record("server_stopped", "info" if stopped.ok else "error", **stopped.doc)
         return stopped.ok

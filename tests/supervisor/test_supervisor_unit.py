@@ -376,3 +376,20 @@ async def test_the_leftovers_sweep_gets_the_saved_and_the_derived_marker(rig) ->
     sup.marker = "older0version0marker"
     await sup.startup(True)
     assert control.swept == [("older0version0marker", marker_for(sup.state_dir))]
+
+
+async def test_an_incidents_lines_name_it_and_the_relaunch_does_not(rig) -> None:  # type: ignore[no-untyped-def]
+    from structlog.testing import capture_logs
+
+    sup, clock, _control, observer = rig
+    await sup.startup(True)
+    observer.script = lambda t, now: tree_of(t, now, phase="allocating_kv")  # nothing ever moves
+    with capture_logs() as logs:
+        await ticks(sup, clock, 7)  # the stall, its capture and stop, then the relaunch after the backoff
+    incident = sup.snapshot().last_incident
+    assert incident is not None
+    for event in ("server_stopped", "ladder_decision"):
+        line = next(x for x in logs if x["event"] == event)
+        assert line["incident"] == incident.id, event
+    relaunched = next(x for x in logs if x["event"] == "server_launched")
+    assert "incident" not in relaunched and relaunched["rung"] == "no-graph"
