@@ -6,9 +6,10 @@ and again when its turn comes), and `handle` runs `handle_<kind>`. A command tha
 backoff, a deferred launch or a `failed` cooldown waits goes the same way: waiting is the pending
 timer (`records.Pending`), which the loop wakes for and the tick carries out first, never a loop
 inside a helper. Start-up adopts a predecessor's server (`takeover`) or sweeps its leftovers; a
-handoff leaves the server for a successor. Only this object writes its records; the helpers it calls
-(launching, slate, stopping, takeover, evidence, xids) take explicit values and return outcomes. Adding a command is
-one `handle_<kind>` method and one line in `check`; adding a step to the tick is one named call.
+handoff leaves the server for a successor. Only this object writes its records; the helpers it
+calls (launching, slate, stopping, takeover, evidence, xids) take explicit values and return
+outcomes. Adding a command is one `handle_<kind>` method (and its rule in `validation.check`);
+adding a step to the tick is one named call in `tick`.
 """
 
 from __future__ import annotations
