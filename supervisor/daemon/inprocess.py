@@ -85,7 +85,7 @@ async def start_in_process(
     `signals=True` installs the daemon's SIGTERM/SIGINT/SIGHUP/SIGUSR2 handlers, as `run` does.
     Raises what the daemon raised when it could not start (a locked state directory, a busy port).
     """
-    from supervisor.daemon.loop import Supervisor
+    from supervisor.daemon.owner import Supervisor
 
     holder: list[Supervisor] = []
     ready = asyncio.Event()

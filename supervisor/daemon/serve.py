@@ -32,15 +32,15 @@ from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.daemon.commands import Command
 from supervisor.daemon.gpusource import open_nvml
 from supervisor.daemon.instance_lock import StateLock, acquire
-from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.daemon.owner import Supervisor
 from supervisor.daemon.sdnotify import Notifier
 from supervisor.daemon.timeline import Timeline
 from supervisor.logs.view import LogRedaction, server_log_file
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
 
-log = structlog.get_logger("supervisor")
+log = structlog.get_logger(__name__)
 EXIT_HANDOFF = 75  # the cli re-executes the daemon; exit 75 only if that fails (RestartForceExitStatus=75)
 
 
