@@ -9,8 +9,10 @@ earlier daemon started and this one adopted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ EXIT_UNKNOWN = 255
 # All the log keeper gets of the daemon's environment: what Python needs to start. No secrets (the
 # API token, HF_TOKEN), no systemd variables (NOTIFY_SOCKET): it only copies bytes to a file.
 _FOR_KEEPER = ("PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+KEEPER_DRAIN_S = 2.0  # a keeper ends once the stopped server's last output is written
 # The directory holding the `supervisor` package: the keeper runs from "/" and must still import it.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -233,7 +236,7 @@ class RealProcessControl:
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport:
         report = process.stop_tree(root, marker, host, port, grace_s, adopt_orphans=self.subreaper)
         self._set_keeper(None)  # the daemon's read end goes with the server
-        self._reap_keepers()
+        self._reap_keepers(wait_s=KEEPER_DRAIN_S)
         return report
 
     def kill_leftovers(self, markers: tuple[str, ...], host: str, port: int) -> StopReport:
@@ -244,8 +247,16 @@ class RealProcessControl:
         skip = (*((exclude,) if exclude is not None else ()), *(k.pid for k in self._keepers))
         return reap_orphans(skip) if self.subreaper else []
 
-    def _reap_keepers(self) -> None:
-        """Keepers end when their server does; reap those that did, so none stays a zombie."""
+    def _reap_keepers(self, wait_s: float = 0.0) -> None:
+        """Keepers end when their server does; reap those that did, so none stays a zombie.
+
+        After a stop the keeper is still writing the server's last bytes when the tree is gone:
+        `wait_s` gives it that long to finish, so a daemon that exits next leaves no keeper unreaped.
+        """
+        until = time.monotonic() + wait_s
+        for k in self._keepers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                k.wait(max(0.0, until - time.monotonic()))
         self._keepers = [k for k in self._keepers if k.poll() is None]
 
 

@@ -1,4 +1,4 @@
-"""bench/gpu_ranks.py in its CPU mode (the lane the lead runs on the H200 with cuda-gdb): eight
+"""`python -m bench.gpu_ranks` in its CPU mode (the lane the lead runs on the H200 with cuda-gdb): eight
 real ranks, one capture, the spread between them in the result."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_eight_cpu_ranks_are_captured_with_their_spread(tmp_path: Path) -> None:
-    argv = [sys.executable, str(ROOT / "bench" / "gpu_ranks.py"), "--cpu", "--reps", "1", "--out", str(tmp_path)]
+    argv = [sys.executable, "-m", "bench.gpu_ranks", "--cpu", "--reps", "1", "--out", str(tmp_path)]
     if shutil.which("gdb") is None:
         argv.append("--no-gdb")
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
