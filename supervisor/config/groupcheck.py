@@ -14,10 +14,7 @@ def group_line(g: GroupSettings) -> str:
     role = "leader" if g.is_leader else "worker"
     peers = ", ".join(f"node {i + 1} {a}" for i, a in enumerate(g.members)) or "-"
     leader = g.leader or "(this node)"
-    return (
-        f"group: node {g.node_rank} of {g.nnodes} ({role}); leader {leader}; members {peers}; "
-        f"restart {g.restart}"
-    )
+    return f"group: node {g.node_rank} of {g.nnodes} ({role}); leader {leader}; members {peers}; restart {g.restart}"
 
 
 def group_doc(g: GroupSettings) -> dict[str, object]:
