@@ -47,6 +47,7 @@ from supervisor.daemon.journal import Journal
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.daemon.timeline import Timeline
 from supervisor.diagnostics.redact import Redactor
+from supervisor.group.view import snapshot_ready
 from supervisor.policy.lifecycle import SERVING
 
 SERVING_STATES = frozenset(s.value for s in SERVING)
@@ -360,8 +361,8 @@ def create_app(
     )
     async def readyz() -> Any:
         """The server is serving: state `ready` or `degraded`."""
-        state = handle.snapshot().state
-        body = Readiness(ready=state in SERVING_STATES, state=state)
+        snap = handle.snapshot()
+        body = Readiness(ready=snapshot_ready(snap), state=snap.state)  # a group's leader: the group serves
         return body if body.ready else JSONResponse(body.model_dump(mode="json"), status_code=503)
 
     if log_file is not None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from collections.abc import Mapping
 from dataclasses import replace
 
 import structlog
 
 from probes.types import Observation
 from supervisor.config.render import render_rung
-from supervisor.daemon import slate
+from supervisor.daemon import grouping, slate
 from supervisor.daemon.adopt import ServerRecord, starttime_of
 from supervisor.daemon.commands import CommandResult, finish
 from supervisor.daemon.core import Core
@@ -91,6 +92,7 @@ async def launch(sup: Core, rung_index: int, *, after_incident: bool) -> None:
         return
     if not await slate.prepare(sup, rung_index, after_incident=after_incident):
         return
+    await grouping.launch_members(sup, rung.name)  # the members stopped with this node launch with it
     sup.ladder = record_launch(sup.ladder, rung_index, rung.name, sup.clock.wall(), after_incident=after_incident)
     sup.stopped_by_request = False
     sup.decided = None  # carried out
@@ -191,8 +193,10 @@ async def incident(
         sup.open_incident = OpenIncident(incident_id, cause, sup.current_rung_name(), sup.clock.wall())
         sup.persist()
         try:
-            result = await capture_bundle(
-                sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict
+            result = await grouping.capture_together(  # every node of a group, same id, same moment
+                sup,
+                incident_id,
+                capture_bundle(sup, incident_id, "hung" if cause in HUNG_CAUSES else "manual", cause, obs, verdict),
             )
         finally:
             sup.open_incident = None
@@ -200,6 +204,8 @@ async def incident(
             bundle_id = result.id if result.path is not None else None
             if result.hang_class not in ("unknown", "") or hang_class is None:
                 hang_class = result.hang_class if cause in HUNG_CAUSES else hang_class
+    elif diagnose and sup.group is not None and cause != "manual":  # this node has nothing to dump; the others may
+        await grouping.capture_together(sup, incident_id, asyncio.sleep(0))
     sup.incidents += 1
     sup.metrics.incident(cause, hang_class or "none")
     sup.last_incident = IncidentView(
@@ -212,6 +218,9 @@ async def incident(
         bundle=bundle_id,
     )
     sup.journal.append("incident", **sup.last_incident.model_dump(), **({"xids": as_records(named)} if named else {}))
+    if grouping.exit_for_lws(sup):  # restart = "lws": the evidence is written, LWS recreates the group
+        sup.persist()
+        return
     await recover(sup, Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
 
 
@@ -225,6 +234,7 @@ async def capture_bundle(
     *,
     native: bool | None = None,
     gdb: bool | None = None,
+    group: Mapping[str, object] | None = None,
 ) -> BundleResult | None:
     sup.diagnosing = True
     sup.publish()
@@ -249,6 +259,7 @@ async def capture_bundle(
                 hung=trigger == "hung",
                 created_at=sup.clock.wall(),
                 gpu_xids=tuple(as_records(list(sup.xids.recent))),
+                group=group if group is not None else grouping.bundle_doc(sup, incident_id),
             )
         )
     except Exception as err:  # a capture must never take the daemon down
@@ -282,7 +293,7 @@ async def capture_bundle(
 async def recover(sup: Core, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
     if sup.lifecycle.state != State.RESTARTING:
         sup.move(State.RESTARTING, f"stopping after {incident.cause}")
-    ok = await stop_server(sup, f"incident {incident.cause}")
+    ok = await grouping.stop_together(sup, stop_server(sup, f"incident {incident.cause}"))
     if (blocked := sup.xids.blocked_reason()) is not None:  # a relaunch onto that GPU fails the same way
         sup.move(State.FAILED, blocked)
         return

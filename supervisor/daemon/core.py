@@ -38,6 +38,8 @@ from supervisor.daemon.publish import Facts, build, stale_after
 from supervisor.daemon.sdnotify import Notifier, WatchdogPacer
 from supervisor.daemon.snapshot import IncidentView, LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.daemon.xidbook import XidBook
+from supervisor.group.runtime import GroupRuntime
+from supervisor.group.view import group_view
 from supervisor.logs.capture import LogCapture
 from supervisor.logs.tending import KeeperStatus
 from supervisor.policy.gpuwait import wants_look
@@ -139,6 +141,7 @@ class Core:
         self.launched_at = clock.monotonic()
         self.launched_wall: float | None = None
         self.xids = XidBook()  # GPU faults: supervisor.daemon.xids
+        self.group: GroupRuntime | None = None  # [group]: supervisor.daemon.grouping
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
         self.publish_listeners: list[Callable[[StatusSnapshot], None]] = []  # e.g. the page's timeline
         self.metrics = metrics(self.snapshot)
@@ -267,7 +270,8 @@ class Core:
             root_exit=server.poll() if server is not None else None,
             marker=self.marker,
             serving=self.lifecycle.state in SERVING,
-            metrics=self._metrics_on[self.ladder.current],
+            # A worker node's /metrics is SGLang's dummy health server's: nothing to scrape there.
+            metrics=self._metrics_on[self.ladder.current] and (self.group is None or self.group.is_leader),
             look=self._wants_look(),
         )
         obs = await self.observer.observe(target)
@@ -339,6 +343,8 @@ class Core:
         if self.xids.recent or self.xids.blocked is not None:
             update = {"gpu_xids": self.xids.views(), "gpu_blocked": self.xids.blocked_reason()}
             self._snapshot = self._snapshot.model_copy(update=update)
+        if self.group is not None:
+            self._snapshot = self._snapshot.model_copy(update={"group": group_view(self.group, self._snapshot)})
         self.count_write_errors()
         for listener in self.publish_listeners:
             with contextlib.suppress(Exception):  # a view's bug must not cost a poll

@@ -11,7 +11,7 @@ import asyncio
 import structlog
 
 from supervisor.config.settings import ConfigError, Settings, load_settings
-from supervisor.daemon import upkeep
+from supervisor.daemon import grouping, upkeep
 from supervisor.daemon.actions import capture_bundle, incident, launch
 from supervisor.daemon.commands import Command, CommandResult, finish
 from supervisor.daemon.core import Core
@@ -73,7 +73,7 @@ async def handle_command(sup: Core, cmd: Command) -> None:
         finish(cmd, CommandResult("accepted", "stopping", sup.lifecycle.state.value))
         if sup.lifecycle.state != State.STOPPED:
             sup.move(State.RESTARTING, cmd.reason or "stop requested")
-            await stop_server(sup, "stop requested")
+            await grouping.stop_together(sup, stop_server(sup, "stop requested"))  # the leader stops its group
             sup.ladder = record_end(sup.ladder, "stopped", sup.clock.wall())
             sup.stopped_by_request = True
             sup.persist()
@@ -174,10 +174,20 @@ async def manual_diagnose(sup: Core, cmd: Command) -> None:
     if not obs.tree.processes:
         finish(cmd, CommandResult("invalid", "no server process to diagnose", sup.lifecycle.state.value))
         return
-    hung = sup.lifecycle.state == State.HUNG
-    incident_id = unique_incident_id(sup, "diagnose")
+    hung = sup.lifecycle.state == State.HUNG or cmd.source == "group"  # the group is hung, if not this node
+    incident_id = cmd.incident_id or unique_incident_id(sup, "diagnose")
+    grouping.note_capture(sup, incident_id)
+    cause = sup.group.held_cause if sup.group is not None and cmd.source == "group" else None
     result = await capture_bundle(
-        sup, incident_id, "hung" if hung else "manual", None, obs, None, native=cmd.native, gdb=cmd.gdb
+        sup,
+        incident_id,
+        "hung" if hung else "manual",
+        cause,
+        obs,
+        None,
+        native=cmd.native,
+        gdb=cmd.gdb,
+        group=grouping.bundle_doc(sup, incident_id) if cmd.incident_id else None,
     )
     if result is None:
         finish(cmd, CommandResult("failed", "capture failed", sup.lifecycle.state.value))

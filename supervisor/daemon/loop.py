@@ -12,7 +12,7 @@ from dataclasses import replace
 import structlog
 
 from probes.types import Observation
-from supervisor.daemon import actions, handlers, handover, upkeep, xids
+from supervisor.daemon import actions, grouping, handlers, handover, upkeep, xids
 from supervisor.daemon.commands import Command, CommandResult
 from supervisor.daemon.core import Core
 from supervisor.daemon.persist import load
@@ -49,6 +49,7 @@ class Supervisor(Core):
     async def run(self, *, autostart: bool = True) -> None:
         """Start (resuming the ladder), then poll until a shutdown command; always stop the tree."""
         try:
+            grouping.start(self)
             try:
                 await self.startup(autostart)
             except Exception as err:  # not even start-up may end the daemon
@@ -72,6 +73,7 @@ class Supervisor(Core):
                 await handover.hand_over(self)  # SIGUSR2: the server stays for the successor
             else:
                 await actions.shutdown(self)
+            await grouping.close(self)
 
     async def startup(self, autostart: bool) -> None:
         self.selfcheck = await asyncio.to_thread(
@@ -156,7 +158,9 @@ class Supervisor(Core):
         mode: Mode = "serving" if st in SERVING else "starting"
         spec = self.speculative()[self.ladder.current]
         verdict, self.history = assess(self.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec)
-        await self.act(verdict, obs)
+        judged = grouping.judge(self, verdict)  # a group's verdict; None: a worker holds it for the leader
+        if judged is not None:
+            await self.act(judged, obs)
         self.save_log_position()
         self.publish()
 

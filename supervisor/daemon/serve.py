@@ -18,6 +18,7 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from api import group as group_api
 from api.app import create_app
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe, make_nvml
@@ -28,6 +29,7 @@ from supervisor import __version__, entry
 from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.clock import Clock, SystemClock
 from supervisor.config.settings import ConfigError, Settings
+from supervisor.daemon import grouping
 from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.daemon.commands import Command
 from supervisor.daemon.instance_lock import StateLock, acquire
@@ -123,6 +125,9 @@ async def start_api(
         redact=redact,
         timeline=timeline,
     )
+    if sup.group is not None:  # the member API the group's leader calls (api/group.py)
+        app.state.group = grouping.GroupEndpoint(sup, sup.submit)
+        app.include_router(group_api.router)
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -172,6 +177,7 @@ def make_supervisor(
     sup.journal.append("gpu_scope", gpus=scope.describe())
     sup.xids.watcher = XidWatcher(make_nvml(env))  # its own NVML handle: waits block in its thread
     sup.xids.watcher.start()
+    sup.group = grouping.make_runtime(settings, load_token(settings.api, env), sup.clock.monotonic)
     return sup
 
 
@@ -285,5 +291,6 @@ async def _serve_locked(
         await api.close()
         if sup.xids.watcher is not None:
             await asyncio.to_thread(sup.xids.watcher.stop)
-    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
-    return EXIT_HANDOFF if sup.handoff else 0
+    code = sup.group.exit_code if sup.group is not None and sup.group.exit_code is not None else 0
+    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff, code=code)
+    return EXIT_HANDOFF if sup.handoff else code
