@@ -159,7 +159,7 @@ def group_of(
 
 
 def ready(st: dict[str, Any]) -> bool:
-    return st["state"] == "ready"
+    return bool(st["state"] == "ready")
 
 
 def group_ready(st: dict[str, Any]) -> bool:
