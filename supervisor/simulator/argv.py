@@ -43,6 +43,9 @@ class SimArgs:
     trust_remote_code: bool
     log_level: str
     random_seed: int | None
+    nnodes: int  # --nnodes: nodes of one TP group, each running its own launch_server
+    node_rank: int  # --node-rank
+    dist_init_addr: str | None  # --dist-init-addr HOST:PORT: node 0's rendezvous (torch's TCPStore)
     # Flags SGLang has and the simulator does not model, in command-line order: (name, value).
     extra: tuple[tuple[str, str | bool], ...]
     unknown_flags: tuple[str, ...]
@@ -108,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--log-level", default="info")
     p.add_argument("--random-seed", type=int, default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
     return p
 
 
@@ -172,6 +178,9 @@ def parse_args(argv: Sequence[str]) -> SimArgs:
         trust_remote_code=ns.trust_remote_code,
         log_level=ns.log_level,
         random_seed=ns.random_seed,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        dist_init_addr=ns.dist_init_addr,
         extra=extra,
         unknown_flags=tuple(rest),
     )

@@ -106,3 +106,88 @@ def launch_eof_traceback() -> str:
         '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
         '  File "<frozen runpy>", line 88, in _run_code\n' + frames + "EOFError\n"
     )
+
+
+def dist_init_traceback(error: str, store_side: bool) -> str:
+    """A scheduler's record when `init_process_group`'s rendezvous fails (torch 2.11's messages):
+    rank 0's store timing out waiting for clients, or another rank's client that never got in."""
+    frames = _frames(
+        [
+            (f"{_SRT}/managers/scheduler.py", 4622, "run_scheduler_process", "scheduler = Scheduler("),
+            (f"{_SRT}/managers/scheduler.py", 398, "__init__", "self.init_model_worker()"),
+            (f"{_SRT}/managers/tp_worker.py", 259, "__init__", "self._init_model_runner()"),
+            (f"{_SRT}/model_executor/model_runner.py", 377, "__init__", "self.init_torch_distributed()"),
+            (f"{_SRT}/distributed/bootstrap.py", 89, "init_torch_distributed", "_init_parallel_groups("),
+            (
+                f"{_SRT}/distributed/parallel_state.py",
+                2062,
+                "init_distributed_environment",
+                "torch.distributed.init_process_group(",
+            ),
+            (f"{_PKG}/torch/distributed/c10d_logger.py", 83, "wrapper", "return func(*args, **kwargs)"),
+            (
+                f"{_PKG}/torch/distributed/distributed_c10d.py",
+                1750,
+                "init_process_group",
+                "store, rank, world_size = next(rendezvous_iterator)",
+            ),
+            (f"{_PKG}/torch/distributed/rendezvous.py", 204, "_tcp_rendezvous_handler", "store = _create_c10d_store("),
+            (f"{_PKG}/torch/distributed/rendezvous.py", 180, "_create_c10d_store", "return TCPStore("),
+        ]
+    )
+    if error.startswith("Invalid"):
+        kind = "ValueError"
+    else:
+        kind = "torch.distributed." + ("DistStoreError" if store_side else "DistNetworkError")
+    return f"Scheduler hit an exception: Traceback (most recent call last):\n{frames}{kind}: {error}\n"
+
+
+def check_args_traceback(message: str) -> str:
+    """The main process's traceback when `ServerArgs.check_server_args` refuses the arguments."""
+    frames = _frames(
+        [
+            (f"{_PKG}/sglang/launch_server.py", 29, "<module>", "launch_server(server_args)"),
+            (f"{_SRT}/entrypoints/http_server.py", 2678, "launch_server", ") = Engine._launch_subprocesses("),
+            (f"{_SRT}/entrypoints/engine.py", 790, "_launch_subprocesses", "server_args.check_server_args()"),
+            (f"{_SRT}/server_args.py", 7577, "check_server_args", "assert ("),
+        ]
+    )
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '  File "<frozen runpy>", line 88, in _run_code\n' + frames + f"AssertionError: {message}\n"
+    )
+
+
+def worker_lifespan_traceback() -> str:
+    """A node >= 1 after its schedulers ended: 0.5.16 goes on to start the HTTP app with no tokenizer
+    manager, and the app's lifespan fails on it (uvicorn logs this at ERROR, then exits 3)."""
+    frames = _frames(
+        [
+            (f"{_PKG}/starlette/routing.py", 694, "lifespan", "async with self.lifespan_context(app) as maybe_state:"),
+            ("/usr/lib/python3.12/contextlib.py", 210, "__aenter__", "return await anext(self.gen)"),
+            (
+                f"{_SRT}/entrypoints/http_server.py",
+                299,
+                "lifespan",
+                "fast_api_app.state.openai_serving_completion = OpenAIServingCompletion(",
+            ),
+            (
+                f"{_SRT}/entrypoints/openai/serving_completions.py",
+                51,
+                "__init__",
+                "super().__init__(tokenizer_manager)",
+            ),
+            (
+                f"{_SRT}/entrypoints/openai/serving_base.py",
+                35,
+                "__init__",
+                "if isinstance(self.tokenizer_manager.server_args, ServerArgs)",
+            ),
+        ]
+    )
+    return (
+        "Traceback (most recent call last):\n"
+        + frames
+        + "AttributeError: 'NoneType' object has no attribute 'server_args'\n"
+    )

@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from supervisor.simulator import crashes, hangs
+from supervisor.simulator.collective import LeaderMesh
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import (
     AbortReq,
@@ -31,9 +32,10 @@ from supervisor.simulator.messages import (
     Step,
     TokenOut,
 )
+from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
-from supervisor.simulator.segfault import die_of_segfault, victim_rank
+from supervisor.simulator.segfault import die_of_segfault
 from supervisor.simulator.selfdump import pyspy_dump_self
 from supervisor.simulator.startup import RankContext
 
@@ -57,9 +59,16 @@ class Req:
 
 class ServingLoop:
     def __init__(
-        self, ctx: RankContext, log: LogWriter, inbox: Connection, outbox: Connection, peers: list[Connection]
+        self,
+        ctx: RankContext,
+        log: LogWriter,
+        inbox: Connection,
+        outbox: Connection,
+        peers: list[Connection],
+        mesh: LeaderMesh | None = None,
     ) -> None:
         self.ctx = ctx
+        self.mesh = mesh  # multi-node: the group's links (then `peers` is empty)
         self.log = log
         self.inbox = inbox
         self.outbox = outbox
@@ -151,8 +160,10 @@ class ServingLoop:
             for peer in self.peers:
                 with contextlib.suppress(OSError):
                     peer.send(message)
+            if self.mesh is not None:
+                self.mesh.fired_up()
             scenario = self.ctx.settings.scenario
-            dies_here = scenario is Scenario.RANK_DIES and victim_rank(self.ctx.args.tp_size) == 0
+            dies_here = scenario is Scenario.RANK_DIES and node_layout(self.ctx.args).victim() == 0
             if dies_here or scenario in (Scenario.CRASH_AFTER_READY, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL):
                 self.fault_at = time.monotonic() + self.ctx.settings.fault_after_s
 
@@ -181,6 +192,8 @@ class ServingLoop:
         """All ranks take part; a peer that is gone leaves this rank waiting forever, as NCCL does."""
         if not self.stalled:
             self.forward_since = time.monotonic()
+        if self.mesh is not None:
+            self.mesh.all_reduce(kind)  # every rank of every node; never returns without all of them
         try:
             for peer in self.peers:
                 peer.send(Step(kind))

@@ -40,13 +40,15 @@ class Children:
             return False
 
 
-def launch(contexts: list[RankContext], ignore_sigterm: bool, import_s: float) -> Children:
-    """Start every scheduler, then the detokenizer; main keeps only its own ends of the pipes."""
+def launch(contexts: list[RankContext], ignore_sigterm: bool, import_s: float, multinode: bool = False) -> Children:
+    """Start every scheduler, then the detokenizer; main keeps only its own ends of the pipes.
+
+    Multi-node, the ranks find each other at the rendezvous instead of over pipes."""
     mp = multiprocessing.get_context("spawn")
     to_sched_r, to_sched_w = mp.Pipe(duplex=False)
     to_detok_r, to_detok_w = mp.Pipe(duplex=False)
     to_main_r, to_main_w = mp.Pipe(duplex=False)
-    peer_pairs = [mp.Pipe(duplex=True) for _ in contexts[1:]]
+    peer_pairs = [] if multinode else [mp.Pipe(duplex=True) for _ in contexts[1:]]
     ready_readers: list[Connection] = []
     schedulers: list[BaseProcess] = []
     child_ends: list[Connection] = [to_sched_r, to_detok_w, to_detok_r, to_main_w]
@@ -58,7 +60,7 @@ def launch(contexts: list[RankContext], ignore_sigterm: bool, import_s: float) -
             peers = [leader_end for leader_end, _ in peer_pairs]
             target_args: tuple[object, ...] = (ctx, ready_w, to_sched_r, to_detok_w, peers)
         else:
-            target_args = (ctx, ready_w, None, None, [peer_pairs[ctx.rank - 1][1]])
+            target_args = (ctx, ready_w, None, None, [peer_pairs[ctx.rank - 1][1]] if peer_pairs else [])
         proc = mp.Process(target=run_scheduler_process, args=target_args, name=f"scheduler_TP{ctx.rank}")
         proc.start()
         schedulers.append(proc)
@@ -71,6 +73,23 @@ def launch(contexts: list[RankContext], ignore_sigterm: bool, import_s: float) -
     for conn in child_ends:
         conn.close()
     return Children(schedulers, detok, ready_readers, to_sched_w, to_main_r)
+
+
+def launch_ranks(contexts: list[RankContext]) -> tuple[list[BaseProcess], list[Connection]]:
+    """A node >= 1: its schedulers only (no tokenizer, no detokenizer), and their ready pipes."""
+    mp = multiprocessing.get_context("spawn")
+    schedulers: list[BaseProcess] = []
+    readers: list[Connection] = []
+    for ctx in contexts:
+        ready_r, ready_w = mp.Pipe(duplex=False)
+        proc = mp.Process(
+            target=run_scheduler_process, args=(ctx, ready_w, None, None, []), name=f"scheduler_TP{ctx.rank}"
+        )
+        proc.start()
+        ready_w.close()
+        schedulers.append(proc)
+        readers.append(ready_r)
+    return schedulers, readers
 
 
 def kill_process_tree(include_parent: bool, log: LogWriter | None = None) -> None:

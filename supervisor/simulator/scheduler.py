@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from multiprocessing.connection import Connection
 from typing import NoReturn
 
-from supervisor.simulator import hangs
+from supervisor.simulator import crashes, hangs
+from supervisor.simulator.collective import Follower, LeaderMesh
 from supervisor.simulator.decode_loop import ServingLoop
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import become_child, import_sglang, log_prefix, scheduler_title, start_heartbeat
+from supervisor.simulator.rendezvous import RendezvousError
 from supervisor.simulator.segfault import die_of_segfault, victim_rank
 from supervisor.simulator.shm import open_segment
 from supervisor.simulator.startup import RankContext, Startup
@@ -37,6 +41,14 @@ def follow(ctx: RankContext, log: LogWriter, leader: Connection) -> NoReturn:
             die_of_segfault(ctx, log)
 
 
+def rendezvous_failed(ctx: RankContext, log: LogWriter, error: RendezvousError) -> NoReturn:
+    """SGLang's scheduler on an exception: log it, SIGQUIT the parent (which kills the tree), end."""
+    log.error(crashes.dist_init_traceback(str(error), store_side=ctx.rank == 0).rstrip("\n"))
+    with contextlib.suppress(OSError):
+        os.kill(os.getppid(), signal.SIGQUIT)
+    os._exit(0)
+
+
 def run_scheduler_process(
     ctx: RankContext,
     ready: Connection,
@@ -56,7 +68,11 @@ def run_scheduler_process(
     segment = open_segment(ctx.settings.shm_dir)  # noqa: F841 -- mapped for the process's life, as SGLang's
     start_heartbeat("ProcessGroupNCCL-watchdog")
     try:
-        weights = Startup(ctx, log).run()
+        startup = Startup(ctx, log)
+        try:
+            weights = startup.run()
+        except RendezvousError as e:
+            rendezvous_failed(ctx, log, e)
         ready.send(
             {
                 "status": "ready",
@@ -64,8 +80,12 @@ def run_scheduler_process(
                 "max_req_input_len": ctx.facts.context_len - 1,
             }
         )
+        links = startup.links
         if ctx.rank == 0 and inbox is not None and outbox is not None:
-            ServingLoop(ctx, log, inbox, outbox, peers).run()
+            mesh = LeaderMesh(links, ctx.settings.fake_nvml) if links else None
+            ServingLoop(ctx, log, inbox, outbox, peers, mesh).run()
+        elif links:
+            Follower(ctx, log, links[0]).run()
         else:
             follow(ctx, log, peers[0])
         del weights, modules

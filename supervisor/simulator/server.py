@@ -23,20 +23,17 @@ from supervisor.simulator.launch import Children, kill_process_tree, launch
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import FiredUp
 from supervisor.simulator.modelcard import ModelFacts, model_facts
+from supervisor.simulator.nodes import layout_error, node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario, SettingsError, SimSettings, load_settings
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
+from supervisor.simulator.serverargs import ENTRYPOINT_WARNING as _ENTRYPOINT_WARNING
 from supervisor.simulator.serverargs import deprecation_warnings, server_args_line
 from supervisor.simulator.startup import RankContext
 from supervisor.simulator.tokenizer import ServerStatus, TokenizerManager
+from supervisor.simulator.workernode import WorkerNode
 
 DRAIN_LOG_EVERY_S = 5.0
-_ENTRYPOINT_WARNING = (
-    f"{crashes.PKG}/sglang/launch_server.py:56: UserWarning: 'python -m sglang.launch_server' is still "
-    "supported, but 'sglang serve' is the recommended entrypoint.\n"
-    "  Example: sglang serve --model-path <model> [options]\n"
-    "  warnings.warn(\n"
-)
 WATCHDOG_INTERVAL_S = 1.0  # SGLang's SubprocessWatchdog polls its children every second
 CRASH_DIAG_SLEEP_S = 5.0  # "Sleeping 5 seconds before crash diagnostics" (times pace here)
 
@@ -144,12 +141,16 @@ class MainProcess:
                 "Max running requests is reset to 48 for speculative decoding. You can override this by "
                 "explicitly setting --max-running-requests."
             )
+        layout = node_layout(self.args)
+        if (problem := layout_error(layout)) is not None:  # check_server_args, before anything starts
+            self.log.raw(crashes.check_args_traceback(problem))
+            os._exit(1)
         self.log.info(server_args_line(self.args, self.facts))
         start_heartbeat("tokenizer-manager-watchdog")
         contexts = [
-            RankContext(rank, self.args, self.settings, self.facts, os.getpid()) for rank in range(self.args.tp_size)
+            RankContext(rank, self.args, self.settings, self.facts, os.getpid()) for rank in layout.local_ranks
         ]
-        children = launch(contexts, self.ignore_sigterm, self.settings.import_seconds)
+        children = launch(contexts, self.ignore_sigterm, self.settings.import_seconds, layout.multinode)
         children.exit_status = self.exit_status
         self.children = children
         self._wait_for_schedulers(children)
@@ -281,6 +282,11 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     settle(settings.fake_nvml)  # the last tree's never-ending kernels died with it
     log = LogWriter("")
+    if args.node_rank >= 1:  # a worker node: no tokenizer, no HTTP API
+        if (problem := layout_error(node_layout(args))) is not None:
+            log.raw(crashes.check_args_traceback(problem))
+            return 1
+        WorkerNode(args, settings, model_facts(args), log, argv).run()
     try:
         MainProcess(args, settings, model_facts(args), log, argv).run()
     except KeyboardInterrupt:

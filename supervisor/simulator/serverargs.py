@@ -5,9 +5,18 @@ from __future__ import annotations
 import zlib
 
 from supervisor.simulator.argv import SimArgs
+from supervisor.simulator.crashes import PKG
 from supervisor.simulator.modelcard import ModelFacts
 
 Value = str | int | float | bool | None
+
+# `python -m sglang.launch_server`: 0.5.16 warns first (launch_server.py, under __main__)
+ENTRYPOINT_WARNING = (
+    f"{PKG}/sglang/launch_server.py:56: UserWarning: 'python -m sglang.launch_server' is still "
+    "supported, but 'sglang serve' is the recommended entrypoint.\n"
+    "  Example: sglang serve --model-path <model> [options]\n"
+    "  warnings.warn(\n"
+)
 
 
 def server_args_items(args: SimArgs, facts: ModelFacts) -> list[tuple[str, Value]]:
@@ -72,9 +81,9 @@ def server_args_items(args: SimArgs, facts: ModelFacts) -> list[tuple[str, Value
         ("chat_template", None),
         ("dp_size", args.dp_size),
         ("load_balance_method", "round_robin"),
-        ("dist_init_addr", None),
-        ("nnodes", 1),
-        ("node_rank", 0),
+        ("dist_init_addr", args.dist_init_addr),
+        ("nnodes", args.nnodes),
+        ("node_rank", args.node_rank),
         ("attention_backend", args.attention_backend or "fa3"),
         ("sampling_backend", "flashinfer"),
         ("grammar_backend", "xgrammar"),

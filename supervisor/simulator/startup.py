@@ -15,15 +15,19 @@ from supervisor.simulator import crashes, hangs
 from supervisor.simulator.argv import SimArgs
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar
 from supervisor.simulator.fakegpu import SpinningKernel
+from supervisor.simulator.links import Link
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.mirror.sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
     EAGLEDraftCudaGraphRunner,
 )
 from supervisor.simulator.mirror.torch._inductor.compile_fx import compile_fx_inner
 from supervisor.simulator.modelcard import DIST_INIT_GB, DRAFT_GRAPH_GB, ModelFacts, shard_files
+from supervisor.simulator.ncclwait import barrier
+from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario, SimSettings
 from supervisor.simulator.procutil import import_sglang
+from supervisor.simulator.rendezvous import meet
 from supervisor.simulator.weights import WeightReader
 
 MB = 1024 * 1024
@@ -56,6 +60,7 @@ class Startup:
         self.pace = ctx.settings.pace
         self.scenario = ctx.settings.scenario
         self.reader = WeightReader(shard_files(ctx.args.model_path), ctx.args.model_path)
+        self.links: list[Link] = []  # multi-node: the group's links from the rendezvous
 
     def run(self) -> WeightReader:
         """The whole start-up; returns the loaded "weights" (keep them alive). May never return."""
@@ -66,6 +71,8 @@ class Startup:
         self._allocate_kv()
         if self.ctx.args.cuda_graph:
             self._capture_graphs()
+        else:
+            self._group_sync()  # the first forward without graphs: an all-reduce with every rank
         facts = self.ctx.facts
         self.log.info(
             f"max_total_num_tokens={facts.kv_tokens}, chunked_prefill_size={facts.chunked_prefill_size}, "
@@ -84,9 +91,17 @@ class Startup:
         flags = self.ctx.args.unknown_flags
         write_onset(s.onset_file, s.scenario.value, s.requested.value, self.ctx.main_pid, flags)
 
+    def _group_sync(self) -> None:
+        """A collective of the start-up: on several nodes, a rank waits here for every other."""
+        if self.links:
+            barrier(self.links, self.ctx.rank, self.ctx.settings.fake_nvml)
+
     def _init_distributed(self) -> None:
         self.log.info("Init torch distributed begin.")
         tic = time.monotonic()
+        layout = node_layout(self.ctx.args)
+        if layout.multinode:  # waits, silently, until every rank of every node has joined
+            self.links = meet(layout, self.ctx.rank, self.ctx.args.host)
         time.sleep(0.5 * self.pace)
         self.log.info(
             f"Init torch distributed ends. elapsed={time.monotonic() - tic:.2f} s, mem usage={DIST_INIT_GB:.2f} GB"
@@ -107,7 +122,8 @@ class Startup:
         bar = self._shard_bar(facts.num_shards)
         crash_at = max(1, facts.num_shards // 2)
         for shard in range(facts.num_shards):
-            if self.scenario is Scenario.CRASH_ON_LOAD and self.ctx.rank == 0 and shard == crash_at:
+            first = self.ctx.rank == node_layout(self.ctx.args).first_local  # rank 0, or a node's first
+            if self.scenario is Scenario.CRASH_ON_LOAD and first and shard == crash_at:
                 self._crash_oom()
             self.reader.read_for(settings.shard_seconds, SLOW_RATE if slow else LOAD_RATE, per_shard)
             if bar is not None:
@@ -141,6 +157,7 @@ class Startup:
     def _allocate_kv(self) -> None:
         facts = self.ctx.facts
         time.sleep(0.25 * self.pace)
+        self._group_sync()  # the memory profile takes the minimum over all ranks (an all-reduce)
         self.log.info(
             f"KV Cache is allocated. dtype: {_dtype(self.ctx.args.kv_cache_dtype)}, #tokens: {facts.kv_tokens}, "
             f"K size: {facts.kv_k_gb:.2f} GB, "
@@ -202,6 +219,7 @@ class Startup:
             now_avail = avail - mem_gb * i / len(sizes)
             if bar is not None:
                 bar.set_description(f"Capturing batches ({bs=} avail_mem={now_avail:.2f} GB)")
+            self._group_sync()  # each captured forward all-reduces across the group
             if hang:
                 self._spin_in_capture(sizes[i:])
             time.sleep(seconds / len(sizes))
@@ -232,6 +250,8 @@ class Startup:
             if bar is not None:
                 now_avail = avail - mem_gb * i / len(sizes)
                 bar.set_description(f"Capturing num tokens (num_tokens={n} avail_mem={now_avail:.2f} GB)")
+            if i > 0:  # the first size compiles first, then captures
+                self._group_sync()
             if i == 0 and self.scenario is Scenario.LONG_COMPILE:
                 # inductor and triton at one core: no line, no read, no memory change, GPU idle
                 compile_fx_inner("prefill_graph", 8, self.ctx.settings.compile_seconds)

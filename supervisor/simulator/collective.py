@@ -1,0 +1,131 @@
+"""Collectives across the nodes of a group, over the rendezvous links: every forward rank 0 runs
+is an all-reduce with every other rank of every node.
+
+Rank 0 sends the step, each rank answers with its share, rank 0 sends the result. A rank inside a
+collective waits as NCCL makes it wait (ncclwait.py: a spin). Between forwards ranks > 0 wait for
+rank 0's next step in `broadcast` (SGLang's `broadcast_pyobj`), a blocking wait on the wire. A peer
+that died or stopped is never noticed: there is no error, only a collective that never completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import NoReturn
+
+from supervisor.simulator import crashes, hangs
+from supervisor.simulator.fakegpu import SpinningKernel
+from supervisor.simulator.links import Done, Link
+from supervisor.simulator.loglines import LogWriter
+from supervisor.simulator.messages import Ack, FiredUp, Step
+from supervisor.simulator.mirror.torch.cuda.streams import Event
+from supervisor.simulator.mirror.torch.distributed.distributed_c10d import broadcast
+from supervisor.simulator.ncclwait import wait_for as _wait
+from supervisor.simulator.nodes import node_layout
+from supervisor.simulator.onset import write_onset
+from supervisor.simulator.options import Scenario
+from supervisor.simulator.segfault import die_of_segfault
+from supervisor.simulator.startup import RankContext
+
+
+class LeaderMesh:
+    """Rank 0's side: one link to every other rank of the group, in rank order."""
+
+    def __init__(self, links: list[Link], gpu: str | None) -> None:
+        self.links = links
+        self.gpu = gpu
+
+    def _send_all(self, message: Step | Done | FiredUp) -> None:
+        for link in self.links:
+            with contextlib.suppress(OSError):  # a dead peer: the collective will wait for it
+                link.send(message)
+
+    def all_reduce(self, kind: str) -> None:
+        """One forward pass; never returns while any rank of any node is gone or stopped."""
+        self._send_all(Step(kind))
+        _wait(self.links, Ack, self.gpu)
+        self._send_all(Done())
+
+    def fired_up(self) -> None:
+        self._send_all(FiredUp())
+
+
+class Follower:
+    """A rank other than 0, on any node: answer every forward, and run this node's faults."""
+
+    def __init__(self, ctx: RankContext, log: LogWriter, leader: Link) -> None:
+        self.ctx = ctx
+        self.log = log
+        self.leader = leader
+        self.layout = node_layout(ctx.args)
+        self.fault_at: float | None = None
+        self.stalled = False
+
+    def _my_fault(self) -> Scenario | None:
+        scenario = self.ctx.settings.scenario
+        if scenario is Scenario.RANK_DIES and self.ctx.rank == self.layout.victim():
+            return scenario
+        # Rank 0's faults, on a node without rank 0: its first rank has them.
+        node_faults = (Scenario.CRASH_AFTER_READY, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL)
+        if scenario in node_faults and self.layout.node_rank > 0 and self.ctx.rank == self.layout.first_local:
+            return scenario
+        return None
+
+    def _armed(self) -> None:
+        if self._my_fault() is not None and self.fault_at is None:
+            self.fault_at = time.monotonic() + self.ctx.settings.fault_after_s
+
+    def run(self) -> NoReturn:
+        while True:
+            timeout = None if self.fault_at is None else max(0.0, self.fault_at - time.monotonic())
+            try:
+                message = broadcast(self.leader, timeout)
+            except EOFError:
+                hangs.wait_for_collective()  # rank 0 is gone: the next broadcast never comes
+            if isinstance(message, Step):
+                self._forward(message)
+            elif isinstance(message, FiredUp):
+                self._armed()
+            if self.fault_at is not None and time.monotonic() >= self.fault_at:
+                self.fault_at = None
+                self._begin_fault()
+
+    def _forward(self, step: Step) -> None:
+        gpu = self.ctx.settings.fake_nvml
+        if self.stalled and step.kind == "decode":
+            _wait_forever(gpu)  # the decode forward's kernel never finishes; nobody gets this rank's share
+        with contextlib.suppress(OSError):
+            self.leader.send(Ack(self.ctx.rank))
+        if _wait([self.leader], Done, gpu):
+            self._armed()
+
+    def _onset(self) -> None:
+        s = self.ctx.settings
+        write_onset(s.onset_file, s.scenario.value, s.requested.value, self.ctx.main_pid, self.ctx.args.unknown_flags)
+
+    def _begin_fault(self) -> None:
+        scenario = self._my_fault()
+        if scenario is Scenario.RANK_DIES:
+            die_of_segfault(self.ctx, self.log)
+        elif scenario is Scenario.CRASH_AFTER_READY:
+            self._onset()
+            self.log.error(crashes.forward_crash_traceback().rstrip("\n"))
+            with contextlib.suppress(OSError):
+                os.kill(self.ctx.main_pid, signal.SIGQUIT)  # as SGLang's scheduler tells its parent
+            os._exit(0)
+        elif scenario is Scenario.HEALTH_HANGS:
+            self._onset()
+            hangs.wait_for_collective()
+        elif scenario is Scenario.SERVING_STALL:
+            self._onset()
+            self.stalled = True
+
+
+def _wait_forever(gpu: str | None) -> NoReturn:
+    """A forward whose kernel never finishes: the thread spins in Event.synchronize for good."""
+    done = Event()
+    done.record(SpinningKernel(gpu))
+    done.synchronize()
+    raise AssertionError("a never-ending kernel finished")
