@@ -171,7 +171,7 @@ async def manual_restart(sup: Core, cmd: Command) -> None:
 
 async def manual_diagnose(sup: Core, cmd: Command) -> None:
     obs = sup.obs if sup.obs is not None else await sup.observe()
-    if not obs.tree.processes:
+    if not obs.tree.processes and cmd.source != "group":  # a group bundle still keeps this node's log and GPUs
         finish(cmd, CommandResult("invalid", "no server process to diagnose", sup.lifecycle.state.value))
         return
     hung = sup.lifecycle.state == State.HUNG or cmd.source == "group"  # the group is hung, if not this node

@@ -148,9 +148,12 @@ def combine(own: OwnVerdict, members: tuple[MemberView, ...], unreachable_s: flo
         r = m.report
         if m.reachable and r is not None and r.cause is not None:
             p = _stopped(r)
+            # A worker's server exits when its ranks die (its main has nothing else to run): for the
+            # group that is a dead rank, and node 0's ranks now hang in their next collective.
+            cause = "rank_died" if r.cause == "exited" else r.cause
             return GroupVerdict(
                 "incident",
-                r.cause,
+                cause,
                 f"node {m.node}: {r.reason}",
                 node=m.node,
                 rank=p.rank if p is not None else None,

@@ -167,3 +167,29 @@ def group_ready(st: dict[str, Any]) -> bool:
     return (
         st["state"] == "ready" and bool(g.get("serves")) and all(n.get("state") == "ready" for n in g.get("nodes", ()))
     )
+
+
+class Load:
+    """Clients generating long answers on node 0's server until stopped (or until their requests hang)."""
+
+    def __init__(self, port: int, clients: int = 2) -> None:
+        import threading
+
+        self.port = port
+        self.stop = threading.Event()
+        self.answered = 0
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def _client(self) -> None:
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 400}}
+        while not self.stop.is_set():
+            try:
+                r = httpx.post(f"http://127.0.0.1:{self.port}/generate", json=body, timeout=20)
+                self.answered += r.status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.stop.set()

@@ -10,8 +10,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
-from groupsupport import Node, group_of, group_ready, ready
+from groupsupport import Load, Node, group_of, group_ready, ready
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
     os.kill(scheduler_pids(before)[0], signal.SIGKILL)
     st = leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 90, "the group relaunched and ready")
     inc = st["last_incident"]
-    assert inc["cause"] in ("rank_died", "exited") and "node 1" in inc["detail"]
+    assert inc["cause"] == "rank_died" and "node 1" in inc["detail"]
     wst = worker.wait(ready, 20, "the worker ready again")
     assert wst["pid"] != before["pid"]
     # The whole group moved down the ladder together (retries_per_rung 0).
@@ -180,3 +181,45 @@ def test_restart_lws_exits_after_the_groups_evidence(nodes_of) -> None:  # type:
     inc = leader.events("incident")[-1]
     for node in (leader, worker):
         assert (node.state_dir / "diagnostics" / inc["id"] / "summary.json").exists()
+
+
+def test_a_workers_rank_sigstopped_under_load_is_named_by_node_0s_stall(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    leader, worker = nodes_of(restart={"retries_per_rung": 1})
+    leader.wait(group_ready, 60, "the group ready")
+    load = Load(leader.settings.server.port)
+    try:
+        leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
+        victim = scheduler_pids(worker.status())[0]  # type: ignore[arg-type]
+        old = worker.status()["pid"]  # type: ignore[index]
+        os.kill(victim, signal.SIGSTOP)
+        st = leader.wait(lambda s: s["incidents"] >= 1, 40, "the group's verdict")
+        inc = st["last_incident"]
+        assert inc["cause"] == "serving_stall"
+        assert f"node 1 rank 1 pid {victim} stopped (state T)" in inc["detail"]
+        assert worker.events("group_member_incident") == []  # the worker's own watchdog saw nothing
+        st = leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 90, "the group relaunched and ready")
+        wst = worker.wait(ready, 20, "the worker ready again")
+        assert wst["pid"] != old
+        for node in (leader, worker):
+            summary = json.loads((node.state_dir / "diagnostics" / inc["id"] / "summary.json").read_text())
+            assert summary["group"]["node"] == node.rank
+        assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
+    finally:
+        load.close()
+    assert leader.get("/readyz", auth=False).status_code == 200
+
+
+def test_a_node_that_never_joins_is_a_startup_stall_naming_it(tmp_path: Path) -> None:
+    leader, worker = group_of(tmp_path, restart={"retries_per_rung": 5})
+    try:
+        leader.start()  # node 1's daemon is not there: node 0 waits at the rendezvous
+        st = leader.wait(lambda s: s["incidents"] >= 1, 40, "the start-up stall")
+        inc = st["last_incident"]
+        assert inc["cause"] == "startup_stall" and "node 1" in inc["detail"], inc
+        assert leader.get("/readyz", auth=False).status_code == 503
+        assert leader.get("/livez", auth=False).status_code == 200
+        worker.start()  # it arrives: the group forms on the leader's next launch, or this one
+        leader.wait(group_ready, 90, "the group ready once node 1 joined")
+    finally:
+        worker.cleanup()
+        leader.cleanup()

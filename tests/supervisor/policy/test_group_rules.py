@@ -53,6 +53,12 @@ CASES = [
         GroupVerdict("incident", "rank_died", "node 1: child process(es) [102] exited", node=1),
     ),
     (
+        "a worker whose main exited (its only rank died): a dead rank of the group",
+        SERVING,
+        (member(report("hung", cause="exited", reason="server main process exited 3")),),
+        GroupVerdict("incident", "rank_died", "node 1: server main process exited 3", node=1),
+    ),
+    (
         "a worker's start-up stalled",
         STARTING,
         (member(report("hung", phase="loading_weights", cause="startup_stall", reason="no channel moved")),),
