@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from groupsupport import Load, Node, group_of, group_ready, ready
+from groupsupport import TOKEN, Load, Node, group_of, group_ready, ready
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +56,16 @@ def test_group_starts_and_the_leader_shows_every_node(nodes_of) -> None:  # type
     rep = worker.get("/group/report").json()
     assert rep["node"] == 1 and rep["state"] == "ready" and rep["cause"] is None
     assert any(r["role"] == "scheduler" for r in rep["ranks"])
+    # The CLI's status shows the group.
+    out = subprocess.run(
+        [sys.executable, "-m", "supervisor", "status", "--config", str(leader.config)],
+        env={**os.environ, "SGLANG_SUPERVISOR_TOKEN": TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert "node 0 of 2 (leader)" in out and "group ok and serving" in out, out
+    assert f"node 1 {worker.address}: ready, pid {g['nodes'][1]['pid']}, rung base" in out, out
     metrics = leader.get("/metrics", auth=False).text
     assert 'sglang_supervisor_group_node_reachable{node="1"} 1.0' in metrics
     assert 'sglang_supervisor_group_node_serving{node="1"} 1.0' in metrics
