@@ -235,3 +235,23 @@ def test_a_node_that_never_joins_is_a_startup_stall_naming_it(tmp_path: Path) ->
     finally:
         worker.cleanup()
         leader.cleanup()
+
+
+def test_three_nodes_a_dead_rank_on_node_2_restarts_all_three(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    nodes = nodes_of(3, tp=3, restart={"retries_per_rung": 1})
+    leader = nodes[0]
+    st = leader.wait(group_ready, 60, "three nodes ready")
+    assert [n["node"] for n in st["group"]["nodes"]] == [0, 1, 2]
+    old = [n.status()["pid"] for n in nodes]  # type: ignore[index]
+    victim = scheduler_pids(nodes[2].status())[0]  # type: ignore[arg-type]
+    os.kill(victim, signal.SIGKILL)
+    st = leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 90, "all three relaunched and ready")
+    inc = st["last_incident"]
+    assert inc["cause"] == "rank_died" and inc["detail"].startswith("node 2:"), inc
+    for n in nodes:
+        summary = json.loads((n.state_dir / "diagnostics" / inc["id"] / "summary.json").read_text())
+        assert summary["group"]["node"] == n.rank
+        assert sorted(x["node"] for x in summary["group"]["nodes"]) == sorted({0, 1, 2} - {n.rank})
+    new = [n.wait(ready, 20, "ready again")["pid"] for n in nodes]
+    assert all(a != b for a, b in zip(old, new))
+    assert nodes[1].events("group_member_incident") == []  # node 1 only followed
