@@ -96,7 +96,7 @@ def _event_s(d: Daemon, name: str, onset: float, **match: object) -> float | Non
 def _scheduler(d: Daemon) -> int:
     st = d.status()
     assert st is not None
-    return next(p["pid"] for p in st["processes"] if p["role"] == "scheduler")
+    return int(next(p["pid"] for p in st["processes"] if p["role"] == "scheduler"))
 
 
 def run_fault(fault: str) -> Run:
@@ -163,7 +163,7 @@ def measure(fault: str, run: Run, leader: Daemon, worker: Daemon, onset: float) 
     if fault == "leader_daemon_sigkill":
         time.sleep(2.0)
         leader.start()
-        leader.wait(lambda s: group_ready(s) and s.get("adopted"), 60, "the successor leading a ready group")
+        leader.wait(lambda s: group_ready(s) and bool(s.get("adopted")), 60, "the successor leading a ready group")
         run.ready_s = round(time.time() - onset, 2)
         return
     leader.wait(lambda s: (s.get("group") or {}).get("status") == "degraded", 30, "the group degraded")
