@@ -153,7 +153,9 @@ def measure(fault: str, run: Run, leader: Daemon, worker: Daemon, onset: float) 
             worker.start()  # node 1's daemon arrives after the verdict
         st = leader.wait(lambda s: s["incidents"] >= 1, 60, "the group verdict")
         inc = st["last_incident"]
-        run.cause, run.named = inc["cause"], inc["detail"][:110]
+        detail = str(inc["detail"])
+        at = detail.find("node ")
+        run.cause, run.named = inc["cause"], detail[at : at + 90] if at >= 0 else detail[:90]
         run.verdict_s = _event_s(leader, "state_changed", onset, new="hung")  # the verdict, before any capture
         run.evidence_s = _event_s(leader, "group_evidence", onset)
         leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 120, "the group ready again")
