@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from supervisor.config.settings import load_settings
-from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.owner import Supervisor
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.logs import setup as logsetup
 

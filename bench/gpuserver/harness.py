@@ -35,7 +35,7 @@ from bench.gpuserver.measure import (
 from probes.gpu import GpuProbe, make_nvml
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.daemon.commands import Command
-from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.owner import Supervisor
 from supervisor.daemon.serve import serve
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.diagnostics.tools import parse_cuda_kernels

@@ -38,7 +38,7 @@ DIAGNOSTIC_OUTCOMES = ("written", "write_failed", "error")
 LAUNCH_REFUSALS = ("port_busy", "gpu_held")
 INCIDENT_LABELS = ("id", "cause", "hang_class")
 
-log = structlog.get_logger("metrics")
+log = structlog.get_logger(__name__)
 
 
 def _epoch(iso: str) -> float | None:

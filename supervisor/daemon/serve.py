@@ -33,15 +33,15 @@ from supervisor.daemon import grouping
 from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.daemon.commands import Command
 from supervisor.daemon.instance_lock import StateLock, acquire
-from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.daemon.owner_group import GroupSupervisor, Supervisor  # the owner, with its group part
 from supervisor.daemon.sdnotify import Notifier
 from supervisor.daemon.timeline import Timeline
 from supervisor.logs.view import LogRedaction, server_log_file
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
 
-log = structlog.get_logger("supervisor")
+log = structlog.get_logger(__name__)
 EXIT_HANDOFF = 75  # the cli re-executes the daemon; exit 75 only if that fails (RestartForceExitStatus=75)
 
 
@@ -97,7 +97,7 @@ class Api:
 
 
 async def start_api(
-    sup: Supervisor,
+    sup: GroupSupervisor,
     settings: Settings,
     env: Mapping[str, str],
     registry: CollectorRegistry,
@@ -126,7 +126,7 @@ async def start_api(
         timeline=timeline,
     )
     if sup.group is not None:  # the member API the group's leader calls (api/group.py)
-        app.state.group = grouping.GroupEndpoint(sup, sup.submit)
+        app.state.group = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit)
         app.include_router(group_api.router)
     config = uvicorn.Config(
         app,
@@ -156,13 +156,13 @@ def make_supervisor(
     config_path: Path | None,
     notifier: Notifier,
     clock: Clock | None = None,
-) -> Supervisor:
+) -> GroupSupervisor:
     subreaper = become_subreaper()
     cgroups, why = CgroupRoot.find()
     log.info("containment", subreaper=subreaper, cgroup=why)
     scope = DeviceScope.for_server(settings.server.env, env)
     log.info("gpu_scope", gpus=scope.describe())
-    sup = Supervisor(
+    sup = GroupSupervisor(
         settings,
         clock=clock or SystemClock(),
         metrics=lambda snap: SupervisorMetrics(registry, snap),

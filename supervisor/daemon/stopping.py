@@ -1,50 +1,77 @@
 """Stopping the server tree, then verifying that it let go: no member left, the port free, and NVML
-showing none of its pids holding GPU memory (a bounded wait: GPU contexts take seconds to go)."""
+showing none of its pids holding GPU memory (a bounded wait: GPU contexts take seconds to go).
+
+Helpers of the owner: they take the tools they need (`StopTools`) and return what happened
+(`Stopped`, `LeftoversStopped`); the owner empties its slot and records the event.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from dataclasses import dataclass
 from typing import Literal
 
-import structlog
-
-from supervisor.daemon.core import Core
+from probes.gpu import GpuProbe
+from supervisor.clock import Clock
+from supervisor.daemon.beating import Beat, keep_beating
 from supervisor.daemon.publish import iso
 from supervisor.daemon.snapshot import StopView
-from supervisor.process.control import StopReport, describe_holders
+from supervisor.process.control import Child, ProcessControl, StopReport, describe_holders
 
-log = structlog.get_logger("supervisor")
+Release = Literal["released", "held", "unverified"]
 
 
-async def stop_server(sup: Core, why: str) -> bool:
-    """Stop the tree, then verify the port and GPU memory are free. True when verified."""
-    server = sup.server
-    pids = sup.obs.tree.pids if sup.obs is not None else ()
-    rs = sup.settings.restart
-    srv = sup.settings.server
-    report: StopReport = await sup.beating(
-        asyncio.to_thread(sup.control.stop, server, sup.marker, srv.host, srv.port, rs.stop_grace_s)
+@dataclass(frozen=True)
+class StopTools:
+    """What stopping a tree needs: the process control, NVML, the clock, the heartbeat, the limits."""
+
+    control: ProcessControl
+    gpu: GpuProbe
+    clock: Clock
+    beat: Beat
+    host: str
+    port: int
+    grace_s: float
+    release_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A stop's outcome: `ok` when the port and GPU memory were verified free; `doc` is the
+    `server_stopped` journal line."""
+
+    ok: bool
+    view: StopView
+    doc: dict[str, object]
+
+
+@dataclass(frozen=True)
+class LeftoversStopped:
+    """What a sweep of an earlier daemon's trees found; `doc` is the `leftovers_stopped` line."""
+
+    ok: bool
+    pids: tuple[int, ...]
+    doc: dict[str, object]
+
+
+async def stop_tree(tools: StopTools, child: Child | None, marker: str, seen: tuple[int, ...], why: str) -> Stopped:
+    """Stop the tree (`seen`: its pids at the last poll), then verify the port and GPU memory are free."""
+    report: StopReport = await keep_beating(
+        asyncio.to_thread(tools.control.stop, child, marker, tools.host, tools.port, tools.grace_s), tools.beat
     )
-    if server is not None:
-        pids = tuple({*pids, server.pid, *report.pids_found})
-    released, held, waited = await verify_release(sup, pids)
-    if sup.capture is not None:
-        cap = sup.capture
-        await asyncio.to_thread(cap.close)
-        sup.server_log_write_errors()  # its last count, before the next keeper starts its file afresh
-        sup.capture = None
-    sup.server = None
-    sup.server_record = None
-    sup.history = None
+    pids = seen
+    if child is not None:
+        pids = tuple({*pids, child.pid, *report.pids_found})
+    released, held, waited = await verify_release(tools, pids)
     ok = report.ok and released != "held"
-    sup.last_stop = StopView(
-        at=iso(sup.clock.wall()) or "",
+    view = StopView(
+        at=iso(tools.clock.wall()) or "",
         survivors=len(report.survivors),
         port_free=report.port_free,
         gpu_released=released,
     )
-    doc = {
+    doc: dict[str, object] = {
         "why": why,
         "pids_found": list(report.pids_found),
         "killed": list(report.killed),
@@ -59,36 +86,57 @@ async def stop_server(sup: Core, why: str) -> bool:
         "gpu_held_bytes": held,
         "release_wait_s": round(waited, 3),
     }
-    sup.journal.append("server_stopped", **doc)
-    (log.info if ok else log.error)("server_stopped", **doc)
-    return ok
+    return Stopped(ok, view, doc)
 
 
-Release = Literal["released", "held", "unverified"]
+async def stop_leftovers(tools: StopTools, markers: tuple[str, ...], why: str) -> LeftoversStopped:
+    """Stop what an earlier daemon left running (`supervisor.process.leftovers.kill_leftovers`,
+    through the control), verified like any stop. `why` says why it is not adopted: a server that
+    was serving is reloaded by this, and the journal must say why (`leftovers_stopped.reason`)."""
+    report = await keep_beating(
+        asyncio.to_thread(tools.control.kill_leftovers, markers, tools.host, tools.port), tools.beat
+    )
+    if not report.pids_found:
+        return LeftoversStopped(True, (), {})
+    released, held, waited = await verify_release(tools, report.pids_found)
+    doc: dict[str, object] = {
+        "reason": why or "a tree with this state directory's marker was running and is not adopted",
+        "pids_found": list(report.pids_found),
+        "killed": list(report.killed),
+        "survivors": list(report.survivors),
+        "port_free": report.port_free,
+        "port_holders": list(report.port_holders),
+        "stop_s": round(report.duration_s, 3),
+        "gpu_released": gpu_verdict(released),
+        "gpu_held_bytes": held,
+        "release_wait_s": round(waited, 3),
+    }
+    return LeftoversStopped(report.ok and released != "held", report.pids_found, doc)
 
 
-async def verify_release(sup: Core, pids: tuple[int, ...]) -> tuple[Release, int, float]:
+async def verify_release(tools: StopTools, pids: tuple[int, ...]) -> tuple[Release, int, float]:
     """Bounded wait until NVML shows none of the old tree's pids holding GPU memory.
 
     "unverified" when NVML cannot answer: nothing is known, which is not "released".
     """
-    start = sup.clock.monotonic()
+    clock = tools.clock
+    start = clock.monotonic()
     if not pids:
         return "released", 0, 0.0
-    deadline = start + sup.settings.restart.release_timeout_s
+    deadline = start + tools.release_timeout_s
     while True:
         # every GPU, not only the server's scope: a process of the tree holds memory wherever it is
-        gpu = await asyncio.to_thread(functools.partial(sup.observer.gpu.observe, pids, scoped=False))
+        gpu = await asyncio.to_thread(functools.partial(tools.gpu.observe, pids, scoped=False))
         if gpu.status != "ok":
-            return "unverified", 0, sup.clock.monotonic() - start
+            return "unverified", 0, clock.monotonic() - start
         held = {p.pid for p in gpu.processes if p.pid in pids}
         total = sum(p.used_bytes for p in gpu.processes if p.pid in pids)
         if not held:  # a pid listed with unknown memory (0 bytes) still holds a context
-            return "released", 0, sup.clock.monotonic() - start
-        if sup.clock.monotonic() >= deadline:
-            return "held", total, sup.clock.monotonic() - start
-        sup.beat()
-        await sup.clock.sleep(0.1)
+            return "released", 0, clock.monotonic() - start
+        if clock.monotonic() >= deadline:
+            return "held", total, clock.monotonic() - start
+        tools.beat()
+        await clock.sleep(0.1)
 
 
 def gpu_verdict(release: Release) -> bool | str:

@@ -28,7 +28,6 @@ __all__ = [
     "AdoptedChild",
     "Child",
     "LogFiles",
-    "PendingLaunch",
     "ProcessControl",
     "RealProcessControl",
     "SpawnError",
@@ -52,15 +51,6 @@ def keeper_env(base: Mapping[str, str]) -> dict[str, str]:
     env = {k: base[k] for k in _FOR_KEEPER if k in base}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
     return env
-
-
-@dataclass(frozen=True)
-class PendingLaunch:
-    """A launch refused because the port was held, to be tried again at `at` (monotonic)."""
-
-    rung: int
-    after_incident: bool
-    at: float
 
 
 def port_holder(host: str, port: int) -> str | None:
@@ -144,7 +134,7 @@ class ProcessControl(Protocol):
 
     def stop(self, root: Child | None, marker: str, host: str, port: int, grace_s: float) -> StopReport: ...
 
-    def kill_marked(self, marker: str, host: str, port: int) -> StopReport: ...
+    def kill_leftovers(self, markers: tuple[str, ...], host: str, port: int) -> StopReport: ...
 
     def reap(self, exclude: int | None) -> list[int]: ...
 
@@ -246,8 +236,8 @@ class RealProcessControl:
         self._reap_keepers()
         return report
 
-    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
-        return kill_leftovers(marker, host, port, cgroups=self.cgroups)
+    def kill_leftovers(self, markers: tuple[str, ...], host: str, port: int) -> StopReport:
+        return kill_leftovers(markers, host, port, cgroups=self.cgroups)
 
     def reap(self, exclude: int | None) -> list[int]:
         # Keepers are left to their Popen, which then knows how they ended (a signal, an exit code).

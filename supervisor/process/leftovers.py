@@ -28,7 +28,7 @@ def port_markers(port: int, proc_root: str = "/proc") -> tuple[str, ...]:
 
 
 def kill_leftovers(
-    marker: str,
+    markers: str | tuple[str, ...],
     host: str,
     port: int,
     *,
@@ -36,14 +36,18 @@ def kill_leftovers(
     port_wait_s: float = 5.0,
     cgroups: CgroupRoot | None = None,
 ) -> StopReport:
-    """At daemon start: stop the tree with `marker`, and any tree another marker put on `port` (a
-    state.json lost or malformed loses the marker, not the tree); the port is verified free."""
-    markers = [marker, *(m for m in port_markers(port) if m != marker)]
-    reports = [kill_marked(m, grace_s=grace_s) for m in markers]
+    """At daemon start: stop the trees with `markers` (the saved one first, then this state
+    directory's derived one when an older version saved another), and any tree another marker put
+    on `port` (a state.json lost or malformed loses the marker, not the tree); the port is
+    verified free. The one sweep of leftovers: the daemon calls it through `ProcessControl`."""
+    ours = [markers] if isinstance(markers, str) else list(dict.fromkeys(m for m in markers if m))
+    every = [*ours, *(m for m in port_markers(port) if m not in ours)]
+    reports = [kill_marked(m, grace_s=grace_s) for m in every]
     from_cgroup: set[int] = set()
-    for cg in cgroups.leftovers_of(marker) if cgroups is not None else ():
-        killed, _ = cg.kill_and_remove()
-        from_cgroup.update(killed)
+    for marker in ours:
+        for cg in cgroups.leftovers_of(marker) if cgroups is not None else ():
+            killed, _ = cg.kill_and_remove()
+            from_cgroup.update(killed)
     start = time.monotonic()
     port_free, holders = wait_port(host, port, start + port_wait_s, time.sleep, time.monotonic)
 

@@ -14,7 +14,7 @@ import pytest
 from simsupport import sim_settings
 
 from supervisor.config.settings import Settings
-from supervisor.daemon.loop import Supervisor
+from supervisor.daemon.owner import Supervisor
 from supervisor.daemon.serve import serve
 from supervisor.daemon.snapshot import StatusSnapshot
 

@@ -94,7 +94,7 @@ async def test_unreadable_proc_is_unknown_not_exited(daemon, sim, tmp_path: Path
             assert r.snap().state == "ready", r.snap().reason
     finally:
         probe._proc = real_proc
-    assert r.sup.unknown_observations >= 3
+    assert r.sup.counters.unknown_observations >= 3
     await asyncio.sleep(2 * r.settings.watchdog.poll_interval_s)
     snap = r.snap()
     assert snap.state == "ready" and snap.incidents == 0 and snap.restarts == 0
@@ -145,12 +145,12 @@ async def test_slow_header_connections_are_capped_and_timed_out(daemon, sim, mon
 
 
 async def test_an_exception_during_start_up_is_survived_and_the_server_started(daemon, sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from supervisor.daemon import actions
+    from supervisor.daemon.owner import Supervisor
 
-    async def broken(sup: Any) -> Any:
+    async def broken(sup: Any, why: str) -> Any:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(actions, "kill_leftovers", broken)
+    monkeypatch.setattr(Supervisor, "stop_leftovers", broken)
     r = await daemon(sim("ok", tp=1))
     snap = await r.wait_for(lambda x: x.state == "ready", 60, "ready despite the failed start-up")
     assert snap.loop_errors == 1 and not r.task.done()

@@ -253,5 +253,5 @@ def test_three_nodes_a_dead_rank_on_node_2_restarts_all_three(nodes_of) -> None:
         assert summary["group"]["node"] == n.rank
         assert sorted(x["node"] for x in summary["group"]["nodes"]) == sorted({0, 1, 2} - {n.rank})
     new = [n.wait(ready, 20, "ready again")["pid"] for n in nodes]
-    assert all(a != b for a, b in zip(old, new))
+    assert all(a != b for a, b in zip(old, new, strict=True))
     assert nodes[1].events("group_member_incident") == []  # node 1 only followed

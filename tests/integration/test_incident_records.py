@@ -42,7 +42,7 @@ async def test_incidents_within_one_second_get_distinct_ids(daemon, sim) -> None
     ids = [e["id"] for e in events(s.state_dir) if e["event"] == "incident"]
     assert len(ids) == 7 and len(set(ids)) == 7, ids
     # Whether two of them fell in one second depends on the machine's load; when they did, the later
-    # ones carry a suffix (the same-second rule itself is pinned in tests/supervisor/test_guards.py).
+    # ones carry a suffix (the same-second rule itself is pinned in tests/supervisor/daemon/test_incidentids.py).
     stamps = [i.split("-")[0] for i in ids]
     if len(set(stamps)) < len(stamps):
         assert any(i.rsplit("-", 1)[-1].isdigit() for i in ids), ids

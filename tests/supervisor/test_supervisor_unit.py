@@ -10,10 +10,11 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fakecontrol import FakeControl
 from observations import obs, proc
 from prometheus_client import CollectorRegistry
 
@@ -22,67 +23,9 @@ from probes.types import HealthObservation, Observation
 from supervisor.clock import FakeClock
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.daemon.commands import Command
-from supervisor.daemon.loop import Supervisor
 from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer, Target
-from supervisor.logs.tending import KeeperStatus
-from supervisor.process.control import LogFiles, SpawnError, StopReport
-
-NO_SUCH_PID = 4_000_000  # above pid_max: the evidence tools find nothing to attach to
-
-
-class FakeChild:
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-        self.code: int | None = None
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    def poll(self) -> int | None:
-        return self.code
-
-    def exit(self, code: int) -> None:
-        if self.code is None:
-            self.code = code
-
-
-class FakeControl:
-    def __init__(self) -> None:
-        self.spawned: list[tuple[tuple[str, ...], dict[str, str]]] = []
-        self.children: list[FakeChild] = []
-        self.stops = 0
-        self.fail_spawn = False
-
-    def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None, logs: LogFiles
-    ) -> FakeChild:
-        if self.fail_spawn:
-            raise SpawnError(f"cannot run {argv[0]!r}: no such file")
-        self.spawned.append((tuple(argv), dict(env)))
-        child = FakeChild(NO_SUCH_PID + len(self.children))
-        self.children.append(child)
-        return child
-
-    def stop(self, root: object, marker: str, host: str, port: int, grace_s: float) -> StopReport:
-        self.stops += 1
-        pid = root.pid if isinstance(root, FakeChild) else 0
-        if isinstance(root, FakeChild):
-            root.exit(-15)
-        return StopReport((pid,), (pid,), (), (), True, (), -15, 0.01, False)
-
-    def adopt(self, pid: int, starttime: int, marker: str) -> FakeChild:
-        return FakeChild(pid)
-
-    def reap(self, exclude: int | None) -> list[int]:
-        return []
-
-    def kill_marked(self, marker: str, host: str, port: int) -> StopReport:
-        return StopReport((), (), (), (), True, (), None, 0.0, False)
-
-    def tend_keeper(self, server_pid: int, logs: LogFiles) -> KeeperStatus:
-        return KeeperStatus("running", 4242)
+from supervisor.daemon.owner import Supervisor
 
 
 class ScriptedObserver(Observer):
@@ -165,12 +108,16 @@ async def test_stall_captures_stops_and_steps_down(rig) -> None:  # type: ignore
     observer.script = lambda t, now: tree_of(t, now, phase="allocating_kv")  # nothing ever moves
     await ticks(sup, clock, 4)
     assert sup.snapshot().state == "starting"  # 8 s < 10 s window
-    await ticks(sup, clock, 2)  # window passed: incident, evidence, stop, relaunch after backoff
+    await ticks(sup, clock, 2)  # window passed: incident, evidence, stop, then the backoff's pending timer
     snap = sup.snapshot()
     assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"
     assert snap.last_incident.hang_class == "idle_deadlock" and snap.last_incident.rung == "base"
     assert snap.last_incident.bundle is not None
-    assert control.stops == 1 and snap.state == "starting" and snap.rung == "no-graph"
+    assert control.stops == 1 and snap.state == "restarting" and snap.next_attempt_in_s == 1.0
+    assert len(control.spawned) == 1, "nothing launches before the backoff is over"
+    await ticks(sup, clock, 1)  # the tick after the deadline carries the pending launch out
+    snap = sup.snapshot()
+    assert snap.state == "starting" and snap.rung == "no-graph" and snap.next_attempt_in_s is None
     assert "--disable-cuda-graph" in control.spawned[1][0]
     events = [e["event"] for e in sup.journal.read(100)]
     for name in ("incident", "bundle_written", "server_stopped", "ladder_decision", "server_launched"):
@@ -187,16 +134,21 @@ async def test_crash_loop_backs_off_and_fails_on_budget(rig) -> None:  # type: i
         return tree_of(t, now, alive=False, exit_code=1)
 
     observer.script = dead
-    starts = []
+    delays = []
     for _ in range(6):
-        before = clock.now
-        await ticks(sup, clock, 1)
-        starts.append(clock.now - before)
-        if sup.snapshot().state == "failed":
+        await ticks(sup, clock, 1)  # the server is found dead: incident, stop, the ladder's decision
+        snap = sup.snapshot()
+        if snap.state == "failed":
             break
+        assert snap.state == "restarting" and snap.next_attempt_in_s is not None
+        delays.append(snap.next_attempt_in_s)
+        launched = len(control.spawned)
+        clock.advance(snap.next_attempt_in_s)
+        await sup.tick()  # the pending timer is due: the relaunch
+        assert len(control.spawned) == launched + 1 and sup.snapshot().state == "starting"
     snap = sup.snapshot()
     assert snap.state == "failed" and "budget" in snap.reason and snap.restarts == 3
-    assert starts[0] < starts[1] < starts[2], f"delays grow: {starts}"
+    assert delays[0] < delays[1] < delays[2], f"delays grow: {delays}"
 
 
 async def test_commands_answered_at_once_when_they_conflict(rig) -> None:  # type: ignore[no-untyped-def]
@@ -206,7 +158,7 @@ async def test_commands_answered_at_once_when_they_conflict(rig) -> None:  # typ
     assert r.outcome == "invalid" and "base, no-graph" in r.message
     r = await sup.submit(Command(kind="start"))
     assert r.outcome == "conflict"
-    sup.restart_pending = True
+    sup.inhand.restart_pending = True
     r = await sup.submit(Command(kind="restart"))
     assert r.outcome == "conflict"
 
@@ -286,3 +238,158 @@ async def test_manual_restart_answers_with_the_incident_it_records(rig) -> None:
     assert snap.last_incident is not None and snap.last_incident.id == answer.incident_id
     assert snap.last_incident.cause == "manual" and snap.rung == "no-graph" and snap.restarts == 0
     assert "--disable-cuda-graph" in control.spawned[-1][0]
+
+
+# ---- one owner: the pending timer, the one dispatcher, one validation, record() -----------------
+
+
+async def crash_into_backoff(
+    sup: Supervisor, clock: FakeClock, control: FakeControl, observer: ScriptedObserver
+) -> None:
+    """Launch, then the server dies: the ladder decides a relaunch after a backoff (a pending timer)."""
+    await sup.startup(True)
+
+    def dead(t: Target, now: float) -> Observation:
+        control.children[-1].exit(1)
+        return tree_of(t, now, alive=False, exit_code=1)
+
+    observer.script = dead
+    await ticks(sup, clock, 1)
+    observer.script = lambda t, now: tree_of(t, now, phase="loading")
+    assert sup.snapshot().state == "restarting" and sup.pending is not None and sup.pending.what == "launch"
+
+
+async def test_a_stop_during_the_backoff_goes_through_the_one_dispatcher(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, observer = rig
+    sup.settings = settings(Path(sup.settings.paths.state_dir).parent, retries_per_rung=3, backoff_initial_s=30)
+    await crash_into_backoff(sup, clock, control, observer)
+    t = asyncio.ensure_future(sup.submit(Command(kind="stop", reason="maintenance")))
+    cmd = await sup.next_command(1.0)
+    assert cmd is not None
+    await sup.handle(cmd)
+    assert (await t).outcome == "done"
+    snap = sup.snapshot()
+    assert snap.state == "stopped" and snap.reason == "maintenance" and snap.next_attempt_in_s is None
+    assert sup.pending is None
+    clock.advance(60)
+    await sup.tick()  # past the old deadline: nothing launches
+    assert len(control.spawned) == 1 and sup.snapshot().state == "stopped"
+    commands = [e for e in sup.journal.read(100) if e["event"] == "command"]
+    assert [c["kind"] for c in commands] == ["stop"], "journalled like any command"
+
+
+async def test_a_start_during_the_backoff_launches_now_on_the_decided_rung(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, observer = rig
+    sup.settings = settings(Path(sup.settings.paths.state_dir).parent, retries_per_rung=0, backoff_initial_s=30)
+    await crash_into_backoff(sup, clock, control, observer)
+    assert sup.pending is not None and sup.pending.rung == 1, "the ladder stepped down to no-graph"
+    t = asyncio.ensure_future(sup.submit(Command(kind="start")))
+    cmd = await sup.next_command(1.0)
+    assert cmd is not None
+    await sup.handle(cmd)
+    answer = await t
+    assert answer.outcome == "accepted" and answer.message == "relaunching now"
+    snap = sup.snapshot()
+    assert snap.state == "starting" and snap.rung == "no-graph" and sup.pending is None
+    assert "--disable-cuda-graph" in control.spawned[-1][0]
+
+
+async def test_failed_cooldown_is_the_same_pending_timer(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, _observer = rig
+    sup.settings = settings(Path(sup.settings.paths.state_dir).parent, failed_cooldown_s=50)
+    control.fail_spawn = True
+    await sup.startup(True)
+    snap = sup.snapshot()
+    assert snap.state == "failed" and snap.next_attempt_in_s == 50.0
+    assert sup.pending is not None and sup.pending.what == "leave_failed"
+    clock.advance(20)
+    await sup.tick()
+    assert sup.snapshot().state == "failed" and sup.snapshot().next_attempt_in_s == 30.0
+    control.fail_spawn = False
+    clock.advance(30)
+    await sup.tick()
+    assert sup.snapshot().state == "starting" and len(control.spawned) == 1
+    assert "failed_cooldown_over" in [e["event"] for e in sup.journal.read(100)]
+
+
+async def test_leaving_the_state_a_timer_waits_in_cancels_it(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, control, observer = rig
+    sup.settings = settings(Path(sup.settings.paths.state_dir).parent, retries_per_rung=3, backoff_initial_s=30)
+    await crash_into_backoff(sup, clock, control, observer)
+    from supervisor.policy.lifecycle import State
+
+    sup.move(State.STOPPED, "by hand")
+    assert sup.pending is None and sup.snapshot().next_attempt_in_s is None
+
+
+async def test_one_validation_at_submit_and_in_the_queue(rig) -> None:  # type: ignore[no-untyped-def]
+    sup, _clock, _control, _observer = rig
+    await sup.startup(True)  # starting
+    restart, diagnose = Command(kind="restart"), Command(kind="diagnose")
+    assert sup.check(restart, queued=False) is None and sup.check(restart, queued=True) is None
+    sup.inhand.restart_pending = True  # one restart queued: a second is refused at submit, not in the queue
+    r = sup.check(restart, queued=False)
+    assert r is not None and r.outcome == "conflict"
+    assert sup.check(restart, queued=True) is None
+    sup.inhand.diagnosing = True
+    r = sup.check(diagnose, queued=False)
+    assert r is not None and r.outcome == "busy"
+    assert sup.check(diagnose, queued=True) is None
+    r = sup.check(Command(kind="restart", rung="nope"), queued=True)
+    assert r is not None and r.outcome == "invalid"
+    r = sup.check(Command(kind="start"), queued=True)
+    assert r is not None and r.outcome == "conflict" and "starting" in r.message
+    for kind in ("reload", "shutdown", "handoff", "stop"):
+        assert sup.check(Command(kind=kind), queued=True) is None  # type: ignore[arg-type]
+
+
+async def test_every_command_kind_has_its_handler() -> None:
+    from typing import get_args
+
+    from supervisor.daemon.commands import CommandKind
+
+    for kind in get_args(CommandKind):
+        assert callable(getattr(Supervisor, f"handle_{kind}", None)), kind
+
+
+async def test_record_writes_the_journal_and_the_log_line_with_the_launch_bound(rig) -> None:  # type: ignore[no-untyped-def]
+    from structlog.testing import capture_logs
+
+    sup, _clock, control, _observer = rig
+    with capture_logs() as logs:
+        await sup.startup(True)
+        await sup.handle(Command(kind="stop", reason="done"))
+    launched = next(e for e in sup.journal.read(100) if e["event"] == "server_launched")
+    line = next(x for x in logs if x["event"] == "server_launched")
+    assert line["argv"] == launched["argv"] and line["pid"] == launched["pid"] == control.children[0].pid
+    changed = [x for x in logs if x["event"] == "state_changed" and x["new"] == "starting"]
+    assert changed and changed[0]["pid"] == control.children[0].pid and changed[0]["rung"] == "base"
+    stopped = next(x for x in logs if x["event"] == "server_stopped")
+    assert stopped["pid"] is None, "after the stop, lines carry no pid"
+    assert sup.journal.read(100)[-1]["event"] == "state_changed"
+
+
+async def test_the_leftovers_sweep_gets_the_saved_and_the_derived_marker(rig) -> None:  # type: ignore[no-untyped-def]
+    from supervisor.daemon.persist import marker_for
+
+    sup, _clock, control, _observer = rig
+    sup.marker = "older0version0marker"
+    await sup.startup(True)
+    assert control.swept == [("older0version0marker", marker_for(sup.state_dir))]
+
+
+async def test_an_incidents_lines_name_it_and_the_relaunch_does_not(rig) -> None:  # type: ignore[no-untyped-def]
+    from structlog.testing import capture_logs
+
+    sup, clock, _control, observer = rig
+    await sup.startup(True)
+    observer.script = lambda t, now: tree_of(t, now, phase="allocating_kv")  # nothing ever moves
+    with capture_logs() as logs:
+        await ticks(sup, clock, 7)  # the stall, its capture and stop, then the relaunch after the backoff
+    incident = sup.snapshot().last_incident
+    assert incident is not None
+    for event in ("server_stopped", "ladder_decision"):
+        line = next(x for x in logs if x["event"] == event)
+        assert line["incident"] == incident.id, event
+    relaunched = next(x for x in logs if x["event"] == "server_launched")
+    assert "incident" not in relaunched and relaunched["rung"] == "no-graph"

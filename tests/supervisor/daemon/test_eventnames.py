@@ -8,12 +8,14 @@ from pathlib import Path
 from supervisor.daemon.eventnames import EVENT_NAMES, unknown_events
 
 ROOT = Path(__file__).resolve().parents[3]
-WRITE = re.compile(r"journal\.append\(\s*\"([a-z_]+)\"")
-# upkeep.leave_failed(sup, "<event>", ...) passes the event name through.
-LEAVE = re.compile(r"leave_failed\(\s*\w+,\s*\"([a-z_]+)\"")
+# The journal is written by `journal.append("<event>", ...)` or by the owner's `record("<event>", ...)`
+# (journal and log line together); helpers hand the owner `Note("<event>", ...)` to record.
+WRITE = re.compile(r"(?:journal\.append|\brecord|\bNote)\(\s*\"([a-z_]+)\"")
+# The owner's leave_failed("<event>", ...) passes the event name through.
+LEAVE = re.compile(r"leave_failed\(\s*\"([a-z_]+)\"")
 # A module that journals one event under a constant (supervisor/alerting/dispatch.py) names it once.
 CONSTANT = re.compile(r"^JOURNAL_EVENT = \"([a-z_]+)\"", re.M)
-BRANCH = re.compile(r"journal\.append\(\s*\"([a-z_]+)\"\s+if\s+[^\n]+?\s+else\s+\"([a-z_]+)\"")
+BRANCH = re.compile(r"(?:journal\.append|\brecord)\(\s*\"([a-z_]+)\"\s+if\s+[^\n]+?\s+else\s+\"([a-z_]+)\"")
 
 
 def written() -> set[str]:

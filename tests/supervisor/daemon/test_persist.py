@@ -134,6 +134,8 @@ def test_the_marker_is_derived_from_the_resolved_state_dir(tmp_path: Path) -> No
     assert marker_for(a) == marker_for(tmp_path / "link") == marker_for(tmp_path / "x" / ".." / "a")
     assert marker_for(a) != marker_for(b)
     assert _MARKER.fullmatch(marker_for(a))  # what state.json accepts
+
+
 def test_the_last_incident_survives_and_a_bad_one_costs_nothing_else(tmp_path: Path) -> None:
     from supervisor.daemon.snapshot import IncidentView
 
