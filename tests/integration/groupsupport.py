@@ -127,6 +127,9 @@ def group_of(
     **kw: Any,
 ) -> list[Node]:
     """`nnodes` configs of one group: node 0 leads, every node runs the simulator as its node."""
+    # One retry by default: a loopback port picked free can be taken by another process's outgoing
+    # connection before the simulator binds it (EADDRINUSE at the rendezvous); the ladder retries.
+    kw["restart"] = {"retries_per_rung": 1, **kw.get("restart", {})}
     api_ports = [free_port() for _ in range(nnodes)]
     rendezvous = free_port()
     nodes: list[Node] = []

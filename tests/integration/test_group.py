@@ -72,7 +72,9 @@ def test_group_starts_and_the_leader_shows_every_node(nodes_of) -> None:  # type
 
 
 def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: ignore[no-untyped-def]
-    leader, worker = nodes_of(fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}])
+    leader, worker = nodes_of(
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}], restart={"retries_per_rung": 0}
+    )
     leader.wait(group_ready, 60, "the group ready")
     before = worker.status()
     assert before is not None
@@ -172,6 +174,7 @@ def test_a_worker_start_up_stall_names_the_node_and_the_group_falls_back(nodes_o
         scenarios={1: "deadlock_after_load"},
         env={1: {"SGLANG_SIM_UNLESS": "disable-cuda-graph"}},
         fallback=[{"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}],
+        restart={"retries_per_rung": 0},
     )
     st = leader.wait(lambda s: s["rung"] == "no-cuda-graph" and group_ready(s), 90, "the group ready on the fallback")
     inc = st["last_incident"]
