@@ -222,8 +222,8 @@ def lane_mn2(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     except Exception as err:
         res["error"] = repr(err)
     finally:
-        res["daemon_exit"] = [n.close() for n in reversed(nodes)]
         res["events"] = {n.rank: n.events() for n in nodes}
+        res["daemon_exit"] = [n.close() for n in reversed(nodes)]
     return res
 
 
@@ -250,8 +250,10 @@ def report(res: dict[str, Any]) -> str:
         bundles = f"{b.get(0, b.get('0'))}/{b.get(1, b.get('1'))}"
         released = f"{g.get(0, g.get('0'))}/{g.get(1, g.get('1'))}"
         exited = f"{f.get('node0_exited_by_itself')} ({f.get('node0_gone_s')} s)"
+        detail = str(inc.get("detail", ""))
+        named = detail[max(0, detail.find("node ")) :][:80]
         lines.append(
-            f"| scheduler {f['fault']} | {inc.get('cause')} | {str(inc.get('detail', ''))[:80]} "
+            f"| scheduler {f['fault']} | {inc.get('cause')} | {named} "
             f"| {f.get('verdict_s')} s | {f.get('evidence_s')} s | {bundles} | {f.get('group_ready_s')} s "
             f"| {released} | {exited} |"
         )
