@@ -116,6 +116,7 @@ def test_a_member_daemon_killed_is_not_an_incident_and_its_successor_adopts(node
     assert st["state"] == "degraded" and "node 1 daemon unreachable" in st["reason"]
     assert st["group"]["nodes"][1]["reachable"] is False
     assert leader.get("/readyz", auth=False).status_code == 200  # the servers still serve
+    assert leader.get("/livez", auth=False).status_code == 200
     os.kill(wpid, 0)  # the worker's server lives on without its daemon
     worker.start()
     wst = worker.wait(ready, 30, "the successor ready")
@@ -137,6 +138,7 @@ def test_an_unreachable_member_api_is_degraded_and_nothing_restarts(nodes_of) ->
         st = leader.status()
         assert st is not None and st["restarts"] == 0 and st["state"] == "degraded"
         assert leader.get("/readyz", auth=False).status_code == 200
+        assert leader.get("/livez", auth=False).status_code == 200
     finally:
         worker.proc.send_signal(signal.SIGCONT)
     st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 20, "the group whole again")
@@ -151,9 +153,11 @@ def test_the_leader_daemon_killed_members_keep_serving_and_it_adopts(nodes_of) -
     time.sleep(2)
     wst = worker.status()
     assert wst is not None and wst["state"] == "ready" and wst["restarts"] == 0
+    assert worker.get("/readyz", auth=False).status_code == 200  # a worker: its own server serves
     leader.start()
     st = leader.wait(group_ready, 30, "the successor leading a ready group")
     assert st["pid"] == lpid and st["adopted"] is True and st["restarts"] == 0
+    assert leader.get("/readyz", auth=False).status_code == 200 and leader.get("/livez", auth=False).status_code == 200
     assert worker.status()["restarts"] == 0  # type: ignore[index]
 
 
@@ -258,3 +262,17 @@ def test_three_nodes_a_dead_rank_on_node_2_restarts_all_three(nodes_of) -> None:
     new = [n.wait(ready, 20, "ready again")["pid"] for n in nodes]
     assert all(a != b for a, b in zip(old, new, strict=True))
     assert nodes[1].events("group_member_incident") == []  # node 1 only followed
+
+
+def test_stop_and_start_on_the_leader_take_the_whole_group(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    leader, worker = nodes_of()
+    leader.wait(group_ready, 60, "the group ready")
+    assert leader.post("/stop", {"reason": "maintenance"}).status_code == 202
+    leader.wait(lambda s: s["state"] == "stopped", 30, "the leader stopped")
+    wst = worker.wait(lambda s: s["state"] == "stopped", 30, "the worker stopped with it")
+    assert wst["last_stop"]["port_free"] is True and wst["pid"] is None
+    assert leader.get("/readyz", auth=False).status_code == 503
+    assert leader.post("/start", {}).status_code == 202
+    st = leader.wait(group_ready, 60, "the group started again")
+    assert st["restarts"] == 0 and st["incidents"] == 0
+    assert [e["rung"] for e in leader.events("group_launch")] == ["base"]
