@@ -10,11 +10,12 @@ decisions are `supervisor.policy.group` (pure) and the member calls `supervisor.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 from probes.types import Observation
-from supervisor.config.settings import Settings
+from supervisor.config.settings import ConfigError, Settings, load_settings
 from supervisor.daemon import grouping
 from supervisor.daemon.commands import Command, CommandResult, finish
 from supervisor.daemon.owner import Supervisor
@@ -161,6 +162,20 @@ class GroupSupervisor(Supervisor):
             await super().handle_stop(cmd)
         finally:
             self._stop_members_too = False
+
+    async def handle_reload(self, cmd: Command) -> None:
+        """A reload cannot re-form a group (its members, its rank, its poller): refused, named."""
+        if self.config_path is not None:
+            try:
+                new = await asyncio.to_thread(load_settings, self.config_path)
+            except ConfigError:
+                new = None  # the owner's reload reports it
+            if new is not None and new.group != self.settings.group:
+                why = "[group] changed: a reload cannot re-form the group; restart the daemon (systemctl restart)"
+                self.record("config_reload_refused", "error", error=why)
+                finish(cmd, CommandResult("invalid", why, self.lifecycle.state.value))
+                return
+        await super().handle_reload(cmd)
 
     async def handle_diagnose(self, cmd: Command) -> None:
         """The leader's `POST /group/capture`: a bundle under its incident id, as for a hang (the group

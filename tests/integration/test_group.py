@@ -66,6 +66,10 @@ def test_group_starts_and_the_leader_shows_every_node(nodes_of) -> None:  # type
     ).stdout
     assert "node 0 of 2 (leader)" in out and "group ok and serving" in out, out
     assert f"node 1 {worker.address}: ready, pid {g['nodes'][1]['pid']}, rung base" in out, out
+    # A reload cannot re-form the group: refused with the reason, the old config stays.
+    worker.config.write_text(worker.config.read_text().replace("unreachable_s = 2.0", "unreachable_s = 9.0"))
+    r = worker.post("/reload")
+    assert r.status_code == 400 and "[group] changed" in r.text, r.text
     metrics = leader.get("/metrics", auth=False).text
     assert 'sglang_supervisor_group_node_reachable{node="1"} 1.0' in metrics
     assert 'sglang_supervisor_group_node_serving{node="1"} 1.0' in metrics
