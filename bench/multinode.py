@@ -19,7 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import Daemon, Traffic, header, median, parse_ts, publish, save_result, sim_settings, workdir
+from bench.common import (
+    Daemon,
+    Traffic,
+    header,
+    load_result,
+    median,
+    parse_ts,
+    publish,
+    save_result,
+    sim_settings,
+    workdir,
+)
 from bench.report import table
 from supervisor.config.settings import settings_from_mapping
 
@@ -234,7 +245,14 @@ def render(runs: list[Run], reps: int) -> str:
         "poll 0.5 s, stall windows 4 s, `unreachable_s` 2 s, 2 clients of 400 tokens on node 0. "
         "Times are medians from the onset (the benchmark's own act).",
     ).replace("bench.run_all --only multinode", "bench.multinode")
-    body = [intro, "", table(head, rows), ""]
+    notes = [
+        "Onset to verdict: to the leader's `hung` (before any capture); to evidence: the leader's "
+        "`group_evidence` (every member's capture answered). `never_joins` starts node 1's daemon only "
+        "after the verdict, so node 1 has no bundle for it (1/2 by design) and its first launch is no "
+        "restart (1/0). The daemon faults must cost no restart on any node.",
+        "",
+    ]
+    body = [intro, "", table(head, rows), "", *notes]
     if named:
         body += ["How the verdict named the node:", *named, ""]
     if errors:
@@ -247,10 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=1, help="runs per fault")
     p.add_argument("--only", choices=FAULTS, action="append", help="only these faults (repeatable)")
     p.add_argument("--no-write", action="store_true", help="print the table, leave docs/BENCHMARKS.md alone")
+    p.add_argument("--render", action="store_true", help="only render the last saved results again")
     args = p.parse_args(argv)
     faults = tuple(args.only or FAULTS)
-    runs = [run_fault(f) for f in faults for _ in range(args.reps)]
-    save_result("multinode", [r.__dict__ for r in runs])
+    if args.render:
+        runs = [Run(**r) for r in load_result("multinode") or []]
+        args.reps = max((sum(r.fault == f for r in runs) for f in FAULTS), default=1)
+    else:
+        runs = [run_fault(f) for f in faults for _ in range(args.reps)]
+        save_result("multinode", [r.__dict__ for r in runs])
     body = render(runs, args.reps)
     if args.no_write:
         print(body)
