@@ -39,17 +39,22 @@ class GroupSupervisor(Supervisor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._mute_worker_metrics()
+        self._as_worker()
 
     def reload(self, settings: Settings) -> None:
         super().reload(settings)
-        self._mute_worker_metrics()
+        self._as_worker()
 
-    def _mute_worker_metrics(self) -> None:
-        """A worker node's /metrics is SGLang's dummy health server's: nothing to scrape there."""
+    def _as_worker(self) -> None:
+        """A worker node's /metrics is SGLang's dummy health server's: nothing to scrape there. And
+        it never moves the ladder by itself: a promotion back up is the leader's, for the group."""
         g = self.settings.group
-        if g is not None and not g.is_leader:
-            self._metrics_on = tuple(False for _ in self._metrics_on)
+        if g is None or g.is_leader:
+            return
+        rs = self.settings.restart
+        if rs.promote_after_s > 0:
+            self.settings = self.settings.model_copy(update={"restart": rs.model_copy(update={"promote_after_s": 0.0})})
+        self._metrics_on = tuple(False for _ in self._metrics_on)
 
     def publish(self) -> None:
         super().publish()
