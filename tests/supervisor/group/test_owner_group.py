@@ -34,8 +34,10 @@ def build(s: Settings) -> GroupSupervisor:
     )
 
 
-def test_a_worker_scrapes_no_tokens_and_never_promotes_itself(tmp_path: Path) -> None:
+async def test_a_worker_scrapes_no_tokens_and_never_promotes_itself(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     sup = build(settings(tmp_path, {"nnodes": 2, "node_rank": 1, "leader": "h0:8900"}))
+    # No log line from here: the owner's module logger must first be used under the tests that capture it.
+    monkeypatch.setattr(sup, "record", lambda *a, **kw: None)
     assert sup._metrics_on == (False,)
     assert sup.settings.restart.promote_after_s == 0.0
     sup.reload(settings(tmp_path, {"nnodes": 2, "node_rank": 1, "leader": "h0:8900"}))
