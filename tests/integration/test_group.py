@@ -280,3 +280,17 @@ def test_stop_and_start_on_the_leader_take_the_whole_group(nodes_of) -> None:  #
     st = leader.wait(group_ready, 60, "the group started again")
     assert st["restarts"] == 0 and st["incidents"] == 0
     assert [e["rung"] for e in leader.events("group_launch")] == ["base"]
+
+
+def test_node_0s_server_killed_every_member_captures_and_the_group_relaunches(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    leader, worker = nodes_of()
+    leader.wait(group_ready, 60, "the group ready")
+    old = worker.status()["pid"]  # type: ignore[index]
+    os.kill(leader.status()["pid"], signal.SIGKILL)  # type: ignore[index]
+    st = leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 90, "the group relaunched and ready")
+    inc = st["last_incident"]
+    assert inc["cause"] == "exited" and inc["detail"].startswith("node 0:"), inc
+    # Node 0 had nothing left to dump; node 1, hung in its collective, did, under the same id.
+    summary = json.loads((worker.state_dir / "diagnostics" / inc["id"] / "summary.json").read_text())
+    assert summary["group"]["node"] == 1 and summary["trigger"] == "hung"
+    assert worker.wait(ready, 20, "the worker ready again")["pid"] != old
