@@ -82,8 +82,15 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
     leader.wait(group_ready, 60, "the group ready")
     before = worker.status()
     assert before is not None
-    os.kill(scheduler_pids(before)[0], signal.SIGKILL)
-    st = leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 90, "the group relaunched and ready")
+    load = Load(leader.settings.server.port)
+    try:
+        leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
+        os.kill(scheduler_pids(before)[0], signal.SIGKILL)
+        st = leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 90, "the group relaunched and ready")
+        answered = load.answered
+        leader.wait(lambda s: load.answered > answered, 30, "requests answered again on the relaunched group")
+    finally:
+        load.close()
     inc = st["last_incident"]
     assert inc["cause"] == "rank_died" and "node 1" in inc["detail"]
     wst = worker.wait(ready, 20, "the worker ready again")
