@@ -94,6 +94,11 @@ def lane(name: str, work: Path, real: Path, gpu: str) -> None:
     if name in busy_lanes.LANES:
         busy_lanes.run_lane(name, work, real, real / "models", gpu)
         return
+    from bench.real import multinode_lanes  # issue 23: two nodes of one group, one daemon each
+
+    if name in multinode_lanes.LANES:
+        multinode_lanes.run_lane(name, work, real, real / "models", gpu)
+        return
     scenarios.run_lane(name, work, real, real / "models", gpu)
 
 

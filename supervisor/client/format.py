@@ -6,6 +6,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from supervisor.client.groupformat import group_rows
+
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
 
 
@@ -182,6 +184,7 @@ def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         rows.append(("next attempt", f"in {_age(s['next_attempt_in_s'])}"))
     if s.get("diagnosing"):
         rows.append(("diagnosing", "a capture is under way"))
+    rows += group_rows(s.get("group"))
     return rows
 
 

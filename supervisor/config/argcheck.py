@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from supervisor.config.check import check_settings
+from supervisor.config.groupcheck import group_doc, group_line
 from supervisor.config.render import RenderedCommand, render_ladder
 from supervisor.config.settings import Settings
 from supervisor.diagnostics import Redactor
@@ -92,6 +93,8 @@ def check_rungs(
 ) -> int:
     """Print every rung (secrets redacted: this output ends up in CI logs and tickets), what `run`
     would refuse or cannot work (errors; warnings too under `strict`), then validate the flags."""
+    if settings.group is not None:
+        out.write(group_line(settings.group) + "\n")
     for i, r in enumerate(render_ladder(settings)):
         rung = settings.ladder[i]
         redact = Redactor.from_envs([r.env])
@@ -135,6 +138,8 @@ def check_rungs_json(
         "gpu": {"source": settings.gpu.source, "file": settings.gpu.file, "detail": settings.gpu.describe()},
         "findings": [{"level": f.level, "key": f.key, "message": f.message} for f in findings],
     }
+    if settings.group is not None:
+        doc["group"] = group_doc(settings.group)
     if validate:
         ok, msg, errors = validate_with_sglang(settings)
         doc["sglang"] = {"ok": ok, "message": msg, "errors": errors}

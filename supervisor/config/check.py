@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from supervisor.config.groupcheck import group_findings
 from supervisor.config.render import render_rung
 from supervisor.config.settings import ConfigError, Settings
 from supervisor.config.watchdogcheck import watchdog_findings
@@ -43,6 +44,7 @@ def check_settings(settings: Settings, env: Mapping[str, str], which: Which = _w
         *_notify(settings, env, which),
         *_gpus(settings, env),
         *sglang_wd,
+        *(Finding(level, key, msg) for level, key, msg in group_findings(settings)),
     )
 
 

@@ -76,7 +76,7 @@ def dump_toml(settings: Settings) -> str:
     data = settings.model_dump()
     out: list[str] = []
     for section, body in data.items():
-        if section in ("fallback", "notify"):
+        if section in ("fallback", "notify") or body is None:
             continue
         out.append(f"[{section}]")
         out.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)

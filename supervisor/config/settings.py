@@ -6,6 +6,7 @@ was expected (`ConfigError`). Nothing here reads files or the environment at imp
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.alerting.settings import NotifyTarget, unique_names
+from supervisor.config.expand import ExpansionError, expand
 from supervisor.config.gpu import GpuSettings
 
 if sys.version_info >= (3, 11):
@@ -212,6 +214,66 @@ class PathsSettings(_Section):
     state_dir: str = "/var/lib/sglang-supervisor"
 
 
+_ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
+
+
+class GroupSettings(_Section):
+    """[group]: one daemon per node of a multi-node server (supervisor/group, docs/MULTINODE.md)."""
+
+    nnodes: Annotated[int, Field(ge=2)]
+    node_rank: Annotated[int, Field(ge=0)]
+    leader: str | None = None  # node 0's daemon API, host:port (workers report to it)
+    members: tuple[str, ...] = ()  # nodes 1..nnodes-1's daemon APIs, host:port, in rank order
+    restart: Literal["daemon", "lws"] = "daemon"
+    request_timeout_s: PositiveFloat = 3.0  # one request to a member's API
+    unreachable_s: PositiveFloat = 10.0  # a member unanswered this long is named in `degraded`
+
+    @field_validator("members", mode="before")
+    @classmethod
+    def _members_tuple(cls, v: object) -> object:
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("leader")
+    @classmethod
+    def _leader_address(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_address(v)
+        return v
+
+    @field_validator("members")
+    @classmethod
+    def _member_addresses(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for a in v:
+            _check_address(a)
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> GroupSettings:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is not below nnodes {self.nnodes} (ranks are 0..nnodes-1)")
+        if self.node_rank == 0 and len(self.members) != self.nnodes - 1:
+            raise ValueError(
+                f"the leader (node_rank 0) needs members = the {self.nnodes - 1} other nodes' daemon API "
+                f"addresses in rank order (got {len(self.members)})"
+            )
+        if self.node_rank > 0 and self.leader is None:
+            raise ValueError("a worker (node_rank >= 1) needs leader = node 0's daemon API address, host:port")
+        if self.members and len(self.members) != self.nnodes - 1:
+            n = len(self.members)
+            raise ValueError(f"members lists {n} addresses; nnodes {self.nnodes} means {self.nnodes - 1}")
+        return self
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node_rank == 0
+
+
+def _check_address(v: str) -> None:
+    m = _ADDRESS.match(v)
+    if m is None or not 1 <= int(m.group(2)) <= 65535:
+        raise ValueError(f"{v!r} is not host:port (e.g. 'node1.example:8900' or '10.0.0.2:8900')")
+
+
 class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     fallback: tuple[Rung, ...] = ()
@@ -223,6 +285,7 @@ class Settings(_Section):
     paths: PathsSettings = Field(default_factory=PathsSettings)
     notify: tuple[NotifyTarget, ...] = ()  # [[notify]]: supervisor/alerting, docs/OPERATIONS.md
     gpu: GpuSettings = Field(default_factory=GpuSettings)  # [gpu]: supervisor/config/gpu.py
+    group: GroupSettings | None = None  # [group]: multi-node (docs/MULTINODE.md); None: one node
 
     @field_validator("fallback", "notify", mode="before")
     @classmethod
@@ -362,8 +425,23 @@ def settings_from_mapping(data: Mapping[str, Any]) -> Settings:
         raise ConfigError(_format_errors(err)) from None
 
 
-def load_settings(path: str | Path) -> Settings:
-    """Read and validate a TOML config; raise ConfigError naming the file and the bad keys."""
+def _int_keys() -> frozenset[str]:
+    """Dotted keys of the sections whose value is an int: an expansion there is coerced."""
+    keys: set[str] = set()
+    for section, field in Settings.model_fields.items():
+        model = field.annotation
+        for arg in getattr(model, "__args__", (model,)):
+            for key, sub in getattr(arg, "model_fields", {}).items():
+                if sub.annotation is int:
+                    keys.add(f"{section}.{key}")
+    return frozenset(keys)
+
+
+def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate a TOML config; raise ConfigError naming the file and the bad keys.
+
+    `${VAR}` and `${VAR:-default}` in string values are expanded from `env` (the daemon's own
+    environment when None) before validation (supervisor/config/expand.py)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -373,6 +451,10 @@ def load_settings(path: str | Path) -> Settings:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise ConfigError(f"{p}: not valid TOML: {err}") from None
+    try:
+        data = expand(data, os.environ if env is None else env, _int_keys())
+    except ExpansionError as err:
+        raise ConfigError(f"{p}:\n{err}") from None
     try:
         return settings_from_mapping(data)
     except ConfigError as err:

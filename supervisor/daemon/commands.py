@@ -34,7 +34,8 @@ class Command:
     diagnose: bool = False  # restart: capture evidence first
     native: bool | None = None  # diagnose: py-spy --native (None: the configured default)
     gdb: bool | None = None  # diagnose: force gdb even on a healthy server
-    source: str = "api"  # "api", "signal", "cli"
+    source: str = "api"  # "api", "signal", "cli", "group" (the group's leader)
+    incident_id: str | None = None  # diagnose: the group leader's incident id (supervisor/group)
     done: asyncio.Future[CommandResult] | None = field(default=None, compare=False)
 
 

@@ -92,6 +92,7 @@ async def collect(
     hung: bool,
     created_at: float | None = None,
     gpu_xids: tuple[Mapping[str, object], ...] = (),
+    group: Mapping[str, object] | None = None,
 ) -> BundleResult:
     d = settings.diagnostics
     use_gdb = gdb if gdb is not None else (d.gdb == "always" or (d.gdb == "on_hang" and hung))
@@ -124,6 +125,7 @@ async def collect(
         busy_gpu_percent=settings.watchdog.busy_gpu_percent,
         created_at=created_at,
         gpu_xids=gpu_xids,
+        group=group,
     )
     return await capture(
         req,

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from supervisor.config.settings import CAUSES, HANG_CLASSES
 from supervisor.daemon.busymetrics import busy_families
+from supervisor.daemon.groupmetrics import group_families
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.policy.lifecycle import SERVING, State
 
@@ -143,6 +144,7 @@ class _SnapshotCollector(Collector):
         yield from (state, rung, rung_info, up, ttr, load, since, hour, last_inc, spec, running, queued)
         yield from (gpu_ok, util, used, total, held, build, tools, spec_tokens, inc_info, tokens)
         yield from busy_families(s)
+        yield from group_families(s)
 
 
 class SupervisorMetrics:

@@ -250,6 +250,7 @@ class ServerLifecycle(OwnerState):
                     hung=trigger == "hung",
                     created_at=self.clock.wall(),
                     gpu_xids=tuple(xids.as_records(list(self.xids.recent))),
+                    group=self.group_doc(incident_id),
                 )
             )
         except Exception as err:  # a capture must never take the daemon down
@@ -275,6 +276,9 @@ class ServerLifecycle(OwnerState):
             "bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error
         )
         return result
+
+    def group_doc(self, incident_id: str) -> Mapping[str, object] | None:
+        return None  # a multi-node group's part of the bundle (owner_group.GroupSupervisor)
 
     async def recover(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
         """Stop the server, ask the ladder, then relaunch now (no backoff) or set the pending timer."""

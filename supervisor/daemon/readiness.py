@@ -1,17 +1,17 @@
 """What "ready" means for `GET /readyz` (and a Kubernetes readiness probe): one rule, one place.
 
-Today the server is ready when it serves: state `ready` or `degraded`. A multi-node group
-replaces this rule here (the leader: the group serves), and nothing else needs to change.
+The server is ready when it serves: state `ready` or `degraded`. On a multi-node group's leader,
+ready means the group serves (`GroupView.serves`: every reachable node serving, docs/MULTINODE.md).
 """
 
 from __future__ import annotations
 
 from supervisor.daemon.snapshot import StatusSnapshot
-from supervisor.policy.lifecycle import SERVING
-
-SERVING_STATES = frozenset(s.value for s in SERVING)
+from supervisor.policy.lifecycle import SERVING_NAMES
 
 
 def is_ready(snapshot: StatusSnapshot) -> bool:
-    """Whether traffic may be sent: the server this daemon watches is serving."""
-    return snapshot.state in SERVING_STATES
+    """Whether traffic may be sent: the server this daemon watches serves (on a leader: the group)."""
+    if snapshot.group is not None:
+        return snapshot.group.serves
+    return snapshot.state in SERVING_NAMES

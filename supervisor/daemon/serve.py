@@ -18,7 +18,8 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from api.app import create_app
+from api import group as group_api
+from api.app import create_app, include_protected
 from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
@@ -28,12 +29,13 @@ from supervisor import __version__, entry
 from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.clock import Clock, SystemClock
 from supervisor.config.settings import ConfigError, Settings
+from supervisor.daemon import grouping
 from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.daemon.commands import Command
 from supervisor.daemon.gpusource import open_nvml
 from supervisor.daemon.instance_lock import StateLock, acquire
 from supervisor.daemon.metrics import SupervisorMetrics
-from supervisor.daemon.owner import Supervisor
+from supervisor.daemon.owner_group import GroupSupervisor, Supervisor  # the owner, with its group part
 from supervisor.daemon.sdnotify import Notifier
 from supervisor.daemon.timeline import Timeline
 from supervisor.logs.view import LogRedaction, server_log_file
@@ -96,7 +98,7 @@ class Api:
 
 
 async def start_api(
-    sup: Supervisor,
+    sup: GroupSupervisor,
     settings: Settings,
     env: Mapping[str, str],
     registry: CollectorRegistry,
@@ -124,6 +126,9 @@ async def start_api(
         redact=redact,
         timeline=timeline,
     )
+    if sup.group is not None:  # the member API the group's leader calls (api/group.py)
+        app.state.group = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit)
+        include_protected(app, group_api.router)
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -152,13 +157,13 @@ def make_supervisor(
     config_path: Path | None,
     notifier: Notifier,
     clock: Clock | None = None,
-) -> Supervisor:
+) -> GroupSupervisor:
     subreaper = become_subreaper()
     cgroups, why = CgroupRoot.find()
     log.info("containment", subreaper=subreaper, cgroup=why)
     scope = DeviceScope.for_server(settings.server.env, env)
     log.info("gpu_scope", gpus=scope.describe(), source=settings.gpu.describe())
-    sup = Supervisor(
+    sup = GroupSupervisor(
         settings,
         clock=clock or SystemClock(),
         metrics=lambda snap: SupervisorMetrics(registry, snap),
@@ -173,6 +178,7 @@ def make_supervisor(
     sup.journal.append("gpu_scope", gpus=scope.describe(), source=settings.gpu.source)
     sup.xids.watcher = XidWatcher(open_nvml(settings.gpu))  # its own NVML handle: waits block in its thread
     sup.xids.watcher.start()
+    sup.group = grouping.make_runtime(settings, load_token(settings.api, env), sup.clock.monotonic)
     return sup
 
 
@@ -291,5 +297,6 @@ async def _serve_locked(
         await api.close()
         if sup.xids.watcher is not None:
             await asyncio.to_thread(sup.xids.watcher.stop)
-    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff)
-    return EXIT_HANDOFF if sup.handoff else 0
+    code = sup.group.exit_code if sup.group is not None and sup.group.exit_code is not None else 0
+    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff, code=code)
+    return EXIT_HANDOFF if sup.handoff else code

@@ -133,6 +133,37 @@ class XidView(_Frozen):
     text: str
 
 
+class GroupNodeView(_Frozen):
+    """One node of a multi-node group as the leader (or, for itself, this daemon) sees it."""
+
+    node: int
+    address: str | None = None  # its daemon's API; None for this node
+    reachable: bool = True
+    unreachable_s: float = 0.0
+    error: str = ""
+    state: str | None = None  # its daemon's state (None: never reached)
+    phase: str | None = None
+    pid: int | None = None
+    rung: str | None = None
+    cause: str | None = None  # an incident it holds for the leader
+    stopped_ranks: tuple[int, ...] = ()  # pids in state T
+    incident: str | None = None  # the group incident it last captured for
+
+
+class GroupView(_Frozen):
+    """`/status` `group`: this daemon's role and, on the leader, every node (docs/MULTINODE.md)."""
+
+    role: str  # "leader" | "worker"
+    node_rank: int
+    nnodes: int
+    restart: str  # "daemon" | "lws"
+    leader: str | None = None  # node 0's daemon API (workers)
+    status: str = "ok"  # the leader's group verdict: "ok" | "degraded" | "incident"
+    reason: str = ""
+    serves: bool = False  # the leader: node 0 serves and no member that answers says otherwise
+    nodes: tuple[GroupNodeView, ...] = ()
+
+
 class StatusSnapshot(_Frozen):
     state: str  # State value
     phase: str | None = None  # probes.types.Phase while starting
@@ -169,3 +200,4 @@ class StatusSnapshot(_Frozen):
     takeover_s: float | None = None  # adoption to ready, for an adopted server (not its load time)
     gpu_xids: tuple[XidView, ...] = ()  # the last Xid events NVML reported, oldest first
     gpu_blocked: str | None = None  # a GPU of the server needs a reset: why nothing relaunches
+    group: GroupView | None = None  # multi-node only ([group]); None for one node

@@ -21,6 +21,7 @@ from probes.types import ProcInfo, ThreadInfo
 from supervisor.diagnostics import tools
 from supervisor.diagnostics.bundle import enforce_retention, safe_id, unique_id, write_bundle
 from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.grouptext import group_text
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
 from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
 from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ras_text, with_ras
@@ -294,11 +295,15 @@ async def capture(
     sampling = sample_spread({r.info.pid: r.first_at for r in got.runs if r.first_at}, ranks)
     summary.update(ras=redactor.obj(ras_view), collective=redactor.obj(coll), sampling=sampling)
     summary["gpu_xids"] = [dict(x) for x in req.gpu_xids]
+    if req.group is not None:
+        summary["group"] = dict(req.group)
     blobs["summary.json"] = _json(summary)
     text = render_text(summary, evidence, redactor).splitlines()
     extra = [*ras_text(ras_view, coll), spread_text(sampling)]
     if req.gpu_xids:
         extra += ["", "GPU faults (Xid):", *[f"  {x.get('at')} {x.get('text')}" for x in req.gpu_xids]]
+    if req.group is not None:
+        extra += group_text(req.group)
     blobs["summary.txt"] = ("\n".join(text + [redactor.text(x) for x in extra]) + "\n").encode()
 
     path, error, removed, retention_errors = await _store(diag_dir, bundle_id, blobs, keep, max_bytes)

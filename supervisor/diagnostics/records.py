@@ -64,6 +64,7 @@ class CaptureRequest:
     busy_gpu_percent: float = 50.0  # [watchdog] busy_gpu_percent
     created_at: float | None = None  # wall clock of the incident; None: now
     gpu_xids: tuple[Mapping[str, object], ...] = ()  # recent GPU faults (supervisor.daemon.xids.as_records)
+    group: Mapping[str, object] | None = None  # multi-node: this node and the other nodes' bundles (supervisor/group)
 
 
 @dataclass(frozen=True)

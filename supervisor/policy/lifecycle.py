@@ -32,6 +32,7 @@ LEGAL: dict[State, frozenset[State]] = {
 }
 
 SERVING = frozenset({State.READY, State.DEGRADED})
+SERVING_NAMES = frozenset(s.value for s in SERVING)  # the same, as /status spells them
 RUNNING = frozenset({State.STARTING, State.READY, State.DEGRADED})
 
 

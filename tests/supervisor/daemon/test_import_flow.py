@@ -1,6 +1,6 @@
 """The lifecycle has one owner and imports flow one way (STYLE 16), inside supervisor/daemon/:
 
-    owner -> owner_watch -> owner_lifecycle -> owner_state     (one class, `Supervisor`, in four files)
+    owner_group -> owner -> owner_watch -> owner_lifecycle -> owner_state     (one class in five files)
       \\-> helpers: launching, slate, stopping, takeover, evidence, xids, incidentids, beating
       \\-> records: records, persist, adopt, commands, snapshot, ...
 
@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 PKG = ROOT / "supervisor" / "daemon"
-OWNER = {"owner", "owner_watch", "owner_lifecycle", "owner_state"}
+OWNER = {"owner_group", "owner", "owner_watch", "owner_lifecycle", "owner_state"}
 # The helpers that act for the owner (spawn, stop, sweep, adopt, capture, drain Xids).
 HELPERS = {"launching", "slate", "stopping", "takeover", "evidence", "xids"}
 # Small pieces the owner and its helpers share: a record of tools, the heartbeat wrapper.
@@ -51,8 +51,10 @@ def daemon_modules() -> list[str]:
 def test_no_module_but_the_owner_imports_the_owner(module: str) -> None:
     """A helper that imported the owner could call back into it (the old actions -> Core.handle cycle)."""
     uses = imported(PKG / f"{module}.py") & OWNER
-    if module in {"serve", "inprocess"}:  # the composition root, and its in-process face, build the owner
-        assert uses == {"owner"}
+    if module == "serve":  # the composition root builds the owner (with its group part)
+        assert uses == {"owner_group"}
+    elif module == "inprocess":  # the in-process face (bench, demo) starts the composition root
+        assert uses <= {"owner", "owner_group"}
     else:
         assert uses == set()
 
@@ -67,6 +69,7 @@ def test_the_owner_parts_import_each_other_one_way() -> None:
     assert imported(PKG / "owner_lifecycle.py") & OWNER == {"owner_state"}
     assert imported(PKG / "owner_watch.py") & OWNER == {"owner_lifecycle"}
     assert imported(PKG / "owner.py") & OWNER == {"owner_watch"}
+    assert imported(PKG / "owner_group.py") & OWNER == {"owner", "owner_lifecycle"}
 
 
 def test_the_owner_uses_the_helpers() -> None:

@@ -225,7 +225,9 @@ def test_promtool_accepts_the_alert_rules() -> None:
 
 
 def test_metrics_doc_lists_every_family_and_no_other() -> None:
-    text = scrape(sample_snapshot())
+    from groupsample import GROUP  # a multi-node group's families appear only with [group]
+
+    text = scrape(sample_snapshot().model_copy(update={"group": GROUP}))
     families = {
         f.name + ("_total" if f.type == "counter" else "")
         for f in text_string_to_metric_families(text)

@@ -1,0 +1,286 @@
+"""Multi-node groups on the simulator: one real daemon per simulated node, on loopback.
+
+For each fault: the onset (the test's own act, wall clock), the group's verdict (the leader's
+`incident` journal event), the group's evidence (`group_evidence`: every member's bundle answered;
+plus the leader's own bundle), and the group ready again (the leader's `/status` shows every node
+`ready` and `group.serves`), all as seconds after the onset. For the faults that must not be
+incidents (a member daemon SIGKILLed and adopted, a member API partitioned, the leader daemon
+SIGKILLed) the target is 0 restarts on every node, and the times are to the group's `degraded`
+(where it applies) and back to whole. Prints a table and writes docs/BENCHMARKS.md "Multi-node".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    Daemon,
+    Traffic,
+    header,
+    load_result,
+    median,
+    parse_ts,
+    publish,
+    save_result,
+    sim_settings,
+    workdir,
+)
+from bench.report import table
+from supervisor.config.settings import settings_from_mapping
+
+FAULTS = (
+    "rank_sigkill",
+    "rank_sigstop",
+    "never_joins",
+    "member_daemon_sigkill",
+    "member_partition",
+    "leader_daemon_sigkill",
+)
+INCIDENT_FAULTS = FAULTS[:3]
+
+
+@dataclass
+class Run:
+    fault: str
+    verdict_s: float | None = None
+    evidence_s: float | None = None
+    ready_s: float | None = None
+    degraded_s: float | None = None
+    cause: str = ""
+    named: str = ""
+    bundles: int = 0  # nodes with a bundle under the incident id
+    restarts: list[int] = field(default_factory=list)  # per node, after the run
+    error: str = ""
+
+
+def group_daemons(wd: Path, nnodes: int = 2) -> list[Daemon]:
+    from bench.common import free_port
+
+    api = [free_port() for _ in range(nnodes)]
+    store = free_port()
+    out = []
+    for rank in range(nnodes):
+        nd = wd / f"node{rank}"
+        nd.mkdir(parents=True)
+        s = sim_settings(
+            nd,
+            "ok",
+            args={"nnodes": nnodes, "node-rank": rank, "dist-init-addr": f"127.0.0.1:{store}"},
+            restart={"retries_per_rung": 3},
+        )
+        data = s.model_dump()
+        data["api"]["port"] = api[rank]
+        data["group"] = {
+            "nnodes": nnodes,
+            "node_rank": rank,
+            "leader": f"127.0.0.1:{api[0]}",
+            "members": [f"127.0.0.1:{p}" for p in api[1:]],
+            "request_timeout_s": 1.0,
+            "unreachable_s": 2.0,
+        }
+        out.append(Daemon(settings_from_mapping(data), nd))
+    return out
+
+
+def group_ready(st: dict[str, Any]) -> bool:
+    g = st.get("group") or {}
+    return (
+        st["state"] == "ready" and bool(g.get("serves")) and all(n.get("state") == "ready" for n in g.get("nodes", ()))
+    )
+
+
+def _event_s(d: Daemon, name: str, onset: float, **match: object) -> float | None:
+    for e in d.events():
+        if any(e.get(k) != v for k, v in match.items()):
+            continue
+        if e.get("event") == name and parse_ts(str(e["ts"])) >= onset - 0.5:
+            return round(parse_ts(str(e["ts"])) - onset, 2)
+    return None
+
+
+def _scheduler(d: Daemon) -> int:
+    st = d.status()
+    assert st is not None
+    return int(next(p["pid"] for p in st["processes"] if p["role"] == "scheduler"))
+
+
+def run_fault(fault: str) -> Run:
+    wd = workdir(f"multinode-{fault}")
+    leader, worker = group_daemons(wd)
+    run = Run(fault)
+    try:
+        leader.start()
+        if fault != "never_joins":
+            worker.start()
+            leader.wait(group_ready, 90, "the group ready")
+        traffic = Traffic(leader.settings.server.port, concurrency=2, seconds=120, tokens=400)
+        with traffic:
+            onset = time.time()
+            if fault == "rank_sigkill":
+                os.kill(_scheduler(worker), signal.SIGKILL)
+            elif fault == "rank_sigstop":
+                time.sleep(1.0)  # requests running
+                onset = time.time()
+                os.kill(_scheduler(worker), signal.SIGSTOP)
+            elif fault == "never_joins":
+                onset = time.time()  # node 0 was launched alone just now
+            elif fault == "member_daemon_sigkill":
+                assert worker.proc is not None
+                worker.proc.send_signal(signal.SIGKILL)
+                worker.proc.wait(10)
+            elif fault == "member_partition":
+                assert worker.proc is not None
+                worker.proc.send_signal(signal.SIGSTOP)
+            elif fault == "leader_daemon_sigkill":
+                assert leader.proc is not None
+                leader.proc.send_signal(signal.SIGKILL)
+                leader.proc.wait(10)
+            measure(fault, run, leader, worker, onset)
+    except Exception as err:  # a benchmark row says what went wrong instead of ending the table
+        run.error = repr(err)[:300]
+    finally:
+        if worker.proc is not None:
+            worker.proc.send_signal(signal.SIGCONT)
+        run.restarts = [restarts(d) for d in (leader, worker)]
+        for d in (worker, leader):
+            d.stop()
+    return run
+
+
+def restarts(d: Daemon) -> int:
+    return sum(1 for e in d.events() if e.get("event") == "server_launched") - 1
+
+
+def measure(fault: str, run: Run, leader: Daemon, worker: Daemon, onset: float) -> None:
+    if fault in INCIDENT_FAULTS:
+        if fault == "never_joins":
+            leader.wait(lambda s: s["incidents"] >= 1, 60, "the start-up stall")
+            worker.start()  # node 1's daemon arrives after the verdict
+        st = leader.wait(lambda s: s["incidents"] >= 1, 60, "the group verdict")
+        inc = st["last_incident"]
+        detail = str(inc["detail"])
+        at = detail.find("node ")
+        run.cause, run.named = inc["cause"], detail[at : at + 90] if at >= 0 else detail[:90]
+        run.verdict_s = _event_s(leader, "state_changed", onset, new="hung")  # the verdict, before any capture
+        run.evidence_s = _event_s(leader, "group_evidence", onset)
+        leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 120, "the group ready again")
+        run.ready_s = round(time.time() - onset, 2)
+        run.bundles = sum((d.state_dir / "diagnostics" / inc["id"] / "summary.json").exists() for d in (leader, worker))
+        return
+    if fault == "leader_daemon_sigkill":
+        time.sleep(2.0)
+        leader.start()
+        leader.wait(lambda s: group_ready(s) and bool(s.get("adopted")), 60, "the successor leading a ready group")
+        run.ready_s = round(time.time() - onset, 2)
+        return
+    leader.wait(lambda s: (s.get("group") or {}).get("status") == "degraded", 30, "the group degraded")
+    run.degraded_s = round(time.time() - onset, 2)
+    if fault == "member_daemon_sigkill":
+        worker.start()
+    else:
+        time.sleep(2.0)
+        assert worker.proc is not None
+        worker.proc.send_signal(signal.SIGCONT)
+    leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 60, "the group whole again")
+    run.ready_s = round(time.time() - onset, 2)
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} s"
+
+
+def render(runs: list[Run], reps: int) -> str:
+    rows = []
+    for fault in FAULTS:
+        rs = [r for r in runs if r.fault == fault]
+        if not rs:
+            continue
+        ok = [r for r in rs if not r.error]
+
+        def med(attr: str, ok: list[Run] = ok) -> float | None:
+            xs = [getattr(r, attr) for r in ok if getattr(r, attr) is not None]
+            return median(xs) if xs else None
+
+        first = ok[0] if ok else None
+        restarts_text = ", ".join("/".join(str(x) for x in r.restarts) for r in rs)
+        target = "0 restarts: " + ("met" if all(sum(r.restarts) == 0 for r in rs) and rs else "NOT met")
+        rows.append(
+            [
+                fault,
+                f"{len(ok)}/{len(rs)}",
+                (first.cause or "-") if first else "-",
+                _s(med("verdict_s")),
+                _s(med("evidence_s")),
+                f"{first.bundles}/2" if first and fault in INCIDENT_FAULTS else "-",
+                _s(med("degraded_s")),
+                _s(med("ready_s")),
+                restarts_text,
+                target if fault not in INCIDENT_FAULTS else "-",
+            ]
+        )
+    head = [
+        "fault",
+        "runs ok",
+        "group verdict",
+        "onset to verdict",
+        "to evidence",
+        "bundles",
+        "to degraded",
+        "to group ready",
+        "restarts (node 0/1)",
+        "target",
+    ]
+    errors = [f"- {r.fault}: {r.error}" for r in runs if r.error]
+    named = list(dict.fromkeys(f"- {r.fault}: {r.named}" for r in runs if r.named))
+    intro = header(
+        "Multi-node",
+        "multinode",
+        f"Two simulated nodes (tp 2, one rank per node), one real daemon per node, {reps} run(s) per fault, "
+        "poll 0.5 s, stall windows 4 s, `unreachable_s` 2 s, 2 clients of 400 tokens on node 0. "
+        "Times are medians from the onset (the benchmark's own act).",
+    ).replace("bench.run_all --only multinode", "bench.multinode")
+    notes = [
+        "Onset to verdict: to the leader's `hung` (before any capture); to evidence: the leader's "
+        "`group_evidence` (every member's capture answered). `never_joins` starts node 1's daemon only "
+        "after the verdict, so node 1 has no bundle for it (1/2 by design) and its first launch is no "
+        "restart (1/0). The daemon faults must cost no restart on any node.",
+        "",
+    ]
+    body = [intro, "", table(head, rows), "", *notes]
+    if named:
+        body += ["How the verdict named the node:", *named, ""]
+    if errors:
+        body += ["Errors:", *errors, ""]
+    return "\n".join(body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--reps", type=int, default=1, help="runs per fault")
+    p.add_argument("--only", choices=FAULTS, action="append", help="only these faults (repeatable)")
+    p.add_argument("--no-write", action="store_true", help="print the table, leave docs/BENCHMARKS.md alone")
+    p.add_argument("--render", action="store_true", help="only render the last saved results again")
+    args = p.parse_args(argv)
+    faults = tuple(args.only or FAULTS)
+    if args.render:
+        runs = [Run(**r) for r in load_result("multinode") or []]
+        args.reps = max((sum(r.fault == f for r in runs) for f in FAULTS), default=1)
+    else:
+        runs = [run_fault(f) for f in faults for _ in range(args.reps)]
+        save_result("multinode", [r.__dict__ for r in runs])
+    body = render(runs, args.reps)
+    if args.no_write:
+        print(body)
+    else:
+        publish("multinode", body)
+    return 0 if not any(r.error for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""`check-config` on a `[group]`: one line saying which node this is, and findings where the
+server's own multi-node arguments disagree with the group (SGLang would hang at its rendezvous)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from supervisor.config.settings import GroupSettings, Settings
+
+Level = Literal["error", "warning"]
+
+
+def group_line(g: GroupSettings) -> str:
+    role = "leader" if g.is_leader else "worker"
+    peers = ", ".join(f"node {i + 1} {a}" for i, a in enumerate(g.members)) or "-"
+    leader = g.leader or "(this node)"
+    return f"group: node {g.node_rank} of {g.nnodes} ({role}); leader {leader}; members {peers}; restart {g.restart}"
+
+
+def group_doc(g: GroupSettings) -> dict[str, object]:
+    return {
+        "nnodes": g.nnodes,
+        "node_rank": g.node_rank,
+        "role": "leader" if g.is_leader else "worker",
+        "leader": g.leader,
+        "members": list(g.members),
+        "restart": g.restart,
+    }
+
+
+def group_findings(settings: Settings) -> list[tuple[Level, str, str]]:
+    g = settings.group
+    if g is None:
+        return []
+    args = settings.server.args
+    out: list[tuple[Level, str, str]] = []
+    for key, want in (("nnodes", g.nnodes), ("node-rank", g.node_rank)):
+        got = args.get(key)
+        if got is None:
+            out.append(("warning", f"server.args.{key}", f"not set: SGLang runs one node unless given --{key} {want}"))
+        elif str(got) != str(want):
+            out.append(("error", f"server.args.{key}", f"{got!r} disagrees with [group] ({want})"))
+    if "dist-init-addr" not in args:
+        out.append(("warning", "server.args.dist-init-addr", "not set: every node needs the rendezvous host:port"))
+    return out

@@ -1,0 +1,194 @@
+"""A daemon's part in a multi-node group (docs/MULTINODE.md): what the owner asks of its group.
+
+A worker (node_rank >= 1) never acts on its own verdict: it holds it (`hung`, waiting for the
+leader), reports it, and captures, stops and launches when the leader asks. The leader combines
+its own verdict with its members' reports (supervisor.policy.group), and on a group incident asks
+every member at once: capture under the same incident id, stop and verify, launch one rung.
+
+A helper of the owner (`owner_group.GroupOwner`): it takes the group's runtime and explicit values
+and returns outcomes; events go out through the `record` it is handed. Nothing here touches the
+server's processes: the members' daemons do, each its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from probes.types import Observation
+from supervisor.config.settings import Settings
+from supervisor.daemon.commands import Command, CommandResult
+from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.group.client import Answer, GroupClient
+from supervisor.group.leader import GroupLeader, Timeouts
+from supervisor.group.report import build_report
+from supervisor.group.runtime import EXIT_GROUP_RESTART, GroupRuntime
+from supervisor.policy.group import NodeReport, OwnVerdict, combine
+from supervisor.policy.watchdog import History, Verdict
+
+T = TypeVar("T")
+_HELD_STATES = frozenset({"hung", "diagnosing"})
+
+
+class Record(Protocol):
+    def __call__(self, event: str, level: str = "info", /, **fields: Any) -> None: ...
+
+
+Beating = Callable[[Awaitable[Any]], Awaitable[Any]]
+
+
+def make_runtime(settings: Settings, token: str | None, monotonic: Callable[[], float]) -> GroupRuntime | None:
+    g = settings.group
+    if g is None:
+        return None
+    if not g.is_leader:
+        return GroupRuntime(g, None)
+    d, rs = settings.diagnostics, settings.restart
+    timeouts = Timeouts(
+        report_s=g.request_timeout_s,
+        # a member's capture runs py-spy and gdb on every process; its stop waits out the grace and the release
+        capture_s=d.py_spy_timeout_s + d.gdb_timeout_s + 30.0,
+        stop_s=rs.stop_grace_s + rs.release_timeout_s + 30.0,
+        launch_s=max(g.request_timeout_s, 30.0),
+    )
+    members = {i + 1: a for i, a in enumerate(g.members)}
+    return GroupRuntime(g, GroupLeader(g, GroupClient(members, token), timeouts, monotonic))
+
+
+def report(
+    g: GroupRuntime, snap: StatusSnapshot, history: History | None, obs: Observation | None, wall: float
+) -> NodeReport:
+    """This node's report: its snapshot, the verdict it holds, the rank processes it lost."""
+    held = snap.state in _HELD_STATES
+    lost: set[int] = set()
+    if history is not None and obs is not None:
+        roles = ("scheduler", "detokenizer")
+        alive = {p.pid for p in obs.tree.processes if p.role in roles and p.status != "zombie"}
+        lost = set(history.ranks) - alive
+    return build_report(
+        g.node,
+        snap,
+        cause=g.held_cause if held else None,
+        reason=g.held_reason if held else "",
+        lost_ranks=lost,
+        at=wall,
+        incident=g.captured,
+    )
+
+
+@dataclass(frozen=True)
+class Judged:
+    verdict: Verdict | None  # what the owner acts on; None: nothing (a worker holds an incident)
+    hold: str = ""  # a worker's reason to move to `hung` and wait for the leader
+
+
+def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged:
+    """The verdict the owner acts on. A worker holds an incident; the leader gets the group's
+    verdict (a member's incident, or its own named by the members, or `degraded`, named)."""
+    if not g.is_leader:
+        if not v.is_incident:
+            return Judged(v)
+        g.held_cause, g.held_reason = v.cause, v.reason
+        record("group_member_incident", "warning", cause=v.cause, reason=v.reason, node=g.node)
+        return Judged(None, f"{v.cause}: {v.reason}; held for the group's leader (node 0), which restarts the group")
+    assert g.leader is not None
+    own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
+    gv = combine(own, g.leader.views(), g.settings.unreachable_s)
+    before, g.verdict = g.verdict, gv
+    if gv.status != before.status or gv.reason != before.reason:
+        if gv.status == "degraded":
+            record("group_degraded", "warning", reason=gv.reason, nodes=list(gv.degraded))
+        elif gv.status == "ok" and before.status == "degraded":
+            record("group_recovered", reason=gv.reason)
+    if gv.is_incident:
+        if gv.node not in (None, 0) or not v.is_incident:
+            record("group_incident", "warning", cause=gv.cause, node=gv.node, rank=gv.rank, reason=gv.reason)
+        return Judged(
+            Verdict(
+                "incident",
+                gv.cause,
+                gv.reason,
+                stall_class=v.stall_class,
+                phase=v.phase,
+                moved=v.moved,
+                figures=v.figures,
+            )
+        )
+    if gv.status == "degraded" and v.status == "ready":
+        return Judged(Verdict("degraded", reason=f"group: {gv.reason}", phase=v.phase))
+    return Judged(v)
+
+
+def _nodes(answers: Iterable[Answer]) -> list[dict[str, object]]:
+    return [
+        {"node": a.node, "address": a.address, "ok": a.ok, "error": a.error or None, "s": round(a.elapsed_s, 3)}
+        for a in answers
+    ]
+
+
+async def capture_members(g: GroupRuntime, incident_id: str, beating: Beating, record: Record) -> None:
+    """Every member's bundle under the leader's incident id (the leader captures its own meanwhile)."""
+    if g.leader is None:
+        return
+    answers: tuple[Answer, ...] = await beating(g.leader.capture_all(incident_id))
+    bundles = {
+        str(a.node): (str(a.body.get("bundle_id")) if a.ok and a.body.get("bundle_id") else None) for a in answers
+    }
+    level = "info" if all(a.ok for a in answers) else "warning"
+    record("group_evidence", level, id=incident_id, bundles=bundles, nodes=_nodes(answers))
+
+
+async def together(own: Awaitable[T], members: Awaitable[None]) -> T:
+    """This node's part and the members' at the same moment; this node's outcome."""
+    task = asyncio.ensure_future(members)
+    try:
+        return await own
+    finally:
+        await task
+
+
+def exit_for_lws(g: GroupRuntime, record: Record) -> bool:
+    """`restart = "lws"`: the group's evidence is written; the leader exits for LWS to recreate the group."""
+    if g.leader is None or g.settings.restart != "lws":
+        return False
+    g.exit_code = EXIT_GROUP_RESTART
+    record(
+        "group_exit", "warning", code=EXIT_GROUP_RESTART, reason="restart = lws: LeaderWorkerSet recreates the group"
+    )
+    return True
+
+
+async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> None:
+    """Every member stops and verifies its tree; the leader's next launch launches them again."""
+    if g.leader is None:
+        return
+    g.members_stopped = True
+    answers: tuple[Answer, ...] = await beating(g.leader.stop_all())
+    record("group_stop", "info" if all(a.ok for a in answers) else "warning", nodes=_nodes(answers))
+
+
+async def launch_members(g: GroupRuntime, rung: str, beating: Beating, record: Record) -> None:
+    """The members the leader stopped launch the rung it launches: the ladder moves for the group."""
+    if g.leader is None or not g.members_stopped:
+        return
+    g.members_stopped = False
+    answers: tuple[Answer, ...] = await beating(g.leader.launch_all(rung))
+    record("group_launch", "info" if all(a.ok for a in answers) else "warning", rung=rung, nodes=_nodes(answers))
+
+
+@dataclass(frozen=True)
+class GroupEndpoint:
+    """What api/group.py sees of the daemon (its `GroupHandle`)."""
+
+    snapshot: Callable[[], StatusSnapshot]
+    group_report: Callable[[], NodeReport]
+    submit_command: Callable[[Command], Awaitable[CommandResult]]
+
+    async def submit(self, command: Command) -> CommandResult:
+        return await self.submit_command(command)
+
+
+def bundle_doc(g: GroupRuntime | None, incident_id: str) -> Mapping[str, object] | None:
+    return g.bundle_doc(incident_id) if g is not None else None

@@ -1,0 +1,51 @@
+"""GroupSupervisor's worker view: no token scrape, no self-promotion; without [group], the plain owner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fakeclock import FakeClock
+from prometheus_client import CollectorRegistry
+
+from probes.gpu import GpuProbe
+from supervisor.config.settings import Settings, settings_from_mapping
+from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.daemon.owner_group import GroupSupervisor
+
+
+def settings(tmp_path: Path, group: dict[str, object] | None) -> Settings:
+    data: dict[str, object] = {
+        "server": {"command": ["sglang-server"], "args": {"tp-size": 2, "enable-metrics": True}},
+        "restart": {"promote_after_s": 600},
+        "paths": {"state_dir": str(tmp_path / "state")},
+    }
+    if group is not None:
+        data["group"] = group
+    return settings_from_mapping(data)
+
+
+def build(s: Settings) -> GroupSupervisor:
+    return GroupSupervisor(
+        s,
+        clock=FakeClock(),
+        metrics=lambda snap: SupervisorMetrics(CollectorRegistry(), snap),
+        gpu=GpuProbe(None),
+        env={},
+    )
+
+
+async def test_a_worker_scrapes_no_tokens_and_never_promotes_itself(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    sup = build(settings(tmp_path, {"nnodes": 2, "node_rank": 1, "leader": "h0:8900"}))
+    # No log line from here: the owner's module logger must first be used under the tests that capture it.
+    monkeypatch.setattr(sup, "record", lambda *a, **kw: None)
+    assert sup._metrics_on == (False,)
+    assert sup.settings.restart.promote_after_s == 0.0
+    sup.reload(settings(tmp_path, {"nnodes": 2, "node_rank": 1, "leader": "h0:8900"}))
+    assert sup._metrics_on == (False,) and sup.settings.restart.promote_after_s == 0.0
+
+
+def test_the_leader_and_a_single_node_keep_their_settings(tmp_path: Path) -> None:
+    for group in ({"nnodes": 2, "node_rank": 0, "members": ["h1:8900"]}, None):
+        sup = build(settings(tmp_path, group))
+        assert sup._metrics_on == (True,) and sup.settings.restart.promote_after_s == 600
+        assert sup.snapshot().group is None  # the runtime is attached by the composition root
