@@ -26,6 +26,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WaitFn = Callable[..., bool]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`make test &`, nohup in a script) with SIGINT ignored, and an
+    # ignored signal stays ignored across exec: every CLI the tests start would then shrug off the
+    # Ctrl-C they test. Exec resets a handler (not an ignore) to the default, so children get SIGINT back.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _wait_until(cond: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
