@@ -137,7 +137,9 @@ def simulator(spawn: SpawnFn, marker: str, free_port: int, tmp_path: Path) -> It
         argv += ["--tp-size", str(tp_size), "--host", "127.0.0.1", "--port", str(free_port), *extra]
         log_dir = tmp_path / "sim-logs"
         start = LogCapture.end_of(log_dir)  # before the keeper can write: this launch's lines follow
-        keeper, write_end, kept = spawn_log_keeper(str(log_dir), "server.log", 50 << 20, 1, dict(os.environ))
+        # Five backups, as the daemon keeps by default: a reader starved by a loaded machine may fall
+        # that many rotations behind a flood (220 MB is four rotations here) and still lose no line.
+        keeper, write_end, kept = spawn_log_keeper(str(log_dir), "server.log", 50 << 20, 5, dict(os.environ))
         os.close(kept)
         keepers.append(keeper)
         try:
