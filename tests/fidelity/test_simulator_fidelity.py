@@ -30,12 +30,7 @@ from probes.logs import clean, parse_progress, split_prefix
 from probes.proctree import MARKER_ENV, ProcessTreeProbe
 from supervisor.process import kill_marked
 
-# One worker runs the whole module under xdist, so each recorded run is simulated once (`pair` is module-scoped).
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not RUNS, reason="no transcript"),
-    pytest.mark.xdist_group("fidelity"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(not RUNS, reason="no transcript")]
 ROOT = Path(__file__).resolve().parents[2]
 READY = "The server is fired up and ready to roll!"
 # Line kinds the simulator models; a real transcript's other lines (warnings of its environment,
