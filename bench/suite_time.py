@@ -110,7 +110,7 @@ def report(results: list[Timed], total_tests: int, workers: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=6)
     p.add_argument("--unit-workers", type=int, default=2)
     p.add_argument("--serial", action="store_true", help="also run the whole suite in one process")
     p.add_argument("--no-write", action="store_true")
