@@ -3,7 +3,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit venv clean
+.PHONY: demo test lint typecheck unit integration suite venv clean
+
+# Parallel pytest workers (pytest-xdist). The integration tests mostly wait on real windows (stall
+# windows, backoffs, grace periods), so six of them overlap well even on 2 cores; see
+# docs/DECISIONS.md, "A faster suite". WORKERS=0 runs in one process (pytest -n 0).
+# worksteal, not loadgroup: loadgroup keys tests by node id and runs the schemathesis cases (42
+# items under 3 ids) once per id, dropping 39 tests without a word.
+WORKERS ?= 6
+UNIT_WORKERS ?= 2
+XDIST = --dist worksteal
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,10 +31,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The inner loop: everything but the tests marked `integration` (under a minute).
 unit: $(STAMP)
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m "not integration" -n $(UNIT_WORKERS) $(XDIST) $(PYTEST_ARGS)
 
-test: lint typecheck unit
+# The real daemon, simulator, py-spy and gdb tests only.
+integration: $(STAMP)
+	$(VENV)/bin/pytest -q -m integration -n $(WORKERS) $(XDIST) $(PYTEST_ARGS)
+
+# The whole suite, both tiers in one parallel run.
+suite: $(STAMP)
+	$(VENV)/bin/pytest -q -n $(WORKERS) $(XDIST) $(PYTEST_ARGS)
+
+test: lint typecheck suite
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -26,6 +26,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WaitFn = Callable[..., bool]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`make test &`, nohup in a script) with SIGINT ignored, and an
+    # ignored signal stays ignored across exec: every CLI the tests start would then shrug off the
+    # Ctrl-C they test. Exec resets a handler (not an ignore) to the default, so children get SIGINT back.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _wait_until(cond: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -129,7 +137,9 @@ def simulator(spawn: SpawnFn, marker: str, free_port: int, tmp_path: Path) -> It
         argv += ["--tp-size", str(tp_size), "--host", "127.0.0.1", "--port", str(free_port), *extra]
         log_dir = tmp_path / "sim-logs"
         start = LogCapture.end_of(log_dir)  # before the keeper can write: this launch's lines follow
-        keeper, write_end, kept = spawn_log_keeper(str(log_dir), "server.log", 50 << 20, 1, dict(os.environ))
+        # Five backups, as the daemon keeps by default: a reader starved by a loaded machine may fall
+        # that many rotations behind a flood (220 MB is four rotations here) and still lose no line.
+        keeper, write_end, kept = spawn_log_keeper(str(log_dir), "server.log", 50 << 20, 5, dict(os.environ))
         os.close(kept)
         keepers.append(keeper)
         try:

@@ -146,7 +146,9 @@ def test_status_and_metrics_answer_during_a_gdb_capture(hung_process: subprocess
         assert result["diagnose"].json()["summary"]["bytes"] > 0
         for path, seen in latencies.items():
             assert seen, f"no {path} request landed during the {handle.capture_s:.2f} s capture"
-            assert max(seen) < 1.0, (path, max(seen))
+            # 2 s, as every blow-up guard here (DECISIONS, "Tests that hold on a loaded CI machine"): a
+            # route blocked by the capture waits seconds; 1 s was missed once under six parallel workers.
+            assert max(seen) < 2.0, (path, max(seen))
             print(
                 f"{path} during a {handle.capture_s:.2f} s gdb+py-spy capture: n={len(seen)} "
                 f"p50={1000 * statistics.median(seen):.1f} ms max={1000 * max(seen):.1f} ms"

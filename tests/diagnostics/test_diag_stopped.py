@@ -3,13 +3,16 @@ real process trees (deadlock_prog.py), with a real RAS server (tests/support/fak
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import pytest
 from fake_ras import FakeRas, comm, report
 
@@ -75,6 +78,10 @@ async def test_a_sigstopped_rank_gets_python_frames_from_pystack(
     tree = launch("deadlock", 2)
     stopped = tree.children[1]
     os.kill(stopped, signal.SIGSTOP)
+    # The capture reads the state from /proc; on a loaded machine the stop lands a moment later.
+    deadline = time.monotonic() + 10
+    while psutil.Process(stopped).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     res = await capture(_request(tree.infos(), native=True), tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
     outcomes = {(t.pid, t.tool): t for t in res.tools}
     assert outcomes[(stopped, "py-spy")].outcome == "skipped", outcomes

@@ -117,7 +117,8 @@ def test_a_capture_interrupted_by_sigkill_is_recorded_at_the_next_start(sim, tmp
         while time.monotonic() < deadline and state(s.state_dir)["attempts"][0]["outcome"] == "running":
             time.sleep(0.1)
         assert state(s.state_dir)["attempts"][0]["outcome"] == "startup_stall"
-        deadline = time.monotonic() + 30  # written when the stop ends, which may follow the outcome
+        # The outcome is saved before the old tree's stop is verified and journalled: wait for that too.
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(e["event"] == "leftovers_stopped" for e in events(s.state_dir)):
             time.sleep(0.1)
         assert any(e["event"] == "leftovers_stopped" for e in events(s.state_dir)), "the old tree was stopped"
