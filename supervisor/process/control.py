@@ -160,6 +160,8 @@ class RealProcessControl:
         self.subreaper = subreaper
         self._keeper_env = keeper_env
         self._keepers: list[subprocess.Popen[bytes]] = []
+        # Every server this daemon spawned, until its Popen has seen it end (see `_collect`).
+        self._servers: list[Child] = []
         self.keeper: Keeper | None = None  # the keeper of the running server's output
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], marker: str, cwd: str | None, logs: LogFiles) -> Child:
@@ -185,6 +187,7 @@ class RealProcessControl:
         finally:
             os.close(write_end)  # the server holds the only write end: the keeper ends with it
         self._set_keeper(Keeper(server.pid, kept, keeper.pid, _starttime(keeper.pid), keeper))
+        self._servers.append(server)
         return server
 
     def _env_for_keeper(self) -> dict[str, str]:
@@ -237,6 +240,7 @@ class RealProcessControl:
         report = process.stop_tree(root, marker, host, port, grace_s, adopt_orphans=self.subreaper)
         self._set_keeper(None)  # the daemon's read end goes with the server
         self._reap_keepers(wait_s=KEEPER_DRAIN_S)
+        self._collect()
         return report
 
     def kill_leftovers(self, markers: tuple[str, ...], host: str, port: int) -> StopReport:
@@ -244,8 +248,18 @@ class RealProcessControl:
 
     def reap(self, exclude: int | None) -> list[int]:
         # Keepers are left to their Popen, which then knows how they ended (a signal, an exit code).
-        skip = (*((exclude,) if exclude is not None else ()), *(k.pid for k in self._keepers))
+        self._collect()
+        skip = (
+            *((exclude,) if exclude is not None else ()),
+            *(k.pid for k in self._keepers),
+            *(c.pid for c in self._servers),
+        )
         return reap_orphans(skip) if self.subreaper else []
+
+    def _collect(self) -> None:
+        """Servers this daemon spawned are reaped by their own Popen (which then knows their exit),
+        never by the orphan sweep: a Popen whose child someone else reaped would never learn it ended."""
+        self._servers = [c for c in self._servers if c.poll() is None]
 
     def _reap_keepers(self, wait_s: float = 0.0) -> None:
         """Keepers end when their server does; reap those that did, so none stays a zombie.
