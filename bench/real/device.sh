@@ -10,6 +10,7 @@
 # STAGES=plan PLAN="serve:0:0,cudagdb:1:0" ("+" separates GPUs: tp2:0+1:0). Issue 24 (not in the
 # default): i24 (the SIGSTOPped scheduler's bundle with pystack, lane stall; the Xid chain, lane xid;
 # one H200), i24tp2 (NCCL's RAS report of rank 1 SIGSTOPped, two GPUs), ranks (bench/gpu_ranks.py).
+# Issue 23: mn2 (real SGLang as two nodes of one group, one daemon per node; two GPUs).
 set -u
 REAL=${REAL:-/tmp/real}
 OUTDIR=$REAL/out
@@ -36,6 +37,8 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work24" --out "$OUTDIR" ;;
     i24tp2) python3 -m bench.real.run plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
             python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
+    mn2)    python3 -m bench.real.run lane mn2 --gpu 0,1 --real "$REAL" --work "$REAL/work23"
+            cp "$REAL/work23/result.json" "$OUTDIR/mn2-result.json" 2>/dev/null ;;
     busy)   python3 -m bench.real.run plan --plan "busyhang:0:0" --real "$REAL" --work "$REAL/work22a" --deadline 400
             python3 -m bench.real.run pack --work "$REAL/work22a" --out "$OUTDIR" ;;
     clean)  python3 -m bench.real.run plan --plan "clean3:0:0" --real "$REAL" --work "$REAL/work22b" --deadline 560
