@@ -4,24 +4,13 @@ arrives while it waits goes through the same dispatcher as any other (issue 25).
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import datetime
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from test_recovery_policy import named
 
 pytestmark = pytest.mark.integration
-
-
-def events(state_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-def named(state_dir: str | Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in events(state_dir) if e["event"] == name]
 
 
 LONG = {"backoff_initial_s": 8.0, "backoff_max_s": 30.0, "backoff_jitter": 0.0, "max_restarts_per_hour": 50}
