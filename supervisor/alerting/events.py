@@ -10,6 +10,9 @@ what is sent and what is journalled the same story. The four events:
 - `recovered`: the first `ready` after an incident or `failed`, naming the incident it ends.
 - `stayed_stopped`: the daemon (re)started and left the server stopped, because an operator had
   stopped it before the daemon restarted. A heads-up that nothing is serving, by design.
+- `launch_blocked`: launches have been refused in a row until the refused-launch backoff reached
+  its cap (processes outside the server hold the GPU memory the rung needs, named with the
+  numbers); the daemon keeps trying, and the `ready` that ends it is a `recovered`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class NotifyEvent:
         if self.kind == "recovered":
             after = f" after {self.incident_id}" if self.incident_id else ""
             return f"{where}: recovered{after}, serving on rung {self.rung or '?'}"
+        if self.kind == "launch_blocked":
+            return f"{where}: not launching rung {self.rung or '?'}, still waiting: {self.reason}"
         return f"{where}: stayed stopped after the daemon restarted: {self.reason or 'stopped by request'}"
 
 
@@ -94,6 +99,17 @@ class Tracker:
             ended = self._incident_or_none()
             self.open_incident = None
             return NotifyEvent(kind="recovered", at=at, instance=self.instance, rung=rung, incident_id=ended)
+        if name == "launch_blocked":
+            if self.open_incident is None:
+                self.open_incident = "blocked"
+            return NotifyEvent(
+                kind="launch_blocked",
+                at=at,
+                instance=self.instance,
+                rung=rung,
+                reason=_text(record.get("reason"))[:500],
+                incident_id=self._incident_or_none(),
+            )
         if name == "stayed_stopped":
             return NotifyEvent(
                 kind="stayed_stopped", at=at, instance=self.instance, rung=self.rung, reason=_text(record.get("reason"))
@@ -101,7 +117,7 @@ class Tracker:
         return None
 
     def _incident_or_none(self) -> str | None:
-        return self.open_incident if self.open_incident not in (None, "failed", "incident") else None
+        return self.open_incident if self.open_incident not in (None, "failed", "incident", "blocked") else None
 
 
 def _text(value: object) -> str:

@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-EventKind = Literal["incident", "failed", "recovered", "stayed_stopped"]
-EVENT_KINDS: tuple[EventKind, ...] = ("incident", "failed", "recovered", "stayed_stopped")
+EventKind = Literal["incident", "failed", "recovered", "stayed_stopped", "launch_blocked"]
+EVENT_KINDS: tuple[EventKind, ...] = ("incident", "failed", "recovered", "stayed_stopped", "launch_blocked")
 # PagerDuty is for paging: an operator's stop that outlived a daemon restart pages nobody.
-PAGERDUTY_EVENTS: tuple[EventKind, ...] = ("incident", "failed", "recovered")
+PAGERDUTY_EVENTS: tuple[EventKind, ...] = ("incident", "failed", "recovered", "launch_blocked")
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
@@ -24,7 +24,7 @@ class NotifyTarget(BaseModel):
     url_file: str | None = None
     routing_key_file: str | None = None  # PagerDuty's integration key
     argv: tuple[str, ...] = ()  # exec: the hook's command line; the event arrives on stdin and in env
-    events: tuple[EventKind, ...] | None = None  # None: all four (PagerDuty: all but stayed_stopped)
+    events: tuple[EventKind, ...] | None = None  # None: all (PagerDuty: all but stayed_stopped)
     timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     retries: Annotated[int, Field(ge=0, le=20)] = 3
     backoff_initial_s: Annotated[float, Field(ge=0, le=3600)] = 2.0

@@ -103,6 +103,7 @@ def check_rungs(
         if r.env:
             out.write("  env: " + " ".join(f"{k}={v}" for k, v in redact.env(r.env).items()) + "\n")
     out.write(f"gpu: {settings.gpu.describe()}\n")
+    out.write(f"slate: {settings.slate.describe()}\n")
     findings = check_settings(settings, os.environ if env is None else env)
     for f in findings:
         out.write(f.line() + "\n")
@@ -136,6 +137,7 @@ def check_rungs_json(
     doc: dict[str, object] = {
         "rungs": rungs,
         "gpu": {"source": settings.gpu.source, "file": settings.gpu.file, "detail": settings.gpu.describe()},
+        "slate": {**settings.slate.model_dump(), "detail": settings.slate.describe()},
         "findings": [{"level": f.level, "key": f.key, "message": f.message} for f in findings],
     }
     if settings.group is not None:

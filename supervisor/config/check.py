@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from supervisor.config.groupcheck import group_findings
+from supervisor.config.portcheck import port_findings
 from supervisor.config.render import render_rung
 from supervisor.config.settings import ConfigError, Settings
 from supervisor.config.watchdogcheck import watchdog_findings
@@ -43,17 +44,21 @@ def check_settings(settings: Settings, env: Mapping[str, str], which: Which = _w
         *_rungs(settings),
         *_notify(settings, env, which),
         *_gpus(settings, env),
+        *(Finding(level, key, msg) for level, key, msg in port_findings(settings)),
         *sglang_wd,
         *(Finding(level, key, msg) for level, key, msg in group_findings(settings)),
     )
 
 
 def _gpus(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
-    """A GPU another process holds memory on: the daemon would refuse to launch onto it; a simulated
-    GPU whose file cannot be read (the probe would report `unavailable` until it can)."""
+    """Processes outside the server holding memory on its GPUs, judged as the first launch would
+    judge them under `[slate] gpu_strangers` (supervisor/policy/gpufit.py): a warning when that
+    launch would wait or fail now; a simulated GPU whose file cannot be read (the probe would
+    report `unavailable` until it can)."""
     from probes.gpu import GpuProbe
     from supervisor.daemon import cleanslate as cs
     from supervisor.daemon.gpusource import open_nvml
+    from supervisor.policy import gpufit
 
     probe = GpuProbe(open_nvml(settings.gpu))
     try:
@@ -64,17 +69,22 @@ def _gpus(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
         if settings.gpu.simulated:
             return [Finding("warning", "gpu.file", f"the GPU probe would report unavailable: {gpu.reason}")]
         return []
-    server_env = {**env, **render_rung(settings.server, settings.ladder[0]).env}
-    holders = cs.gpu_holders(gpu, (), cs.visible_gpus(server_env, gpu), cs.command_of)
-    return [
-        Finding(
-            "warning",
-            "server",
-            f"GPU {g} holds {b / 2**30:.1f} GiB of pid {p} ({c}): the daemon refuses to launch while a"
-            " process outside the server holds memory on its GPUs",
-        )
-        for p, g, b, c in holders
+    base = render_rung(settings.server, settings.ladder[0])
+    gpus = cs.visible_gpus({**env, **base.env}, gpu)
+    strangers = [
+        gpufit.Stranger(p, g, b, c) for p, g, b, c in cs.gpu_holders(gpu, (), gpus, cs.command_of) if cs.pid_alive(p)
     ]
+    rooms = [
+        gpufit.GpuRoom(d.index, d.mem_total_bytes, d.mem_used_bytes)
+        for d in gpu.devices
+        if gpus is None or d.index in gpus
+    ]
+    slate = settings.slate
+    decision = gpufit.decide(rooms, strangers, gpufit.need_of(base.argv, slate.gpu_need_gib), slate.gpu_strangers)
+    if decision.action == "launch":
+        return []
+    act = "would wait" if decision.action == "wait" else "would fail"
+    return [Finding("warning", "slate.gpu_strangers", f"the launch of rung {base.rung} {act} now: {decision.why}")]
 
 
 def _api(settings: Settings, env: Mapping[str, str]) -> list[Finding]:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from supervisor.alerting.settings import NotifyTarget, unique_names
 from supervisor.config.expand import ExpansionError, expand
 from supervisor.config.gpu import GpuSettings
+from supervisor.config.slate import SlateSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -285,6 +286,7 @@ class Settings(_Section):
     paths: PathsSettings = Field(default_factory=PathsSettings)
     notify: tuple[NotifyTarget, ...] = ()  # [[notify]]: supervisor/alerting, docs/OPERATIONS.md
     gpu: GpuSettings = Field(default_factory=GpuSettings)  # [gpu]: supervisor/config/gpu.py
+    slate: SlateSettings = Field(default_factory=SlateSettings)  # [slate]: supervisor/config/slate.py
     group: GroupSettings | None = None  # [group]: multi-node (docs/MULTINODE.md); None: one node
 
     @field_validator("fallback", "notify", mode="before")

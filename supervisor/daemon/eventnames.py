@@ -40,6 +40,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "group_stop",
         "incident",
         "ladder_decision",
+        "launch_blocked",
         "launch_refused",
         "leftovers_stopped",
         "log_keeper_lost",

@@ -1,7 +1,9 @@
 """The clean slate, acted: before every launch (after the stop of the last server, if any), remove
 SGLang's stale shared memory, stop `sglang::` orphans of an earlier server of this state directory
-and processes with this daemon's marker still holding GPU memory, and refuse the launch while a
-stranger holds memory on the server's GPUs (SGLang would fail on it), naming pid and command.
+and processes with this daemon's marker still holding GPU memory; then judge the processes outside
+the server that hold memory on its GPUs (strangers) by need (supervisor/policy/gpufit.py): each is
+named in the journal, and the launch waits (or, strictly, fails) only as `[slate] gpu_strangers`
+says, with the numbers.
 
 A helper of the owner: it takes the values it needs and returns `Slate` (the `clean_slate` journal
 fields and the refusal, if any); the owner records it and defers a refused launch.
@@ -11,36 +13,40 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.config.slate import SlateSettings
 from supervisor.daemon import cleanslate as cs
+from supervisor.daemon import shmledger
 from supervisor.daemon.beating import keep_beating
 from supervisor.daemon.stopping import StopTools
+from supervisor.policy import gpufit
 from supervisor.process.stoppids import stop_pids
 
+_DEFAULT = SlateSettings()
 
-def _sweep_shm(shm_dir: str) -> tuple[list[cs.StaleShm], list[str]]:
+
+def _sweep_shm(shm_dir: str, state_dir: Path) -> tuple[list[cs.StaleShm], list[str]]:
     if not shm_dir:
         return [], []
-    d = Path(shm_dir)
-    entries = cs.list_shm(d)
-    in_use = cs.names_in_use(d) if any(cs.creator_pid(e.name) is None for e in entries) else set()
-    return cs.remove_shm(d, cs.stale_shm(entries, cs.pid_alive, in_use, os.getuid()))
+    return shmledger.sweep(Path(shm_dir), state_dir)  # only what this daemon's trees provably made
 
 
 @dataclass(frozen=True)
 class Slate:
     """`doc`: the `clean_slate` journal fields (empty: nothing found); `refused`: why the launch
-    must wait (a stranger holds GPU memory), else None."""
+    must not go ahead now (processes outside the server hold GPU memory, with the numbers), else
+    None; `strict`: not a wait but a failure (`[slate] gpu_strangers = "refuse"`)."""
 
     doc: dict[str, object]
     refused: str | None
+    strict: bool = False
 
     @property
     def warn(self) -> bool:
-        return self.refused is not None or bool(self.doc.get("shm_errors"))
+        return self.refused is not None or bool(self.doc.get("shm_errors")) or bool(self.doc.get("gpu_strangers"))
 
 
 async def prepare(
@@ -51,11 +57,14 @@ async def prepare(
     tree: set[int],
     env: Mapping[str, str],
     marker: str,
+    argv: Sequence[str] = (),
+    slate: SlateSettings = _DEFAULT,
 ) -> Slate:
     """`tree`: the running server's pids (not orphans); `env`: what the server gets (its
-    CUDA_VISIBLE_DEVICES names the GPUs to check)."""
+    CUDA_VISIBLE_DEVICES names the GPUs to check); `argv`: the command line about to be launched
+    (its --mem-fraction-static is the need, supervisor/policy/gpufit.py)."""
     doc: dict[str, object] = {}
-    removed, errors = await asyncio.to_thread(_sweep_shm, shm_dir)
+    removed, errors = await asyncio.to_thread(_sweep_shm, shm_dir, state_dir)
     if removed or errors:
         doc["shm_removed"] = [f"{s.name} ({s.size} B, {s.why})" for s in removed]
         doc["shm_bytes_freed"] = sum(s.size for s in removed)
@@ -66,11 +75,21 @@ async def prepare(
         doc["orphans_found"] = orphans
         doc["orphans_stopped"] = list(report.pids_found)
         doc["orphans_survivors"] = list(report.survivors)
-    refused = await _gpu_holders(tools, env, marker, doc)
-    return Slate(doc, refused)
+    need = gpufit.need_of(argv, slate.gpu_need_gib)
+    fit = await _gpu_holders(tools, env, marker, need, slate.gpu_strangers, doc)
+    if fit is None or fit.action == "launch":
+        return Slate(doc, None)
+    return Slate(doc, fit.why, strict=fit.action == "refuse")
 
 
-async def _gpu_holders(tools: StopTools, env: Mapping[str, str], marker: str, doc: dict[str, object]) -> str | None:
+async def _gpu_holders(
+    tools: StopTools,
+    env: Mapping[str, str],
+    marker: str,
+    need: gpufit.Need,
+    policy: gpufit.Policy,
+    doc: dict[str, object],
+) -> gpufit.FitDecision | None:
     gpu = await asyncio.to_thread(tools.gpu.snapshot_all)
     if gpu.status != "ok":
         return None
@@ -80,19 +99,44 @@ async def _gpu_holders(tools: StopTools, env: Mapping[str, str], marker: str, do
         return None
     ours = [h for h in holders if cs.carries(h[0], marker)]
     # A pid this daemon cannot see (another container's pid namespace, or an entry the driver kept
-    # for a dead process) cannot be named or told from a stale one: recorded, not a refusal.
+    # for a dead process) cannot be named or told from a stale one: recorded, not a refusal (its
+    # memory still counts as used when the launch is judged by need).
     unseen = [h for h in holders if h not in ours and not cs.pid_alive(h[0])]
-    strangers = [h for h in holders if h not in ours and h not in unseen]
+    strangers = [gpufit.Stranger(p, g, b, c) for p, g, b, c in holders if (p, g, b, c) not in ours + unseen]
     if unseen:
         doc["gpu_unseen"] = [{"pid": p, "gpu": g, "bytes": b} for p, g, b, _ in unseen]
+    freed: set[int] = set()
     if ours:
         pids = sorted({h[0] for h in ours})
         report = await keep_beating(asyncio.to_thread(stop_pids, pids, tools.grace_s), tools.beat)
         held = await asyncio.to_thread(tools.gpu.held_by, pids)
         doc["gpu_ours_stopped"] = list(report.pids_found)
         doc["gpu_ours_still_held"] = {str(k): v for k, v in held.items()}
+        freed = {p for p in pids if p not in held}
     if not strangers:
         return None
-    doc["gpu_strangers"] = [{"pid": p, "gpu": g, "bytes": b, "command": c} for p, g, b, c in strangers]
-    named = "; ".join(f"pid {p} ({c}) holds {b / 2**30:.1f} GiB on GPU {g}" for p, g, b, c in strangers[:5])
-    return f"GPU memory held by processes outside the server: {named}"
+    rooms = [
+        gpufit.GpuRoom(
+            d.index,
+            d.mem_total_bytes,
+            d.mem_used_bytes,
+            sum(b for p, g, b, _ in ours if g == d.index and p in freed),  # stopped, so free again
+        )
+        for d in gpu.devices
+        if gpus is None or d.index in gpus
+    ]
+    decision = gpufit.decide(rooms, strangers, need, policy)
+    doc["gpu_strangers"] = [
+        {"pid": s.pid, "gpu": s.gpu, "bytes": s.used_bytes, "command": s.command} for s in strangers
+    ]
+    doc["gpu_fit"] = {
+        "policy": policy,
+        "action": decision.action,
+        "need": need.describe(),
+        "gpus": [
+            {"gpu": g.index, "total_bytes": g.total_bytes, "free_bytes": g.free_bytes, "need_bytes": g.need_bytes}
+            for g in decision.gpus
+        ],
+        "why": decision.why,
+    }
+    return decision

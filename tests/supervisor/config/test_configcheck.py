@@ -157,13 +157,15 @@ def test_a_gpu_another_process_holds_is_reported(
     nvml = tmp_path / "nvml.json"
     held = {"uuid": "GPU-b", "processes": {str(os.getpid()): 2**31}}
     nvml.write_text(json.dumps({"devices": [{"uuid": "GPU-a"}, held]}))
-    gpu = f'[gpu]\nsource = "simulator"\nfile = "{nvml}"\n'
+    # Under the strict form of waiting: any holder (the default judges by need: test_slatecheck.py).
+    gpu = f'[gpu]\nsource = "simulator"\nfile = "{nvml}"\n[slate]\ngpu_strangers = "wait"\n'
     code, out, _ = check(base(gpu))
     assert f"gpu: the simulator's GPU from {nvml} ([gpu] source = \"simulator\"), not a real NVML" in out
-    assert f"warning: server: GPU 1 holds 2.0 GiB of pid {os.getpid()} (" in out
+    assert "warning: slate.gpu_strangers: the launch of rung base would wait now" in out
+    assert f"GPU 1: 138.4 GiB free of 140 GiB, the rung's need is unknown; held by pid {os.getpid()} (" in out
     assert code == 0  # a warning: under --strict it fails
     code, out, _ = check(base(gpu + '[server.env]\nCUDA_VISIBLE_DEVICES = "0"'), "--strict")
-    assert code == 0 and "GPU 1 holds" not in out  # not one of the server's GPUs
+    assert code == 0 and "GPU 1:" not in out  # not one of the server's GPUs
     code, _, _ = check(base(gpu), "--strict")
     assert code != 0
 
