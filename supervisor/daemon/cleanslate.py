@@ -6,8 +6,12 @@ CUDA-IPC `sync`) and `multi_tokenizer_args_<pid>`; its load snapshots are
 `sglang_loads_<name>_<digest>.shm`, and older releases' broadcast queues Python's default
 `psm_<hex>`. SGLang sweeps dead creators' segments only in its own CI; a SIGKILLed server (the
 way its own kill_process_tree ends children) leaves them, and a full tmpfs kills the next server
-with SIGBUS. Segments that name their creator are stale once it is dead; those that do not are
-stale when no process maps or holds them open (and they are ours: same uid).
+with SIGBUS. A segment is removed only with proof that it is this daemon's and dead: SGLang's by
+name, owned by this uid, mapped or held open by no live process, and made by this daemon's tree:
+its creator pid (when the name has one) is gone and was a member of a tree this daemon launched, or
+its tree was seen mapping it (supervisor.daemon.shmledger keeps both). A pid that merely reads as
+gone proves nothing (another pid namespace's creator is invisible), and `psm_<hex>` is any Python
+program's default name: without the ledger's proof either is kept.
 
 Readers take their directories as arguments (tests use temp dirs); the decisions are pure.
 """
@@ -54,19 +58,30 @@ def creator_pid(name: str) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class OursShm:
+    """What proves a segment this daemon's: pids of trees it launched, names its trees mapped."""
+
+    pids: frozenset[int]
+    names: frozenset[str]
+
+
 def stale_shm(
-    entries: Iterable[ShmEntry], alive: Callable[[int], bool], in_use: Collection[str], uid: int
+    entries: Iterable[ShmEntry], alive: Callable[[int], bool], in_use: Collection[str], uid: int, ours: OursShm
 ) -> list[StaleShm]:
-    """SGLang's segments whose creator is dead, or (no creator in the name) that nobody uses; a
-    recycled pid reads as alive, which leaks a segment rather than removing a live one."""
+    """This daemon's dead segments: SGLang's by name, of `uid`, not in use, and proven ours by
+    `ours` (a pid-named one also needs its creator gone). A recycled pid reads as alive, which
+    leaks a segment rather than removing a live one; anything unproven is kept."""
     out = []
     for e in entries:
         pid = creator_pid(e.name)
+        if e.uid != uid or e.name in in_use or (pid is None and not _WITHOUT_PID.match(e.name)):
+            continue
         if pid is not None:
-            if not alive(pid):
-                out.append(StaleShm(e.name, e.size, f"its creator pid {pid} is gone"))
-        elif _WITHOUT_PID.match(e.name) and e.uid == uid and e.name not in in_use:
-            out.append(StaleShm(e.name, e.size, "no process maps it or holds it open"))
+            if not alive(pid) and (pid in ours.pids or e.name in ours.names):
+                out.append(StaleShm(e.name, e.size, f"its creator pid {pid} (of this daemon's tree) is gone"))
+        elif e.name in ours.names:
+            out.append(StaleShm(e.name, e.size, "this daemon's tree mapped it; nothing maps it or holds it open now"))
     return out
 
 
@@ -87,14 +102,16 @@ def list_shm(shm_dir: Path) -> list[ShmEntry]:
     return out
 
 
-def names_in_use(shm_dir: Path, proc_root: str = "/proc") -> set[str]:
-    """Files directly under `shm_dir` that some process maps or holds open (/proc/*/maps, fd/)."""
+def names_in_use(shm_dir: Path, proc_root: str = "/proc", pids: Iterable[int] | None = None) -> set[str]:
+    """Files directly under `shm_dir` that some process (of `pids`, default every one) maps or
+    holds open (/proc/*/maps, fd/)."""
     prefix = str(shm_dir).rstrip("/") + "/"
     found: set[str] = set()
-    try:
-        pids = [p for p in os.listdir(proc_root) if p.isdigit()]
-    except OSError:
-        return found
+    if pids is None:
+        try:
+            pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
+        except OSError:
+            return found
     for pid in pids:
         try:
             with open(f"{proc_root}/{pid}/maps", encoding="utf-8", errors="replace") as f:
@@ -162,7 +179,8 @@ def command_of(pid: int, proc_root: str = "/proc") -> str:
     except OSError:
         return "(gone, or another user's: its command cannot be read)"
     shown = Redactor.from_envs([], extra=argv_secrets(argv)).argv(argv)  # a stranger's --api-key stays out
-    return " ".join(shown)[:300] or "(no command line)"
+    # One line whatever the argv holds (a `python -c` script's newlines, tabs): it goes into a reason.
+    return " ".join(" ".join(shown).split())[:300] or "(no command line)"
 
 
 def visible_gpus(env: Mapping[str, str], gpu: GpuObservation) -> frozenset[int] | None:

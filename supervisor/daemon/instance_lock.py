@@ -7,12 +7,17 @@ the daemon spawns inherits it (the server and the log keeper get only their pipe
 that outlives its daemon never keeps the successor out. The file holds the holder's pid and, during
 a SIGUSR2 handoff, the word `handoff`: only then does a newcomer wait (bounded) for the lock,
 because its holder is about to let go.
+
+Beside the lock, `daemon.json` (`write_about`) says who holds it: pid, config path, the server's
+and the API's address. Another daemon that finds a tree of this state directory on its port reads
+it (supervisor.process.owners) to name this one; it is believed only while its pid holds the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCK_NAME = "daemon.lock"
+ABOUT_NAME = "daemon.json"
 # A handoff's last steps (close the log capture, save state, close probes) take well under a
 # second; a successor waits this long for a holder that announced a handoff, then refuses.
 HANDOFF_WAIT_S = 15.0
@@ -135,3 +141,23 @@ def acquire(
     lock = StateLock(path, fd)
     lock._write(f"{os.getpid()}\n")
     return lock
+
+
+def write_about(state_dir: Path, config: Path | None, server: tuple[str, int], api: tuple[str, int]) -> None:
+    """`daemon.json`: who holds the lock, for another daemon that meets this one's tree on its port.
+    Best effort (atomic replace): a daemon that cannot write it is named by pid and state_dir only."""
+    doc = {
+        "pid": os.getpid(),
+        "state_dir": str(state_dir.resolve()),
+        "config": str(config.resolve()) if config is not None else None,
+        "server_host": server[0],
+        "server_port": server[1],
+        "api_host": api[0],
+        "api_port": api[1],
+    }
+    tmp = state_dir / f".{ABOUT_NAME}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(doc) + "\n")
+        os.replace(tmp, state_dir / ABOUT_NAME)
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)

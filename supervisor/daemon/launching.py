@@ -15,6 +15,7 @@ from supervisor.clock import Clock
 from supervisor.daemon.adopt import ServerRecord, starttime_of
 from supervisor.logs.capture import LogCapture
 from supervisor.process.control import Child, LogFiles, ProcessControl, SpawnError, port_holder
+from supervisor.process.leftovers import kept_on_port
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,17 @@ class SpawnFailed:
 
 
 async def port_holder_of(host: str, port: int) -> str | None:
-    """Who holds the server's port (a launch onto it would only exit at once), or None when free."""
-    return await asyncio.to_thread(port_holder, host, port)
+    """Who holds the server's port (a launch onto it would only exit at once), or None when free;
+    a tree another live daemon (or no findable daemon) launched there is named as such."""
+    return await asyncio.to_thread(_port_holder_named, host, port)
+
+
+def _port_holder_named(host: str, port: int) -> str | None:
+    holder = port_holder(host, port)
+    if holder is None:
+        return None
+    kept = kept_on_port(port)
+    return holder if kept is None else f"{holder}: {kept}; it is not this daemon's to stop"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from supervisor.daemon.publish import iso
 from supervisor.daemon.records import Pending
 from supervisor.daemon.snapshot import IncidentView
 from supervisor.diagnostics import BundleResult, Redactor
+from supervisor.policy import gpufit
 from supervisor.policy.ladder import (
     Decision,
     Incident,
@@ -35,6 +36,7 @@ from supervisor.policy.ladder import (
 from supervisor.policy.lifecycle import RUNNING, State
 from supervisor.policy.watchdog import Verdict
 from supervisor.process.control import LogFiles
+from supervisor.process.owners import STATE_DIR_ENV
 
 HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 
@@ -51,6 +53,10 @@ class ServerLifecycle(OwnerState):
             return
         srv = self.settings.server
         holder = await launching.port_holder_of(srv.host, srv.port)
+        if holder is not None and await self.stop_leftovers(
+            f"port {srv.port} is held by a leftover (this state directory's, or a dead daemon's: its lock is free)"
+        ):  # a live daemon's tree, or one whose daemon cannot be found, is kept (supervisor.process.owners)
+            holder = await launching.port_holder_of(srv.host, srv.port)
         if holder is not None:
             self.counters.port_refusals += 1
             delay = backoff(self.counters.port_refusals, self.settings.restart, self.rand())
@@ -60,6 +66,7 @@ class ServerLifecycle(OwnerState):
         self.counters.port_refusals = 0
         self.pending = None
         env = self.child_env(rendered.env)
+        env[STATE_DIR_ENV] = str(self.state_dir.resolve())  # whose the tree is (supervisor.process.owners)
         tree = set(self.slot.obs.tree.pids) if self.slot.obs is not None and self.slot.child is not None else set()
         clean = await slate.prepare(
             self.stop_tools(),
@@ -68,17 +75,13 @@ class ServerLifecycle(OwnerState):
             tree=tree,
             env=self.child_env(render_rung(srv, self.settings.ladder[self.ladder.current]).env),
             marker=self.marker,
+            argv=rendered.argv,
+            slate=self.settings.slate,
         )
         if clean.doc:
             self.record("clean_slate", "warning" if clean.warn else "info", **clean.doc)
         if clean.refused is not None:
-            self.counters.gpu_refusals += 1
-            delay = backoff(self.counters.gpu_refusals, self.settings.restart, self.rand())
-            why = (
-                f"{clean.refused}: not launching rung {rung.name} (SGLang would fail on their memory); "
-                f"next try in {delay:.1f} s"
-            )
-            self.defer_launch(rung_index, after_incident, delay, why, "gpu_held", gpu=clean.refused)
+            self.gpu_refused(rung_index, after_incident, clean.refused, strict=clean.strict)
             return
         self.counters.gpu_refusals = 0
         self.ladder = record_launch(
@@ -110,6 +113,27 @@ class ServerLifecycle(OwnerState):
         shown = Redactor.from_envs([env]).argv(rendered.argv)
         self.record("server_launched", rung=rung.name, pid=spawned.child.pid, argv=list(shown))
         self.move(State.STARTING, f"launched rung {rung.name}")
+
+    def gpu_refused(self, rung_index: int, after_incident: bool, refused: str, *, strict: bool) -> None:
+        """Processes outside the server hold GPU memory ([slate] gpu_strangers, policy/gpufit.py):
+        wait on the refused-launch backoff, told once (`launch_blocked`) when the backoff reaches
+        its cap; or, strictly, `failed` now."""
+        rung = self.settings.ladder[rung_index].name
+        self.counters.gpu_refusals += 1
+        if strict:
+            why = f"{refused}: not launching rung {rung}"
+            self.record("launch_refused", "error", rung=rung, reason=why, gpu=refused)
+            self.metrics.launch_refused("gpu_held")
+            if self.lifecycle.state not in (State.RESTARTING, State.FAILED):
+                self.move(State.RESTARTING, why)
+            self.fail(why, why)
+            return
+        rs = self.settings.restart
+        delay = backoff(self.counters.gpu_refusals, rs, self.rand())
+        why = f"{refused}: not launching rung {rung}; next try in {delay:.1f} s"
+        self.defer_launch(rung_index, after_incident, delay, why, "gpu_held", gpu=refused)
+        if self.counters.gpu_refusals == gpufit.refusals_to_cap(rs.backoff_initial_s, rs.backoff_max_s):
+            self.record("launch_blocked", "error", rung=rung, reason=refused, refusals=self.counters.gpu_refusals)
 
     def defer_launch(
         self, rung_index: int, after_incident: bool, delay: float, reason: str, refusal: str, **fields: object

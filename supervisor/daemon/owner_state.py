@@ -39,6 +39,7 @@ from supervisor.daemon.persist import Persisted, marker_for, save
 from supervisor.daemon.publish import Facts, build, stale_after
 from supervisor.daemon.records import Counters, InHand, Pending, Slot
 from supervisor.daemon.sdnotify import Notifier, WatchdogPacer
+from supervisor.daemon.shmledger import ShmLedger
 from supervisor.daemon.snapshot import LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.xidbook import XidBook
@@ -97,6 +98,7 @@ class OwnerState:
         self.marker = marker_for(self.state_dir)
         # The records: the current server, the counts, the one pending timer, the incident in hand.
         self.slot = Slot(launched_at=clock.monotonic())
+        self.shm_ledger = ShmLedger(self.state_dir, clock.monotonic)  # what the clean slate may remove
         self.counters = Counters()
         self.pending: Pending | None = None
         self.inhand = InHand()
@@ -297,6 +299,9 @@ class OwnerState:
         if obs.health is not None:
             self.metrics.health(obs.health.latency_s, obs.health.ok)
         slot.obs = obs
+        pids = obs.tree.pids if child is not None else ()
+        if pids and self.shm_ledger.due(pids):
+            await asyncio.to_thread(self.shm_ledger.note, pids, self.settings.restart.shm_dir)
         return obs
 
     def _wants_look(self) -> bool:

@@ -13,6 +13,7 @@ import pytest
 from probes.ports import port_accepts
 from supervisor.config.render import render_rung
 from supervisor.process import ServerProcess, kill_marked
+from supervisor.process.owners import STATE_DIR_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +30,10 @@ def poison(state_dir: Path, **doc: Any) -> None:
 
 async def test_malformed_state_starts_afresh_and_still_stops_the_old_tree(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     s = sim("ok", tp=1)
-    # The tree an earlier daemon launched, still serving on the port, with a marker nobody remembers.
+    # The tree an earlier daemon launched, still serving on the port, with a marker nobody remembers;
+    # it publishes its state directory, as every tree does (supervisor.process.owners).
     rendered = render_rung(s.server, s.ladder[0])
-    env = {**os.environ, **rendered.env}
+    env = {**os.environ, **rendered.env, STATE_DIR_ENV: str(s.state_dir.resolve())}
     old = ServerProcess.spawn(rendered.argv, env, "lostmarker0123")
     try:
         deadline = time.monotonic() + 60

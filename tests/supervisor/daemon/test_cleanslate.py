@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import subprocess
 import sys
@@ -34,39 +33,30 @@ def test_the_creator_pid_is_read_from_sglangs_names(name: str, pid: int | None) 
     assert cs.creator_pid(name) == pid
 
 
-def test_stale_means_a_dead_creator_or_unused_and_ours() -> None:
+def test_stale_means_sglangs_ours_unused_and_proven_ours() -> None:
     entries = [
-        cs.ShmEntry("sgl_shm_mq_100_aa", 10, 0),  # creator dead
+        cs.ShmEntry("sgl_shm_mq_100_aa", 10, 0),  # creator dead, a pid of our tree
+        cs.ShmEntry("sgl_shm_mq_101_aa", 10, 0),  # creator dead, never ours (another namespace?)
+        cs.ShmEntry("sgl_shm_mq_102_cc", 10, 0),  # creator dead, our tree mapped it
+        cs.ShmEntry("sgl_shm_mq_103_dd", 10, 0),  # creator dead, ours, but in use
+        cs.ShmEntry("sgl_shm_mq_104_ee", 10, 1234),  # creator dead, ours, another user's
         cs.ShmEntry("sgl_shm_mq_200_bb", 10, 0),  # creator alive
-        cs.ShmEntry("psm_abc", 10, 0),  # unused, ours
-        cs.ShmEntry("psm_def", 10, 0),  # in use
+        cs.ShmEntry("psm_abc", 10, 0),  # unused, our tree mapped it
+        cs.ShmEntry("psm_abd", 10, 0),  # unused, never seen in our tree
+        cs.ShmEntry("psm_def", 10, 0),  # ours, in use
         cs.ShmEntry("psm_fed", 10, 1234),  # another user's
         cs.ShmEntry("sglang_loads_m_ab.shm", 10, 0),  # unused, ours
-        cs.ShmEntry("unrelated", 10, 0),
+        cs.ShmEntry("unrelated", 10, 0),  # not SGLang's name, even if "ours"
     ]
-    stale = cs.stale_shm(entries, alive=lambda pid: pid == 200, in_use={"psm_def"}, uid=0)
-    assert [(s.name, s.why) for s in stale] == [
-        ("sgl_shm_mq_100_aa", "its creator pid 100 is gone"),
-        ("psm_abc", "no process maps it or holds it open"),
-        ("sglang_loads_m_ab.shm", "no process maps it or holds it open"),
-    ]
-
-
-def test_a_mapped_segment_is_in_use_and_a_dead_creators_is_removed(tmp_path: Path) -> None:
-    mapped = tmp_path / "psm_1234"
-    mapped.write_bytes(b"\0" * 4096)
-    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):
-        (tmp_path / "psm_5678").write_bytes(b"x")
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-        (tmp_path / f"sgl_shm_mq_{dead.stdout.strip()}_aa").write_bytes(b"x")
-        (tmp_path / f"sgl_shm_mq_{os.getpid()}_bb").write_bytes(b"x")
-        entries = cs.list_shm(tmp_path)
-        assert "psm_1234" in cs.names_in_use(tmp_path)
-        stale = cs.stale_shm(entries, cs.pid_alive, cs.names_in_use(tmp_path), os.getuid())
-        removed, errors = cs.remove_shm(tmp_path, stale)
-    assert sorted(s.name for s in removed) == sorted(["psm_5678", f"sgl_shm_mq_{dead.stdout.strip()}_aa"])
-    assert errors == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["psm_1234", f"sgl_shm_mq_{os.getpid()}_bb"])
+    ours = cs.OursShm(
+        frozenset({100, 103, 104, 200}),
+        frozenset({"sgl_shm_mq_102_cc", "psm_abc", "psm_def", "psm_fed", "sglang_loads_m_ab.shm", "unrelated"}),
+    )
+    stale = cs.stale_shm(
+        entries, alive=lambda pid: pid == 200, in_use={"psm_def", "sgl_shm_mq_103_dd"}, uid=0, ours=ours
+    )
+    assert [s.name for s in stale] == ["sgl_shm_mq_100_aa", "sgl_shm_mq_102_cc", "psm_abc", "sglang_loads_m_ab.shm"]
+    assert stale[0].why == "its creator pid 100 (of this daemon's tree) is gone"
 
 
 def test_gpu_holders_outside_the_tree_on_the_servers_gpus() -> None:

@@ -42,13 +42,5 @@ def test_a_single_marker_and_nothing_left(marker: str, free_port: int) -> None:
     assert report.ok and report.pids_found == () and report.port_free
 
 
-def test_a_tree_on_the_port_with_another_marker_is_swept_too(
-    spawn: SpawnFn, marker: str, free_port: int, wait_until: WaitFn
-) -> None:
-    """A lost state.json loses the marker, not the tree: whoever holds the port names its own."""
-    lost = f"test-lost-{uuid.uuid4().hex[:8]}"
-    holder = spawn([sys.executable, "-c", LISTENER, str(free_port)], other_marker=lost)
-    assert wait_until(lambda: port_accepts("127.0.0.1", free_port))
-    report = kill_leftovers((marker,), "127.0.0.1", free_port, grace_s=0.5)
-    assert holder.pid in report.pids_found and report.port_free
-    assert wait_until(lambda: holder.poll() is not None)
+# A tree on the port with another marker: tests/supervisor/process/test_owners.py (kept unless
+# its daemon is provably dead or it publishes this state directory).
