@@ -259,6 +259,25 @@ class SGLangWatchdogFire:
 
 
 @dataclass(frozen=True)
+class SchedObservation:
+    """The scheduler's view of the tree (probes/starvation.py): wanting a CPU versus getting one.
+
+    Cumulative counters, summed over every thread of the tree read this poll; the watchdog takes
+    differences between polls. A deadlocked tree (threads blocked on a futex or in a sleep) adds
+    no run-queue wait however loaded the host is; a starved one adds up to a second per second per
+    runnable thread.
+    """
+
+    available: bool  # at least one schedstat of the tree was read
+    run_wait_s: float = 0.0  # /proc/<pid>/task/<tid>/schedstat field 2: runnable, waiting on a runqueue
+    on_cpu_s: float = 0.0  # field 1: time spent running
+    threads: int = 0  # threads whose schedstat was read
+    psi_some_avg10: float | None = None  # host /proc/pressure/cpu `some avg10` (percent); None: absent
+    psi_some_total_s: float | None = None  # host `some total`, seconds
+    reason: str = ""  # why unavailable ("" when read)
+
+
+@dataclass(frozen=True)
 class Observation:
     at: float
     tree: TreeObservation
@@ -270,3 +289,5 @@ class Observation:
     gpm: GpmObservation = field(default_factory=lambda: GpmObservation(status="unavailable", reason="not probed"))
     busy: BusySample | None = None  # only on polls where the watchdog asked for a look
     sglang_watchdog: SGLangWatchdogFire | None = None  # SGLang's own watchdog fired in this launch
+    sched: SchedObservation = field(default_factory=lambda: SchedObservation(available=False, reason="not probed"))
+    loop_lag_s: float = 0.0  # how late the daemon's own poll started (actual - planned), seconds

@@ -20,6 +20,7 @@ from probes.ports import PortsProbe
 from probes.proctree import ProcessTreeProbe
 from probes.serving import ServingProbe
 from probes.sglang_watchdog import SGLangWatchdogParser
+from probes.starvation import StarvationProbe
 from probes.types import (
     BusySample,
     GpmObservation,
@@ -28,6 +29,7 @@ from probes.types import (
     LogLine,
     Observation,
     PortsObservation,
+    SchedObservation,
     ServingObservation,
     TreeObservation,
 )
@@ -67,6 +69,9 @@ class Observer:
         self.gpm = GpmProbe(gpu.nvml)
         # Thread states are for the bundles (which read /proc themselves), not for every poll.
         self.tree_probe = ProcessTreeProbe(with_threads=False)
+        self.sched_probe = StarvationProbe()
+        # How late the owner's loop started this poll (set by the owner before each tick).
+        self.loop_lag_s = 0.0
         self.configure(settings)
         self.parser = LogParser()
         self.sglang_watchdog = SGLangWatchdogParser()
@@ -127,18 +132,20 @@ class Observer:
 
     def _blocking(
         self, t: Target
-    ) -> tuple[TreeObservation, PortsObservation, GpuObservation, GpmObservation, BusySample | None]:
+    ) -> tuple[TreeObservation, PortsObservation, GpuObservation, GpmObservation, BusySample | None, SchedObservation]:
         tree = self.tree_probe.observe(t.root_pid, t.marker, t.root_exit)
+        sched = self.sched_probe.observe(tree.pids)
         # New listening ports are a start-up progress channel; once serving, the port is known.
         ports = self.ports_probe.observe(() if t.serving else tree.pids)
         gpu = self.gpu.observe(tree.pids)
         gpm = self.gpm.observe(gpu)
         rates = self.busy_probe.note(tree)
         busy = self.busy_probe.sample(rates) if t.look and tree.root_alive else None
-        return tree, ports, gpu, gpm, busy
+        return tree, ports, gpu, gpm, busy, sched
 
     async def observe(self, t: Target) -> Observation:
-        tree, ports, gpu, gpm, busy = await asyncio.to_thread(self._blocking, t)
+        tree, ports, gpu, gpm, busy, sched = await asyncio.to_thread(self._blocking, t)
+        lag, self.loop_lag_s = self.loop_lag_s, 0.0  # one lag belongs to one poll
         if busy is not None:
             self.last_busy = busy
         now = self._monotonic()
@@ -161,6 +168,8 @@ class Observer:
             gpm=gpm,
             busy=busy,
             sglang_watchdog=self.sglang_watchdog.observe(),
+            sched=sched,
+            loop_lag_s=lag,
         )
 
     def _maybe_scrape(self, now: float, t: Target) -> None:

@@ -18,7 +18,7 @@ import asyncio
 from dataclasses import replace
 
 from supervisor.config.settings import ConfigError, load_settings
-from supervisor.daemon import takeover, validation, xids
+from supervisor.daemon import instance_lock, takeover, validation, xids
 from supervisor.daemon.commands import Command, CommandResult, finish
 from supervisor.daemon.owner_watch import ServerWatch
 from supervisor.daemon.persist import OpenIncident, load
@@ -200,7 +200,10 @@ class Supervisor(ServerWatch):
                     if cmd is not None:
                         await self.handle(cmd)
                         continue
-                    next_tick = self.clock.monotonic() + self.settings.watchdog.poll_interval_s
+                    now = self.clock.monotonic()
+                    # A late poll (the daemon itself starved) must not eat the server's stall window.
+                    self.observer.loop_lag_s = max(0.0, now - next_tick)
+                    next_tick = now + self.settings.watchdog.poll_interval_s
                     await self.tick()
                 except Exception as err:  # the loop outlives any one poll, probe, write or command
                     await self.survive(err)
@@ -211,6 +214,10 @@ class Supervisor(ServerWatch):
                 await self.shutdown()
 
     async def startup(self, autostart: bool) -> None:
+        srv, api = self.settings.server, self.settings.api
+        # who holds this state directory's lock, for a daemon that meets this one's tree on its port
+        about = (self.state_dir, self.config_path, (srv.host, srv.port), (api.host, api.port))
+        await asyncio.to_thread(instance_lock.write_about, *about)
         d = self.settings.diagnostics
         tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
         gpm = await asyncio.to_thread(self.observer.gpm_check)

@@ -19,7 +19,13 @@ from supervisor.policy.sglangwd import cause_for, crash_error, dump_class, fired
 
 Mode = Literal["starting", "serving"]
 Status = Literal["starting", "ready", "degraded", "incident"]
-StallClass = Literal["idle", "busy"]
+# "starved": the tree spent most of its quiet time runnable but waiting for a CPU (neither spinning
+# nor blocked); the host, not the server, is the first suspect.
+StallClass = Literal["idle", "busy", "starved"]
+
+# Starvation extends a stall window by at most this many windows, so a tree that keeps waiting for
+# a CPU (or a deadlocked one beside a spinning helper thread on a busy host) is still judged.
+STARVED_CEILING_WINDOWS = 4.0
 
 # Progress channels while starting. "cpu" alone is weak evidence: a spinning collective burns
 # CPU too, so CPU-only movement postpones a stall verdict only up to `cpu_only_stall_s`.
@@ -44,6 +50,70 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class Starved:
+    """Time the watch could not count against the server since its last progress (issue 32).
+
+    `waited_s`: the tree was runnable but not running: the increase of its summed run-queue wait,
+    clamped to the wall time between the two polls (N threads waiting together count once: the
+    question is whether the tree was held back, not by how many threads). A poll in which the tree
+    still ran at least `cpu_progress_cores` adds no wait: it had CPU to progress with (a spinner on
+    a busy host waits too), and the cpu-only rule already judges CPU-only movement. `late_s`: the
+    daemon's own poll started late (its loop lag), clamped to what is left of that wall time.
+    """
+
+    waited_s: float = 0.0
+    late_s: float = 0.0
+    wait_ref: float | None = None  # the tree's summed run-queue wait at the previous poll
+    cpu_ref: float | None = None  # its summed on-CPU time then
+    at: float | None = None  # that poll's time
+
+    @property
+    def total_s(self) -> float:
+        return self.waited_s + self.late_s
+
+    def reset(self) -> Starved:
+        return replace(self, waited_s=0.0, late_s=0.0)
+
+
+def _starved_step(st: Starved, obs: Observation, cpu_progress_cores: float) -> Starved:
+    """Fold one poll's run-queue wait and loop lag into the accumulated starved time."""
+    dt = max(0.0, obs.at - st.at) if st.at is not None else 0.0
+    sched = obs.sched
+    wait = 0.0
+    wait_ref, cpu_ref = st.wait_ref, st.cpu_ref
+    if sched.available:
+        if wait_ref is not None and cpu_ref is not None and dt > 0:
+            # A member that exited takes its counters with it: a drop is no negative wait.
+            ran = max(0.0, sched.on_cpu_s - cpu_ref) / dt
+            if ran < cpu_progress_cores:
+                wait = min(dt, max(0.0, sched.run_wait_s - wait_ref))
+        wait_ref, cpu_ref = sched.run_wait_s, sched.on_cpu_s
+    late = min(max(0.0, dt - wait), max(0.0, obs.loop_lag_s))
+    return Starved(st.waited_s + wait, st.late_s + late, wait_ref=wait_ref, cpu_ref=cpu_ref, at=obs.at)
+
+
+def extension(st: Starved, window_s: float) -> float:
+    """Seconds a stall window is extended: the starved time, at most `STARVED_CEILING_WINDOWS` windows."""
+    return min(st.total_s, STARVED_CEILING_WINDOWS * window_s)
+
+
+def extended_why(st: Starved, window_s: float) -> str:
+    """The sentence a verdict carries when starvation extended its window ("" when it did not)."""
+    ext = extension(st, window_s)
+    if ext <= 0.05:
+        return ""
+    parts = []
+    if st.waited_s > 0.05:
+        parts.append(f"the tree waited {st.waited_s:.1f} s for a CPU")
+    if st.late_s > 0.05:
+        parts.append(f"the daemon's own poll was {st.late_s:.1f} s late")
+    why = f"window extended by {ext:.1f} s: " + " and ".join(parts)
+    if ext < st.total_s:
+        why += f" (capped at {STARVED_CEILING_WINDOWS:g} windows)"
+    return why
+
+
+@dataclass(frozen=True)
 class History:
     launched_at: float
     base: Baseline
@@ -59,6 +129,7 @@ class History:
     accept_samples: tuple[tuple[float, float], ...] = ()
     decode_at: float | None = None  # time of the last `Decode batch` line already sampled
     busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy looks while starting (policy/gpuwait.py)
+    starved: Starved = field(default_factory=Starved)  # since the last progress (starting) or token (serving)
 
     @property
     def last_progress_at(self) -> float:
@@ -142,7 +213,11 @@ def _moved_channels(
     return moved, cpu_rate, nxt
 
 
-def stall_class(cpu_rate: float, obs: Observation, s: WatchdogSettings) -> StallClass:
+def stall_class(cpu_rate: float, obs: Observation, s: WatchdogSettings, *, starved: bool = False) -> StallClass:
+    """`starved` first: a tree that waited for a CPU most of its quiet time shows little CPU (it
+    did not get any), and neither "busy" nor "idle" (deadlocked) says what happened to it."""
+    if starved:
+        return "starved"
     busy_gpu = obs.gpu.status == "ok" and obs.gpu.max_util_percent >= s.busy_gpu_percent
     return "busy" if cpu_rate >= s.busy_cpu_cores or busy_gpu else "idle"
 
@@ -191,10 +266,18 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         from_log = ch in LOG_CHANNELS and line_at is not None and line_at <= now
         moved_at[ch] = line_at if from_log and line_at is not None else now
     strong = any(c in STRONG_CHANNELS for c in moved)
-    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=fold_busy(h.busy, obs, now, strong, s))
+    starved = _starved_step(h.starved, obs, s.cpu_progress_cores)
+    if strong:  # starved time counts from the last progress
+        starved = starved.reset()
+    busy = fold_busy(h.busy, obs, now, strong, s)
+    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=busy, starved=starved)
     phase = obs.logs.phase
+    quiet = now - h.last_progress_at
+    ext = extension(starved, s.startup_stall_s)
+    # The tree spent most of its quiet time waiting for a CPU (a late daemon says nothing of the tree).
+    is_starved = quiet > 0 and starved.waited_s >= 0.5 * quiet
     figures = (
-        ("since_progress_s", now - h.last_progress_at),
+        ("since_progress_s", quiet),
         ("since_launch_s", now - h.launched_at),
         ("tree_cpu_cores", round(cpu_rate, 3)),
         ("tree_rss_bytes", float(obs.tree.rss_bytes)),
@@ -202,9 +285,10 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         ("gpu_util_percent", obs.gpu.max_util_percent),
         ("log_lines", float(obs.logs.lines_total)),
         *busy_figures(h.busy, obs, now),
+        *_sched_figures(starved, obs, ext),
     )
     if _ready_now(obs, h):
-        h = replace(h, ready_at=now)
+        h = replace(h, ready_at=now, starved=h.starved.reset())
         why = "port bound by the tree and health answered"
         return Verdict(status="ready", reason=why, phase="serving", moved=tuple(moved)), h
     if now - h.launched_at >= s.startup_timeout_s:
@@ -213,27 +297,32 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
                 status="incident",
                 cause="startup_timeout",
                 reason=f"not ready after {s.startup_timeout_s:.0f} s (backstop), still in {phase}",
-                stall_class=stall_class(cpu_rate, obs, s),
+                stall_class=stall_class(cpu_rate, obs, s, starved=is_starved),
                 phase=phase,
                 moved=tuple(moved),
                 figures=figures,
             ),
             h,
         )
-    quiet = now - h.last_progress_at
     cpu_quiet = now - moved_at.get("cpu", h.launched_at)
     waiting = gpu_bound(h.busy, now, s)
-    stalled = quiet >= s.startup_stall_s and (cpu_quiet >= s.startup_stall_s or quiet >= s.cpu_only_stall_s or waiting)
+    # The windows are judged on quiet time the tree could use: time it sat runnable without a CPU,
+    # or that the daemon's own poll was late, does not count (up to the ceiling).
+    counted = quiet - ext
+    stalled = counted >= s.startup_stall_s and (
+        cpu_quiet - ext >= s.startup_stall_s or counted >= s.cpu_only_stall_s or waiting
+    )
+    extended = extended_why(starved, s.startup_stall_s)
     if stalled:
-        cls = stall_class(cpu_rate, obs, s)
-        what = "only CPU moved" if cpu_quiet < s.startup_stall_s else "no channel moved"
-        if waiting and cpu_quiet < s.startup_stall_s:
+        cls = stall_class(cpu_rate, obs, s, starved=is_starved)
+        what = "only CPU moved" if cpu_quiet - ext < s.startup_stall_s else "no channel moved"
+        if waiting and cpu_quiet - ext < s.startup_stall_s:
             cls, what = "busy", f"only CPU moved, and it waits on the GPU ({waiting})"
         return (
             Verdict(
                 status="incident",
                 cause="startup_stall",
-                reason=f"{what} for {quiet:.0f} s in phase {phase} ({cls})",
+                reason=f"{what} for {quiet:.0f} s in phase {phase} ({cls})" + (f"; {extended}" if extended else ""),
                 stall_class=cls,
                 phase=phase,
                 moved=tuple(moved),
@@ -241,7 +330,23 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
             ),
             h,
         )
-    return Verdict(status="starting", reason=f"{phase}", phase=phase, moved=tuple(moved), figures=figures), h
+    # Say so while starvation holds a verdict back (quiet past the window, judged on what is left).
+    why = f"{phase}; {extended}" if extended and quiet >= s.startup_stall_s else f"{phase}"
+    return Verdict(status="starting", reason=why, phase=phase, moved=tuple(moved), figures=figures), h
+
+
+def _sched_figures(st: Starved, obs: Observation, ext: float) -> tuple[tuple[str, float], ...]:
+    sched = obs.sched
+    figs: list[tuple[str, float]] = [
+        ("starved_wait_s", round(st.waited_s, 3)),
+        ("daemon_late_s", round(st.late_s, 3)),
+        ("window_extended_s", round(ext, 3)),
+    ]
+    if sched.available:
+        figs.append(("tree_run_wait_s", round(sched.run_wait_s, 3)))
+    if sched.psi_some_avg10 is not None:
+        figs.append(("host_cpu_pressure_some_avg10", sched.psi_some_avg10))
+    return tuple(figs)
 
 
 def _token_count(obs: Observation) -> float | None:
@@ -314,15 +419,22 @@ def assess_serving(
         and sv.available
         and ((sv.running_reqs or 0) + (sv.queue_reqs or 0) > 0 or (sv.active_requests or 0) > 0)
     )
+    starved = _starved_step(h.starved, obs, s.cpu_progress_cores)
     if tokens is not None and (h.tokens is None or tokens > h.tokens):
         # the scrape's own time: its answer may be attached a poll after it was taken
         scraped = sv.at if sv is not None and sv.at <= now else now
         h = replace(h, tokens=tokens, tokens_moved_at=scraped)
+        starved = starved.reset()
+    if not busy:
+        starved = starved.reset()
+    h = replace(h, starved=starved)
+    ext = extension(starved, s.serving_stall_s)
     if not busy:
         # Idle (or no metrics): an idle server's frozen gauges are not a stall.
         h = replace(h, tokens_moved_at=now if tokens is not None else h.tokens_moved_at)
-    elif h.tokens_moved_at is not None and now - h.tokens_moved_at >= s.serving_stall_s:
+    elif h.tokens_moved_at is not None and now - h.tokens_moved_at - ext >= s.serving_stall_s:
         assert sv is not None
+        extended = extended_why(starved, s.serving_stall_s)
         return (
             Verdict(
                 status="incident",
@@ -331,10 +443,14 @@ def assess_serving(
                     f"{(sv.running_reqs or 0):.0f} running and {(sv.queue_reqs or 0):.0f} queued requests"
                     + (f" ({sv.active_requests:.0f} open at the HTTP front)" if sv.active_requests else "")
                     + ", "
-                    f"no decode tokens for {now - h.tokens_moved_at:.0f} s"
+                    f"no decode tokens for {now - h.tokens_moved_at:.0f} s" + (f"; {extended}" if extended else "")
                 ),
                 phase="serving",
-                figures=(("running_reqs", float(sv.running_reqs or 0)), ("tokens", float(tokens or 0))),
+                figures=(
+                    ("running_reqs", float(sv.running_reqs or 0)),
+                    ("tokens", float(tokens or 0)),
+                    *_sched_figures(starved, obs, ext),
+                ),
             ),
             h,
         )
