@@ -318,7 +318,7 @@ async def capture(
     return BundleResult(
         bundle_id,
         path,
-        classification.hang_class,
+        classification.hang_class if req.trigger == "hung" else None,
         classification,
         total,
         outcomes,

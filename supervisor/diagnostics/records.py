@@ -150,7 +150,7 @@ class Classification:
 class BundleResult:
     id: str
     path: Path | None  # None when the bundle could not be written
-    hang_class: HangClass
+    hang_class: HangClass | None  # None: not captured as a hang (spec_regression, manual, on request)
     classification: Classification
     duration_s: float
     tools: tuple[ToolOutcome, ...]

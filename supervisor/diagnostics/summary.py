@@ -61,6 +61,27 @@ def gpu_doc(gpu: GpuObservation | None, gpm: GpmObservation | None = None) -> di
     return asdict(gpu) | {"gpm": gpm_doc(gpm)}
 
 
+def captured_for(req: CaptureRequest) -> str:
+    """Why this bundle exists, in words. Only a capture of a hung server is a hang: a bundle taken for a
+    speculative regression, a manual restart or on request says so instead of naming a hang shape."""
+    why = str(req.verdict.get("reason", "") or "")
+    tail = f": {why}" if why else ""
+    if req.trigger == "hung":
+        return f"judged hung ({req.cause or 'hung state'}){tail}"
+    if req.cause is None:
+        return "captured on request (diagnose): the server was not judged hung"
+    if req.cause == "manual":
+        return f"captured for a manual restart{tail}"
+    return f"captured for {req.cause}{tail}"
+
+
+def _wait_kinds(waits: Sequence[dict[str, object]]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for w in waits:
+        kinds[str(w["kind"])] = kinds.get(str(w["kind"]), 0) + 1
+    return dict(sorted(kinds.items()))
+
+
 def build_summary(
     req: CaptureRequest,
     bundle_id: str,
@@ -77,6 +98,9 @@ def build_summary(
     waits = [_wait_record(v) for p in evidence.processes for v in _shown(thread_views(p))]
     by_pid = {p.pid: p for p in evidence.processes}
     gpu = gpu_doc(req.gpu)
+    hung = req.trigger == "hung"
+    # A bundle of a server not judged hung carries no hang class: the findings stay, as evidence only.
+    reasons = classification.reasons if hung else tuple(r for r in classification.reasons if "matched" not in r)
     summary: dict[str, object] = {
         "schema": SCHEMA_VERSION,
         "id": bundle_id,
@@ -84,10 +108,12 @@ def build_summary(
         "trigger": req.trigger,
         "cause": req.cause,
         "why": str(req.verdict.get("reason", "") or ""),  # the verdict in words (a stopped log keeper named)
-        "hang_class": classification.hang_class,
-        "reasons": list(classification.reasons),
+        "captured_for": captured_for(req),
+        "hang_class": classification.hang_class if hung else None,
+        "reasons": list(reasons),
         "frames": list(classification.frames),
-        "candidates": list(classification.candidates),
+        "candidates": list(classification.candidates) if hung else [],
+        "wait_kinds": _wait_kinds(waits),
         "rung": req.rung,
         "phase": req.phase,
         "argv": list(redactor.argv(req.argv)),
@@ -146,9 +172,13 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     lines = [
         f"Incident {s['id']}: {s['trigger']} (cause {s['cause'] or 'manual'}) at {s['created_at']}",
         *([f"Why: {s['why']}"] if s.get("why") else []),
-        f"Hang class: {s['hang_class']}"
-        + ("" if s["trigger"] == "hung" else "   (not judged hung: the class says where the threads wait)"),
+        *(
+            [f"Hang class: {s['hang_class']}"]
+            if s["hang_class"] is not None
+            else [f"Hang class: none (not a hang: {s['captured_for']})"]
+        ),
         *[f"  - {r}" for r in _strs(s["reasons"])],
+        *([] if s["hang_class"] is not None else [f"  - threads by wait kind (evidence, not a class): {_kinds(s)}"]),
         *(
             [f"SGLang's own watchdog fired: {s['sglang_watchdog']} (its dump: sglang-watchdog.txt)"]
             if s.get("sglang_watchdog")
@@ -169,7 +199,8 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
         if not views:
             lines.append(f"{proc.label}: no thread seen (process gone, or no tool could read it)")
     if s["frames"]:
-        lines += ["", "Frames supporting the class:", *[f"  {f}" for f in _strs(s["frames"])]]
+        title = "Frames supporting the class:" if s["hang_class"] is not None else "Frames seen (evidence, no class):"
+        lines += ["", title, *[f"  {f}" for f in _strs(s["frames"])]]
     lines += ["", "Processes:"]
     for p in _dicts(s["pids"]):
         rank = f" TP{p['rank']}" if p["rank"] is not None else ""
@@ -204,6 +235,11 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     lines += ["", "Errors:" if errs else "Errors: none", *[f"  {e}" for e in errs]]
     lines += ["", "Files: " + ", ".join(_strs(s["files"]))]
     return redactor.text("\n".join(lines)) + "\n"
+
+
+def _kinds(s: dict[str, object]) -> str:
+    kinds = s.get("wait_kinds")
+    return (", ".join(f"{k} {n}" for k, n in kinds.items()) if isinstance(kinds, dict) else "") or "none seen"
 
 
 def _strs(v: object) -> list[str]:
