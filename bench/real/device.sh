@@ -10,6 +10,7 @@
 # STAGES=plan PLAN="serve:0:0,cudagdb:1:0" ("+" separates GPUs: tp2:0+1:0). Issue 24 (not in the
 # default): i24 (the SIGSTOPped scheduler's bundle with pystack, lane stall; the Xid chain, lane xid;
 # one H200), i24tp2 (NCCL's RAS report of rank 1 SIGSTOPped, two GPUs), ranks (bench/gpu_ranks.py).
+# Issue 32: i32a (lane stranger) and i32b (lane cpuhog), one H200, as two stages: they would share GPU 0.
 # Issue 23: mn2 (real SGLang as two nodes of one group, one daemon per node; two GPUs).
 set -u
 REAL=${REAL:-/tmp/real}
@@ -35,6 +36,10 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work4" --out "$OUTDIR" ;;
     i24)    python3 -m bench.real.run plan --plan "stall:0:0,xid:0:75" --real "$REAL" --work "$REAL/work24" --deadline 560
             python3 -m bench.real.run pack --work "$REAL/work24" --out "$OUTDIR" ;;
+    i32a)   python3 -m bench.real.run plan --plan "stranger:0:0" --real "$REAL" --work "$REAL/work32a" --deadline 500
+            python3 -m bench.real.run pack --work "$REAL/work32a" --out "$OUTDIR" ;;
+    i32b)   python3 -m bench.real.run plan --plan "cpuhog:0:0" --real "$REAL" --work "$REAL/work32b" --deadline 500
+            python3 -m bench.real.run pack --work "$REAL/work32b" --out "$OUTDIR" ;;
     i24tp2) python3 -m bench.real.run plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
             python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
     mn2)    python3 -m bench.real.run lane mn2 --gpu 0,1 --real "$REAL" --work "$REAL/work23"

@@ -1,0 +1,166 @@
+"""Issue 32's lanes on real SGLang (do no harm), one H200:
+
+- lane `stranger`: a separate process holding 2.5 GiB of the GPU before the daemon starts (a
+  notebook, a profiler): the launch must go ahead and the stranger be named in the journal. Then the
+  server is stopped, a stranger that leaves too little for the rung (`mem-fraction-static` x the GPU)
+  is started, and `POST /start` must be refused with the numbers; once that stranger exits, the
+  launch goes ahead and the server is ready again.
+- lane `cpuhog`: real SGLang started while `3 x cores` CPU-bound processes, each in its own session
+  (so the server's session gets the smallest share under autogroup), run for 150 s, with the
+  start-up window at 30 s: no `startup_stall`, the server ends ready on its base rung.
+
+Every figure comes from the daemon's journal and API (`/events`, `/status`), as an operator sees it.
+With REAL_SIMULATE=1 the simulator and its simulated GPU stand in (the stranger is a line in the GPU
+file), to check the recipe on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.real import configs
+from bench.real.lab import Daemon, Recorder, free_port, iso
+
+HOG = "import time\nwhile True:\n    sum(range(100000))\n"
+# A CUDA context plus `gib` of plain device memory, held until killed.
+HOLDER = (
+    "import sys, time, torch\n"
+    "x = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device='cuda')\n"
+    "torch.cuda.synchronize()\n"
+    "print('held', flush=True)\n"
+    "time.sleep(3600)\n"
+)
+
+
+def _simulated() -> bool:
+    return os.environ.get("REAL_SIMULATE") == "1"
+
+
+def _gpu_mib() -> dict[str, int]:
+    """total/used MiB of GPU 0 from nvidia-smi (what the driver says, independent of the daemon)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits",
+                              "-i", "0"], capture_output=True, text=True, timeout=30).stdout.strip()
+        total, used = (int(v) for v in out.split(","))
+        return {"total_mib": total, "used_mib": used}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+
+
+def _holder(gib: float, gpu: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(gib)], env=env, stdout=open(log, "wb"),  # noqa: SIM115
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    end = time.time() + 120
+    while time.time() < end and p.poll() is None and b"held" not in log.read_bytes():
+        time.sleep(0.5)
+    return p
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
+
+
+def _named(events: list[dict[str, Any]], name: str, since: float) -> list[dict[str, Any]]:
+    since_iso = iso(since)
+    return [e for e in events if e.get("event") == name and str(e.get("ts", "")) >= since_iso]
+
+
+def lane_stranger(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    res: dict[str, Any] = {"lane": "stranger", "gpu": gpu, "simulated": _simulated(), "gpu_before": _gpu_mib()}
+    cfg = configs.config(real, models, gpus=gpu, watchdog=dict(configs.FAST), fallbacks=False)
+    cfg["server"]["port"] = free_port()
+    small = _holder(2.5, gpu, work / "small.log") if not _simulated() else None
+    res["gpu_with_small_stranger"] = _gpu_mib()
+    t0 = time.time()
+    d = Daemon(work, cfg, configs.daemon_env(real))
+    rec = Recorder(d).start()
+    big = None
+    try:
+        st = d.wait_ready(420.0)
+        res["small"] = {"ready_s": round(time.time() - t0, 1), "rung": st.get("rung"),
+                        "launch_refused": len(_named(d.events(), "launch_refused", t0)),
+                        "clean_slate": _named(d.events(), "clean_slate", t0)[-1:]}
+        d.post("/stop", timeout=120.0)
+        d.wait(lambda s: s.get("state") == "stopped", 120.0)
+        free_gib = (res["gpu_with_small_stranger"].get("total_mib", 0) - res["gpu_with_small_stranger"].get(
+            "used_mib", 0)) / 1024
+        big_gib = max(1.0, free_gib - 20.0)  # leaves ~20 GiB: less than 0.25 x 141 GiB
+        res["big_stranger_gib"] = round(big_gib, 1)
+        big = _holder(big_gib, gpu, work / "big.log") if not _simulated() else None
+        res["gpu_with_big_stranger"] = _gpu_mib()
+        t1 = time.time()
+        d.post("/start")
+        end = time.time() + 60
+        while time.time() < end and not _named(d.events(), "launch_refused", t1):
+            time.sleep(0.5)
+        refused = _named(d.events(), "launch_refused", t1)
+        res["big"] = {"refused": len(refused), "first_refusal": refused[:1],
+                      "refused_within_s": round(time.time() - t1, 1)}
+        if big is not None:
+            _stop(big)
+        t2 = time.time()
+        d.wait_ready(420.0)
+        res["after_big_left"] = {"ready_s": round(time.time() - t2, 1),
+                                 "refusals_total": len(_named(d.events(), "launch_refused", t1))}
+    except Exception as err:
+        res["error"] = repr(err)
+    finally:
+        res["timeline"] = rec.stop()
+        res["close"] = d.close()
+        for p in (small, big):
+            if p is not None:
+                _stop(p)
+    return res
+
+
+def lane_cpuhog(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    cores = os.cpu_count() or 1
+    res: dict[str, Any] = {"lane": "cpuhog", "gpu": gpu, "simulated": _simulated(), "cores": cores,
+                           "hogs": 3 * cores, "hog_s": 150}
+    watchdog = {**configs.FAST, "startup_stall_s": 30.0}
+    cfg = configs.config(real, models, gpus=gpu, watchdog=watchdog)
+    cfg["server"]["port"] = free_port()
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3 * cores)]
+    t0 = time.time()
+    d = Daemon(work, cfg, configs.daemon_env(real))
+    rec = Recorder(d).start()
+    try:
+        hog_end = t0 + 150
+        while time.time() < hog_end:
+            st = d.status()
+            if st.get("state") == "ready" and "ready_under_hogs_s" not in res:
+                res["ready_under_hogs_s"] = round(time.time() - t0, 1)
+            time.sleep(1.0)
+        for h in hogs:
+            h.kill()
+        st = d.wait_ready(420.0)
+        ev = d.events()
+        res["ready_s"] = res.get("ready_under_hogs_s") or round(time.time() - t0, 1)
+        res["rung"] = st.get("rung")
+        res["incidents"] = [{k: e.get(k) for k in ("ts", "cause", "hang_class", "detail")}
+                            for e in _named(ev, "incident", t0)]
+        res["startup_stalls"] = sum(1 for e in res["incidents"] if e.get("cause") == "startup_stall")
+        res["window_extended"] = [e.get("reason") for e in ev if "starv" in json.dumps(e).lower()][:5]
+    except Exception as err:
+        res["error"] = repr(err)
+    finally:
+        for h in hogs:
+            if h.poll() is None:
+                h.kill()
+        res["timeline"] = rec.stop()
+        res["close"] = d.close()
+    return res
+
+
+LANES = {"stranger": lane_stranger, "cpuhog": lane_cpuhog}
