@@ -216,7 +216,8 @@ class SupervisorMetrics:
         self._launches_refused = Counter(
             PREFIX + "launches_refused",
             "Launches not made, by reason (port_busy: the server port was held by another process;"
-            " gpu_held: a process outside the server held memory on its GPUs)",
+            " gpu_held: processes outside the server left less GPU memory free than the rung needs,"
+            " or [slate] gpu_strangers is wait/refuse)",
             ["reason"],
             registry=registry,
         )
