@@ -14,14 +14,14 @@ import pytest
 from simsupport import sim_settings
 
 from supervisor.config.settings import Settings
-from supervisor.daemon.owner import Supervisor
+from supervisor.daemon.owner import Owner
 from supervisor.daemon.serve import serve
 from supervisor.daemon.snapshot import StatusSnapshot
 
 
 @dataclass
 class Running:
-    sup: Supervisor
+    sup: Owner
     settings: Settings
     task: asyncio.Task[int]
     api: str
@@ -58,7 +58,7 @@ async def daemon() -> AsyncIterator[Callable[[Settings], Any]]:
     async def start(settings: Settings, env: dict[str, str] | None = None) -> Running:
         import os
 
-        holder: list[Supervisor] = []
+        holder: list[Owner] = []
         ready = asyncio.Event()
         task = asyncio.create_task(
             serve(

@@ -94,7 +94,7 @@ async def test_escapee_is_stopped_with_the_launch_cgroup(daemon, sim, tmp_path: 
     s = escapee_settings(sim, tmp_path)
     r = await daemon(s)
     pid = await wait_escapee(r, tmp_path, s.server.port)
-    cg = r.sup.slot.child.cgroup
+    cg = r.sup.server.child.cgroup
     assert cg is not None and pid in cg.procs(), "the escapee is still in the launch's cgroup"
     stopped = await stop_and_check(r, pid)
     assert not alive(pid) and stopped["survivors"] == [] and stopped["port_free"] is True
