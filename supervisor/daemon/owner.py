@@ -158,7 +158,8 @@ class Owner:
         self.stopped_by_request = False  # persisted: a daemon restart leaves such a server stopped
         self.handoff = False  # exiting for a successor (SIGUSR2): leave the server running
         self.persisted_at = clock.monotonic()
-        self.xids = XidBook(watcher=xid_watcher)  # GPU faults: supervisor.daemon.xids
+        self.xid_watcher = xid_watcher
+        self.xids = XidBook()  # GPU faults: supervisor.daemon.xids
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
         self.publish_listeners = publish_listeners  # e.g. the page's timeline
         self.metrics = metrics(self.snapshot)
@@ -602,7 +603,9 @@ class Owner:
         keeper = self.server.describe_keeper()
         if keeper and verdict is not None:  # the server blocked on its output: name who stopped reading it
             verdict = replace(verdict, reason=f"{verdict.reason}; {keeper}")
-        detail, named = xids.explain(self.xids, self.clock.wall(), verdict.reason if verdict is not None else "")
+        self.xids, detail, named = xids.explain(
+            self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
+        )
         self.log.warning("incident", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name())
         if captures and obs is not None:
             if cause in HUNG_CAUSES:
@@ -821,7 +824,12 @@ class Owner:
         return env
 
     def take_xids(self) -> None:
-        for note in xids.take(self.xids, self.server.obs, self.observer.gpu.scope):
+        w, watch = self.xid_watcher, None
+        if w is not None:
+            drained = tuple(w.drain())
+            watch = xids.Watch(w.status, w.reason, w.gpus, drained)
+        self.xids, notes = xids.take(self.xids, watch, self.server.obs, self.observer.gpu.scope)
+        for note in notes:
             if note.xid is not None:
                 self.metrics.xid(note.xid.gpu, note.xid.uuid, note.xid.xid, str(note.fields["action"]))
             self.record(note.event, note.level, **note.fields)
@@ -1023,7 +1031,8 @@ class Owner:
             await self.launch(target, after_incident=False)
             return
         finish(cmd, CommandResult("accepted", "starting", self.lifecycle.state.value))
-        if (note := xids.unblock(self.xids)) is not None:
+        self.xids, note = xids.unblock(self.xids)
+        if note is not None:
             self.record(note.event, **note.fields)
         if self.lifecycle.state == State.FAILED:
             await self.leave_failed("failed_left", "start requested", target)

@@ -304,8 +304,8 @@ async def _serve_locked(
             lock.announce_handoff()
         await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
         await api.close()
-        if sup.xids.watcher is not None:
-            await asyncio.to_thread(sup.xids.watcher.stop)
+        if sup.xid_watcher is not None:
+            await asyncio.to_thread(sup.xid_watcher.stop)
     code = sup.peers.exit_code if sup.peers.exit_code is not None else 0
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff, code=code)
     return EXIT_HANDOFF if sup.handoff else code
