@@ -29,6 +29,7 @@ from supervisor.group.report import build_report
 from supervisor.group.runtime import EXIT_GROUP_RESTART, GroupRuntime
 from supervisor.group.view import group_view
 from supervisor.policy.group import NodeReport, OwnVerdict, combine
+from supervisor.policy.recovery import exits_for_group
 from supervisor.policy.watchdog import History, Verdict
 
 T = TypeVar("T")
@@ -141,7 +142,7 @@ async def together(own: Awaitable[T], members: Awaitable[None]) -> T:
 
 def exit_for_lws(g: GroupRuntime, record: Record) -> bool:
     """`restart = "lws"`: the group's evidence is written; the leader exits for LWS to recreate the group."""
-    if g.leader is None or g.settings.restart != "lws":
+    if not exits_for_group(g.leader is not None, g.settings.restart):
         return False
     g.exit_code = EXIT_GROUP_RESTART
     record(

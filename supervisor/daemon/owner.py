@@ -50,7 +50,7 @@ from supervisor.daemon.observe import Observer
 from supervisor.daemon.peers import NoPeers, Peers
 from supervisor.daemon.persist import Decided, OpenIncident, Persisted, load, marker_for, save
 from supervisor.daemon.publish import Facts, build, iso, stale_after
-from supervisor.daemon.records import Counters, InHand, Pending
+from supervisor.daemon.records import Counters, InHand, Leaving, Pending
 from supervisor.daemon.sdnotify import Notifier, WatchdogPacer
 from supervisor.daemon.server import Server
 from supervisor.daemon.shmledger import ShmLedger
@@ -66,18 +66,14 @@ from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.validation import RESTARTING as CUT_SHORT
 from supervisor.daemon.xidbook import XidBook
 from supervisor.diagnostics import BundleResult, Redactor, self_check
-from supervisor.policy import gpufit
+from supervisor.policy import recovery
 from supervisor.policy.gpuwait import wants_look
 from supervisor.policy.group import NodeReport
 from supervisor.policy.ladder import (
-    Decision,
     Incident,
     LadderState,
-    backoff,
     fresh_start,
-    next_rung,
     record_end,
-    record_incident,
     record_launch,
     record_ready,
     record_stable,
@@ -152,11 +148,10 @@ class Owner:
         self.log_write_errors = RestartingCount()
         self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.last_stop: StopView | None = None
-        self.shutdown_requested = False
+        self.leaving: Leaving | None = None  # the loop ends: how the daemon leaves its server
         self.heartbeat = clock.monotonic()
         self.on_reload: Callable[[Settings], Awaitable[None]] | None = None  # set_reload_hook
         self.stopped_by_request = False  # persisted: a daemon restart leaves such a server stopped
-        self.handoff = False  # exiting for a successor (SIGUSR2): leave the server running
         self.persisted_at = clock.monotonic()
         self.xid_watcher = xid_watcher
         self.xids = XidBook()  # GPU faults: supervisor.daemon.xids
@@ -169,6 +164,11 @@ class Owner:
 
     def snapshot(self) -> StatusSnapshot:
         return self._snapshot
+
+    @property
+    def handoff(self) -> bool:
+        """Exiting for a successor (SIGUSR2): the server is left running."""
+        return self.leaving == "handoff"
 
     def server_pid(self) -> int | None:
         return self.server.pid
@@ -459,7 +459,7 @@ class Owner:
             holder = await launching.port_holder_of(srv.host, srv.port)
         if holder is not None:
             self.counters.port_refusals += 1
-            delay = backoff(self.counters.port_refusals, self.settings.restart, self.rand())
+            delay = recovery.port_refused(self.counters.port_refusals, self.settings.restart, self.rand()).delay_s
             why = f"port {srv.port} is held by {holder}: not launching rung {rung.name}; next try in {delay:.1f} s"
             self.defer_launch(rung_index, after_incident, delay, why, "port_busy", port=srv.port, holder=holder)
             return
@@ -520,7 +520,9 @@ class Owner:
         its cap; or, strictly, `failed` now."""
         rung = self.settings.ladder[rung_index].name
         self.counters.gpu_refusals += 1
-        if strict:
+        rand = 0.0 if strict else self.rand()  # drawn only for a backoff
+        refusal = recovery.gpu_refused(self.counters.gpu_refusals, self.settings.restart, rand, strict=strict)
+        if refusal.fail:
             why = f"{refused}: not launching rung {rung}"
             self.record("launch_refused", "error", rung=rung, reason=why, gpu=refused)
             self.metrics.launch_refused("gpu_held")
@@ -528,11 +530,9 @@ class Owner:
                 self.move(State.RESTARTING, why)
             self.fail(why, why)
             return
-        rs = self.settings.restart
-        delay = backoff(self.counters.gpu_refusals, rs, self.rand())
-        why = f"{refused}: not launching rung {rung}; next try in {delay:.1f} s"
-        self.defer_launch(rung_index, after_incident, delay, why, "gpu_held", gpu=refused)
-        if self.counters.gpu_refusals == gpufit.refusals_to_cap(rs.backoff_initial_s, rs.backoff_max_s):
+        why = f"{refused}: not launching rung {rung}; next try in {refusal.delay_s:.1f} s"
+        self.defer_launch(rung_index, after_incident, refusal.delay_s, why, "gpu_held", gpu=refused)
+        if refusal.tell_blocked:
             self.record("launch_blocked", "error", rung=rung, reason=refused, refusals=self.counters.gpu_refusals)
 
     def defer_launch(
@@ -711,32 +711,31 @@ class Owner:
         """Stop the server (and a group's members with it), ask the ladder, then relaunch now (no
         backoff) or set the pending timer."""
         if self.peers.exits_for_group(self.record):  # LWS recreates the group
-            self.shutdown_requested = True
+            self.leaving = "group_restart"
             self.persist()
             return
         if self.lifecycle.state != State.RESTARTING:
             self.move(State.RESTARTING, f"stopping after {incident.cause}")
         ok = await self.peers.stop(self.stop_server(f"incident {incident.cause}"), self.beating, self.record)
-        if (blocked := self.xids.blocked_reason()) is not None:  # a relaunch onto that GPU fails the same way
-            self.move(State.FAILED, blocked)
-            return
-        if not ok and self.settings.restart.release_policy == "fail":
-            self.move(State.FAILED, "the old server did not release its port or GPU memory (release_policy=fail)")
-            return
         now_wall = self.clock.wall()
-        if manual:
-            self.ladder = record_end(self.ladder, "manual", now_wall)
-            target = forced_rung if forced_rung is not None else self.ladder.current
-            decision = Decision("relaunch", target, "manual restart", 0.0)
-        else:
-            self.ladder = record_incident(self.ladder, incident, now_wall)
-            if forced_rung is not None:
-                decision = Decision("relaunch", forced_rung, "rung chosen by request", 0.0)
-            else:
-                rs, rand, spec = self.settings.restart, self.rand(), self.speculative()
-                decision = next_rung(
-                    self.settings.ladder, self.ladder, incident, rs, now_wall=now_wall, rand=rand, speculative=spec
-                )
+        # rand is for the ladder's backoff (next_rung); a manual restart or a rung asked for needs none
+        rand = self.rand() if not manual and forced_rung is None else 0.0
+        outcome = recovery.after_incident(
+            self.settings.ladder,
+            self.ladder,
+            incident,
+            recovery.AfterStop(released=ok, xid_blocked=self.xids.blocked_reason()),
+            self.settings.restart,
+            manual=manual,
+            forced_rung=forced_rung,
+            now_wall=now_wall,
+            rand=rand,
+            speculative=self.speculative(),
+        )
+        if isinstance(outcome, recovery.Failed):
+            self.move(State.FAILED, outcome.reason)
+            return
+        self.ladder, decision = outcome.ladder, outcome.decision
         self.metrics.restart(incident.cause)  # manual restarts count too (cause "manual")
         if decision.action == "relaunch":  # saved before the backoff: a successor relaunches this rung
             name = self.settings.ladder[decision.rung].name
@@ -935,24 +934,23 @@ class Owner:
             self.move(State.READY, "recovered")
         elif v.status == "degraded":
             self.reason = v.reason
-        rs = self.settings.restart
-        if server.ready_at is not None and not server.stable_marked and now - server.ready_at >= rs.stable_s:
+        step = recovery.serving_step(
+            self.settings.restart,
+            now=now,
+            ready_at=server.ready_at,
+            stable_marked=server.stable_marked,
+            rung=self.ladder.current,
+            ready=self.lifecycle.state == State.READY,
+        )
+        if step.stable:
             server.stable_marked = True
             self.ladder = record_stable(self.ladder)
             self.persist()
             self.journal.append("server_stable", rung=self.current_rung_name())
-        if (
-            rs.promote_after_s > 0
-            and self.ladder.current > 0
-            and server.ready_at is not None
-            and now - server.ready_at >= rs.promote_after_s
-            and self.lifecycle.state == State.READY
-        ):
+        if step.promote:
             top = self.settings.ladder[0].name
             self.journal.append("promotion", from_rung=self.current_rung_name(), to_rung=top)
             await self.manual_restart(0, "promotion", diagnose=False, incident_id=self.unique_incident_id("manual"))
-
-    """Owns the server tree, its lifecycle state and the ladder; the API sees `snapshot`/`submit`."""
 
     # ---- commands: one validation, one dispatcher, one method per kind ---------------------
 
@@ -1000,8 +998,8 @@ class Owner:
             self.publish()
 
     async def handle_shutdown(self, cmd: Command) -> None:
-        self.shutdown_requested = True  # no server during a backoff: nothing to hand over, still exit 75
-        self.handoff = cmd.kind == "handoff"
+        # no server during a backoff: nothing to hand over, still exit 75
+        self.leaving = "handoff" if cmd.kind == "handoff" else "shutdown"
         finish(cmd, CommandResult("accepted", "shutting down", self.lifecycle.state.value))
 
     handle_handoff = handle_shutdown
@@ -1136,7 +1134,7 @@ class Owner:
                 if autostart and self.lifecycle.state == State.STOPPED and not self.stopped_by_request:
                     self.start_later(f"start-up failed ({err!r})")
             next_tick = self.clock.monotonic()
-            while not self.shutdown_requested:
+            while self.leaving is None:
                 wake = next_tick if self.pending is None else min(next_tick, self.pending.at)
                 try:
                     cmd = await self.next_command(max(0.0, wake - self.clock.monotonic()))
@@ -1197,19 +1195,28 @@ class Owner:
         # The previous daemon's server, if any, was just stopped: its attempt ends here.
         self.ladder = record_end(self.ladder, "daemon_restarted", self.clock.wall())
         decided = self.inhand.decided
-        if autostart and self.stopped_by_request:  # the operator's stop outlives the daemon
-            self.reason = "stopped by request before the daemon restarted (start it: sglang-supervisor start)"
+        first = recovery.at_start(
+            self.ladder,
+            len(self.settings.ladder),
+            self.settings.restart,
+            autostart=autostart,
+            stopped_by_request=self.stopped_by_request,
+            decided_rung=self.settings.rung_index(decided.rung) if decided is not None else None,
+            decided_launch_at=decided.launch_at if decided is not None else None,
+            now_wall=self.clock.wall(),
+        )
+        if isinstance(first, recovery.StayStopped):  # the operator's stop outlives the daemon
+            self.reason = first.reason
             self.record("stayed_stopped", reason=self.reason)
-        elif autostart and decided is not None and (at := self.settings.rung_index(decided.rung)) is not None:
+        elif isinstance(first, recovery.Resume) and decided is not None:
             # A predecessor decided a relaunch and was gone before making it (handoff or crash in
             # the backoff): that decision stands, the rung that just failed is not tried again.
-            wait = min(max(0.0, decided.launch_at - self.clock.wall()), self.settings.restart.backoff_max_s)
+            wait = first.wait_s
             self.record("decision_resumed", rung=decided.rung, reason=decided.reason, backoff_s=round(wait, 3))
             self.move(State.RESTARTING, f"resuming the ladder's decision: {decided.reason}")
-            self.wait_then(Pending("resume", at, self.clock.monotonic() + wait, after_incident=True))
-        elif autostart:
-            rung_index = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
-            await self.launch(rung_index, after_incident=False)
+            self.wait_then(Pending("resume", first.rung, self.clock.monotonic() + wait, after_incident=True))
+        elif isinstance(first, recovery.Launch):
+            await self.launch(first.rung, after_incident=False)
         self.publish()
 
     def start_later(self, why: str) -> None:
@@ -1323,7 +1330,7 @@ class Owner:
         self.journal.append("loop_error", error=repr(err)[:500], state=self.lifecycle.state.value)
         self.inhand.diagnosing = False
         self.publish()
-        if self.lifecycle.state in CUT_SHORT and not self.shutdown_requested:
+        if self.lifecycle.state in CUT_SHORT and self.leaving is None:
             self.inhand.resume_after_error = True
 
     def record_interrupted(self, inc: OpenIncident) -> None:

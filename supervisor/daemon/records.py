@@ -20,6 +20,9 @@ from supervisor.policy.lifecycle import State
 # held port or GPU deferred, a start-up that failed), resume a predecessor's decision, or leave
 # `failed` once `failed_cooldown_s` has passed.
 PendingWhat = Literal["launch", "resume", "leave_failed"]
+# How the loop ends: a shutdown (the server is stopped), a handoff (SIGUSR2: it is left running for a
+# successor), or a group restart (`restart = "lws"`: LeaderWorkerSet recreates the whole group).
+Leaving = Literal["shutdown", "handoff", "group_restart"]
 
 
 @dataclass(frozen=True)
