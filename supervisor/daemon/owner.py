@@ -42,6 +42,7 @@ from supervisor.daemon.apiguard import GuardStats
 from supervisor.daemon.beating import keep_beating
 from supervisor.daemon.commands import Command, CommandResult, finish
 from supervisor.daemon.counting import RestartingCount
+from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, counting_subscriptions
 from supervisor.daemon.evidence import collect, provisional_class
 from supervisor.daemon.incidentids import unique_incident_id
 from supervisor.daemon.journal import Journal
@@ -158,6 +159,11 @@ class Owner:
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
         self.publish_listeners = publish_listeners  # e.g. the page's timeline
         self.metrics = metrics(self.snapshot)
+        self.events = EventBus()
+        self.events.subscribe(self._journal_line)  # the journal's own listeners: the alerter
+        self.events.subscribe(self._log_line)
+        for name, count in counting_subscriptions(self.metrics).items():
+            self.events.subscribe(count, name)
         self.publish()
 
     # ---- what others read ---------------------------------------------------------------
@@ -204,10 +210,23 @@ class Owner:
 
     # ---- the one way an event is written -------------------------------------------------
 
-    def record(self, event: str, level: str = "info", /, **fields: Any) -> None:
-        """One event: its journal line and its log line (with the launch's bound rung and pid)."""
-        self.journal.append(event, **fields)
-        getattr(self.log, level)(event, **fields)
+    def record(self, event: str, level: str = "info", /, *, only: Any = None, **fields: Any) -> None:
+        """The one way the owner reports an event: the journal line, the log line (with the launch's
+        bound rung and pid) and the counters it implies all subscribe (`supervisor.daemon.events`);
+        `only` ("journal" or "log") names the one channel of an event that has no line in the other.
+        (`only` is typed Any so that `**fields` of any value type still binds past it.)"""
+        if only not in CHANNELS:
+            raise ValueError(f"record({event!r}): only={only!r} is not one of {CHANNELS}")
+        channel: Channel | None = only
+        self.events.notify(Event(event, level, fields, channel))
+
+    def _journal_line(self, e: Event) -> None:
+        if e.goes_to("journal"):
+            self.journal.append(e.name, **e.fields)
+
+    def _log_line(self, e: Event) -> None:
+        if e.goes_to("log"):
+            getattr(self.log, e.level)(e.name, **e.fields)
 
     def bind_server(self) -> None:
         """Once per launch or adoption: every log line of the daemon names the server's rung and pid."""
@@ -552,16 +571,14 @@ class Owner:
         """The command cannot be executed at all (missing program or interpreter, permission denied):
         a configuration failure. Every rung runs the same program, so walking the ladder would only
         fail the same way; `failed` at once, with the reason, and the cooldown (if any) still applies."""
-        self.counters.incidents += 1
-        self.metrics.incident("exited", "none")
-        self.inhand.last_incident = IncidentView(
+        view = IncidentView(
             id=self.unique_incident_id("exited"),
             cause="exited",
             at=iso(self.clock.wall()) or "",
             rung=self.current_rung_name(),
             detail=why[:500],
         )
-        self.journal.append("incident", **self.inhand.last_incident.model_dump())
+        self.book_incident(view)
         self.ladder = record_end(self.ladder, "exited", self.clock.wall())
         self.persist()
         self.fail(f"configuration: {why} (fix it, then: sglang-supervisor start)", why)
@@ -571,7 +588,7 @@ class Owner:
         self.move(State.FAILED, reason)
         cooldown = self.settings.restart.failed_cooldown_s
         if cooldown > 0:
-            self.journal.append("failed_cooldown", retry_in_s=cooldown, reason=cooldown_reason)
+            self.record("failed_cooldown", only="journal", retry_in_s=cooldown, reason=cooldown_reason)
             self.wait_then(Pending("leave_failed", 0, self.clock.monotonic() + cooldown))
 
     async def leave_failed(self, event: str, why: str, rung: int) -> None:
@@ -606,7 +623,9 @@ class Owner:
         self.xids, detail, named = xids.explain(
             self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
         )
-        self.log.warning("incident", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name())
+        self.record(
+            "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
+        )
         if captures and obs is not None:
             if cause in HUNG_CAUSES:
                 self.move(State.HUNG, detail)
@@ -623,9 +642,7 @@ class Owner:
                 bundle_id = result.id if result.path is not None else None
                 if result.hang_class not in ("unknown", "") or hang_class is None:
                     hang_class = result.hang_class if cause in HUNG_CAUSES else hang_class
-        self.counters.incidents += 1
-        self.metrics.incident(cause, hang_class or "none")
-        self.inhand.last_incident = IncidentView(
+        view = IncidentView(
             id=incident_id,
             cause=cause,
             hang_class=hang_class,
@@ -634,10 +651,16 @@ class Owner:
             detail=detail[:500],
             bundle=bundle_id,
         )
-        extra = {"xids": xids.as_records(named)} if named else {}
-        self.journal.append("incident", **self.inhand.last_incident.model_dump(), **extra)
+        self.book_incident(view, **({"xids": xids.as_records(named)} if named else {}))
         await self.recover(Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
         self.log = self.log.try_unbind("incident")  # a relaunch has already bound its own context
+
+    def book_incident(self, view: IncidentView, **extra: object) -> None:
+        """One incident on the books: counted, shown as the last one, journalled (the counter by
+        cause and hang class subscribes to that line)."""
+        self.counters.incidents += 1
+        self.inhand.last_incident = view
+        self.record("incident", only="journal", **view.model_dump(), **extra)
 
     async def manual_restart(self, rung: int | None, reason: str, *, diagnose: bool, incident_id: str) -> None:
         """A restart of the running server asked for (an operator, a promotion): a `manual` incident."""
@@ -684,9 +707,8 @@ class Owner:
                 )
             )
         except Exception as err:  # a capture must never take the daemon down
-            self.log.exception("diagnostics_failed", id=incident_id)
-            self.journal.append("diagnostics_failed", id=incident_id, error=repr(err))
-            self.metrics.diagnostic(0.0, "error")
+            self.record("diagnostics_failed", "exception", only="log", id=incident_id)
+            self.record("diagnostics_failed", only="journal", id=incident_id, error=repr(err))
             return None
         finally:
             self.inhand.diagnosing = False
@@ -694,16 +716,24 @@ class Owner:
         if not written:
             self.counters.bundle_write_errors += 1
         self.metrics.diagnostic(result.duration_s, "written" if written else "write_failed")
-        self.journal.append(
+        self.record(
             "bundle_written" if result.path is not None else "bundle_write_failed",
+            only="journal",
             id=result.id,
             hang_class=result.hang_class if trigger == "hung" else None,  # a healthy server is not "deadlocked"
             duration_s=round(result.duration_s, 3),
             error=result.error,
         )
         # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
-        (self.log.info if written else self.log.warning)(
-            "bundle", id=result.id, hang_class=result.hang_class, path=str(result.path), error=result.error
+        level = "info" if written else "warning"
+        self.record(
+            "bundle",
+            level,
+            only="log",
+            id=result.id,
+            hang_class=result.hang_class,
+            path=str(result.path),
+            error=result.error,
         )
         return result
 
@@ -789,7 +819,7 @@ class Owner:
                     self.move(State.RESTARTING, "daemon shutting down")
                 await self.stop_server("daemon shutdown")
             except Exception:
-                self.log.exception("shutdown_stop_failed")
+                self.record("shutdown_stop_failed", "exception", only="log")
         if self.lifecycle.state != State.STOPPED:
             self.move(State.STOPPED, "daemon shut down")
         self.ladder = record_end(self.ladder, "daemon_shutdown", self.clock.wall())
@@ -828,9 +858,7 @@ class Owner:
             drained = tuple(w.drain())
             watch = xids.Watch(w.status, w.reason, w.gpus, drained)
         self.xids, notes = xids.take(self.xids, watch, self.server.obs, self.observer.gpu.scope)
-        for note in notes:
-            if note.xid is not None:
-                self.metrics.xid(note.xid.gpu, note.xid.uuid, note.xid.xid, str(note.fields["action"]))
+        for note in notes:  # a gpu_xid is counted by its subscriber
             self.record(note.event, note.level, **note.fields)
 
     async def reap_orphans(self) -> None:
@@ -846,7 +874,6 @@ class Owner:
         fields = {"pid": now.pid, "old_pid": now.old_pid, "why": now.why, "pipe_bytes": now.pipe_bytes}
         if now.condition == "replaced":
             self.counters.keepers_replaced += 1
-            self.metrics.keeper_replaced()
             self.record("log_keeper_replaced", "warning", **fields)
         elif now.condition == "stopped":
             self.record("log_keeper_stopped", "error", **fields)
@@ -861,7 +888,7 @@ class Owner:
             # waitpid says the main process lives but /proc did not show it (EMFILE, EACCES, a race):
             # this poll saw nothing trustworthy, which is not "the server exited".
             self.counters.unknown_observations += 1
-            self.log.warning("observation_unknown", count=self.counters.unknown_observations)
+            self.record("observation_unknown", "warning", only="log", count=self.counters.unknown_observations)
             self.publish()
             return
         if server.history is None:
@@ -904,16 +931,14 @@ class Owner:
             server.takeover_s = round(now - server.launched_at, 3)
             server.time_to_ready_s = server.record.time_to_ready_s if server.record is not None else None
             self.persist()
-            self.metrics.takeover(server.takeover_s)
-            self.journal.append("server_ready", rung=rung, adopted=True, takeover_s=server.takeover_s)
+            self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=server.takeover_s)
             self.move(State.READY, f"adopted server ready on rung {rung}")
             return
         server.time_to_ready_s = round(now - server.launched_at, 3)
         if server.record is not None:
             server.record = replace(server.record, time_to_ready_s=server.time_to_ready_s)
         self.persist()
-        self.metrics.ready(server.time_to_ready_s)
-        self.journal.append("server_ready", rung=rung, time_to_ready_s=server.time_to_ready_s)
+        self.record("server_ready", only="journal", rung=rung, time_to_ready_s=server.time_to_ready_s)
         self.move(State.READY, f"ready on rung {rung} in {server.time_to_ready_s:.1f} s")
 
     async def act_serving(self, v: Verdict, now: float) -> None:
@@ -924,9 +949,8 @@ class Owner:
                 return
             if not server.spec_alerted:
                 server.spec_alerted = True
-                self.counters.incidents += 1
-                self.metrics.incident("spec_regression", "none")
-                self.journal.append("spec_regression", reason=v.reason, rung=self.current_rung_name())
+                self.counters.incidents += 1  # counted as an incident, kept out of the last one
+                self.record("spec_regression", only="journal", reason=v.reason, rung=self.current_rung_name())
         if v.status == "degraded" and st == State.READY:
             self.move(State.DEGRADED, v.reason)
         elif v.status == "ready" and st == State.DEGRADED:
@@ -946,10 +970,10 @@ class Owner:
             server.stable_marked = True
             self.ladder = record_stable(self.ladder)
             self.persist()
-            self.journal.append("server_stable", rung=self.current_rung_name())
+            self.record("server_stable", only="journal", rung=self.current_rung_name())
         if step.promote:
             top = self.settings.ladder[0].name
-            self.journal.append("promotion", from_rung=self.current_rung_name(), to_rung=top)
+            self.record("promotion", only="journal", from_rung=self.current_rung_name(), to_rung=top)
             await self.manual_restart(0, "promotion", diagnose=False, incident_id=self.unique_incident_id("manual"))
 
     # ---- commands: one validation, one dispatcher, one method per kind ---------------------
@@ -985,7 +1009,7 @@ class Owner:
             if early is not None:
                 finish(cmd, early)
                 return
-            self.journal.append("command", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
+            self.record("command", only="journal", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
             await getattr(self, f"handle_{cmd.kind}")(cmd)
         except Exception as err:  # a command must never kill the loop
             finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", self.lifecycle.state.value))
@@ -1164,7 +1188,7 @@ class Owner:
         gpm = await asyncio.to_thread(self.observer.gpm_check)
         self.selfcheck = (*tools, gpm, *self.observer.gpu_source_checks())
         for check in self.selfcheck:
-            self.log.info("selfcheck", tool=check.name, ok=check.ok, detail=check.detail)
+            self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
@@ -1173,8 +1197,8 @@ class Owner:
             self.inhand.decided = saved.decided
             self.inhand.last_incident = saved.last_incident  # `status` keeps the why across a daemon restart
         rung = names[self.ladder.current]
-        self.log.info("state_loaded", detail=why, rung=rung, last_good=self.ladder.last_good)
-        self.journal.append("daemon_started", version=self.version, state=why, rung=rung)
+        self.record("state_loaded", only="log", detail=why, rung=rung, last_good=self.ladder.last_good)
+        self.record("daemon_started", only="journal", version=self.version, state=why, rung=rung)
         if saved is not None and saved.open_incident is not None:
             self.record_interrupted(saved.open_incident)
         self.persist()
@@ -1325,9 +1349,10 @@ class Owner:
         """An exception escaped a poll or a command: log it, count it, and leave no half-done restart
         (one cut short is taken up again by the next tick, `resume_cut_short`)."""
         self.counters.loop_errors += 1
-        self.log.error("loop_error", error=repr(err), state=self.lifecycle.state.value, exc_info=err)
-        self.metrics.loop_error(type(err).__name__)
-        self.journal.append("loop_error", error=repr(err)[:500], state=self.lifecycle.state.value)
+        state = self.lifecycle.state.value
+        self.record("loop_error", "error", only="log", error=repr(err), state=state, exc_info=err)
+        self.metrics.loop_error(type(err).__name__)  # by the exception's type, which no line carries
+        self.record("loop_error", only="journal", error=repr(err)[:500], state=state)
         self.inhand.diagnosing = False
         self.publish()
         if self.lifecycle.state in CUT_SHORT and self.leaving is None:
@@ -1335,14 +1360,11 @@ class Owner:
 
     def record_interrupted(self, inc: OpenIncident) -> None:
         """The previous daemon died capturing evidence: the incident is recorded as it stood."""
-        self.counters.incidents += 1
-        self.metrics.incident(inc.cause, "none")
         view = IncidentView(
             id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail="capture interrupted"
         )
-        self.inhand.last_incident = view
-        self.journal.append("incident", **view.model_dump(), interrupted=True)
-        self.log.warning("incident_interrupted", id=inc.id, cause=inc.cause, rung=inc.rung)
+        self.book_incident(view, interrupted=True)
+        self.record("incident_interrupted", "warning", only="log", id=inc.id, cause=inc.cause, rung=inc.rung)
         self.ladder = record_end(self.ladder, inc.cause, self.clock.wall())
 
 

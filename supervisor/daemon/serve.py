@@ -183,8 +183,8 @@ def make_owner(
         xid_watcher=watcher,
         publish_listeners=(timeline.feed,),
     )
-    sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
-    sup.journal.append("gpu_scope", gpus=scope.describe(), source=settings.gpu.source)
+    sup.record("containment", only="journal", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    sup.record("gpu_scope", only="journal", gpus=scope.describe(), source=settings.gpu.source)
     watcher.start()
     return sup
 
