@@ -179,6 +179,11 @@ class Owner:
     def server_pid(self) -> int | None:
         return self.server.pid
 
+    def group_report(self) -> NodeReport:
+        """This node's report to its group's leader (api/group.py)."""
+        server = self.server
+        return self.peers.report(self.snapshot(), server.history, server.obs, self.clock.wall())
+
     def heartbeat_age(self) -> float:
         return self.clock.monotonic() - self.heartbeat
 
@@ -852,6 +857,10 @@ class Owner:
         env.update(extra)
         return env
 
+    # ---- the tick's watch over a running server ------------------------------------------
+    # One step each: drain the Xid watcher, reap orphans, tend the log keeper, observe, let the
+    # pure watchdog (`supervisor.policy.watchdog.assess`) judge, act on the verdict.
+
     def take_xids(self) -> None:
         w, watch = self.xid_watcher, None
         if w is not None:
@@ -1293,11 +1302,6 @@ class Owner:
         return True
 
     # ---- adoption and handover ------------------------------------------------------------
-
-    def group_report(self) -> NodeReport:
-        """This node's report to its group's leader (api/group.py)."""
-        server = self.server
-        return self.peers.report(self.snapshot(), server.history, server.obs, self.clock.wall())
 
     async def adopt_server(self) -> bool:
         """At start: take over the server a predecessor left running, if it is provably that server.
