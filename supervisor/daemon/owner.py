@@ -225,6 +225,13 @@ class Owner:
         channel: Channel | None = only
         self.events.notify(Event(event, level, fields, channel))
 
+    def subscribe_journal(self, listener: Callable[[dict[str, object]], None]) -> None:
+        """Hear every journal line as written (with its time): the alerter."""
+        self.journal.listeners.append(listener)
+
+    def unsubscribe_journal(self, listener: Callable[[dict[str, object]], None]) -> None:
+        self.journal.listeners.remove(listener)
+
     def _journal_line(self, e: Event) -> None:
         if e.goes_to("journal"):
             self.journal.append(e.name, **e.fields)

@@ -199,7 +199,7 @@ def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Ale
         hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
     )
     alerter.start()
-    sup.journal.listeners.append(alerter.offer)
+    sup.subscribe_journal(alerter.offer)
     return alerter
 
 
@@ -277,7 +277,7 @@ async def _serve_locked(
             )
         if new.notify != current.notify or new.server.port != current.server.port:
             fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
-            sup.journal.listeners.remove(alerter.offer)
+            sup.unsubscribe_journal(alerter.offer)
             retired.append(asyncio.create_task(alerter.close(grace_s=5.0)))  # its queue drains aside
             alerter = fresh
         if new.api != current.api:
