@@ -159,7 +159,7 @@ def test_an_adopted_server_is_judged_by_the_usual_rules(sim, tmp_path: Path) -> 
         proc.wait(10)
         proc = start(cfg, dict(os.environ))
         # Still loading when adopted: it is left to finish, and becomes ready under the new daemon.
-        st = wait_status(api, lambda x: x["pid"] == pid, 20, proc)
+        st = wait_status(api, lambda x: x["pid"] == pid, 60, proc)  # a loaded CI host starts daemons slowly
         assert st["state"] == "starting", st
         assert wait_for(lambda: any(e["event"] == "server_adopted" for e in events(state_dir)), 10)
         wait_status(api, lambda x: x["state"] == "ready" and x["pid"] == pid, 60, proc)

@@ -63,8 +63,10 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
             metrics = (await c.get(f"{r.api}/metrics")).text
     await r.wait_for(lambda x: x.state in ("hung", "diagnosing", "restarting"), 40, "the busy-hang verdict")
     late = time.monotonic() - onset(onset_file)
-    window = s.watchdog.startup_stall_s + 2 * s.watchdog.poll_interval_s
-    assert late <= window + 0.5, f"detected {late:.2f} s after the onset; window + 2 polls = {window} s"
+    # The busy rule, not the CPU-only backstop (60 s), judged it: well before the backstop on the
+    # wall clock, and (below) at the start-up window on the quiet time the daemon counted, which is
+    # the wall time less what a loaded machine kept the tree waiting for a CPU (issue 32).
+    assert late < s.watchdog.cpu_only_stall_s / 2, f"detected {late:.2f} s after the onset"
     classified = await r.wait_for(lambda x: x.last_incident is not None and x.last_incident.hang_class is not None, 60)
     snap = classified
     inc = snap.last_incident
@@ -79,6 +81,10 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
     gpm_check = next(c for c in ready.selfcheck if c.name == "gpm")
     assert gpm_check.ok is gpm, gpm_check
     verdict = json.loads((bundle.parent / "verdict.json").read_text())
+    fig = verdict["figures"]
+    counted = fig["since_progress_s"] - fig["window_extended_s"]
+    window = s.watchdog.startup_stall_s + 2 * s.watchdog.poll_interval_s
+    assert s.watchdog.startup_stall_s <= counted <= window + 0.5, (late, fig)
     return {
         "detail": inc.detail,
         "bundle": json.loads(bundle.read_text()),

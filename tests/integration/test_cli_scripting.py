@@ -72,7 +72,10 @@ class Follower:
 async def test_exit_codes_by_state_and_wait_on_stop_start_restart(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     r = await daemon(sim("ok", env={"SGLANG_SIM_PACE": "0.3"}))
     code, out, _ = await cli("status", "--url", r.api)
-    assert code == 6 and out.startswith("state") and "starting" in out  # starting: 6, as documented
+    # starting: 6, as documented; on a loaded machine the CLI's own start can outlast the 6 s load,
+    # so the code is checked against the state the CLI printed (tests/supervisor/client pins each).
+    assert out.startswith("state"), out
+    assert (code, "starting" in out) in ((6, True), (0, False)) and ("ready" in out) == (code == 0), (code, out)
     await r.wait_for(lambda x: x.state == "ready", 60, "ready")
     assert (await cli("status", "--url", r.api, "--json"))[0] == 0
 
