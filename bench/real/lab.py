@@ -148,7 +148,7 @@ class Recorder:
             gpu = s.get("gpu") or {}
             self.rows.append({
                 "t": round(time.time(), 3), "state": s.get("state"), "phase": s.get("phase"),
-                "rung": s.get("rung"), "pid": s.get("pid"), "progress": s.get("progress"),
+                "rung": s.get("rung"), "pid": s.get("pid"), "progress": s.get("progress"), "reason": s.get("reason"),
                 "last_progress_s": s.get("last_progress_s"), "channels": s.get("channels_moved"),
                 "incident": (s.get("last_incident") or {}).get("id"),
                 "accept": serving.get("spec_accept_length"), "health_ok": serving.get("health_ok"),
