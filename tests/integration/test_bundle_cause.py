@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_serving_watchdog import SPEC, traffic
+from serving import SPEC, traffic
 
 from supervisor.daemon.snapshot import StatusSnapshot
 

@@ -202,7 +202,7 @@ async def test_a_follow_ends_when_the_daemon_stops(daemon, sim) -> None:  # type
 async def test_stop_wait_reports_what_nvml_showed(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """With NVML answering (faked from a file, as in test_gpu_attribution.py): a released GPU is
     "verified", memory still held by the old tree after the stop is exit 1 and named."""
-    from test_gpu_attribution import GB, write_nvml
+    from gpufile import GB, write_nvml
 
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})

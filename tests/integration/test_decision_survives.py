@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_daemon_process import cleanup, start, wait_status
+from daemonproc import cleanup, start, wait_status
 
 from supervisor.config.render import dump_toml as to_toml
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_reload_refusals import refusals, status, wait
+from daemonproc import status
+from statedir import named
+from waiting import wait
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
@@ -77,7 +79,7 @@ def test_a_reload_that_changes_the_gpu_source_is_refused_whole(sim, tmp_path: Pa
         st = wait(lambda: (x := status(api)) and x["state"] == "ready" and x, 60, "ready")
         cfg.write_text(to_toml(s.model_copy(update={"gpu": s.gpu.model_copy(update={"source": "nvml", "file": None})})))
         proc.send_signal(signal.SIGHUP)
-        refused = wait(lambda: refusals(s.state_dir), 20, "the [gpu] refusal")[0]
+        refused = wait(lambda: named(s.state_dir, "config_reload_refused"), 20, "the [gpu] refusal")[0]
         assert "[gpu] changed" in refused["error"] and "restart the daemon" in refused["error"]
         after = status(api)
         assert after is not None and after["pid"] == st["pid"] and after["gpu"]["devices"][0]["uuid"] == "GPU-chosen"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_serving_watchdog import ready
+from serving import ready
 
 from supervisor.daemon.commands import Command
 

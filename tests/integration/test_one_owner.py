@@ -8,7 +8,7 @@ from datetime import datetime
 
 import httpx
 import pytest
-from test_recovery_policy import named
+from statedir import named
 
 pytestmark = pytest.mark.integration
 

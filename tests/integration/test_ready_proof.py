@@ -128,7 +128,7 @@ def test_a_lost_state_json_still_finds_the_starting_tree_by_its_marker(sim, tmp_
     import time
 
     import psutil
-    from test_daemon_process import cleanup, start, wait_status
+    from daemonproc import cleanup, start, wait_status
 
     from supervisor.config.render import dump_toml as to_toml
     from supervisor.daemon.persist import marker_for

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from daemonproc import cleanup, start, wait_status
 from freeport import free_port
-from test_daemon_process import cleanup, start, wait_status
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import settings_from_mapping
