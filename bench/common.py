@@ -29,6 +29,7 @@ from supervisor import __version__
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.process import kill_marked
+from supervisor.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -201,30 +202,26 @@ class Daemon:
         except (httpx.HTTPError, ValueError):
             return None
 
+    def _alive(self, what: str) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {self.proc.returncode} while waiting for {what} ({self.wd})")
+
     def wait(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode} while waiting for {what} ({self.wd})")
-            last = self.status() or last
-            if last is not None and pred(last):
-                return last
-            time.sleep(0.1)
-        raise TimeoutError(f"{what}: not within {timeout:.0f} s; last status {str(last)[:600]} ({self.wd})")
+        def read() -> dict[str, Any] | None:
+            self._alive(what)
+            return self.status()
+
+        return wait_for(read, pred, timeout, what=f"{what} ({self.wd})", show=lambda st: f"status {str(st)[:600]}")
 
     def events(self) -> list[dict[str, Any]]:
         return read_events(self.state_dir)
 
     def wait_events(self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode} while waiting for {what} ({self.wd})")
-            if pred(self.events()):
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"{what}: not within {timeout:.0f} s ({self.wd})")
+        def read() -> list[dict[str, Any]]:
+            self._alive(what)
+            return self.events()
+
+        wait_for(read, pred, timeout, what=f"{what} ({self.wd})", show=lambda ev: f"of {len(ev)} events")
 
     def stop(self) -> int | None:
         """SIGTERM (the daemon stops its tree), then make sure nothing with its marker is left."""

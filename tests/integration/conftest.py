@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from supervisor.config.settings import Settings
 from supervisor.daemon.owner import Supervisor
 from supervisor.daemon.serve import serve
 from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.waiting import wait_for_async
 
 
 @dataclass
@@ -30,17 +30,16 @@ class Running:
         return self.sup.snapshot()
 
     async def wait_for(self, pred: Callable[[StatusSnapshot], bool], timeout: float, what: str = "") -> StatusSnapshot:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            s = self.snap()
+        def matched(s: StatusSnapshot) -> bool:
             if pred(s):
-                return s
+                return True
             if self.task.done():
                 self.task.result()
                 raise AssertionError(f"daemon exited while waiting for {what}")
-            await asyncio.sleep(0.1)
-        raise AssertionError(
-            f"timed out after {timeout} s waiting for {what}; last: {self.snap().model_dump_json()[:1500]}"
+            return False
+
+        return await wait_for_async(
+            self.snap, matched, timeout, what=what, show=lambda s: s.model_dump_json()[:1500]
         )
 
     async def stop(self) -> int:

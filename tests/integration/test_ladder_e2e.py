@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+from daemonproc import wait_status
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
@@ -104,24 +104,6 @@ def _has_marker(pid: int, marker: str) -> bool:
         return False
 
 
-def _status(api: str) -> dict | None:  # type: ignore[type-arg]
-    try:
-        return httpx.get(f"{api}/status", timeout=2).json()  # type: ignore[no-any-return]
-    except httpx.HTTPError:
-        return None
-
-
-def _wait(api: str, pred, timeout: float) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = _status(api)
-        if last is not None and pred(last):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out; last status {last}")
-
-
 def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     s = sim(
         "deadlock_after_load",
@@ -135,7 +117,7 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify
     cmd = [sys.executable, "-m", "supervisor", "run", "--config", str(cfg), "--log-json"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        st = _wait(api, lambda x: x["rung"] == "no-cuda-graph" and x["state"] == "ready", 60)
+        st = wait_status(api, lambda x: x["rung"] == "no-cuda-graph" and x["state"] == "ready", 60)
         old_pid = st["pid"]
         first.send_signal(signal.SIGKILL)  # the daemon dies; its server tree lives on in its own session
         first.wait(10)
@@ -148,7 +130,7 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify
         state.write_text(json.dumps(doc))
         second = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            st = _wait(api, lambda x: x["state"] == "ready" and x["pid"] != old_pid, 60)
+            st = wait_status(api, lambda x: x["state"] == "ready" and x["pid"] != old_pid, 60)
             assert st["rung"] == "no-cuda-graph"
             ev = events(s.paths.state_dir)
             restart_at = max(

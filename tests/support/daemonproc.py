@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+
+from supervisor.waiting import wait_for
 
 
 def start(cfg: Path, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
@@ -31,19 +32,14 @@ def status(api: str) -> dict[str, Any] | None:
 def wait_status(
     api: str, pred: Callable[[dict[str, Any]], bool], timeout: float, proc: subprocess.Popen[bytes] | None = None
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+    """The first `GET /status` that `pred` holds for; fails at once when the daemon `proc` exits."""
+
+    def read() -> dict[str, Any] | None:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"daemon exited {proc.returncode}")
-        try:
-            last = httpx.get(f"{api}/status", timeout=2).json()
-            if pred(last):
-                return last  # type: ignore[no-any-return]
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; last {last}")
+        return status(api)
+
+    return wait_for(read, pred, timeout, what="matching status")
 
 
 def marked(marker: str) -> list[int]:
