@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from simsupport import sim_settings
+from simconfig import sim_settings
 
 from supervisor.config.settings import Settings
 from supervisor.daemon.owner import Supervisor

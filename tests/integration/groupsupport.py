@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 from freeport import free_port
-from simsupport import sim_settings
+from simconfig import sim_settings
 
 from supervisor.config.render import dump_toml
 from supervisor.config.settings import Settings, settings_from_mapping
