@@ -150,17 +150,17 @@ async def test_watchdog_pings_stop_when_the_loop_stalls(daemon, sim, tmp_path: P
     ns = NotifySocket(tmp_path / "notify.sock")
     r = await daemon(sim("ok"), env={**os.environ, "NOTIFY_SOCKET": str(ns.path), "WATCHDOG_USEC": "400000"})
     await r.wait_for(lambda x: x.state == "ready", 30, "ready")
-    real_tick = r.sup.tick
+    real_tick = r.owner.tick
     stall: list[float] = []
 
     async def stuck_tick() -> None:
         stall.append(time.monotonic())
         time.sleep(2.0)  # a blocking call on the loop: the daemon is stuck
         stall.append(time.monotonic())
-        r.sup.tick = real_tick  # type: ignore[method-assign]
+        r.owner.tick = real_tick  # type: ignore[method-assign]
         await real_tick()
 
-    r.sup.tick = stuck_tick  # type: ignore[method-assign]
+    r.owner.tick = stuck_tick  # type: ignore[method-assign]
     await asyncio.sleep(4.0)
     assert len(stall) == 2
     pings = [t for t, m in ns.drain() if m == "WATCHDOG=1"]

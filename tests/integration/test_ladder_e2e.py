@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from daemonproc import wait_status
+from daemonproc import marker_of, wait_status
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
@@ -75,13 +75,15 @@ async def test_escaped_descendant_holding_the_port_is_killed_before_relaunch(dae
     s = sim("escape_group", restart={"retries_per_rung": 3})
     r = await daemon(s)
     await r.wait_for(lambda x: x.state == "ready", 30, "ready")
-    marker = r.sup.marker
+    server_pid = r.snap().pid
+    marker = marker_of(server_pid)
+    assert marker is not None
     escaped = [
         p.pid
         for p in psutil.process_iter()
         if p.pid != os.getpid()
         and _has_marker(p.pid, marker)
-        and os.getsid(p.pid) != os.getsid(r.sup.server_pid() or 0)
+        and os.getsid(p.pid) != os.getsid(server_pid or 0)
     ]
     assert escaped, "the simulator's helper left the session"
     async with httpx.AsyncClient() as c:

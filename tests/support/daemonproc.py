@@ -54,6 +54,18 @@ def marked(marker: str) -> list[int]:
     return found
 
 
+def marker_of(pid: int | None) -> str | None:
+    """The daemon's marker in the environment of server process `pid` (as `ps e` shows it)."""
+    if pid is None:
+        return None
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    prefix = b"SGLANG_SUPERVISOR_MARKER="
+    return next((v[len(prefix) :].decode() for v in env if v.startswith(prefix)), None)
+
+
 def cleanup(proc: subprocess.Popen[bytes], state_dir: str) -> None:
     """After a failure: the daemon may be gone, its server tree (in its own session) must go too."""
     from supervisor.process import kill_marked
