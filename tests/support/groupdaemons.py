@@ -1,5 +1,5 @@
 """Multi-node groups on one machine: one real `sglang-supervisor run` daemon per node, each with its
-own state directory, API port and simulated node (importable: pytest puts this folder on sys.path)."""
+own state directory, API port and simulated node."""
 
 from __future__ import annotations
 
