@@ -14,7 +14,6 @@ from simconfig import sim_settings
 
 from supervisor.config.settings import Settings
 from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
-from supervisor.daemon.owner import Supervisor
 from supervisor.daemon.serve import serve
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.waiting import wait_for_async
@@ -33,7 +32,7 @@ class Running:
     # The owner object itself, for the few tests that inject a fault inside the running daemon (an
     # exception in a poll or a stop, an unreadable /proc, a stuck loop; see test_daemon_survives and
     # test_daemon_process): the public contract has no door for those. Nothing else reads it.
-    owner: Supervisor
+    owner: Any  # supervisor.daemon.owner's class, not imported: the tests do not depend on its name
 
     async def submit(self, command: Command) -> CommandResult:
         return await self.handle.submit(command)
@@ -72,7 +71,7 @@ async def daemon() -> AsyncIterator[Callable[[Settings], Any]]:
         """`config_path`: the file `POST /reload` (SIGHUP) re-reads; None: the daemon has none."""
         import os
 
-        holder: list[Supervisor] = []
+        holder: list[Any] = []  # the composition root hands the owner out here
         ready = asyncio.Event()
         task = asyncio.create_task(
             serve(

@@ -4,7 +4,6 @@ of a restart, /proc that cannot be read, API clients that hold connections open.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import threading
 from pathlib import Path
@@ -12,19 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from serving import ready
+from statedir import events
 
 from supervisor.daemon import apiguard
 
 pytestmark = pytest.mark.integration
-
-
-def ready(s: Any) -> bool:
-    return bool(s.state == "ready")
-
-
-def events(state_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 async def metric(api: str, name: str) -> float:

@@ -28,11 +28,6 @@ def write_gpu(path: Path, uuid: str) -> Path:
     return path
 
 
-def journal(state_dir: Path, event: str) -> list[dict[str, object]]:
-    lines = (state_dir / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == event]
-
-
 async def test_the_config_hands_the_daemon_the_simulated_gpu_and_the_self_check_says_so(  # type: ignore[no-untyped-def]
     daemon, sim, tmp_path: Path
 ) -> None:
@@ -48,7 +43,7 @@ async def test_the_config_hands_the_daemon_the_simulated_gpu_and_the_self_check_
     gpu = [c for c in checks if c["name"] == "gpu"]
     assert len(gpu) == 1 and gpu[0]["ok"] and gpu[0]["detail"].startswith("simulated: the simulator's GPU from ")
     assert str(chosen) in gpu[0]["detail"]
-    assert [e["source"] for e in journal(s.state_dir, "gpu_scope")] == ["simulator"]
+    assert [e["source"] for e in named(s.state_dir, "gpu_scope")] == ["simulator"]
 
 
 async def test_no_environment_variable_switches_the_daemon_to_a_simulated_gpu(  # type: ignore[no-untyped-def]
@@ -61,7 +56,7 @@ async def test_no_environment_variable_switches_the_daemon_to_a_simulated_gpu(  
     snap = await r.wait_for(lambda x: x.state == "ready", 40, "ready")
     assert "GPU-from-env" not in [d.uuid for d in snap.gpu.devices]
     assert all(c.name != "gpu" for c in snap.selfcheck)
-    assert [e["source"] for e in journal(s.state_dir, "gpu_scope")] == ["nvml"]
+    assert [e["source"] for e in named(s.state_dir, "gpu_scope")] == ["nvml"]
 
 
 def test_a_reload_that_changes_the_gpu_source_is_refused_whole(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

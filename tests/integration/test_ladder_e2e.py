@@ -13,6 +13,7 @@ import httpx
 import psutil
 import pytest
 from daemonproc import marker_of, wait_status
+from statedir import events
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
@@ -20,11 +21,6 @@ from supervisor.process import kill_marked
 pytestmark = pytest.mark.integration
 
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}
-
-
-def events(state_dir: str | Path) -> list[dict]:  # type: ignore[type-arg]
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 async def test_full_story_deadlock_then_fallback_rung_serves(daemon, sim) -> None:  # type: ignore[no-untyped-def]

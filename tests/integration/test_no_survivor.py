@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from statedir import events
 
 from probes.ports import port_accepts
 from supervisor.daemon import serve as runner
@@ -71,10 +71,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def events(state_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (state_dir / "events.jsonl").read_text().splitlines() if x.strip()]
 
 
 def cgroup_dir(pid: int) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statedir import events
 
 pytestmark = pytest.mark.integration
 
@@ -52,10 +53,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def events(state_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (state_dir / "events.jsonl").read_text().splitlines() if x.strip()]
 
 
 async def test_a_ready_line_without_a_bound_port_is_a_startup_stall_never_last_good(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from daemonproc import marker_of
+from statedir import events
 
 from probes.ports import port_accepts
 from supervisor.config.render import render_rung
@@ -17,11 +18,6 @@ from supervisor.process import ServerProcess, kill_marked
 from supervisor.process.owners import STATE_DIR_ENV
 
 pytestmark = pytest.mark.integration
-
-
-def events(state_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def poison(state_dir: Path, **doc: Any) -> None:

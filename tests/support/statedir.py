@@ -9,8 +9,10 @@ from typing import Any
 
 
 def events(state_dir: str | Path) -> list[dict[str, Any]]:
+    """The journal's events, oldest first; none before the daemon wrote its first."""
     path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(x) for x in lines if x.strip()]
 
 
 def named(state_dir: str | Path, name: str) -> list[dict[str, Any]]:
