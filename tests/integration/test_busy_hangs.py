@@ -17,10 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+from serving import SPEC
+from statedir import events
 
 pytestmark = pytest.mark.integration
 
-SPEC = {"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/draft"}
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}, "on": ["cuda_graph_capture"]}
 WATCH = {"startup_stall_s": 4.0, "cpu_only_stall_s": 60.0}
 
@@ -36,10 +37,6 @@ def fake_gpu(tmp_path: Path, gpm: bool = True) -> Path:
     path = tmp_path / "nvml.json"
     path.write_text(json.dumps({"devices": [dev]}))
     return path
-
-
-def events(state_dir: str) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (Path(state_dir) / "events.jsonl").read_text().splitlines()]
 
 
 async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_spy: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_notifications import hook, hook_calls, until, with_notify
-from test_serving_watchdog import ready
+from notifyhook import hook, hook_calls, with_notify
+from serving import ready
+from waiting import until
 
 from supervisor.alerting.settings import NotifyTarget
 from supervisor.config.settings import Settings

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from groupsupport import TOKEN, Load, Node, group_of, group_ready, ready
+from groupdaemons import TOKEN, Load, Node, group_of, group_ready, ready
 
 pytestmark = pytest.mark.integration
 
