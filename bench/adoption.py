@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.common import Daemon, Traffic, header, median, publish, save_result, sim_settings, workdir
 from bench.report import table
+from supervisor.waiting import WaitTimeout, wait_for
 
 ACCESS = '"POST /generate HTTP/1.1" 200'
 MODES = ("sigkill", "handoff", "sigkill_during_capture")
@@ -58,13 +59,14 @@ def settle(state_dir: Path, timeout: float = 10.0) -> int:
 
 
 def wait_diagnosing(d: Daemon, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = d.status()
-        if st is not None and (st.get("diagnosing") or st.get("state") == "diagnosing"):
-            return True
-        time.sleep(0.02)
-    return False
+    def diagnosing(st: dict[str, Any]) -> bool:
+        return bool(st.get("diagnosing") or st.get("state") == "diagnosing")
+
+    try:
+        wait_for(d.status, diagnosing, timeout, interval=0.02)
+    except WaitTimeout:
+        return False
+    return True
 
 
 def one(mode: str, gap_s: float) -> Run:

@@ -29,6 +29,9 @@ from supervisor import __version__
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.process import kill_marked
+from supervisor.simulator import daemonconfig
+from supervisor.simulator.daemonconfig import SimWindows
+from supervisor.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -37,19 +40,26 @@ RESULTS = OUT / "results"
 SPEC_ARGS: dict[str, Any] = {"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/draft"}
 
 
-@dataclass(frozen=True)
-class Windows:
+@dataclass(frozen=True, kw_only=True)
+class Windows(SimWindows):
     """Short windows, so the suite runs in minutes; production defaults are minutes long."""
 
     poll_s: float = 0.5
     startup_stall_s: float = 4.0
+    startup_timeout_s: float = 600.0
     cpu_only_stall_s: float = 8.0
     health_interval_s: float = 1.0
     health_timeout_s: float = 4.0
     health_failures: int = 2
     serving_stall_s: float = 4.0
+    metrics_interval_s: float = 0.5  # as poll_s
     spec_window_s: float = 4.0
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 1.0
+    max_restarts_per_hour: int = 100
     stop_grace_s: float = 3.0
+    release_timeout_s: float = 2.0
+    py_spy_timeout_s: float = 10.0
     pace: float = 0.2  # simulator: 0.2 x SGLang's start-up pauses
     # simulator: a serving fault begins this long after its ready line (the daemon's ready needs a
     # health answer too, a poll or two later)
@@ -93,16 +103,7 @@ def workdir(name: str) -> Path:
 
 
 def sim_env(scenario: str, w: Windows = W, **extra: str) -> dict[str, str]:
-    env = {
-        "SGLANG_SIM_SCENARIO": scenario,
-        "SGLANG_SIM_PACE": str(w.pace),
-        "SGLANG_SIM_HEALTH_LATENCY_S": str(w.health_latency_s),
-        "SGLANG_SIM_FAULT_AFTER_S": str(w.fault_after_s),
-        "SGLANG_HEALTH_CHECK_TIMEOUT": str(w.sglang_health_timeout_s),
-        "SGLANG_SIM_IDLE_METRICS_S": str(w.idle_metrics_s),
-    }
-    env.update(extra)
-    return env
+    return daemonconfig.sim_env(scenario, w, extra=extra)
 
 
 def sim_settings(
@@ -118,43 +119,23 @@ def sim_settings(
     restart: dict[str, Any] | None = None,
     diagnostics: dict[str, Any] | None = None,
 ) -> Settings:
-    """The daemon's config for the simulator in `wd`, with the benchmark windows (the same shape
-    as tests/integration/simsupport.py, which bench must not import)."""
-    data: dict[str, Any] = {
-        "server": {
-            "command": [PY, "-m", "supervisor.simulator"],
-            "port": free_port(),
-            "env": {**sim_env(scenario, w), **(env or {})},
-            "args": {"model-path": str(wd / "model"), "tp-size": tp, "enable-metrics": True, **(args or {})},
-        },
-        "fallback": fallback or [],
-        "watchdog": {
-            "poll_interval_s": w.poll_s,
-            "startup_stall_s": w.startup_stall_s,
-            "startup_timeout_s": 600.0,
-            "cpu_only_stall_s": w.cpu_only_stall_s,
-            "health_interval_s": w.health_interval_s,
-            "health_timeout_s": w.health_timeout_s,
-            "health_failures": w.health_failures,
-            "serving_stall_s": w.serving_stall_s,
-            "metrics_interval_s": w.poll_s,
-            "spec_window_s": w.spec_window_s,
-            **(watchdog or {}),
-        },
-        "restart": {
-            "retries_per_rung": 0,
-            "backoff_initial_s": 0.2,
-            "backoff_max_s": 1.0,
-            "max_restarts_per_hour": 100,
-            "stop_grace_s": w.stop_grace_s,
-            "release_timeout_s": 2.0,
-            "start_from": "preferred",
-            **(restart or {}),
-        },
-        "diagnostics": {"native": False, "gdb": "never", "py_spy_timeout_s": 10.0, **(diagnostics or {})},
-        "api": {"port": free_port()},
-        "paths": {"state_dir": str(wd / "state")},
-    }
+    """The daemon's config for the simulator in `wd`, with the benchmark windows (the product's
+    builder, as the tests and the demo use it with theirs)."""
+    data = daemonconfig.sim_config(
+        w,
+        scenario=scenario,
+        state_dir=wd / "state",
+        model_path=str(wd / "model"),
+        server_port=free_port(),
+        api_port=free_port(),
+        tp=tp,
+        env=env,
+        args=args,
+        fallback=fallback,
+        watchdog=watchdog,
+        restart=restart,
+        diagnostics=diagnostics,
+    )
     return settings_from_mapping(data)
 
 
@@ -201,30 +182,26 @@ class Daemon:
         except (httpx.HTTPError, ValueError):
             return None
 
+    def _alive(self, what: str) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {self.proc.returncode} while waiting for {what} ({self.wd})")
+
     def wait(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode} while waiting for {what} ({self.wd})")
-            last = self.status() or last
-            if last is not None and pred(last):
-                return last
-            time.sleep(0.1)
-        raise TimeoutError(f"{what}: not within {timeout:.0f} s; last status {str(last)[:600]} ({self.wd})")
+        def read() -> dict[str, Any] | None:
+            self._alive(what)
+            return self.status()
+
+        return wait_for(read, pred, timeout, what=f"{what} ({self.wd})", show=lambda st: f"status {str(st)[:600]}")
 
     def events(self) -> list[dict[str, Any]]:
         return read_events(self.state_dir)
 
     def wait_events(self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode} while waiting for {what} ({self.wd})")
-            if pred(self.events()):
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"{what}: not within {timeout:.0f} s ({self.wd})")
+        def read() -> list[dict[str, Any]]:
+            self._alive(what)
+            return self.events()
+
+        wait_for(read, pred, timeout, what=f"{what} ({self.wd})", show=lambda ev: f"of {len(ev)} events")
 
     def stop(self) -> int | None:
         """SIGTERM (the daemon stops its tree), then make sure nothing with its marker is left."""

@@ -17,9 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from supervisor.config.render import dump_mapping
 from supervisor.config.settings import load_settings
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.logs import setup as logsetup
+from supervisor.simulator.daemonconfig import SimWindows, sim_config
 from supervisor.simulator.gpu.kernel import create as create_gpu_file
 
 
@@ -30,61 +32,43 @@ def free_port() -> int:
         return port
 
 
-def demo_config(state_dir: Path, server_port: int, api_port: int) -> str:
-    py = sys.executable
-    gpu_file = state_dir / "simulated-gpu.json"
-    return f"""\
+# Slow enough for a person to watch: a one-second poll, an eight-second stall window.
+DEMO_WINDOWS = SimWindows(
+    poll_s=1.0,
+    startup_stall_s=8.0,
+    startup_timeout_s=300.0,
+    cpu_only_stall_s=30.0,
+    health_interval_s=2.0,
+    health_timeout_s=5.0,
+    backoff_initial_s=1.0,
+    backoff_max_s=5.0,
+    stop_grace_s=5.0,
+    release_timeout_s=5.0,
+    pace=0.5,
+    health_latency_s=0.2,
+)
+HEADER = """\
 # Written by `sglang-supervisor demo`: the built-in SGLang simulator stands in for a GPU server.
-[server]
-command = ["{py}", "-m", "supervisor.simulator"]
-host = "127.0.0.1"
-port = {server_port}
 # The simulator's behaviour: deadlock right after the weights load, unless --disable-cuda-graph.
-env = {{ SGLANG_SIM_SCENARIO = "deadlock_after_load", SGLANG_SIM_UNLESS = "disable-cuda-graph", \
-SGLANG_SIM_PACE = "0.5", SGLANG_SIM_HEALTH_LATENCY_S = "0.2", SGLANG_SIM_GPU_FILE = "{gpu_file}" }}
-
-[server.args]
-model-path = "/models/demo-model"
-tp-size = 2
-enable-metrics = true
-
-[[fallback]]
-name = "no-cuda-graph"
-args = {{ disable-cuda-graph = true }}
-on = ["cuda_graph_capture"]
-
-[watchdog]
-poll_interval_s = 1.0
-startup_stall_s = 8.0
-startup_timeout_s = 300.0
-cpu_only_stall_s = 30.0
-health_interval_s = 2.0
-health_timeout_s = 5.0
-
-[restart]
-retries_per_rung = 0
-backoff_initial_s = 1.0
-backoff_max_s = 5.0
-stop_grace_s = 5.0
-release_timeout_s = 5.0
-start_from = "preferred"
-
-[diagnostics]
-native = false
-gdb = "never"
-
-[api]
-host = "127.0.0.1"
-port = {api_port}
-
-[paths]
-state_dir = "{state_dir}"
-
 # No GPU here: the daemon reads the simulator's GPU, a JSON file the simulated server writes to.
-[gpu]
-source = "simulator"
-file = "{gpu_file}"
 """
+
+
+def demo_config(state_dir: Path, server_port: int, api_port: int) -> str:
+    data = sim_config(
+        DEMO_WINDOWS,
+        scenario="deadlock_after_load",
+        state_dir=state_dir,
+        model_path="/models/demo-model",
+        server_port=server_port,
+        api_port=api_port,
+        env={"SGLANG_SIM_UNLESS": "disable-cuda-graph"},
+        fallback=[{"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}, "on": ["cuda_graph_capture"]}],
+        api={"host": "127.0.0.1"},
+        gpu_file=state_dir / "simulated-gpu.json",
+    )
+    data["server"] = {"host": "127.0.0.1", **data["server"]}
+    return HEADER + dump_mapping(data)
 
 
 def story_told(s: StatusSnapshot) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import freeport
 import pytest
+import waiting
 
 from probes.proctree import scan_tree
 from supervisor.logs.capture import LogCapture
@@ -35,12 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _wait_until(cond: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return bool(cond())
+    return waiting.wait_for(cond, timeout, interval)
 
 
 @pytest.fixture

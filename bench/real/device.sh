@@ -10,7 +10,8 @@
 # STAGES=plan PLAN="serve:0:0,cudagdb:1:0" ("+" separates GPUs: tp2:0+1:0). Issue 24 (not in the
 # default): i24 (the SIGSTOPped scheduler's bundle with pystack, lane stall; the Xid chain, lane xid;
 # one H200), i24tp2 (NCCL's RAS report of rank 1 SIGSTOPped, two GPUs), ranks (bench/gpu_ranks.py).
-# Issue 32: i32a (lane stranger) and i32b (lane cpuhog), one H200, as two stages: they would share GPU 0.
+# Issue 32: i32a (lane stranger), i32b (lane cpuhog), i32c (lane cpupin: the server pinned to two CPUs
+# shared with 8 hogs), i32d (lane cpupin1: one CPU, 32 hogs), one H200, as separate stages: they would share GPU 0.
 # Issue 23: mn2 (real SGLang as two nodes of one group, one daemon per node; two GPUs).
 set -u
 REAL=${REAL:-/tmp/real}
@@ -40,6 +41,10 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work32a" --out "$OUTDIR" ;;
     i32b)   python3 -m bench.real.run plan --plan "cpuhog:0:0" --real "$REAL" --work "$REAL/work32b" --deadline 500
             python3 -m bench.real.run pack --work "$REAL/work32b" --out "$OUTDIR" ;;
+    i32c)   python3 -m bench.real.run plan --plan "cpupin:0:0" --real "$REAL" --work "$REAL/work32c" --deadline 500
+            python3 -m bench.real.run pack --work "$REAL/work32c" --out "$OUTDIR" ;;
+    i32d)   python3 -m bench.real.run plan --plan "cpupin1:0:0" --real "$REAL" --work "$REAL/work32d" --deadline 500
+            python3 -m bench.real.run pack --work "$REAL/work32d" --out "$OUTDIR" ;;
     i24tp2) python3 -m bench.real.run plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
             python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
     mn2)    python3 -m bench.real.run lane mn2 --gpu 0,1 --real "$REAL" --work "$REAL/work23"

@@ -23,6 +23,7 @@ import psutil
 from bench.common import free_port
 from supervisor.config.render import dump_toml
 from supervisor.config.settings import settings_from_mapping
+from supervisor.waiting import wait_for
 
 __all__ = ["Daemon", "Load", "Recorder", "free_port", "schedulers", "title", "titles"]
 
@@ -30,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # NVLink multicast stays off on the lent machines (device docs): in every environment we start.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BUSY_STATES = ("hung", "diagnosing", "restarting")
+
+
+def _state(st: dict[str, Any]) -> str:
+    return f"state {st.get('state')} {st.get('reason')}"
 
 
 class Daemon:
@@ -65,16 +70,12 @@ class Daemon:
             return {}
 
     def wait(self, pred: Callable[[dict[str, Any]], bool], timeout: float, poll: float = 0.25) -> dict[str, Any]:
-        end = time.time() + timeout
-        st: dict[str, Any] = {}
-        while time.time() < end:
+        def read() -> dict[str, Any] | None:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}")
-            st = self.status()
-            if st and pred(st):
-                return st
-            time.sleep(poll)
-        raise TimeoutError(f"timed out after {timeout:.0f} s; last state {st.get('state')} {st.get('reason')}")
+            return self.status() or None
+
+        return wait_for(read, pred, timeout, what="match", interval=poll, show=_state)
 
     def wait_ready(self, timeout: float = 420.0) -> dict[str, Any]:
         return self.wait(lambda s: s.get("state") in ("ready", "degraded"), timeout)
@@ -148,7 +149,7 @@ class Recorder:
             gpu = s.get("gpu") or {}
             self.rows.append({
                 "t": round(time.time(), 3), "state": s.get("state"), "phase": s.get("phase"),
-                "rung": s.get("rung"), "pid": s.get("pid"), "progress": s.get("progress"),
+                "rung": s.get("rung"), "pid": s.get("pid"), "progress": s.get("progress"), "reason": s.get("reason"),
                 "last_progress_s": s.get("last_progress_s"), "channels": s.get("channels_moved"),
                 "incident": (s.get("last_incident") or {}).get("id"),
                 "accept": serving.get("spec_accept_length"), "health_ok": serving.get("health_ok"),

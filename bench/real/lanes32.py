@@ -163,4 +163,55 @@ def lane_cpuhog(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any
     return res
 
 
-LANES = {"stranger": lane_stranger, "cpuhog": lane_cpuhog}
+def lane_cpupin(work: Path, real: Path, models: Path, gpu: str, *, cpus: str = "0,1", n_hogs: int = 8,
+                hog_s: float = 150.0) -> dict[str, Any]:
+    """Real starvation: the server pinned (taskset) to `cpus`, which `n_hogs` hogs, each in its own
+    session, share with it for `hog_s` (lane cpupin: 2 CPUs, 8 hogs, about 2/9 of a core for the
+    tree; lane cpupin1: 1 CPU, 32 hogs, about 1/33); the daemon runs unpinned. Start-up window 30 s.
+    Nothing else of the host is touched."""
+    res: dict[str, Any] = {"lane": "cpupin", "gpu": gpu, "simulated": _simulated(), "cpus": cpus,
+                           "hogs": n_hogs, "hog_s": hog_s}
+    watchdog = {**configs.FAST, "startup_stall_s": 30.0}
+    cfg = configs.config(real, models, gpus=gpu, watchdog=watchdog)
+    cfg["server"]["port"] = free_port()
+    cfg["server"]["command"] = ["taskset", "-c", cpus, *cfg["server"]["command"]]  # taskset execs: same pid
+    hogs = [subprocess.Popen(["taskset", "-c", cpus, sys.executable, "-c", HOG], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n_hogs)]
+    t0 = time.time()
+    d = Daemon(work, cfg, configs.daemon_env(real))
+    rec = Recorder(d).start()
+    try:
+        while time.time() < t0 + hog_s:
+            st = d.status()
+            if st.get("state") == "ready" and "ready_under_hogs_s" not in res:
+                res["ready_under_hogs_s"] = round(time.time() - t0, 1)
+            time.sleep(1.0)
+        for h in hogs:
+            h.kill()
+        st = d.wait_ready(420.0)
+        ev = d.events()
+        res["ready_s"] = res.get("ready_under_hogs_s") or round(time.time() - t0, 1)
+        res["rung"] = st.get("rung")
+        res["incidents"] = [{k: e.get(k) for k in ("ts", "cause", "hang_class", "detail", "reason")}
+                            for e in _named(ev, "incident", t0)]
+        res["startup_stalls"] = sum(1 for e in res["incidents"] if e.get("cause") == "startup_stall")
+    except Exception as err:
+        res["error"] = repr(err)
+    finally:
+        for h in hogs:
+            if h.poll() is None:
+                h.kill()
+        rows = rec.stop()
+        res["timeline"] = rows
+        quiet = [float(r["last_progress_s"]) for r in rows if isinstance(r.get("last_progress_s"), (int, float))]
+        res["longest_quiet_s"] = max(quiet, default=None)
+        res["window_extended"] = sorted({str(r["reason"]) for r in rows if "extended" in str(r.get("reason"))})[:8]
+        res["close"] = d.close()
+    return res
+
+
+def lane_cpupin1(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    return {**lane_cpupin(work, real, models, gpu, cpus="0", n_hogs=32, hog_s=120.0), "lane": "cpupin1"}
+
+
+LANES = {"stranger": lane_stranger, "cpuhog": lane_cpuhog, "cpupin": lane_cpupin, "cpupin1": lane_cpupin1}

@@ -38,6 +38,7 @@ from bench.real.configs import FAST, config, daemon_env
 from bench.real.lab import ROOT, Load, schedulers
 from supervisor.config.render import dump_toml
 from supervisor.config.settings import settings_from_mapping
+from supervisor.waiting import wait_for
 
 
 class Node:
@@ -65,16 +66,15 @@ class Node:
             return {}
 
     def wait(self, pred: Any, timeout: float) -> dict[str, Any]:
-        end = time.time() + timeout
-        st: dict[str, Any] = {}
-        while time.time() < end:
+        def read() -> dict[str, Any] | None:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node {self.rank} daemon exited {self.proc.returncode}")
-            st = self.status()
-            if st and pred(st):
-                return st
-            time.sleep(0.25)
-        raise TimeoutError(f"node {self.rank}: {timeout:.0f} s; last {st.get('state')} {st.get('reason')}")
+            return self.status() or None
+
+        return wait_for(
+            read, pred, timeout, what=f"match on node {self.rank}", interval=0.25,
+            show=lambda st: f"{st.get('state')} {st.get('reason')}",
+        )  # fmt: skip
 
     def events(self) -> list[dict[str, Any]]:
         try:

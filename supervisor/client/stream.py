@@ -31,6 +31,7 @@ from supervisor.client.wait import (
     settled,
     state_exit,
 )
+from supervisor.waiting import WaitTimeout, wait_for
 
 WAIT_POLL_S = 0.5
 Send = Callable[..., httpx.Response]
@@ -157,22 +158,21 @@ def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, a
         return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
     if not as_json:
         print(format_answer(command, answer), flush=True)
-    deadline = time.monotonic() + wait_s
     moved, last = False, before_doc
-    outcome: Settled | None = None
-    while outcome is None:
+
+    def outcome_now() -> Settled | None:
+        nonlocal moved, last
         now = conn.status()
-        if now is not None:
-            last = now
-            moved = moved or now.get("state") != before.state
-            outcome = settled(verb, before, now, moved)
-        if outcome is None:
-            if time.monotonic() >= deadline:
-                outcome = Settled(
-                    EXIT_TIMEOUT, f"still {last.get('state')} after {wait_s:g} s ({last.get('reason') or '-'})"
-                )
-                break
-            time.sleep(WAIT_POLL_S)
+        if now is None:
+            return None
+        last = now
+        moved = moved or now.get("state") != before.state
+        return settled(verb, before, now, moved)
+
+    try:
+        outcome = wait_for(outcome_now, timeout=wait_s, what=f"{command} settled", interval=WAIT_POLL_S)
+    except WaitTimeout:
+        outcome = Settled(EXIT_TIMEOUT, f"still {last.get('state')} after {wait_s:g} s ({last.get('reason') or '-'})")
     if as_json:
         doc = {"answer": answer, "status": last, "outcome": outcome.message, "exit": outcome.code}
         print(json.dumps(doc, indent=2))

@@ -6,6 +6,7 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.config.settings import ArgValue, Rung, ServerSettings, Settings
 
@@ -73,15 +74,21 @@ def _toml_value(v: object) -> str:
 
 def dump_toml(settings: Settings) -> str:
     """The settings as a TOML config that `load_settings` reads back to equal settings."""
-    data = settings.model_dump()
+    return dump_mapping(settings.model_dump())
+
+
+def dump_mapping(data: Mapping[str, Any]) -> str:
+    """A config mapping as TOML: each section a table, each list of rungs or targets an array of
+    tables (`[[fallback]]`, `[[notify]]`) after them; None values are left out."""
+    arrays = [k for k, v in data.items() if isinstance(v, (list, tuple))]
     out: list[str] = []
     for section, body in data.items():
-        if section in ("fallback", "notify") or body is None:
+        if section in arrays or body is None:
             continue
         out.append(f"[{section}]")
         out.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if v is not None)
-    for table in ("fallback", "notify"):
-        for item in data.get(table, ()):
+    for table in arrays:
+        for item in data[table]:
             out.append(f"[[{table}]]")
             out.extend(f"{k} = {_toml_value(v)}" for k, v in item.items() if v is not None)
     return "\n".join(out) + "\n"

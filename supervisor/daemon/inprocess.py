@@ -18,6 +18,7 @@ from supervisor.config.settings import Settings
 from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
 from supervisor.daemon.serve import serve
 from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.waiting import wait_for_async
 
 __all__ = ["Command", "CommandResult", "InProcessDaemon", "StatusSnapshot", "start_in_process"]
 
@@ -48,18 +49,19 @@ class InProcessDaemon:
         self, pred: Callable[[StatusSnapshot], bool], timeout: float, what: str, interval: float = 0.05
     ) -> StatusSnapshot:
         """The first snapshot for which `pred` holds; TimeoutError naming `what` and the last state."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            snap = self.snapshot()
+
+        def matched(snap: StatusSnapshot) -> bool:
             if pred(snap):
-                return snap
+                return True
             if self.task.done():
                 self.task.result()
                 raise RuntimeError(f"the daemon exited while waiting for {what}")
-            await asyncio.sleep(interval)
-        last = self.snapshot()
-        raise TimeoutError(f"no {what} within {timeout:.0f} s; last state {last.state} ({last.reason})")
+            return False
+
+        def show(snap: StatusSnapshot) -> str:
+            return f"state {snap.state} ({snap.reason})"
+
+        return await wait_for_async(self.snapshot, matched, timeout, what=what, interval=interval, show=show)
 
     async def stop(self, timeout: float = 120.0) -> int:
         """Shut the daemon down (it stops the server tree on the way out) and return its exit status."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from supervisor.daemon import cleanslate as cs
+from supervisor.daemon.persist import atomic_write
 
 LEDGER_NAME = "shm_ours.json"
 SCAN_EVERY_S = 5.0
@@ -48,10 +49,10 @@ def load(state_dir: Path, boot: str) -> cs.OursShm:
 
 def _save(state_dir: Path, boot: str, pids: list[int], names: list[str]) -> None:
     doc = {"boot": boot, "pids": pids[-KEEP:], "names": names[-KEEP:]}
-    tmp = state_dir / f".{LEDGER_NAME}.tmp"
-    with contextlib.suppress(OSError):  # best effort: without it a segment is kept, never removed wrongly
-        tmp.write_text(json.dumps(doc) + "\n")
-        os.replace(tmp, state_dir / LEDGER_NAME)
+    # Best effort: without it a segment is kept, never removed wrongly. atomic_write leaves no
+    # temporary behind on a full disk.
+    with contextlib.suppress(OSError):
+        atomic_write(state_dir / LEDGER_NAME, (json.dumps(doc) + "\n").encode())
 
 
 def mapped_by(pids: Iterable[int], shm_dir: Path, proc_root: str = "/proc") -> set[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,14 +110,12 @@ async def test_status_and_metrics_answer_during_a_capture(client: httpx.AsyncCli
     handle.hold_capture = True
     capture = asyncio.create_task(client.post("/diagnose", json={"gdb": True}))
     await asyncio.wait_for(handle.capture_started.wait(), 5)
-    worst = 0.0
+    # The capture is held until released: a route that waited on it would never answer, so an
+    # answer at all (the bound only keeps a failure from hanging the suite) proves it does not.
     for _ in range(20):
         for path in ("/status", "/metrics", "/diagnostics"):
-            t0 = time.perf_counter()
-            r = await client.get(path)
-            worst = max(worst, time.perf_counter() - t0)
+            r = await asyncio.wait_for(client.get(path), 60)
             assert r.status_code == 200
-    assert worst < 2.0  # generous: each takes milliseconds, and a blocked route would never answer
     assert not capture.done()
     handle.release_capture.set()
     assert (await capture).status_code == 200

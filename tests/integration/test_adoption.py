@@ -13,13 +13,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from test_daemon_process import cleanup, marked, start, wait_status
+from daemonproc import cleanup, marked, start, wait_status
+from statedir import events, server_log
+from waiting import wait_for
 
 from supervisor.config.render import dump_toml as to_toml
 
@@ -34,25 +35,6 @@ def generate(port: int, tag: str = "") -> int:
 
 
 ACCESS = re.compile(r'"POST /generate(\?\S*)? HTTP/1\.1" 200')
-
-
-def events(state_dir: str) -> list[dict]:  # type: ignore[type-arg]
-    lines = (Path(state_dir) / "events.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines if x.strip()]
-
-
-def server_log(state_dir: str) -> str:
-    files = sorted((Path(state_dir) / "logs").glob("server.log*"), reverse=True)  # oldest first
-    return "".join(f.read_text(errors="replace") for f in files)
-
-
-def wait_for(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return bool(cond())
 
 
 def test_killed_and_handed_over_daemons_leave_the_server_serving_and_the_successor_adopts_it(
@@ -159,7 +141,7 @@ def test_an_adopted_server_is_judged_by_the_usual_rules(sim, tmp_path: Path) -> 
         proc.wait(10)
         proc = start(cfg, dict(os.environ))
         # Still loading when adopted: it is left to finish, and becomes ready under the new daemon.
-        st = wait_status(api, lambda x: x["pid"] == pid, 20, proc)
+        st = wait_status(api, lambda x: x["pid"] == pid, 60, proc)  # a loaded CI host starts daemons slowly
         assert st["state"] == "starting", st
         assert wait_for(lambda: any(e["event"] == "server_adopted" for e in events(state_dir)), 10)
         wait_status(api, lambda x: x["state"] == "ready" and x["pid"] == pid, 60, proc)

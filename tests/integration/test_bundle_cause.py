@@ -8,15 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_serving_watchdog import SPEC, traffic
-
-from supervisor.daemon.snapshot import StatusSnapshot
+from serving import SPEC, ready, traffic
 
 pytestmark = pytest.mark.integration
-
-
-def ready(s: StatusSnapshot) -> bool:
-    return s.state == "ready"
 
 
 def summary(state_dir: str, bundle: str) -> dict[str, Any]:

@@ -17,10 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+from serving import SPEC
+from statedir import events
 
 pytestmark = pytest.mark.integration
 
-SPEC = {"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/draft"}
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}, "on": ["cuda_graph_capture"]}
 WATCH = {"startup_stall_s": 4.0, "cpu_only_stall_s": 60.0}
 
@@ -36,10 +37,6 @@ def fake_gpu(tmp_path: Path, gpm: bool = True) -> Path:
     path = tmp_path / "nvml.json"
     path.write_text(json.dumps({"devices": [dev]}))
     return path
-
-
-def events(state_dir: str) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (Path(state_dir) / "events.jsonl").read_text().splitlines()]
 
 
 async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_spy: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -63,8 +60,10 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
             metrics = (await c.get(f"{r.api}/metrics")).text
     await r.wait_for(lambda x: x.state in ("hung", "diagnosing", "restarting"), 40, "the busy-hang verdict")
     late = time.monotonic() - onset(onset_file)
-    window = s.watchdog.startup_stall_s + 2 * s.watchdog.poll_interval_s
-    assert late <= window + 0.5, f"detected {late:.2f} s after the onset; window + 2 polls = {window} s"
+    # The busy rule, not the CPU-only backstop (60 s), judged it: well before the backstop on the
+    # wall clock, and (below) at the start-up window on the quiet time the daemon counted, which is
+    # the wall time less what a loaded machine kept the tree waiting for a CPU (issue 32).
+    assert late < s.watchdog.cpu_only_stall_s / 2, f"detected {late:.2f} s after the onset"
     classified = await r.wait_for(lambda x: x.last_incident is not None and x.last_incident.hang_class is not None, 60)
     snap = classified
     inc = snap.last_incident
@@ -79,6 +78,10 @@ async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_sp
     gpm_check = next(c for c in ready.selfcheck if c.name == "gpm")
     assert gpm_check.ok is gpm, gpm_check
     verdict = json.loads((bundle.parent / "verdict.json").read_text())
+    fig = verdict["figures"]
+    counted = fig["since_progress_s"] - fig["window_extended_s"]
+    window = s.watchdog.startup_stall_s + 2 * s.watchdog.poll_interval_s
+    assert s.watchdog.startup_stall_s <= counted <= window + 0.5, (late, fig)
     return {
         "detail": inc.detail,
         "bundle": json.loads(bundle.read_text()),

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_daemon_process import cleanup, start, wait_status
+from daemonproc import cleanup, start, wait_status
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.daemon.persist import marker_for

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from orphans import spawn_orphan
-from test_serving_watchdog import ready
+from serving import ready
 
 from supervisor.config.slate import SlateSettings
 

@@ -72,7 +72,10 @@ class Follower:
 async def test_exit_codes_by_state_and_wait_on_stop_start_restart(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     r = await daemon(sim("ok", env={"SGLANG_SIM_PACE": "0.3"}))
     code, out, _ = await cli("status", "--url", r.api)
-    assert code == 6 and out.startswith("state") and "starting" in out  # starting: 6, as documented
+    # starting: 6, as documented; on a loaded machine the CLI's own start can outlast the 6 s load,
+    # so the code is checked against the state the CLI printed (tests/supervisor/client pins each).
+    assert out.startswith("state"), out
+    assert (code, "starting" in out) in ((6, True), (0, False)) and ("ready" in out) == (code == 0), (code, out)
     await r.wait_for(lambda x: x.state == "ready", 60, "ready")
     assert (await cli("status", "--url", r.api, "--json"))[0] == 0
 
@@ -104,20 +107,24 @@ async def test_exit_codes_by_state_and_wait_on_stop_start_restart(daemon, sim) -
     await r.wait_for(lambda x: x.state == "ready", 60, "ready again")
 
 
-async def test_wait_ends_in_failed_with_its_own_code(daemon, sim) -> None:  # type: ignore[no-untyped-def]
-    r = await daemon(sim("ok"))
+async def test_wait_ends_in_failed_with_its_own_code(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    s = sim("ok")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(dump_toml(s))
+    r = await daemon(s, config_path=cfg)
     await r.wait_for(lambda x: x.state == "ready", 60, "ready")
     # The only rung crashes on load from now on and the budget is one restart: `failed`, exit 9.
     code, out, err = await cli("stop", "--url", r.api, "--wait")
     assert code == 0, out + err
-    r.sup.settings = r.sup.settings.model_copy(
+    crashing = s.model_copy(
         update={
-            "server": r.sup.settings.server.model_copy(
-                update={"env": {**r.sup.settings.server.env, "SGLANG_SIM_SCENARIO": "crash_on_load"}}
-            ),
-            "restart": r.sup.settings.restart.model_copy(update={"max_restarts_per_hour": 1}),
+            "server": s.server.model_copy(update={"env": {**s.server.env, "SGLANG_SIM_SCENARIO": "crash_on_load"}}),
+            "restart": s.restart.model_copy(update={"max_restarts_per_hour": 1}),
         }
     )
+    cfg.write_text(dump_toml(crashing))
+    code, out, err = await cli("reload", "--url", r.api)
+    assert code == 0, out + err
     code, out, err = await cli("start", "--url", r.api, "--wait", "--wait-timeout", "90")
     assert code == 9, out + err
     assert "start: failed" in err
@@ -202,7 +209,7 @@ async def test_a_follow_ends_when_the_daemon_stops(daemon, sim) -> None:  # type
 async def test_stop_wait_reports_what_nvml_showed(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """With NVML answering (faked from a file, as in test_gpu_attribution.py): a released GPU is
     "verified", memory still held by the old tree after the stop is exit 1 and named."""
-    from test_gpu_attribution import GB, write_nvml
+    from gpufile import GB, write_nvml
 
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})

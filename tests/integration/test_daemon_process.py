@@ -9,8 +9,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from daemonproc import cleanup, marked, start, wait_status
 
 from supervisor.config.render import dump_toml as to_toml
 
@@ -56,57 +55,6 @@ class NotifySocket:
         self._stop.set()
         self._thread.join(2)
         self.sock.close()
-
-
-def marked(marker: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if f"SGLANG_SUPERVISOR_MARKER={marker}".encode() in Path(f"/proc/{p.pid}/environ").read_bytes():
-                found.append(p.pid)
-        except OSError:
-            continue
-    return found
-
-
-def wait_status(api: str, pred, timeout: float, proc: subprocess.Popen | None = None) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"daemon exited {proc.returncode}")
-        try:
-            last = httpx.get(f"{api}/status", timeout=2).json()
-            if pred(last):
-                return last  # type: ignore[no-any-return]
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; last {last}")
-
-
-def cleanup(proc: subprocess.Popen[bytes], state_dir: str) -> None:
-    """After a failure: the daemon may be gone, its server tree (in its own session) must go too."""
-    from supervisor.process import kill_marked
-
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
-    try:
-        marker = json.loads((Path(state_dir) / "state.json").read_text())["marker"]
-    except (OSError, ValueError, KeyError):
-        return
-    kill_marked(marker, grace_s=0.5)
-    from supervisor.process.cgroup import CgroupRoot
-
-    root, _ = CgroupRoot.find()  # the daemon ran in this test's cgroup: its launch cgroup is below it
-    for cg in root.leftovers_of(marker) if root is not None else ():
-        cg.kill_and_remove(2.0)
-
-
-def start(cfg: Path, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
-    cmd = [*(prefix or []), sys.executable, "-m", "supervisor", "run", "--config", str(cfg), "--log-json"]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_notify_protocol_and_sigterm_leave_nothing_behind(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -202,17 +150,17 @@ async def test_watchdog_pings_stop_when_the_loop_stalls(daemon, sim, tmp_path: P
     ns = NotifySocket(tmp_path / "notify.sock")
     r = await daemon(sim("ok"), env={**os.environ, "NOTIFY_SOCKET": str(ns.path), "WATCHDOG_USEC": "400000"})
     await r.wait_for(lambda x: x.state == "ready", 30, "ready")
-    real_tick = r.sup.tick
+    real_tick = r.owner.tick
     stall: list[float] = []
 
     async def stuck_tick() -> None:
         stall.append(time.monotonic())
         time.sleep(2.0)  # a blocking call on the loop: the daemon is stuck
         stall.append(time.monotonic())
-        r.sup.tick = real_tick  # type: ignore[method-assign]
+        r.owner.tick = real_tick  # type: ignore[method-assign]
         await real_tick()
 
-    r.sup.tick = stuck_tick  # type: ignore[method-assign]
+    r.owner.tick = stuck_tick  # type: ignore[method-assign]
     await asyncio.sleep(4.0)
     assert len(stall) == 2
     pings = [t for t, m in ns.drain() if m == "WATCHDOG=1"]

@@ -15,20 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_daemon_process import cleanup, start, wait_status
+from daemonproc import cleanup, start, wait_status
+from statedir import events
 
 from supervisor.config.render import dump_toml as to_toml
 
 pytestmark = pytest.mark.integration
 
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}
-
-
-def events(state_dir: Path) -> list[dict[str, Any]]:
-    path = state_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def wait_event(state_dir: Path, name: str, timeout: float, after: int = 0) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from daemonproc import marker_of
 
 pytestmark = pytest.mark.integration
 
@@ -97,5 +98,5 @@ async def test_full_disk_is_counted_and_survived(daemon, sim, tmp_path: Path) ->
         await r.wait_for(lambda x: x.state == "ready" and x.pid != snap.pid, 60, "ready with space again")
         lines = (s.state_dir / "events.jsonl").read_text().splitlines()
         assert all(json.loads(x) for x in lines), "every journal line is whole"
-        assert json.loads((s.state_dir / "state.json").read_text())["marker"] == r.sup.marker
+        assert json.loads((s.state_dir / "state.json").read_text())["marker"] == marker_of(r.snap().pid)
         await r.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_ras import FakeRas, comm, report
-from test_serving_watchdog import ready, traffic
+from serving import ready, traffic
 
 from supervisor.diagnostics.pystack import find_pystack
 

@@ -8,33 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import httpx
 import pytest
+from gpufile import GB, write_nvml
 
 pytestmark = pytest.mark.integration
-GB = 1024**3
-
-
-def write_nvml(path: Path, processes: dict[int, int], util: float = 0.0) -> None:
-    doc = {
-        "devices": [
-            {
-                "uuid": "GPU-aaaa",
-                "name": "NVIDIA H200",
-                "util": util,
-                "processes": {str(p): b for p, b in processes.items()},
-            },
-            {"uuid": "GPU-bbbb", "util": 0, "processes": {"999999": 5 * GB}},  # not ours
-        ]
-    }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
-
-
 async def test_tree_gpu_memory_is_attributed_and_counts_as_progress(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from daemonproc import cleanup, start, wait_status
 from prometheus_client.parser import text_string_to_metric_families
-from test_daemon_process import cleanup, start, wait_status
 
 from supervisor.config.render import dump_toml as to_toml
 

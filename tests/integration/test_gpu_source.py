@@ -13,7 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_reload_refusals import refusals, status, wait
+from daemonproc import status
+from statedir import named
+from waiting import wait
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
@@ -24,11 +26,6 @@ pytestmark = pytest.mark.integration
 def write_gpu(path: Path, uuid: str) -> Path:
     path.write_text(json.dumps({"devices": [{"uuid": uuid, "util": 7}]}))
     return path
-
-
-def journal(state_dir: Path, event: str) -> list[dict[str, object]]:
-    lines = (state_dir / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == event]
 
 
 async def test_the_config_hands_the_daemon_the_simulated_gpu_and_the_self_check_says_so(  # type: ignore[no-untyped-def]
@@ -46,7 +43,7 @@ async def test_the_config_hands_the_daemon_the_simulated_gpu_and_the_self_check_
     gpu = [c for c in checks if c["name"] == "gpu"]
     assert len(gpu) == 1 and gpu[0]["ok"] and gpu[0]["detail"].startswith("simulated: the simulator's GPU from ")
     assert str(chosen) in gpu[0]["detail"]
-    assert [e["source"] for e in journal(s.state_dir, "gpu_scope")] == ["simulator"]
+    assert [e["source"] for e in named(s.state_dir, "gpu_scope")] == ["simulator"]
 
 
 async def test_no_environment_variable_switches_the_daemon_to_a_simulated_gpu(  # type: ignore[no-untyped-def]
@@ -59,7 +56,7 @@ async def test_no_environment_variable_switches_the_daemon_to_a_simulated_gpu(  
     snap = await r.wait_for(lambda x: x.state == "ready", 40, "ready")
     assert "GPU-from-env" not in [d.uuid for d in snap.gpu.devices]
     assert all(c.name != "gpu" for c in snap.selfcheck)
-    assert [e["source"] for e in journal(s.state_dir, "gpu_scope")] == ["nvml"]
+    assert [e["source"] for e in named(s.state_dir, "gpu_scope")] == ["nvml"]
 
 
 def test_a_reload_that_changes_the_gpu_source_is_refused_whole(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +74,7 @@ def test_a_reload_that_changes_the_gpu_source_is_refused_whole(sim, tmp_path: Pa
         st = wait(lambda: (x := status(api)) and x["state"] == "ready" and x, 60, "ready")
         cfg.write_text(to_toml(s.model_copy(update={"gpu": s.gpu.model_copy(update={"source": "nvml", "file": None})})))
         proc.send_signal(signal.SIGHUP)
-        refused = wait(lambda: refusals(s.state_dir), 20, "the [gpu] refusal")[0]
+        refused = wait(lambda: named(s.state_dir, "config_reload_refused"), 20, "the [gpu] refusal")[0]
         assert "[gpu] changed" in refused["error"] and "restart the daemon" in refused["error"]
         after = status(api)
         assert after is not None and after["pid"] == st["pid"] and after["gpu"]["devices"][0]["uuid"] == "GPU-chosen"

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_notifications import hook, hook_calls, until, with_notify
-from test_serving_watchdog import ready
+from notifyhook import hook, hook_calls, with_notify
+from serving import ready
+from waiting import until
 
 from supervisor.alerting.settings import NotifyTarget
 from supervisor.config.settings import Settings
@@ -62,9 +63,8 @@ async def test_a_small_stranger_does_not_delay_the_launch_and_is_named(daemon, s
     names = [e["event"] for e in events(s)]
     assert "launch_refused" not in names
     (slate,) = [e for e in events(s) if e["event"] == "clean_slate"]
-    assert slate["gpu_strangers"] == [
-        {"pid": stranger.pid, "gpu": 0, "bytes": int(2.5 * GIB), "command": " ".join(f"{sys.executable} -c {stranger.args[2]}".split())}
-    ]
+    command = " ".join(f"{sys.executable} -c {stranger.args[2]}".split())  # one line, as reasons show it
+    assert slate["gpu_strangers"] == [{"pid": stranger.pid, "gpu": 0, "bytes": int(2.5 * GIB), "command": command}]
     fit = slate["gpu_fit"]
     assert fit["policy"] == "launch" and fit["action"] == "launch" and fit["need"] == "mem-fraction-static 0.3"
     assert fit["gpus"] == [

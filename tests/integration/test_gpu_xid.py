@@ -10,9 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_serving_watchdog import ready
-
-from supervisor.daemon.commands import Command
+from serving import ready
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +79,8 @@ async def test_an_xid_that_needs_a_gpu_reset_fails_naming_the_gpu(daemon, sim, t
     # The failed cooldown does not relaunch onto the GPU; an operator's start (after a reset) does.
     await r.wait_for(lambda x: x.state_age_s > 2.5, 10, "the cooldown to pass")
     assert r.snap().state == "failed" and r.snap().restarts == 0
-    r.sup.queue.put_nowait(Command(kind="start", source="test"))
+    async with httpx.AsyncClient(timeout=30) as c:
+        assert (await c.post(f"{r.api}/start", json={})).status_code == 202
     snap = await r.wait_for(ready, 60, "started again by the operator")
     assert snap.gpu_blocked is None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from groupsupport import TOKEN, Load, Node, group_of, group_ready, ready
+from groupdaemons import TOKEN, Load, Node, group_of, group_ready, ready
 
 pytestmark = pytest.mark.integration
 
@@ -224,7 +224,10 @@ def test_a_workers_rank_sigstopped_under_load_is_named_by_node_0s_stall(nodes_of
         os.kill(victim, signal.SIGSTOP)
         st = leader.wait(lambda s: s["incidents"] >= 1, 40, "the group's verdict")
         inc = st["last_incident"]
-        assert inc["cause"] == "serving_stall"
+        # Node 0's tokens stop (serving_stall) and its health checks fail (unhealthy); on a loaded
+        # machine the serving window is extended by the time the tree waited for a CPU (issue 32)
+        # and health may fail first. Either is the group's incident, and it names the stopped rank.
+        assert inc["cause"] in ("serving_stall", "unhealthy"), inc
         assert f"node 1 rank 1 pid {victim} stopped (state T)" in inc["detail"]
         assert worker.events("group_member_incident") == []  # the worker's own watchdog saw nothing
         st = leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 90, "the group relaunched and ready")

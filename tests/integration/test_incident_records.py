@@ -14,16 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+from statedir import events
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
 
 pytestmark = pytest.mark.integration
-
-
-def events(state_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def state(state_dir: str | Path) -> dict[str, Any]:

@@ -66,5 +66,7 @@ async def test_off_by_default(daemon, sim) -> None:  # type: ignore[no-untyped-d
     assert s.logs.journal is False
     r = await daemon(s)
     await r.wait_for(lambda x: x.state == "ready", 30, "ready")
-    keeper_args = r.sup.log_files().keeper_args()
-    assert keeper_args == ()
+    keeper = r.snap().log_keeper
+    assert keeper is not None and keeper.pid is not None
+    argv = Path(f"/proc/{keeper.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"--journal-socket" not in argv and b"--journal-id" not in argv, argv

@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+from daemonproc import marker_of, wait_status
+from statedir import events
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
@@ -20,11 +21,6 @@ from supervisor.process import kill_marked
 pytestmark = pytest.mark.integration
 
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}
-
-
-def events(state_dir: str | Path) -> list[dict]:  # type: ignore[type-arg]
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 async def test_full_story_deadlock_then_fallback_rung_serves(daemon, sim) -> None:  # type: ignore[no-untyped-def]
@@ -75,13 +71,15 @@ async def test_escaped_descendant_holding_the_port_is_killed_before_relaunch(dae
     s = sim("escape_group", restart={"retries_per_rung": 3})
     r = await daemon(s)
     await r.wait_for(lambda x: x.state == "ready", 30, "ready")
-    marker = r.sup.marker
+    server_pid = r.snap().pid
+    marker = marker_of(server_pid)
+    assert marker is not None
     escaped = [
         p.pid
         for p in psutil.process_iter()
         if p.pid != os.getpid()
         and _has_marker(p.pid, marker)
-        and os.getsid(p.pid) != os.getsid(r.sup.server_pid() or 0)
+        and os.getsid(p.pid) != os.getsid(server_pid or 0)
     ]
     assert escaped, "the simulator's helper left the session"
     async with httpx.AsyncClient() as c:
@@ -104,24 +102,6 @@ def _has_marker(pid: int, marker: str) -> bool:
         return False
 
 
-def _status(api: str) -> dict | None:  # type: ignore[type-arg]
-    try:
-        return httpx.get(f"{api}/status", timeout=2).json()  # type: ignore[no-any-return]
-    except httpx.HTTPError:
-        return None
-
-
-def _wait(api: str, pred, timeout: float) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = _status(api)
-        if last is not None and pred(last):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out; last status {last}")
-
-
 def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     s = sim(
         "deadlock_after_load",
@@ -135,7 +115,7 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify
     cmd = [sys.executable, "-m", "supervisor", "run", "--config", str(cfg), "--log-json"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        st = _wait(api, lambda x: x["rung"] == "no-cuda-graph" and x["state"] == "ready", 60)
+        st = wait_status(api, lambda x: x["rung"] == "no-cuda-graph" and x["state"] == "ready", 60)
         old_pid = st["pid"]
         first.send_signal(signal.SIGKILL)  # the daemon dies; its server tree lives on in its own session
         first.wait(10)
@@ -148,7 +128,7 @@ def test_daemon_killed_mid_ladder_resumes_and_kills_an_old_tree_it_cannot_verify
         state.write_text(json.dumps(doc))
         second = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            st = _wait(api, lambda x: x["state"] == "ready" and x["pid"] != old_pid, 60)
+            st = wait_status(api, lambda x: x["state"] == "ready" and x["pid"] != old_pid, 60)
             assert st["rung"] == "no-cuda-graph"
             ev = events(s.paths.state_dir)
             restart_at = max(

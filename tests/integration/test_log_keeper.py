@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from test_adoption import events, server_log, wait_for
-from test_daemon_process import cleanup, start, wait_status
+from daemonproc import cleanup, start, wait_status
+from statedir import events, server_log
+from waiting import wait_for
 
 from supervisor.config.render import dump_toml as to_toml
 

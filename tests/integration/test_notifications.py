@@ -3,8 +3,6 @@ with 500) and a real exec hook, told of an incident, its recovery, `failed` and 
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
 import sys
@@ -14,8 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from daemonproc import cleanup, start, wait_status
+from notifyhook import hook, hook_calls, with_notify
 from receivers import receiver
-from test_daemon_process import cleanup, start, wait_status
+from statedir import events
+from waiting import until
 
 from supervisor.alerting.settings import NotifyTarget
 from supervisor.config.render import dump_toml as to_toml
@@ -25,20 +26,6 @@ pytestmark = pytest.mark.integration
 
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}
 SECRET = "T0KEN-s3cr3t-b7f1"
-HOOK = """
-import json, os, sys
-event = json.load(sys.stdin)
-env = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_SUPERVISOR_")}
-with open(sys.argv[1], "a") as f:
-    f.write(json.dumps({"stdin": event, "env": env}) + "\\n")
-"""
-
-
-def events(state_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def notes(state_dir: str | Path) -> list[dict[str, Any]]:
     return [e for e in events(state_dir) if e["event"] == "notification"]
 
@@ -47,30 +34,6 @@ def private(path: Path, text: str) -> str:
     path.write_text(text + "\n")
     path.chmod(0o600)
     return str(path)
-
-
-def hook(tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
-    script = tmp_path / "hook.py"
-    script.write_text(HOOK)
-    out = tmp_path / "hook.jsonl"
-    return out, (sys.executable, str(script), str(out))
-
-
-def hook_calls(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
-
-
-async def until(pred: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def with_notify(s: Settings, *targets: NotifyTarget) -> Settings:
-    return s.model_copy(update={"notify": targets})
 
 
 async def test_incident_and_recovery_reach_every_receiver_and_failures_are_journalled(  # type: ignore[no-untyped-def]

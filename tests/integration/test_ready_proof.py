@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statedir import events
 
 pytestmark = pytest.mark.integration
 
@@ -52,10 +53,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def events(state_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (state_dir / "events.jsonl").read_text().splitlines() if x.strip()]
 
 
 async def test_a_ready_line_without_a_bound_port_is_a_startup_stall_never_last_good(
@@ -128,7 +125,7 @@ def test_a_lost_state_json_still_finds_the_starting_tree_by_its_marker(sim, tmp_
     import time
 
     import psutil
-    from test_daemon_process import cleanup, start, wait_status
+    from daemonproc import cleanup, start, wait_status
 
     from supervisor.config.render import dump_toml as to_toml
     from supervisor.daemon.persist import marker_for

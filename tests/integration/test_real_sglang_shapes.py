@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_serving_watchdog import ready, traffic
+from serving import ready, traffic
 
 pytestmark = pytest.mark.integration
 

@@ -3,23 +3,11 @@ fresh counters out of `failed`."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import httpx
 import pytest
+from statedir import events, named
 
 pytestmark = pytest.mark.integration
-
-
-def events(state_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-def named(state_dir: str | Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in events(state_dir) if e["event"] == name]
 
 
 FAST = {"backoff_initial_s": 0.4, "backoff_max_s": 5.0, "backoff_jitter": 0.0, "max_restarts_per_hour": 50}

@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from daemonproc import status
+from statedir import named
+from waiting import wait
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.process import kill_marked
@@ -20,26 +21,8 @@ from supervisor.process import kill_marked
 pytestmark = pytest.mark.integration
 
 
-def status(api: str) -> dict[str, Any] | None:
-    try:
-        return httpx.get(f"{api}/status", timeout=2).json()  # type: ignore[no-any-return]
-    except httpx.HTTPError:
-        return None
-
-
-def wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def refusals(state_dir: Path) -> list[dict[str, Any]]:
-    lines = (state_dir / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == "config_reload_refused"]
+    return named(state_dir, "config_reload_refused")
 
 
 def test_reload_refuses_a_new_state_dir_or_port_and_keeps_everything(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

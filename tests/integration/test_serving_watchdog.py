@@ -4,52 +4,15 @@ crashes and speculative regressions; and steady traffic or an idle server left a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
+from serving import SPEC, ready, traffic
 
 pytestmark = pytest.mark.integration
-
-SPEC = {"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/draft"}
-
-
-@contextlib.asynccontextmanager
-async def traffic(port: int, concurrency: int = 2, tokens: int = 24) -> AsyncIterator[list[int]]:
-    """A bounded load generator: `concurrency` clients posting /generate until the block ends."""
-    done: list[int] = []
-    stop = asyncio.Event()
-
-    async def client() -> None:
-        async with httpx.AsyncClient(timeout=120) as c:
-            while not stop.is_set():
-                try:
-                    r = await c.post(
-                        f"http://127.0.0.1:{port}/generate",
-                        json={"text": "hello", "sampling_params": {"max_new_tokens": tokens}},
-                    )
-                    if r.status_code == 200:
-                        done.append(1)
-                except httpx.HTTPError:
-                    await asyncio.sleep(0.2)
-
-    tasks = [asyncio.create_task(client()) for _ in range(concurrency)]
-    try:
-        yield done
-    finally:
-        stop.set()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def ready(s) -> bool:  # type: ignore[no-untyped-def]
-    return s.state == "ready"
-
 
 async def test_health_hangs_is_unhealthy(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     # A hung scheduler freezes SGLang's gauges: if a health probe's request was running at that moment,
@@ -65,12 +28,18 @@ async def test_serving_stall_caught_while_health_says_200(daemon, sim) -> None: 
     s = sim("serving_stall")
     r = await daemon(s)
     await r.wait_for(ready, 30, "ready")
+    health: list[tuple[bool | None, int | None]] = []  # the health /status showed through the stall
+
+    def stalled(x: Any) -> bool:
+        if x.serving.health_status is not None:
+            health.append((x.serving.health_ok, x.serving.health_status))
+        return x.last_incident is not None
+
     async with traffic(s.server.port, concurrency=3):
-        snap = await r.wait_for(lambda x: x.last_incident is not None, 30, "serving stall")
+        snap = await r.wait_for(stalled, 30, "serving stall")
     assert snap.last_incident is not None and snap.last_incident.cause == "serving_stall"
     # /health kept answering 200 through the stall: the verdict came from token progress.
-    health = r.sup.observer.last_health
-    assert health is not None and health.ok and health.status_code == 200
+    assert health and health[-1] == (True, 200), health[-5:]
 
 
 async def test_serving_stall_with_the_scheduler_gauges_at_zero(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]

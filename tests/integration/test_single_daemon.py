@@ -15,18 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from daemonproc import cleanup, start, wait_status
 from freeport import free_port
-from test_daemon_process import cleanup, start, wait_status
+from statedir import events
 
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import settings_from_mapping
 
 pytestmark = pytest.mark.integration
-
-
-def events(state_dir: str) -> list[dict]:  # type: ignore[type-arg]
-    lines = (Path(state_dir) / "events.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines if x.strip()]
 
 
 def run_second(cfg: Path) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from serving import SPEC
 
 from probes.proctree import scan_tree
 
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.integration
 HOGS = 6  # one pinned CPU shared by 7: the tree's compile thread gets ~0.14 cores (< cpu_progress_cores)
 WINDOW = 2.0
 COMPILE_S = 6.0  # three stall windows of silence; under the 1 + 4 windows the ceiling allows
-SPEC = {"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/draft"}
 CPU = max(os.sched_getaffinity(0))
 ALL = os.sched_getaffinity(0)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemonproc import marker_of
+from statedir import events
 
 from probes.ports import port_accepts
 from supervisor.config.render import render_rung
@@ -16,11 +18,6 @@ from supervisor.process import ServerProcess, kill_marked
 from supervisor.process.owners import STATE_DIR_ENV
 
 pytestmark = pytest.mark.integration
-
-
-def events(state_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(state_dir) / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def poison(state_dir: Path, **doc: Any) -> None:
@@ -49,7 +46,7 @@ async def test_malformed_state_starts_afresh_and_still_stops_the_old_tree(daemon
         stopped = next(e for e in ev if e["event"] == "leftovers_stopped")
         assert old.pid in stopped["pids_found"] and stopped["survivors"] == [] and stopped["port_free"] is True
         assert old.poll() is not None, "the old main process was stopped"
-        assert r.snap().pid != old.pid and r.sup.marker != "lostmarker0123"
+        assert r.snap().pid != old.pid and marker_of(r.snap().pid) not in (None, "lostmarker0123")
     finally:
         kill_marked("lostmarker0123", grace_s=0.5)
         old.poll()
@@ -76,5 +73,5 @@ async def test_state_json_is_never_left_torn(daemon, sim) -> None:  # type: igno
     r = await daemon(s)
     await r.wait_for(lambda x: x.state == "ready", 60, "ready")
     doc = json.loads((s.state_dir / "state.json").read_text())
-    assert doc["marker"] == r.sup.marker and doc["current"] == "base"
+    assert doc["marker"] == marker_of(r.snap().pid) and doc["current"] == "base"
     assert [p.name for p in s.state_dir.iterdir() if p.name.endswith(".tmp")] == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_daemon_process import cleanup, wait_status
+from daemonproc import cleanup, wait_status
 
 from supervisor.config.render import dump_toml
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_serving_watchdog import traffic
+from serving import traffic
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "supervisor"]

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from daemonproc import cleanup, start, wait_status
 from freeport import free_port
-from test_daemon_process import cleanup, start, wait_status
+from statedir import events
 
 from probes.ports import port_accepts
 from supervisor.config.render import dump_toml as to_toml
@@ -26,12 +27,6 @@ from supervisor.config.settings import settings_from_mapping
 from supervisor.process import ServerProcess, kill_marked
 
 pytestmark = pytest.mark.integration
-
-
-def events(state_dir: str | Path) -> list[dict]:  # type: ignore[type-arg]
-    path = Path(state_dir) / "events.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(x) for x in lines if x.strip()]
 
 
 def alive(pid: int) -> bool:

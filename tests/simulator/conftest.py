@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import waiting
 from freeport import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,12 +28,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def wait_for(cond: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return bool(cond())
+    return waiting.wait_for(cond, timeout, interval)
 
 
 def marked(marker: str) -> list[psutil.Process]:

@@ -1,5 +1,5 @@
 """Multi-node groups on one machine: one real `sglang-supervisor run` daemon per node, each with its
-own state directory, API port and simulated node (importable: pytest puts this folder on sys.path)."""
+own state directory, API port and simulated node."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from typing import Any
 
 import httpx
 from freeport import free_port
-from simsupport import sim_settings
+from simconfig import sim_settings
 
 from supervisor.config.render import dump_toml
 from supervisor.config.settings import Settings, settings_from_mapping
+from supervisor.waiting import wait_for
 
 TOKEN = "group-test-token-7c1e"
 
@@ -75,19 +76,13 @@ class Node:
         return [e for e in out if name is None or e.get("event") == name]
 
     def wait(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
+        def read() -> dict[str, Any] | None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"node {self.rank} daemon exited {self.proc.returncode} waiting for {what}")
-            st = self.status()
-            if st is not None:
-                last = st
-                if pred(st):
-                    return st
-            time.sleep(0.2)
-        raise AssertionError(
-            f"node {self.rank}: timed out after {timeout} s waiting for {what}; last {json.dumps(last)[:2000]}"
+            return self.status()
+
+        return wait_for(
+            read, pred, timeout, what=f"{what} on node {self.rank}", interval=0.2, show=lambda st: json.dumps(st)[:2000]
         )
 
     def kill_daemon(self) -> None:
