@@ -5,9 +5,10 @@ leader), reports it, and captures, stops and launches when the leader asks. The 
 its own verdict with its members' reports (supervisor.policy.group), and on a group incident asks
 every member at once: capture under the same incident id, stop and verify, launch one rung.
 
-A helper of the owner (`owner_group.GroupOwner`): it takes the group's runtime and explicit values
-and returns outcomes; events go out through the `record` it is handed. Nothing here touches the
-server's processes: the members' daemons do, each its own.
+`GroupPeers` is the owner's `Peers` (supervisor.daemon.peers) in a group: the owner
+(`supervisor.daemon.owner.Owner`) calls it at its named points; it takes the group's runtime and
+explicit values and returns outcomes; events go out through the `record` it is handed. Nothing here
+touches the server's processes: the members' daemons do, each its own.
 """
 
 from __future__ import annotations
@@ -15,28 +16,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 from probes.types import Observation
 from supervisor.config.settings import Settings
 from supervisor.daemon.commands import Command, CommandResult
+from supervisor.daemon.peers import Asked, Beating, Judged, Record
 from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import build_report
 from supervisor.group.runtime import EXIT_GROUP_RESTART, GroupRuntime
+from supervisor.group.view import group_view
 from supervisor.policy.group import NodeReport, OwnVerdict, combine
+from supervisor.policy.recovery import exits_for_group
 from supervisor.policy.watchdog import History, Verdict
 
 T = TypeVar("T")
 _HELD_STATES = frozenset({"hung", "diagnosing"})
-
-
-class Record(Protocol):
-    def __call__(self, event: str, level: str = "info", /, **fields: Any) -> None: ...
-
-
-Beating = Callable[[Awaitable[Any]], Awaitable[Any]]
 
 
 def make_runtime(settings: Settings, token: str | None, monotonic: Callable[[], float]) -> GroupRuntime | None:
@@ -76,12 +73,6 @@ def report(
         at=wall,
         incident=g.captured,
     )
-
-
-@dataclass(frozen=True)
-class Judged:
-    verdict: Verdict | None  # what the owner acts on; None: nothing (a worker holds an incident)
-    hold: str = ""  # a worker's reason to move to `hung` and wait for the leader
 
 
 def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged:
@@ -151,7 +142,7 @@ async def together(own: Awaitable[T], members: Awaitable[None]) -> T:
 
 def exit_for_lws(g: GroupRuntime, record: Record) -> bool:
     """`restart = "lws"`: the group's evidence is written; the leader exits for LWS to recreate the group."""
-    if g.leader is None or g.settings.restart != "lws":
+    if not exits_for_group(g.leader is not None, g.settings.restart):
         return False
     g.exit_code = EXIT_GROUP_RESTART
     record(
@@ -192,3 +183,96 @@ class GroupEndpoint:
 
 def bundle_doc(g: GroupRuntime | None, incident_id: str) -> Mapping[str, object] | None:
     return g.bundle_doc(incident_id) if g is not None else None
+
+
+class GroupPeers:
+    """The owner's peers in a multi-node group (docs/MULTINODE.md).
+
+    A worker holds its own incident (`hung`, for the leader) instead of acting on it, is not scraped
+    for token counters (its /metrics is SGLang's dummy health server's), never promotes itself, and
+    captures a bundle under the leader's id when asked. The leader polls its members beside the
+    loop, acts on the group's verdict, and does every incident's capture, stop and launch with all
+    its members at once."""
+
+    def __init__(self, runtime: GroupRuntime) -> None:
+        self.runtime = runtime
+
+    def fit(self, settings: Settings) -> Settings:
+        g = settings.group
+        if g is None or g.is_leader:
+            return settings
+        rs = settings.restart  # a promotion back up is the leader's, for the group
+        if rs.promote_after_s > 0:
+            return settings.model_copy(update={"restart": rs.model_copy(update={"promote_after_s": 0.0})})
+        return settings
+
+    def scrapes_metrics(self) -> bool:
+        return self.runtime.is_leader
+
+    async def start(
+        self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]], record: Record
+    ) -> None:
+        g = self.runtime
+        if g.leader is None:
+            return
+        g.leader.start(poll_interval_s, sleep)
+        record("group_started", node=g.node, nnodes=g.settings.nnodes, members=list(g.settings.members))
+
+    async def close(self) -> None:
+        if self.runtime.leader is not None:
+            await self.runtime.leader.close()
+
+    def judge(self, v: Verdict, own_state: str, record: Record) -> Judged:
+        return judge(self.runtime, v, own_state, record)
+
+    async def capture(self, incident_id: str, own: Awaitable[T], beating: Beating, record: Record) -> T:
+        g = self.runtime
+        if g.leader is None:
+            return await own
+        g.captured = incident_id  # every member's bundle at the same moment as this one
+        return await together(own, capture_members(g, incident_id, beating, record))
+
+    async def capture_alone(self, incident_id: str, beating: Beating, record: Record) -> None:
+        g = self.runtime
+        if g.leader is None:
+            return
+        g.captured = incident_id
+        await capture_members(g, incident_id, beating, record)
+
+    async def stop(self, own: Awaitable[bool], beating: Beating, record: Record) -> bool:
+        g = self.runtime
+        if g.leader is None:
+            return await own
+        return await together(own, stop_members(g, beating, record))
+
+    async def launch(self, rung: str, beating: Beating, record: Record) -> None:
+        if self.runtime.leader is not None:
+            await launch_members(self.runtime, rung, beating, record)
+
+    def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
+        return snap.model_copy(update={"group": group_view(self.runtime, snap)})
+
+    def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:
+        return self.runtime.bundle_doc(incident_id)
+
+    def exits_for_group(self, record: Record) -> bool:
+        return exit_for_lws(self.runtime, record)
+
+    def refuses_reload(self, new: Settings, old: Settings) -> str | None:
+        """A reload cannot re-form a group (its members, its rank, its poller): refused, named."""
+        if new.group != old.group:
+            return "[group] changed: a reload cannot re-form the group; restart the daemon (systemctl restart)"
+        return None
+
+    def asked(self, cmd: Command) -> Asked | None:
+        if cmd.source != "group" or cmd.incident_id is None:
+            return None
+        self.runtime.captured = cmd.incident_id
+        return Asked(self.runtime.held_cause)
+
+    def report(self, snap: StatusSnapshot, history: History | None, obs: Observation | None, wall: float) -> NodeReport:
+        return report(self.runtime, snap, history, obs, wall)
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.runtime.exit_code

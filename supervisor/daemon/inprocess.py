@@ -87,9 +87,9 @@ async def start_in_process(
     `signals=True` installs the daemon's SIGTERM/SIGINT/SIGHUP/SIGUSR2 handlers, as `run` does.
     Raises what the daemon raised when it could not start (a locked state directory, a busy port).
     """
-    from supervisor.daemon.owner import Supervisor
+    from supervisor.daemon.owner import Owner
 
-    holder: list[Supervisor] = []
+    holder: list[Owner] = []
     ready = asyncio.Event()
     task = asyncio.create_task(
         serve(

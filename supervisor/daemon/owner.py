@@ -1,5 +1,11 @@
 """The one owner of the supervisor's state: the loop (observe, decide, act, record, once per poll),
-the one pending timer it advances, and the one command dispatcher.
+the one pending timer it advances, the one command dispatcher, and every act on the server.
+
+One class in one file, built by composition (STYLE 10): the current launch is a `Server`
+(`supervisor.daemon.server`: spawn or adopt, observe, tend the log keeper, stop and verify, hand
+over), the other daemons of a group are its `Peers` (`supervisor.daemon.peers`: `NoPeers` on one
+node, `grouping.GroupPeers` on several), called at named points (judge, capture, stop, launch,
+publish). Everything it needs is given to its constructor.
 
 Commands (API, signals) arrive on one queue; `check` decides whether one applies now (at submit
 and again when its turn comes), and `handle` runs `handle_<kind>`. A command that arrives while a
@@ -7,33 +13,984 @@ backoff, a deferred launch or a `failed` cooldown waits goes the same way: waiti
 timer (`records.Pending`), which the loop wakes for and the tick carries out first, never a loop
 inside a helper. Start-up adopts a predecessor's server (`takeover`) or sweeps its leftovers; a
 handoff leaves the server for a successor. Only this object writes its records; the helpers it
-calls (launching, slate, stopping, takeover, evidence, xids) take explicit values and return
-outcomes. Adding a command is one `handle_<kind>` method (and its rule in `validation.check`);
-adding a step to the tick is one named call in `tick`.
+calls (launching, slate, stopping, takeover, evidence, xids, grouping) take explicit values and
+return outcomes. Adding a command is one `handle_<kind>` method (and its rule in
+`validation.check`); adding a step to the tick is one named call in `tick`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
 
-from supervisor.config.settings import ConfigError, load_settings
-from supervisor.daemon import instance_lock, takeover, validation, xids
+import structlog
+
+from probes.gpu import GpuProbe
+from probes.gpuscope import DeviceScope
+from probes.types import Observation
+from probes.xid import XidWatcher
+from supervisor.clock import Clock
+from supervisor.config.render import arg_names, render_rung
+from supervisor.config.settings import ConfigError, Settings, load_settings
+from supervisor.daemon import instance_lock, launching, slate, stopping, takeover, validation, xids
+from supervisor.daemon.apiguard import GuardStats
+from supervisor.daemon.beating import keep_beating
 from supervisor.daemon.commands import Command, CommandResult, finish
-from supervisor.daemon.owner_watch import ServerWatch
-from supervisor.daemon.persist import OpenIncident, load
-from supervisor.daemon.publish import iso
-from supervisor.daemon.records import Pending
-from supervisor.daemon.snapshot import IncidentView
+from supervisor.daemon.counting import RestartingCount
+from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, counting_subscriptions
+from supervisor.daemon.evidence import collect, provisional_class
+from supervisor.daemon.incidentids import unique_incident_id
+from supervisor.daemon.journal import Journal
+from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.daemon.observe import Observer
+from supervisor.daemon.peers import NoPeers, Peers
+from supervisor.daemon.persist import Decided, OpenIncident, Persisted, load, marker_for, save
+from supervisor.daemon.publish import Facts, build, iso, stale_after
+from supervisor.daemon.records import Counters, InHand, Leaving, Pending
+from supervisor.daemon.sdnotify import Notifier, WatchdogPacer
+from supervisor.daemon.server import Server
+from supervisor.daemon.shmledger import ShmLedger
+from supervisor.daemon.snapshot import (
+    IncidentView,
+    LogKeeperView,
+    StatusSnapshot,
+    StopView,
+    ToolCheck,
+    WriteErrorsView,
+)
+from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.validation import RESTARTING as CUT_SHORT
-from supervisor.diagnostics import self_check
-from supervisor.policy.ladder import record_end, resume_rung
-from supervisor.policy.lifecycle import RUNNING, State
-from supervisor.policy.watchdog import Verdict
+from supervisor.daemon.xidbook import XidBook
+from supervisor.diagnostics import BundleResult, Redactor, self_check
+from supervisor.policy import recovery
+from supervisor.policy.gpuwait import wants_look
+from supervisor.policy.group import NodeReport
+from supervisor.policy.ladder import (
+    Incident,
+    LadderState,
+    fresh_start,
+    record_end,
+    record_launch,
+    record_ready,
+    record_stable,
+    resume_rung,
+)
+from supervisor.policy.lifecycle import RUNNING, SERVING, Lifecycle, State
+from supervisor.policy.watchdog import Mode, Verdict, assess, new_history
+from supervisor.process.control import LogFiles, ProcessControl, RealProcessControl
+from supervisor.process.owners import STATE_DIR_ENV
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+# A successor re-reads the log lines of at most this window (duplicates, never losses); each save
+# is one small fsynced write of state.json.
+LOG_POSITION_SAVE_S = 5.0
+HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 
 
-class Supervisor(ServerWatch):
+class Owner:
     """Owns the server tree, its lifecycle state and the ladder; the API sees `snapshot`/`submit`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock,
+        metrics: Callable[[Callable[[], StatusSnapshot]], SupervisorMetrics],
+        gpu: GpuProbe,
+        env: Mapping[str, str],
+        config_path: Path | None = None,
+        notifier: Notifier | None = None,
+        rand: Callable[[], float] = random.random,
+        version: str = "",
+        control: ProcessControl | None = None,
+        observer: Observer | None = None,
+        peers: Peers | None = None,
+        xid_watcher: XidWatcher | None = None,
+        publish_listeners: tuple[Callable[[StatusSnapshot], None], ...] = (),
+    ) -> None:
+        self.peers: Peers = peers or NoPeers()  # the group's other daemons, if any (before the settings)
+        self.settings = settings
+        self.clock = clock
+        self.env = dict(env)
+        self.config_path = config_path
+        self.notifier = notifier or Notifier.from_env({})
+        self.pacer = WatchdogPacer(self.notifier.watchdog_interval_s)
+        self.rand = rand
+        self.version = version
+        self.state_dir = settings.state_dir
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(self.state_dir / "events.jsonl")
+        self.log = log  # rebound per launch or adoption: rung and pid on every line (`record`)
+        self.lifecycle = Lifecycle(State.STOPPED, clock.monotonic())
+        self.reason = "not started"
+        self.since_wall = clock.wall()
+        self.observer = observer or Observer(settings, gpu, clock.monotonic)
+        self.control: ProcessControl = control or RealProcessControl()
+        self.queue: asyncio.Queue[Command] = asyncio.Queue()
+        self.ladder = LadderState()
+        # Derived, so a tree is findable without state.json; a predecessor's saved marker (an older
+        # version's random one) replaces it until that tree is adopted or stopped.
+        self.marker = marker_for(self.state_dir)
+        # The records: the current server, the counts, the one pending timer, the incident in hand.
+        self.server = Server(launched_at=clock.monotonic())
+        self.shm_ledger = ShmLedger(self.state_dir, clock.monotonic)  # what the clean slate may remove
+        self.counters = Counters()
+        self.pending: Pending | None = None
+        self.inhand = InHand()
+        self.selfcheck: tuple[ToolCheck, ...] = ()
+        self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
+        # Server-log write errors for /status and /metrics alike: each keeper starts its stats file at 0.
+        self.log_write_errors = RestartingCount()
+        self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
+        self.last_stop: StopView | None = None
+        self.leaving: Leaving | None = None  # the loop ends: how the daemon leaves its server
+        self.heartbeat = clock.monotonic()
+        self.on_reload: Callable[[Settings], Awaitable[None]] | None = None  # set_reload_hook
+        self.stopped_by_request = False  # persisted: a daemon restart leaves such a server stopped
+        self.persisted_at = clock.monotonic()
+        self.xid_watcher = xid_watcher
+        self.xids = XidBook()  # GPU faults: supervisor.daemon.xids
+        self._snapshot = StatusSnapshot(state=State.STOPPED.value)
+        self.publish_listeners = publish_listeners  # e.g. the page's timeline
+        self.metrics = metrics(self.snapshot)
+        self.events = EventBus()
+        self.events.subscribe(self._journal_line)  # the journal's own listeners: the alerter
+        self.events.subscribe(self._log_line)
+        for name, count in counting_subscriptions(self.metrics).items():
+            self.events.subscribe(count, name)
+        self.publish()
+
+    # ---- what others read ---------------------------------------------------------------
+
+    def snapshot(self) -> StatusSnapshot:
+        return self._snapshot
+
+    @property
+    def handoff(self) -> bool:
+        """Exiting for a successor (SIGUSR2): the server is left running."""
+        return self.leaving == "handoff"
+
+    def server_pid(self) -> int | None:
+        return self.server.pid
+
+    def group_report(self) -> NodeReport:
+        """This node's report to its group's leader (api/group.py)."""
+        server = self.server
+        return self.peers.report(self.snapshot(), server.history, server.obs, self.clock.wall())
+
+    def heartbeat_age(self) -> float:
+        return self.clock.monotonic() - self.heartbeat
+
+    def current_rung_name(self) -> str:
+        ladder = self.settings.ladder
+        return ladder[min(self.ladder.current, len(ladder) - 1)].name
+
+    def speculative(self) -> tuple[bool, ...]:
+        return self._speculative
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        """Settings change only here (start, SIGHUP): what each rung implies is derived once, as this
+        node applies them (`Peers.fit`: a group's worker never promotes itself, nor is scraped)."""
+        value = self.peers.fit(value)
+        self._settings = value
+        flags = [arg_names(render_rung(value.server, r).argv) for r in value.ladder]
+        self._speculative = tuple("speculative-algorithm" in f for f in flags)
+        scraped = self.peers.scrapes_metrics()
+        self._metrics_on = tuple(scraped and "enable-metrics" in f for f in flags)
+
+    def set_reload_hook(self, hook: Callable[[Settings], Awaitable[None]]) -> None:
+        """What the composition root does with a new config before the owner applies it (API rebinds)."""
+        self.on_reload = hook
+
+    # ---- the one way an event is written -------------------------------------------------
+
+    def record(self, event: str, level: str = "info", /, *, only: Any = None, **fields: Any) -> None:
+        """The one way the owner reports an event: the journal line, the log line (with the launch's
+        bound rung and pid) and the counters it implies all subscribe (`supervisor.daemon.events`);
+        `only` ("journal" or "log") names the one channel of an event that has no line in the other.
+        (`only` is typed Any so that `**fields` of any value type still binds past it.)"""
+        if only not in CHANNELS:
+            raise ValueError(f"record({event!r}): only={only!r} is not one of {CHANNELS}")
+        channel: Channel | None = only
+        self.events.notify(Event(event, level, fields, channel))
+
+    def subscribe_journal(self, listener: Callable[[dict[str, object]], None]) -> None:
+        """Hear every journal line as written (with its time): the alerter."""
+        self.journal.listeners.append(listener)
+
+    def unsubscribe_journal(self, listener: Callable[[dict[str, object]], None]) -> None:
+        self.journal.listeners.remove(listener)
+
+    def _journal_line(self, e: Event) -> None:
+        if e.goes_to("journal"):
+            self.journal.append(e.name, **e.fields)
+
+    def _log_line(self, e: Event) -> None:
+        if e.goes_to("log"):
+            getattr(self.log, e.level)(e.name, **e.fields)
+
+    def bind_server(self) -> None:
+        """Once per launch or adoption: every log line of the daemon names the server's rung and pid."""
+        self.log = log.bind(rung=self.current_rung_name(), pid=self.server.pid)
+
+    # ---- the loop's pulse ---------------------------------------------------------------
+
+    async def next_command(self, timeout: float) -> Command | None:
+        """The next queued command, or None once `timeout` has passed on the injected clock."""
+        self.beat()
+        if timeout <= 0:
+            try:
+                return self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return None
+        get = asyncio.ensure_future(self.queue.get())
+        timer = asyncio.ensure_future(self.clock.sleep(timeout))
+        await asyncio.wait({get, timer}, return_when=asyncio.FIRST_COMPLETED)
+        timer.cancel()
+        if not get.done():
+            get.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await get
+        return get.result() if get.done() and not get.cancelled() else None
+
+    def beat(self) -> None:
+        """Proof the loop cycles: systemd's WATCHDOG=1 goes out only from here."""
+        now = self.clock.monotonic()
+        self.heartbeat = now
+        if self.pacer.due(now):
+            self.notifier.watchdog()
+            self.pacer.mark(now)
+
+    async def beating(self, work: Awaitable[T]) -> T:
+        return await keep_beating(work, self.beat)
+
+    def stop_tools(self) -> StopTools:
+        rs, srv = self.settings.restart, self.settings.server
+        return StopTools(
+            self.control, self.observer.gpu, self.clock, self.beat, srv.host, srv.port, rs.stop_grace_s,
+            rs.release_timeout_s,
+        )  # fmt: skip
+
+    # ---- state ----------------------------------------------------------------------------
+
+    def move(self, state: State, reason: str) -> None:
+        old = self.lifecycle.state
+        self.lifecycle.move(state, self.clock.monotonic(), reason)
+        self.reason = reason
+        if self.pending is not None and state != self.pending.waits_in:
+            self.pending = None  # leaving the state a timer waits in cancels it
+        if old != state:
+            self.since_wall = self.clock.wall()
+            rung = self.current_rung_name()
+            self.record("state_changed", old=old.value, new=state.value, reason=reason, rung=rung)
+            self.notifier.status(f"state={state.value} rung={rung} pid={self.server_pid() or '-'}")
+        self.publish()
+
+    def wait_then(self, pending: Pending) -> None:
+        """Set the one pending timer (the tick carries it out when due)."""
+        self.pending = pending
+        self.publish()
+
+    def persist(self) -> None:
+        try:
+            names = tuple(r.name for r in self.settings.ladder)
+            inhand = self.inhand
+            saved = Persisted(
+                self.marker,
+                self.ladder,
+                names,
+                inhand.open_incident,
+                self.server.saved_record(),
+                self.stopped_by_request,
+                inhand.decided,
+                last_incident=inhand.last_incident,
+            )
+            save(self.state_dir / "state.json", saved)
+            self.persisted_at = self.clock.monotonic()
+        except OSError as err:
+            self.counters.state_write_errors += 1
+            self.record("state_save_failed", "error", error=str(err))
+
+    def save_log_position(self) -> None:
+        """Every LOG_POSITION_SAVE_S, the log position a successor resumes from (it re-reads at most that)."""
+        if self.clock.monotonic() - self.persisted_at >= LOG_POSITION_SAVE_S and self.server.log_moved():
+            self.persist()
+
+    def fresh_server(self, launched_wall: float) -> None:
+        """A new server (launched or adopted): nothing the previous one showed carries over."""
+        self.observer.reset()
+        self.server = Server.fresh(self.clock.monotonic(), launched_wall)
+
+    def unique_incident_id(self, cause: str) -> str:
+        diagnostics = self.settings.state_dir / "diagnostics"
+        return unique_incident_id(self.clock.wall(), cause, self.inhand.incident_ids, diagnostics)
+
+    def reload(self, settings: Settings) -> None:
+        """SIGHUP: thresholds and ladder change without touching a healthy server."""
+        old_names = tuple(r.name for r in self.settings.ladder)
+        current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
+        self.settings = settings
+        self.observer.configure(settings)
+        self.observer.gpu.scope = DeviceScope.for_server(settings.server.env, self.env)  # CUDA_VISIBLE_DEVICES
+        idx = settings.rung_index(current) if current is not None else None
+        if idx is None:
+            idx = min(self.ladder.current, len(settings.ladder) - 1)
+        last_good = self.ladder.last_good
+        if last_good is not None and last_good < len(old_names):
+            last_good = settings.rung_index(old_names[last_good])
+        self.ladder = LadderState(**{**self.ladder.__dict__, "current": idx, "last_good": last_good})
+        self.persist()
+        self.record("config_reloaded", ladder=[r.name for r in settings.ladder])
+        self.publish()
+
+    # ---- observing and publishing ---------------------------------------------------------
+
+    async def observe(self) -> Observation:
+        server = self.server
+        lines = server.new_lines()
+        if lines:
+            self.observer.feed(lines)
+        serving, metrics = self.lifecycle.state in SERVING, self._metrics_on[self.ladder.current]
+        target = server.target(marker=self.marker, serving=serving, metrics=metrics, look=self._wants_look())
+        obs = await self.observer.observe(target)
+        if obs.health is not None:
+            self.metrics.health(obs.health.latency_s, obs.health.ok)
+        server.obs = obs
+        pids = obs.tree.pids if server.child is not None else ()
+        if pids and self.shm_ledger.due(pids):
+            await asyncio.to_thread(self.shm_ledger.note, pids, self.settings.restart.shm_dir)
+        return obs
+
+    def _wants_look(self) -> bool:
+        """A py-spy look at the busy threads: while starting, once CPU alone moved half a window."""
+        h = self.server.history
+        if self.lifecycle.state != State.STARTING or h is None or h.ready_at is not None:
+            return False
+        now = self.clock.monotonic()
+        cpu_quiet = now - h.moved_at.get("cpu", h.launched_at)
+        return wants_look(now - h.last_progress_at, cpu_quiet, self.settings.watchdog)
+
+    def publish(self) -> None:
+        now = self.clock.monotonic()
+        st = self.lifecycle.state
+        server, inhand, counts = self.server, self.inhand, self.counters
+        running = st in RUNNING or st in (State.HUNG, State.DIAGNOSING)
+        nxt = None
+        if self.pending is not None and st == self.pending.waits_in:
+            nxt = round(max(0.0, self.pending.at - now), 3)
+        wd = self.settings.watchdog
+        last_good = self.ladder.last_good
+        self._snapshot = build(
+            Facts(
+                state=st.value,
+                reason=self.reason,
+                since_wall=self.since_wall,
+                state_age_s=now - self.lifecycle.since,
+                rung=self.current_rung_name(),
+                rung_index=self.ladder.current,
+                last_good=(
+                    self.settings.ladder[last_good].name
+                    if last_good is not None and last_good < len(self.settings.ladder)
+                    else None
+                ),
+                ladder=tuple(r.name for r in self.settings.ladder),
+                pid=self.server_pid(),
+                restarts=counts.restarts,
+                restarts_last_hour=self.ladder.restarts_within_hour(self.clock.wall()),
+                started_wall=server.launched_wall,
+                time_to_ready_s=server.time_to_ready_s if st in SERVING else None,
+                next_attempt_in_s=nxt,
+                last_incident=inhand.last_incident,
+                incidents=counts.incidents,
+                selfcheck=self.selfcheck,
+                diagnosing=inhand.diagnosing,
+                version=self.version,
+                now=now,
+                history=server.history,
+                observation=server.obs,
+                health=self.observer.last_health,
+                serving=self.observer.last_serving,
+                running=running,
+                loop_errors=counts.loop_errors,
+                write_errors=self.write_errors(),
+                log_keeper=self.keeper_view(),
+                last_stop=self.last_stop,
+                adopted=server.adopted and running,
+                takeover_s=server.takeover_s if st in SERVING else None,
+                stale_after_s=stale_after(wd.metrics_interval_s, wd.serving_stall_s),
+                busy=self.observer.last_busy,
+            )
+        )
+        if self.xids.recent or self.xids.blocked is not None:
+            update = {"gpu_xids": self.xids.views(), "gpu_blocked": self.xids.blocked_reason()}
+            self._snapshot = self._snapshot.model_copy(update=update)
+        self._snapshot = self.peers.publish(self._snapshot)  # a group's part of /status
+        self.count_write_errors()
+        for listener in self.publish_listeners:
+            with contextlib.suppress(Exception):  # a view's bug must not cost a poll
+                listener(self._snapshot)
+
+    def keeper_view(self) -> LogKeeperView | None:
+        k = self.server.keeper
+        if k is None or self.server.child is None:
+            return None
+        return LogKeeperView(
+            pid=k.pid,
+            condition=k.condition,
+            replaced=self.counters.keepers_replaced,
+            pipe_bytes=k.pipe_bytes,
+            pipe_size=k.pipe_size,
+        )
+
+    def write_errors(self) -> WriteErrorsView:
+        return WriteErrorsView(
+            journal=self.journal.write_errors,
+            server_log=self.server_log_write_errors(),
+            state=self.counters.state_write_errors,
+            bundle=self.counters.bundle_write_errors,
+        )
+
+    def server_log_write_errors(self) -> int:
+        reading = self.server.log_write_errors()
+        return self.log_write_errors.feed(reading if reading is not None else self.log_write_errors.seen)
+
+    def count_write_errors(self) -> None:
+        """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""
+        now, before = self._snapshot.write_errors, self.counted_writes
+        for what in ("journal", "server_log", "state", "bundle"):
+            self.metrics.write_error(what, getattr(now, what) - getattr(before, what))
+        self.counted_writes = now
+
+    # ---- launch -----------------------------------------------------------------------------
+
+    async def launch(self, rung_index: int, *, after_incident: bool) -> None:
+        rung = self.settings.ladder[rung_index]
+        await self.peers.launch(rung.name, self.beating, self.record)  # the members it stopped launch it too
+        rendered = render_rung(self.settings.server, rung)
+        if (blocked := self.xids.blocked_reason()) is not None and self.lifecycle.state != State.STOPPED:
+            self.record("launch_refused", "error", rung=rung.name, reason=blocked)
+            self.move(State.FAILED, blocked)
+            return
+        srv = self.settings.server
+        holder = await launching.port_holder_of(srv.host, srv.port)
+        if holder is not None and await self.stop_leftovers(
+            f"port {srv.port} is held by a leftover (this state directory's, or a dead daemon's: its lock is free)"
+        ):  # a live daemon's tree, or one whose daemon cannot be found, is kept (supervisor.process.owners)
+            holder = await launching.port_holder_of(srv.host, srv.port)
+        if holder is not None:
+            self.counters.port_refusals += 1
+            delay = recovery.port_refused(self.counters.port_refusals, self.settings.restart, self.rand()).delay_s
+            why = f"port {srv.port} is held by {holder}: not launching rung {rung.name}; next try in {delay:.1f} s"
+            self.defer_launch(rung_index, after_incident, delay, why, "port_busy", port=srv.port, holder=holder)
+            return
+        self.counters.port_refusals = 0
+        self.pending = None
+        env = self.child_env(rendered.env)
+        env[STATE_DIR_ENV] = str(self.state_dir.resolve())  # whose the tree is (supervisor.process.owners)
+        tree = (
+            set(self.server.obs.tree.pids) if self.server.obs is not None and self.server.child is not None else set()
+        )
+        clean = await slate.prepare(
+            self.stop_tools(),
+            shm_dir=self.settings.restart.shm_dir,
+            state_dir=self.state_dir,
+            tree=tree,
+            env=self.child_env(render_rung(srv, self.settings.ladder[self.ladder.current]).env),
+            marker=self.marker,
+            argv=rendered.argv,
+            slate=self.settings.slate,
+        )
+        if clean.doc:
+            self.record("clean_slate", "warning" if clean.warn else "info", **clean.doc)
+        if clean.refused is not None:
+            self.gpu_refused(rung_index, after_incident, clean.refused, strict=clean.strict)
+            return
+        self.counters.gpu_refusals = 0
+        self.ladder = record_launch(
+            self.ladder, rung_index, rung.name, self.clock.wall(), after_incident=after_incident
+        )
+        self.stopped_by_request = False
+        self.inhand.decided = None  # carried out
+        self.marker = marker_for(self.state_dir)  # any earlier tree is stopped: new trees carry the derived marker
+        if after_incident:
+            self.counters.restarts += 1
+        self.persist()
+        launched_wall = self.clock.wall()
+        self.fresh_server(launched_wall)
+        request = launching.SpawnRequest(
+            rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
+            rung.name, launched_wall,
+        )  # fmt: skip
+        failed = await self.server.spawn(self.control, request, self.clock)
+        if failed is not None:
+            self.record("spawn_failed", "error", rung=rung.name, error=failed.error)
+            self.move(State.STARTING, f"launching rung {rung.name}")
+            self.cannot_launch(failed.error)
+            return
+        self.bind_server()
+        self.persist()  # from here on a successor daemon can adopt this server
+        # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
+        shown = Redactor.from_envs([env]).argv(rendered.argv)
+        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown))
+        self.move(State.STARTING, f"launched rung {rung.name}")
+
+    def gpu_refused(self, rung_index: int, after_incident: bool, refused: str, *, strict: bool) -> None:
+        """Processes outside the server hold GPU memory ([slate] gpu_strangers, policy/gpufit.py):
+        wait on the refused-launch backoff, told once (`launch_blocked`) when the backoff reaches
+        its cap; or, strictly, `failed` now."""
+        rung = self.settings.ladder[rung_index].name
+        self.counters.gpu_refusals += 1
+        rand = 0.0 if strict else self.rand()  # drawn only for a backoff
+        refusal = recovery.gpu_refused(self.counters.gpu_refusals, self.settings.restart, rand, strict=strict)
+        if refusal.fail:
+            why = f"{refused}: not launching rung {rung}"
+            self.record("launch_refused", "error", rung=rung, reason=why, gpu=refused)
+            self.metrics.launch_refused("gpu_held")
+            if self.lifecycle.state not in (State.RESTARTING, State.FAILED):
+                self.move(State.RESTARTING, why)
+            self.fail(why, why)
+            return
+        why = f"{refused}: not launching rung {rung}; next try in {refusal.delay_s:.1f} s"
+        self.defer_launch(rung_index, after_incident, refusal.delay_s, why, "gpu_held", gpu=refused)
+        if refusal.tell_blocked:
+            self.record("launch_blocked", "error", rung=rung, reason=refused, refusals=self.counters.gpu_refusals)
+
+    def defer_launch(
+        self, rung_index: int, after_incident: bool, delay: float, reason: str, refusal: str, **fields: object
+    ) -> None:
+        """A launch refused now (`refusal`: the `launches_refused_total` reason): journalled, counted,
+        and tried again after `delay` through the one pending timer the tick advances."""
+        rung = self.settings.ladder[rung_index].name
+        self.record("launch_refused", "error", rung=rung, reason=reason, **fields, backoff_s=round(delay, 3))
+        self.metrics.launch_refused(refusal)
+        if self.lifecycle.state != State.RESTARTING:
+            self.move(State.RESTARTING, reason)
+        self.reason = reason
+        self.wait_then(Pending("launch", rung_index, self.clock.monotonic() + delay, after_incident))
+
+    def cannot_launch(self, why: str) -> None:
+        """The command cannot be executed at all (missing program or interpreter, permission denied):
+        a configuration failure. Every rung runs the same program, so walking the ladder would only
+        fail the same way; `failed` at once, with the reason, and the cooldown (if any) still applies."""
+        view = IncidentView(
+            id=self.unique_incident_id("exited"),
+            cause="exited",
+            at=iso(self.clock.wall()) or "",
+            rung=self.current_rung_name(),
+            detail=why[:500],
+        )
+        self.book_incident(view)
+        self.ladder = record_end(self.ladder, "exited", self.clock.wall())
+        self.persist()
+        self.fail(f"configuration: {why} (fix it, then: sglang-supervisor start)", why)
+
+    def fail(self, reason: str, cooldown_reason: str) -> None:
+        """`failed`; with `failed_cooldown_s`, the pending timer starts again from the preferred rung."""
+        self.move(State.FAILED, reason)
+        cooldown = self.settings.restart.failed_cooldown_s
+        if cooldown > 0:
+            self.record("failed_cooldown", only="journal", retry_in_s=cooldown, reason=cooldown_reason)
+            self.wait_then(Pending("leave_failed", 0, self.clock.monotonic() + cooldown))
+
+    async def leave_failed(self, event: str, why: str, rung: int) -> None:
+        """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
+        self.ladder = fresh_start(self.ladder)
+        self.record(event, reason=why, rung=self.settings.ladder[rung].name)
+        await self.launch(rung, after_incident=False)
+
+    # ---- incidents ----------------------------------------------------------------------------
+
+    async def incident(
+        self,
+        cause: str,
+        verdict: Verdict | None,
+        obs: Observation | None,
+        *,
+        forced_rung: int | None = None,
+        diagnose: bool = True,
+        incident_id: str | None = None,
+    ) -> None:
+        incident_id = incident_id or self.unique_incident_id(cause)
+        alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
+        captures = diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}
+        if diagnose and not captures:  # no bundle of its own: a group's members still take theirs
+            await self.peers.capture_alone(incident_id, self.beating, self.record)
+        self.log = self.log.bind(incident=incident_id)  # its capture, stop and decision name it
+        hang_class = provisional_class(verdict)
+        bundle_id: str | None = None
+        keeper = self.server.describe_keeper()
+        if keeper and verdict is not None:  # the server blocked on its output: name who stopped reading it
+            verdict = replace(verdict, reason=f"{verdict.reason}; {keeper}")
+        self.xids, detail, named = xids.explain(
+            self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
+        )
+        self.record(
+            "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
+        )
+        if captures and obs is not None:
+            if cause in HUNG_CAUSES:
+                self.move(State.HUNG, detail)
+            self.move(State.DIAGNOSING, f"capturing evidence for {incident_id}")
+            self.inhand.open_incident = OpenIncident(incident_id, cause, self.current_rung_name(), self.clock.wall())
+            self.persist()
+            try:
+                trigger = "hung" if cause in HUNG_CAUSES else "manual"
+                own = self.capture_bundle(incident_id, trigger, cause, obs, verdict)
+                result = await self.peers.capture(incident_id, own, self.beating, self.record)
+            finally:
+                self.inhand.open_incident = None
+            if result is not None:
+                bundle_id = result.id if result.path is not None else None
+                if result.hang_class not in ("unknown", "") or hang_class is None:
+                    hang_class = result.hang_class if cause in HUNG_CAUSES else hang_class
+        view = IncidentView(
+            id=incident_id,
+            cause=cause,
+            hang_class=hang_class,
+            at=iso(self.clock.wall()) or "",
+            rung=self.current_rung_name(),
+            detail=detail[:500],
+            bundle=bundle_id,
+        )
+        self.book_incident(view, **({"xids": xids.as_records(named)} if named else {}))
+        await self.recover(Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
+        self.log = self.log.try_unbind("incident")  # a relaunch has already bound its own context
+
+    def book_incident(self, view: IncidentView, **extra: object) -> None:
+        """One incident on the books: counted, shown as the last one, journalled (the counter by
+        cause and hang class subscribes to that line)."""
+        self.counters.incidents += 1
+        self.inhand.last_incident = view
+        self.record("incident", only="journal", **view.model_dump(), **extra)
+
+    async def manual_restart(self, rung: int | None, reason: str, *, diagnose: bool, incident_id: str) -> None:
+        """A restart of the running server asked for (an operator, a promotion): a `manual` incident."""
+        verdict = Verdict(status="incident", cause="manual", reason=reason or "restart requested")
+        obs = self.server.obs
+        await self.incident("manual", verdict, obs, forced_rung=rung, diagnose=diagnose, incident_id=incident_id)
+
+    async def capture_bundle(
+        self,
+        incident_id: str,
+        trigger: str,
+        cause: str | None,
+        obs: Observation,
+        verdict: Verdict | None,
+        *,
+        native: bool | None = None,
+        gdb: bool | None = None,
+    ) -> BundleResult | None:
+        self.inhand.diagnosing = True
+        self.publish()
+        rendered = render_rung(self.settings.server, self.settings.ladder[self.ladder.current])
+        server = self.server
+        try:
+            gpu_all = await asyncio.to_thread(self.observer.gpu.snapshot_all)
+            result = await self.beating(
+                collect(
+                    settings=self.settings,
+                    incident_id=incident_id,
+                    trigger=trigger,
+                    cause=cause,
+                    obs=obs,
+                    verdict=verdict,
+                    rendered=rendered,
+                    env=self.child_env(rendered.env),  # what the server got; the bundle redacts it
+                    log_tail=server.log_tail(self.settings.diagnostics.log_tail_lines),
+                    gpu_all=gpu_all,
+                    cpu_rate=server.history.cpu_rate if server.history is not None else None,
+                    native=native,
+                    gdb=gdb,
+                    hung=trigger == "hung",
+                    created_at=self.clock.wall(),
+                    gpu_xids=tuple(xids.as_records(list(self.xids.recent))),
+                    group=self.peers.bundle_doc(incident_id),
+                )
+            )
+        except Exception as err:  # a capture must never take the daemon down
+            self.record("diagnostics_failed", "exception", only="log", id=incident_id)
+            self.record("diagnostics_failed", only="journal", id=incident_id, error=repr(err))
+            return None
+        finally:
+            self.inhand.diagnosing = False
+        written = result.path is not None
+        if not written:
+            self.counters.bundle_write_errors += 1
+        self.metrics.diagnostic(result.duration_s, "written" if written else "write_failed")
+        self.record(
+            "bundle_written" if result.path is not None else "bundle_write_failed",
+            only="journal",
+            id=result.id,
+            hang_class=result.hang_class if trigger == "hung" else None,  # a healthy server is not "deadlocked"
+            duration_s=round(result.duration_s, 3),
+            error=result.error,
+        )
+        # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
+        level = "info" if written else "warning"
+        self.record(
+            "bundle",
+            level,
+            only="log",
+            id=result.id,
+            hang_class=result.hang_class,
+            path=str(result.path),
+            error=result.error,
+        )
+        return result
+
+    async def recover(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
+        """Stop the server (and a group's members with it), ask the ladder, then relaunch now (no
+        backoff) or set the pending timer."""
+        if self.peers.exits_for_group(self.record):  # LWS recreates the group
+            self.leaving = "group_restart"
+            self.persist()
+            return
+        if self.lifecycle.state != State.RESTARTING:
+            self.move(State.RESTARTING, f"stopping after {incident.cause}")
+        ok = await self.peers.stop(self.stop_server(f"incident {incident.cause}"), self.beating, self.record)
+        now_wall = self.clock.wall()
+        # rand is for the ladder's backoff (next_rung); a manual restart or a rung asked for needs none
+        rand = self.rand() if not manual and forced_rung is None else 0.0
+        outcome = recovery.after_incident(
+            self.settings.ladder,
+            self.ladder,
+            incident,
+            recovery.AfterStop(released=ok, xid_blocked=self.xids.blocked_reason()),
+            self.settings.restart,
+            manual=manual,
+            forced_rung=forced_rung,
+            now_wall=now_wall,
+            rand=rand,
+            speculative=self.speculative(),
+        )
+        if isinstance(outcome, recovery.Failed):
+            self.move(State.FAILED, outcome.reason)
+            return
+        self.ladder, decision = outcome.ladder, outcome.decision
+        self.metrics.restart(incident.cause)  # manual restarts count too (cause "manual")
+        if decision.action == "relaunch":  # saved before the backoff: a successor relaunches this rung
+            name = self.settings.ladder[decision.rung].name
+            self.inhand.decided = Decided(name, decision.reason, now_wall + decision.backoff_s)
+        self.persist()
+        self.record(
+            "ladder_decision",
+            action=decision.action,
+            rung=decision.rung,
+            reason=decision.reason,
+            backoff_s=round(decision.backoff_s, 3),
+        )
+        if decision.action == "give_up":
+            self.fail(decision.reason, decision.reason)
+            return
+        self.reason = decision.reason
+        if decision.backoff_s <= 0:
+            await self.launch(decision.rung, after_incident=not manual)
+            return
+        self.wait_then(Pending("launch", decision.rung, self.clock.monotonic() + decision.backoff_s, not manual))
+
+    # ---- stop -------------------------------------------------------------------------------
+
+    async def stop_server(self, why: str) -> bool:
+        """Stop the tree, verify the port and GPU memory are free, empty the server. True when verified."""
+        server = self.server
+        had_log = server.capture is not None
+        stopped = await server.stop(self.stop_tools(), self.marker, why)
+        if had_log:
+            self.server_log_write_errors()  # its last count, before the next keeper starts its file afresh
+        server.empty()
+        self.log = self.log.bind(pid=None)  # no server from here on
+        self.last_stop = stopped.view
+        self.record("server_stopped", "info" if stopped.ok else "error", **stopped.doc)
+        return stopped.ok
+
+    async def stop_leftovers(self, why: str) -> tuple[int, ...]:
+        """What an earlier daemon left running and is not adopted: stopped (one sweep, in
+        supervisor.process.leftovers), verified, and journalled with why."""
+        markers = (self.marker, marker_for(self.state_dir))  # an older version saved another marker
+        swept = await stopping.stop_leftovers(self.stop_tools(), markers, why)
+        if swept.pids:
+            self.record("leftovers_stopped", "warning" if swept.ok else "error", **swept.doc)
+        return swept.pids
+
+    async def shutdown(self) -> None:
+        self.notifier.stopping()
+        if self.server.child is not None or self.lifecycle.state in RUNNING:
+            try:
+                if self.lifecycle.state != State.RESTARTING:
+                    self.move(State.RESTARTING, "daemon shutting down")
+                await self.stop_server("daemon shutdown")
+            except Exception:
+                self.record("shutdown_stop_failed", "exception", only="log")
+        if self.lifecycle.state != State.STOPPED:
+            self.move(State.STOPPED, "daemon shut down")
+        self.ladder = record_end(self.ladder, "daemon_shutdown", self.clock.wall())
+        if not self.handoff:  # a service stop: the next service start starts the server again
+            self.stopped_by_request = False
+        self.persist()
+        await self.observer.close()
+        self.answer_queued("daemon shut down", State.STOPPED.value)
+
+    def answer_queued(self, why: str, state: str) -> None:
+        while not self.queue.empty():
+            finish(self.queue.get_nowait(), CommandResult("failed", why, state))
+
+    # ---- what the server gets ---------------------------------------------------------------
+
+    def log_files(self) -> LogFiles:
+        """Where the log keeper writes the server's output, and how much it keeps."""
+        logs = self.settings.logs
+        return LogFiles(
+            self.state_dir / "logs",
+            int(logs.max_file_mb * 1024 * 1024),
+            logs.backups,
+            journal_socket=logs.journal_socket if logs.journal else None,
+            journal_id=logs.journal_identifier,
+        )
+
+    def child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in self.env.items() if k not in _NOT_FOR_CHILD}
+        env.pop(self.settings.api.token_env, None)
+        env.update(extra)
+        return env
+
+    # ---- the tick's watch over a running server ------------------------------------------
+    # One step each: drain the Xid watcher, reap orphans, tend the log keeper, observe, let the
+    # pure watchdog (`supervisor.policy.watchdog.assess`) judge, act on the verdict.
+
+    def take_xids(self) -> None:
+        w, watch = self.xid_watcher, None
+        if w is not None:
+            drained = tuple(w.drain())
+            watch = xids.Watch(w.status, w.reason, w.gpus, drained)
+        self.xids, notes = xids.take(self.xids, watch, self.server.obs, self.observer.gpu.scope)
+        for note in notes:  # a gpu_xid is counted by its subscriber
+            self.record(note.event, note.level, **note.fields)
+
+    async def reap_orphans(self) -> None:
+        """Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit."""
+        await asyncio.to_thread(self.control.reap, self.server_pid())
+
+    async def tend_keeper(self) -> None:
+        """The server's log keeper, every poll: a dead one is replaced on the same pipe (no server
+        restart, no line lost), a stopped one is named; each change is journalled once."""
+        now = await self.server.tend_keeper(self.control, self.log_files())
+        if now is None:
+            return
+        fields = {"pid": now.pid, "old_pid": now.old_pid, "why": now.why, "pipe_bytes": now.pipe_bytes}
+        if now.condition == "replaced":
+            self.counters.keepers_replaced += 1
+            self.record("log_keeper_replaced", "warning", **fields)
+        elif now.condition == "stopped":
+            self.record("log_keeper_stopped", "error", **fields)
+        elif now.condition == "lost":
+            self.record("log_keeper_lost", "error", **fields)
+
+    async def watch(self) -> None:
+        """Observe the running server, let the watchdog judge it, act on the verdict."""
+        obs = await self.observe()
+        server = self.server
+        if server.child is not None and obs.tree.root_exit is None and not obs.tree.root_alive:
+            # waitpid says the main process lives but /proc did not show it (EMFILE, EACCES, a race):
+            # this poll saw nothing trustworthy, which is not "the server exited".
+            self.counters.unknown_observations += 1
+            self.record("observation_unknown", "warning", only="log", count=self.counters.unknown_observations)
+            self.publish()
+            return
+        if server.history is None:
+            server.history = new_history(self.clock.monotonic())
+        mode: Mode = "serving" if self.lifecycle.state in SERVING else "starting"
+        spec = self.speculative()[self.ladder.current]
+        verdict, server.history = assess(
+            server.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec
+        )
+        await self.act(verdict, obs)
+        self.save_log_position()
+        self.publish()
+
+    async def act(self, verdict: Verdict, obs: Observation) -> None:
+        """Act on the verdict a group's peers leave (a worker holds its incident for the leader)."""
+        judged = self.peers.judge(verdict, self.lifecycle.state.value, self.record)
+        if judged.hold:
+            self.move(State.HUNG, judged.hold)
+        elif judged.verdict is not None:
+            await self.act_on(judged.verdict, obs)
+
+    async def act_on(self, v: Verdict, obs: Observation) -> None:
+        if v.is_incident:
+            assert v.cause is not None
+            await self.incident(v.cause, v, obs)
+        elif self.lifecycle.state == State.STARTING:
+            if v.status == "ready":
+                self.mark_ready()
+            else:
+                self.reason = v.reason
+        else:
+            await self.act_serving(v, self.clock.monotonic())
+
+    def mark_ready(self) -> None:
+        server, now, rung = self.server, self.clock.monotonic(), self.current_rung_name()
+        server.ready_at = now
+        server.stable_marked = False
+        self.ladder = record_ready(self.ladder)
+        if server.adopted:  # a takeover is not a load: the launch-to-ready time is the record's
+            server.takeover_s = round(now - server.launched_at, 3)
+            server.time_to_ready_s = server.record.time_to_ready_s if server.record is not None else None
+            self.persist()
+            self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=server.takeover_s)
+            self.move(State.READY, f"adopted server ready on rung {rung}")
+            return
+        server.time_to_ready_s = round(now - server.launched_at, 3)
+        if server.record is not None:
+            server.record = replace(server.record, time_to_ready_s=server.time_to_ready_s)
+        self.persist()
+        self.record("server_ready", only="journal", rung=rung, time_to_ready_s=server.time_to_ready_s)
+        self.move(State.READY, f"ready on rung {rung} in {server.time_to_ready_s:.1f} s")
+
+    async def act_serving(self, v: Verdict, now: float) -> None:
+        st, server = self.lifecycle.state, self.server
+        if v.cause == "spec_regression":
+            if self.settings.watchdog.on_spec_regression == "fallback":
+                await self.incident("spec_regression", v, server.obs)
+                return
+            if not server.spec_alerted:
+                server.spec_alerted = True
+                self.counters.incidents += 1  # counted as an incident, kept out of the last one
+                self.record("spec_regression", only="journal", reason=v.reason, rung=self.current_rung_name())
+        if v.status == "degraded" and st == State.READY:
+            self.move(State.DEGRADED, v.reason)
+        elif v.status == "ready" and st == State.DEGRADED:
+            server.spec_alerted = False
+            self.move(State.READY, "recovered")
+        elif v.status == "degraded":
+            self.reason = v.reason
+        step = recovery.serving_step(
+            self.settings.restart,
+            now=now,
+            ready_at=server.ready_at,
+            stable_marked=server.stable_marked,
+            rung=self.ladder.current,
+            ready=self.lifecycle.state == State.READY,
+        )
+        if step.stable:
+            server.stable_marked = True
+            self.ladder = record_stable(self.ladder)
+            self.persist()
+            self.record("server_stable", only="journal", rung=self.current_rung_name())
+        if step.promote:
+            top = self.settings.ladder[0].name
+            self.record("promotion", only="journal", from_rung=self.current_rung_name(), to_rung=top)
+            await self.manual_restart(0, "promotion", diagnose=False, incident_id=self.unique_incident_id("manual"))
 
     # ---- commands: one validation, one dispatcher, one method per kind ---------------------
 
@@ -68,7 +1025,7 @@ class Supervisor(ServerWatch):
             if early is not None:
                 finish(cmd, early)
                 return
-            self.journal.append("command", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
+            self.record("command", only="journal", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
             await getattr(self, f"handle_{cmd.kind}")(cmd)
         except Exception as err:  # a command must never kill the loop
             finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", self.lifecycle.state.value))
@@ -81,14 +1038,15 @@ class Supervisor(ServerWatch):
             self.publish()
 
     async def handle_shutdown(self, cmd: Command) -> None:
-        self.shutdown_requested = True  # no server during a backoff: nothing to hand over, still exit 75
-        self.handoff = cmd.kind == "handoff"
+        # no server during a backoff: nothing to hand over, still exit 75
+        self.leaving = "handoff" if cmd.kind == "handoff" else "shutdown"
         finish(cmd, CommandResult("accepted", "shutting down", self.lifecycle.state.value))
 
     handle_handoff = handle_shutdown
 
     async def handle_stop(self, cmd: Command) -> None:
-        if self.slot.child is None and self.pending is not None:  # waiting to launch: nothing runs
+        """A stop on a group's leader stops the group; its next launch launches every node again."""
+        if self.server.child is None and self.pending is not None:  # waiting to launch: nothing runs
             self.ladder = record_end(self.ladder, "stopped", self.clock.wall())
             self.stopped_by_request = True
             self.persist()
@@ -97,7 +1055,8 @@ class Supervisor(ServerWatch):
             return
         finish(cmd, CommandResult("accepted", "stopping", self.lifecycle.state.value))
         self.move(State.RESTARTING, cmd.reason or "stop requested")
-        await self.stop_server("stop requested")
+        stop = self.stop_server("stop requested")
+        await (stop if cmd.source == "group" else self.peers.stop(stop, self.beating, self.record))
         self.ladder = record_end(self.ladder, "stopped", self.clock.wall())
         self.stopped_by_request = True
         self.persist()
@@ -110,7 +1069,8 @@ class Supervisor(ServerWatch):
             await self.launch(target, after_incident=False)
             return
         finish(cmd, CommandResult("accepted", "starting", self.lifecycle.state.value))
-        if (note := xids.unblock(self.xids)) is not None:
+        self.xids, note = xids.unblock(self.xids)
+        if note is not None:
             self.record(note.event, **note.fields)
         if self.lifecycle.state == State.FAILED:
             await self.leave_failed("failed_left", "start requested", target)
@@ -120,7 +1080,7 @@ class Supervisor(ServerWatch):
     async def handle_restart(self, cmd: Command) -> None:
         hint = f"manual restart to {cmd.rung or self.current_rung_name()}"
         st = self.lifecycle.state
-        if st in (State.STOPPED, State.FAILED) or self.slot.child is None:
+        if st in (State.STOPPED, State.FAILED) or self.server.child is None:
             finish(cmd, CommandResult("accepted", hint, st.value))
             target = self.target_rung(cmd)
             if st == State.FAILED:
@@ -136,13 +1096,24 @@ class Supervisor(ServerWatch):
         await self.manual_restart(idx, cmd.reason, diagnose=cmd.diagnose, incident_id=pending_id)
 
     async def handle_diagnose(self, cmd: Command) -> None:
-        obs = self.slot.obs if self.slot.obs is not None else await self.observe()
+        """A bundle now. The group leader's `POST /group/capture` asks for one under its incident id,
+        as for a hang (the group is hung, if not this node), even with no process left (the log and
+        the GPUs still tell)."""
+        asked = self.peers.asked(cmd)
+        obs = self.server.obs if self.server.obs is not None else await self.observe()
+        if asked is not None and cmd.incident_id is not None:
+            result = await self.capture_bundle(cmd.incident_id, "hung", asked.cause, obs, None)
+            self.answer_diagnose(cmd, result)
+            return
         if not obs.tree.processes:
             finish(cmd, CommandResult("invalid", "no server process to diagnose", self.lifecycle.state.value))
             return
         trigger = "hung" if self.lifecycle.state == State.HUNG else "manual"
         incident_id = self.unique_incident_id("diagnose")
         result = await self.capture_bundle(incident_id, trigger, None, obs, None, native=cmd.native, gdb=cmd.gdb)
+        self.answer_diagnose(cmd, result)
+
+    def answer_diagnose(self, cmd: Command, result: BundleResult | None) -> None:
         st = self.lifecycle.state.value
         if result is None:
             finish(cmd, CommandResult("failed", "capture failed", st))
@@ -159,6 +1130,8 @@ class Supervisor(ServerWatch):
         self.notifier.reloading()
         try:
             new = await asyncio.to_thread(load_settings, self.config_path)
+            if (refused := self.peers.refuses_reload(new, self.settings)) is not None:
+                raise ConfigError(refused)
             validation.refuse_restart_only_changes(self.settings, new)
             if self.on_reload is not None:
                 await self.on_reload(new)
@@ -184,7 +1157,15 @@ class Supervisor(ServerWatch):
     # ---- the loop -------------------------------------------------------------------------
 
     async def run(self, *, autostart: bool = True) -> None:
-        """Start (resuming the ladder), then poll until a shutdown command; always stop the tree."""
+        """Start (resuming the ladder), then poll until a shutdown command; always stop the tree.
+        A group's leader polls its members beside the loop (`Peers.start`) until the loop ends."""
+        await self.peers.start(lambda: self.settings.watchdog.poll_interval_s, self.clock.sleep, self.record)
+        try:
+            await self.loop(autostart)
+        finally:
+            await self.peers.close()
+
+    async def loop(self, autostart: bool) -> None:
         try:
             try:
                 await self.startup(autostart)
@@ -193,7 +1174,7 @@ class Supervisor(ServerWatch):
                 if autostart and self.lifecycle.state == State.STOPPED and not self.stopped_by_request:
                     self.start_later(f"start-up failed ({err!r})")
             next_tick = self.clock.monotonic()
-            while not self.shutdown_requested:
+            while self.leaving is None:
                 wake = next_tick if self.pending is None else min(next_tick, self.pending.at)
                 try:
                     cmd = await self.next_command(max(0.0, wake - self.clock.monotonic()))
@@ -208,7 +1189,7 @@ class Supervisor(ServerWatch):
                 except Exception as err:  # the loop outlives any one poll, probe, write or command
                     await self.survive(err)
         finally:
-            if self.handoff and self.slot.child is not None and self.slot.record is not None:
+            if self.handoff and self.server.child is not None and self.server.record is not None:
                 await self.hand_over()  # SIGUSR2: the server stays for the successor
             else:
                 await self.shutdown()
@@ -223,17 +1204,17 @@ class Supervisor(ServerWatch):
         gpm = await asyncio.to_thread(self.observer.gpm_check)
         self.selfcheck = (*tools, gpm, *self.observer.gpu_source_checks())
         for check in self.selfcheck:
-            self.log.info("selfcheck", tool=check.name, ok=check.ok, detail=check.detail)
+            self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
-            self.marker, self.ladder, self.slot.record = saved.marker, saved.ladder, saved.server
+            self.marker, self.ladder, self.server.record = saved.marker, saved.ladder, saved.server
             self.stopped_by_request = saved.stopped
             self.inhand.decided = saved.decided
             self.inhand.last_incident = saved.last_incident  # `status` keeps the why across a daemon restart
         rung = names[self.ladder.current]
-        self.log.info("state_loaded", detail=why, rung=rung, last_good=self.ladder.last_good)
-        self.journal.append("daemon_started", version=self.version, state=why, rung=rung)
+        self.record("state_loaded", only="log", detail=why, rung=rung, last_good=self.ladder.last_good)
+        self.record("daemon_started", only="journal", version=self.version, state=why, rung=rung)
         if saved is not None and saved.open_incident is not None:
             self.record_interrupted(saved.open_incident)
         self.persist()
@@ -254,19 +1235,28 @@ class Supervisor(ServerWatch):
         # The previous daemon's server, if any, was just stopped: its attempt ends here.
         self.ladder = record_end(self.ladder, "daemon_restarted", self.clock.wall())
         decided = self.inhand.decided
-        if autostart and self.stopped_by_request:  # the operator's stop outlives the daemon
-            self.reason = "stopped by request before the daemon restarted (start it: sglang-supervisor start)"
+        first = recovery.at_start(
+            self.ladder,
+            len(self.settings.ladder),
+            self.settings.restart,
+            autostart=autostart,
+            stopped_by_request=self.stopped_by_request,
+            decided_rung=self.settings.rung_index(decided.rung) if decided is not None else None,
+            decided_launch_at=decided.launch_at if decided is not None else None,
+            now_wall=self.clock.wall(),
+        )
+        if isinstance(first, recovery.StayStopped):  # the operator's stop outlives the daemon
+            self.reason = first.reason
             self.record("stayed_stopped", reason=self.reason)
-        elif autostart and decided is not None and (at := self.settings.rung_index(decided.rung)) is not None:
+        elif isinstance(first, recovery.Resume) and decided is not None:
             # A predecessor decided a relaunch and was gone before making it (handoff or crash in
             # the backoff): that decision stands, the rung that just failed is not tried again.
-            wait = min(max(0.0, decided.launch_at - self.clock.wall()), self.settings.restart.backoff_max_s)
+            wait = first.wait_s
             self.record("decision_resumed", rung=decided.rung, reason=decided.reason, backoff_s=round(wait, 3))
             self.move(State.RESTARTING, f"resuming the ladder's decision: {decided.reason}")
-            self.wait_then(Pending("resume", at, self.clock.monotonic() + wait, after_incident=True))
-        elif autostart:
-            rung_index = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
-            await self.launch(rung_index, after_incident=False)
+            self.wait_then(Pending("resume", first.rung, self.clock.monotonic() + wait, after_incident=True))
+        elif isinstance(first, recovery.Launch):
+            await self.launch(first.rung, after_incident=False)
         self.publish()
 
     def start_later(self, why: str) -> None:
@@ -327,7 +1317,7 @@ class Supervisor(ServerWatch):
         from `starting` (a serving server is `ready` at the first good health probe). False when
         there is nothing to adopt or it cannot be proven ours (the caller then stops it by marker).
         """
-        record = self.slot.record
+        record = self.server.record
         if record is None:
             return False
         rung = self.settings.rung_index(record.rung)
@@ -338,9 +1328,8 @@ class Supervisor(ServerWatch):
             return False
         assert rung is not None
         self.ladder = replace(self.ladder, current=rung)
-        self.fresh_slot(record.launched_wall)
-        self.slot.adopted = True
-        self.slot.capture, self.slot.child, self.slot.record = taken.capture, taken.child, record
+        self.fresh_server(record.launched_wall)
+        self.server.adopt(taken, record)
         self.bind_server()
         self.persist()
         self.record("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)
@@ -349,18 +1338,17 @@ class Supervisor(ServerWatch):
 
     def refuse_adoption(self, why: str) -> None:
         """The saved server is not taken over; the caller stops whatever carries the marker."""
-        record = self.slot.record
-        self.slot.record = None
+        record = self.server.record
+        self.server.record = None
         if record is not None:
             self.record("adoption_refused", "warning", pid=record.pid, reason=why)
 
     async def hand_over(self) -> None:
         """Exit for a successor (an upgrade): the server keeps running, state.json says how to adopt it."""
         self.notifier.stopping()
-        if self.slot.capture is not None:
-            await asyncio.to_thread(self.slot.capture.close)  # its position now covers every line read
+        await self.server.close_log()  # its position now covers every line read
         self.persist()
-        record = self.slot.record
+        record = self.server.record
         assert record is not None
         self.record("daemon_handoff", pid=record.pid, rung=record.rung, state=self.lifecycle.state.value)
         await self.observer.close()
@@ -372,22 +1360,25 @@ class Supervisor(ServerWatch):
         """An exception escaped a poll or a command: log it, count it, and leave no half-done restart
         (one cut short is taken up again by the next tick, `resume_cut_short`)."""
         self.counters.loop_errors += 1
-        self.log.error("loop_error", error=repr(err), state=self.lifecycle.state.value, exc_info=err)
-        self.metrics.loop_error(type(err).__name__)
-        self.journal.append("loop_error", error=repr(err)[:500], state=self.lifecycle.state.value)
+        state = self.lifecycle.state.value
+        self.record("loop_error", "error", only="log", error=repr(err), state=state, exc_info=err)
+        self.metrics.loop_error(type(err).__name__)  # by the exception's type, which no line carries
+        self.record("loop_error", only="journal", error=repr(err)[:500], state=state)
         self.inhand.diagnosing = False
         self.publish()
-        if self.lifecycle.state in CUT_SHORT and not self.shutdown_requested:
+        if self.lifecycle.state in CUT_SHORT and self.leaving is None:
             self.inhand.resume_after_error = True
 
     def record_interrupted(self, inc: OpenIncident) -> None:
         """The previous daemon died capturing evidence: the incident is recorded as it stood."""
-        self.counters.incidents += 1
-        self.metrics.incident(inc.cause, "none")
         view = IncidentView(
             id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail="capture interrupted"
         )
-        self.inhand.last_incident = view
-        self.journal.append("incident", **view.model_dump(), interrupted=True)
-        self.log.warning("incident_interrupted", id=inc.id, cause=inc.cause, rung=inc.rung)
+        self.book_incident(view, interrupted=True)
+        self.record("incident_interrupted", "warning", only="log", id=inc.id, cause=inc.cause, rung=inc.rung)
         self.ladder = record_end(self.ladder, inc.cause, self.clock.wall())
+
+
+_NOT_FOR_CHILD = frozenset(
+    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID"}
+)

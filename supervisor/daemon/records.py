@@ -1,9 +1,10 @@
-"""The supervisor's state, grouped: the current server's slot, the counters, the one pending timer
-and the incident in hand. Only the owner (`supervisor.daemon.owner.Supervisor`) holds and writes
-these; the helpers it calls get the few values they need and return outcomes it applies.
+"""The owner's records, grouped: the counters, the one pending timer and the incident in hand (the
+current server is a `supervisor.daemon.server.Server`). Only the owner
+(`supervisor.daemon.owner.Owner`) holds and writes these; the helpers it calls get the few values
+they need and return outcomes it applies.
 
-`Slot` and `Counters` change on every poll, so they are plain dataclasses written in place by the
-owner alone; `Pending` is frozen (a timer is replaced, never edited).
+`Counters` change on every poll, so they are a plain dataclass written in place by the owner alone;
+`Pending` is frozen (a timer is replaced, never edited).
 """
 
 from __future__ import annotations
@@ -11,20 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from probes.types import Observation
-from supervisor.daemon.adopt import ServerRecord
 from supervisor.daemon.persist import Decided, OpenIncident
 from supervisor.daemon.snapshot import IncidentView
-from supervisor.logs.capture import LogCapture
-from supervisor.logs.tending import KeeperStatus
 from supervisor.policy.lifecycle import State
-from supervisor.policy.watchdog import History
-from supervisor.process.control import Child
 
 # What a pending timer does when it fires: launch a rung (a backoff after an incident, a launch a
 # held port or GPU deferred, a start-up that failed), resume a predecessor's decision, or leave
 # `failed` once `failed_cooldown_s` has passed.
 PendingWhat = Literal["launch", "resume", "leave_failed"]
+# How the loop ends: a shutdown (the server is stopped), a handoff (SIGUSR2: it is left running for a
+# successor), or a group restart (`restart = "lws"`: LeaderWorkerSet recreates the whole group).
+Leaving = Literal["shutdown", "handoff", "group_restart"]
 
 
 @dataclass(frozen=True)
@@ -41,32 +39,6 @@ class Pending:
     def waits_in(self) -> State:
         """The state this timer belongs to: leaving that state cancels it."""
         return State.FAILED if self.what == "leave_failed" else State.RESTARTING
-
-
-@dataclass
-class Slot:
-    """The current server: its process, what a successor needs to adopt it, its output, and what
-    the watchdog has seen of it. A launch or an adoption starts a fresh one; a stop empties it."""
-
-    launched_at: float
-    launched_wall: float | None = None
-    child: Child | None = None
-    record: ServerRecord | None = None  # what a successor needs to adopt `child`
-    capture: LogCapture | None = None
-    keeper: KeeperStatus | None = None  # the log keeper at the last poll (supervisor.logs.tending)
-    log_seq: int = 0
-    history: History | None = None
-    obs: Observation | None = None
-    ready_at: float | None = None
-    time_to_ready_s: float | None = None
-    adopted: bool = False  # taken over from an earlier daemon
-    takeover_s: float | None = None  # adoption to ready, for an adopted server
-    stable_marked: bool = False
-    spec_alerted: bool = False
-
-    @property
-    def pid(self) -> int | None:
-        return self.child.pid if self.child is not None else None
 
 
 @dataclass

@@ -35,7 +35,8 @@ from supervisor.daemon.commands import Command
 from supervisor.daemon.gpusource import open_nvml
 from supervisor.daemon.instance_lock import StateLock, acquire
 from supervisor.daemon.metrics import SupervisorMetrics
-from supervisor.daemon.owner_group import GroupSupervisor, Supervisor  # the owner, with its group part
+from supervisor.daemon.owner import Owner
+from supervisor.daemon.peers import NoPeers, Peers
 from supervisor.daemon.sdnotify import Notifier
 from supervisor.daemon.timeline import Timeline
 from supervisor.logs.view import LogRedaction, server_log_file
@@ -98,7 +99,7 @@ class Api:
 
 
 async def start_api(
-    sup: GroupSupervisor,
+    sup: Owner,
     settings: Settings,
     env: Mapping[str, str],
     registry: CollectorRegistry,
@@ -126,7 +127,7 @@ async def start_api(
         redact=redact,
         timeline=timeline,
     )
-    if sup.group is not None:  # the member API the group's leader calls (api/group.py)
+    if isinstance(sup.peers, grouping.GroupPeers):  # the member API the group's leader calls (api/group.py)
         app.state.group = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit)
         include_protected(app, group_api.router)
     config = uvicorn.Config(
@@ -149,23 +150,28 @@ async def start_api(
     return Api(server, task, sock)
 
 
-def make_supervisor(
+def make_owner(
     settings: Settings,
     env: Mapping[str, str],
     registry: CollectorRegistry,
     *,
     config_path: Path | None,
     notifier: Notifier,
-    clock: Clock | None = None,
-) -> GroupSupervisor:
+    clock: Clock,
+    timeline: Timeline,
+) -> Owner:
+    """The owner, given everything it needs: its probes, its process control, its peers."""
     subreaper = become_subreaper()
     cgroups, why = CgroupRoot.find()
     log.info("containment", subreaper=subreaper, cgroup=why)
     scope = DeviceScope.for_server(settings.server.env, env)
     log.info("gpu_scope", gpus=scope.describe(), source=settings.gpu.describe())
-    sup = GroupSupervisor(
+    runtime = grouping.make_runtime(settings, load_token(settings.api, env), clock.monotonic)
+    peers: Peers = grouping.GroupPeers(runtime) if runtime is not None else NoPeers()
+    watcher = XidWatcher(open_nvml(settings.gpu))  # its own NVML handle: waits block in its thread
+    sup = Owner(
         settings,
-        clock=clock or SystemClock(),
+        clock=clock,
         metrics=lambda snap: SupervisorMetrics(registry, snap),
         gpu=GpuProbe(open_nvml(settings.gpu), scope=scope),
         env=env,
@@ -173,16 +179,17 @@ def make_supervisor(
         notifier=notifier,
         version=__version__,
         control=RealProcessControl(cgroups, subreaper=subreaper),
+        peers=peers,
+        xid_watcher=watcher,
+        publish_listeners=(timeline.feed,),
     )
-    sup.journal.append("containment", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
-    sup.journal.append("gpu_scope", gpus=scope.describe(), source=settings.gpu.source)
-    sup.xids.watcher = XidWatcher(open_nvml(settings.gpu))  # its own NVML handle: waits block in its thread
-    sup.xids.watcher.start()
-    sup.group = grouping.make_runtime(settings, load_token(settings.api, env), sup.clock.monotonic)
+    sup.record("containment", only="journal", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    sup.record("gpu_scope", only="journal", gpus=scope.describe(), source=settings.gpu.source)
+    watcher.start()
     return sup
 
 
-def start_alerter(sup: Supervisor, settings: Settings, metrics: NotifyMetrics) -> Alerter:
+def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Alerter:
     """The [[notify]] lanes, listening to the journal; ConfigError when a secret file is unreadable."""
     alerter = Alerter(
         settings.notify,
@@ -192,11 +199,11 @@ def start_alerter(sup: Supervisor, settings: Settings, metrics: NotifyMetrics) -
         hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
     )
     alerter.start()
-    sup.journal.listeners.append(alerter.offer)
+    sup.subscribe_journal(alerter.offer)
     return alerter
 
 
-def install_signals(sup: Supervisor) -> None:
+def install_signals(sup: Owner) -> None:
     loop = asyncio.get_running_loop()
 
     def enqueue(kind: str) -> None:
@@ -215,7 +222,7 @@ async def serve(
     env: Mapping[str, str],
     config_path: Path | None,
     ready: asyncio.Event | None = None,
-    holder: list[Supervisor] | None = None,
+    holder: list[Owner] | None = None,
     signals: bool = True,
 ) -> int:
     """Run the daemon until a shutdown command, which stops the server tree on the way out.
@@ -239,21 +246,23 @@ async def _serve_locked(
     env: Mapping[str, str],
     config_path: Path | None,
     ready: asyncio.Event | None,
-    holder: list[Supervisor] | None,
+    holder: list[Owner] | None,
     signals: bool,
 ) -> int:
     soft, hard = raise_nofile_limit()
     log.info("nofile_limit", soft=soft, hard=hard)
     notifier = Notifier.from_env(env)
     registry = CollectorRegistry()
-    sup = make_supervisor(settings, env, registry, config_path=config_path, notifier=notifier)
+    clock = SystemClock()
+    timeline = Timeline(clock.monotonic)
+    sup = make_owner(
+        settings, env, registry, config_path=config_path, notifier=notifier, clock=clock, timeline=timeline
+    )
     if holder is not None:
         holder.append(sup)
     notify_metrics = NotifyMetrics(registry)
     alerter = start_alerter(sup, settings, notify_metrics)
     retired: list[asyncio.Task[None]] = []  # alerters replaced by a reload, finishing their queues
-    timeline = Timeline(sup.clock.monotonic)
-    sup.publish_listeners.append(timeline.feed)
     api = await start_api(sup, settings, env, registry, timeline)
 
     current = settings
@@ -268,7 +277,7 @@ async def _serve_locked(
             )
         if new.notify != current.notify or new.server.port != current.server.port:
             fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
-            sup.journal.listeners.remove(alerter.offer)
+            sup.unsubscribe_journal(alerter.offer)
             retired.append(asyncio.create_task(alerter.close(grace_s=5.0)))  # its queue drains aside
             alerter = fresh
         if new.api != current.api:
@@ -282,7 +291,7 @@ async def _serve_locked(
                 raise
         current = new
 
-    sup.on_reload = on_reload
+    sup.set_reload_hook(on_reload)
     if signals:
         install_signals(sup)
     notifier.ready()
@@ -295,8 +304,8 @@ async def _serve_locked(
             lock.announce_handoff()
         await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
         await api.close()
-        if sup.xids.watcher is not None:
-            await asyncio.to_thread(sup.xids.watcher.stop)
-    code = sup.group.exit_code if sup.group is not None and sup.group.exit_code is not None else 0
+        if sup.xid_watcher is not None:
+            await asyncio.to_thread(sup.xid_watcher.stop)
+    code = sup.peers.exit_code if sup.peers.exit_code is not None else 0
     log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff, code=code)
     return EXIT_HANDOFF if sup.handoff else code

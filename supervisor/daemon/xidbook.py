@@ -1,11 +1,11 @@
-"""What the supervisor remembers of GPU faults (Xid): the record supervisor.daemon.xids keeps up to date."""
+"""What the supervisor remembers of GPU faults (Xid): a frozen record; supervisor.daemon.xids returns
+the next one and the owner keeps it."""
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from probes.xid import XidEvent, XidWatcher
+from probes.xid import XidEvent
 from supervisor.daemon.publish import iso
 from supervisor.daemon.snapshot import XidView
 from supervisor.policy.xidpolicy import describe, xid_action
@@ -13,11 +13,10 @@ from supervisor.policy.xidpolicy import describe, xid_action
 RECENT = 20  # shown in /status
 
 
-@dataclass
+@dataclass(frozen=True)
 class XidBook:
-    watcher: XidWatcher | None = None
-    recent: deque[XidEvent] = field(default_factory=lambda: deque(maxlen=RECENT))
-    unexplained: list[XidEvent] = field(default_factory=list)  # not yet named by an incident or bundle
+    recent: tuple[XidEvent, ...] = ()  # the last RECENT
+    unexplained: tuple[XidEvent, ...] = ()  # not yet named by an incident or bundle
     blocked: XidEvent | None = None  # a GPU of the server needs a reset: no relaunch onto it
     server_gpus: frozenset[int] | None = None  # NVML indices where the tree held memory, last seen
     watch_seen: tuple[str, str] = ("", "")  # the watcher's (status, reason) last journalled

@@ -6,19 +6,20 @@ of the server unusable until reset (supervisor.policy.xidpolicy) blocks relaunch
 causes or explains ends in `failed`, naming the GPU, and so does any launch until an operator's
 `start` (after a GPU reset) clears it.
 
-A helper of the owner: these functions keep the `XidBook` they are given up to date and return
-`Note`s (journal events, with the Xid to count) that the owner records; they never record anything.
+A helper of the owner: these functions are pure. Given the `XidBook` (frozen) and what the watcher
+reported, each returns the next book and the `Note`s (journal events, with the Xid to count) that
+the owner records; the owner keeps the book and drains the watcher.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from probes.gpuscope import DeviceScope
 from probes.types import Observation
 from probes.xid import XidEvent
 from supervisor.daemon.publish import iso
-from supervisor.daemon.xidbook import XidBook
+from supervisor.daemon.xidbook import RECENT, XidBook
 from supervisor.policy.xidpolicy import blocking, describe, xid_action
 
 EXPLAINS_S = 120.0  # an Xid this recent explains an incident (a rank that died, a stall)
@@ -34,44 +35,56 @@ class Note:
     xid: XidEvent | None = None
 
 
-def take(book: XidBook, obs: Observation | None, scope: DeviceScope) -> list[Note]:
-    """Drain the watcher into the book: each Xid kept; a GPU that needs a reset noted as blocking."""
+@dataclass(frozen=True)
+class Watch:
+    """What the watcher reported this tick: its status, once it is past `starting`, and its drain."""
+
+    status: str
+    reason: str
+    gpus: tuple[int, ...]
+    drained: tuple[XidEvent, ...]
+
+
+def take(book: XidBook, watch: Watch | None, obs: Observation | None, scope: DeviceScope) -> tuple[XidBook, list[Note]]:
+    """The watcher's drain into the book: each Xid kept; a GPU that needs a reset noted as blocking."""
     notes: list[Note] = []
     if obs is not None and obs.gpu.status == "ok":
         held = frozenset(p.gpu_index for p in obs.gpu.processes)
         if held:
-            book.server_gpus = held
+            book = replace(book, server_gpus=held)
+    if watch is None:
+        return book, notes
     # A neighbour's GPU (another daemon's server on this host, outside CUDA_VISIBLE_DEVICES) is not
     # this daemon's to count, alert on or name in its incidents: the neighbour's daemon does that.
-    drained = book.watcher.drain() if book.watcher is not None else []
-    events = [e for e in drained if e.gpu < 0 or scope.matches(e.gpu, e.uuid)]  # -1: a GPU that no longer answers
-    if book.watcher is not None and book.watcher.status != "starting":
-        now = (book.watcher.status, book.watcher.reason)
+    events = [e for e in watch.drained if e.gpu < 0 or scope.matches(e.gpu, e.uuid)]  # -1: a GPU that no longer answers
+    if watch.status != "starting":
+        now = (watch.status, watch.reason)
         if now != book.watch_seen:  # journalled once per change: an operator sees Xids are (not) watched
-            book.watch_seen = now
-            notes.append(Note("xid_watch", {"status": now[0], "reason": now[1], "gpus": list(book.watcher.gpus)}))
+            book = replace(book, watch_seen=now)
+            notes.append(Note("xid_watch", {"status": now[0], "reason": now[1], "gpus": list(watch.gpus)}))
     for e in events:
         action = xid_action(e.xid)
-        book.recent.append(e)
-        book.unexplained.append(e)
         fields: dict[str, object] = {"gpu": e.gpu, "uuid": e.uuid, "xid": e.xid, "action": action, "text": describe(e)}
         notes.append(Note("gpu_xid", fields, "error" if action == "reset_gpu" else "warning", e))
+    if events:
+        book = replace(book, recent=(*book.recent, *events)[-RECENT:], unexplained=(*book.unexplained, *events))
     found = blocking(events, book.server_gpus)
     if found is not None and book.blocked is None:
-        book.blocked = found
+        book = replace(book, blocked=found)
         fields = {"gpu": found.gpu, "uuid": found.uuid, "xid": found.xid, "reason": book.blocked_reason()}
         notes.append(Note("gpu_blocked", fields, "error"))
-    return notes
+    return book, notes
 
 
-def explain(book: XidBook, now_wall: float, detail: str) -> tuple[str, list[XidEvent]]:
-    """The incident's detail with the Xids that explain it (recent, not yet named by another)."""
+def explain(book: XidBook, now_wall: float, detail: str) -> tuple[XidBook, str, list[XidEvent]]:
+    """The incident's detail with the Xids that explain it (recent, not yet named by another); the
+    book then holds none unexplained."""
     named = [e for e in book.unexplained if now_wall - e.at <= EXPLAINS_S]
-    book.unexplained = []
+    book = replace(book, unexplained=())
     if not named:
-        return detail, []
+        return book, detail, []
     words = "; ".join(describe(e) for e in named)
-    return (f"{detail} -- GPU fault: {words}" if detail else f"GPU fault: {words}"), named
+    return book, (f"{detail} -- GPU fault: {words}" if detail else f"GPU fault: {words}"), named
 
 
 def as_records(events: list[XidEvent]) -> list[dict[str, object]]:
@@ -81,10 +94,9 @@ def as_records(events: list[XidEvent]) -> list[dict[str, object]]:
     ]
 
 
-def unblock(book: XidBook) -> Note | None:
+def unblock(book: XidBook) -> tuple[XidBook, Note | None]:
     """An operator's `start`: the GPU was reset (or the operator accepts the risk)."""
     if book.blocked is None:
-        return None
+        return book, None
     note = Note("gpu_unblocked", {"gpu": book.blocked.gpu, "xid": book.blocked.xid, "by": "start"})
-    book.blocked = None
-    return note
+    return replace(book, blocked=None), note

@@ -135,12 +135,12 @@ async def test_slow_header_connections_are_capped_and_timed_out(daemon, sim, mon
 
 
 async def test_an_exception_during_start_up_is_survived_and_the_server_started(daemon, sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from supervisor.daemon.owner import Supervisor
+    from supervisor.daemon.owner import Owner
 
     async def broken(sup: Any, why: str) -> Any:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(Supervisor, "stop_leftovers", broken)
+    monkeypatch.setattr(Owner, "stop_leftovers", broken)
     r = await daemon(sim("ok", tp=1))
     snap = await r.wait_for(lambda x: x.state == "ready", 60, "ready despite the failed start-up")
     assert snap.loop_errors == 1 and not r.task.done()

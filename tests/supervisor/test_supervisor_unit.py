@@ -25,7 +25,7 @@ from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.daemon.commands import Command
 from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer, Target
-from supervisor.daemon.owner import Supervisor
+from supervisor.daemon.owner import Owner
 
 
 class ScriptedObserver(Observer):
@@ -59,7 +59,7 @@ def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
     s = settings(tmp_path)
     control = FakeControl()
     observer = ScriptedObserver(s, clock)
-    sup = Supervisor(
+    sup = Owner(
         s,
         clock=clock,
         metrics=lambda snap: SupervisorMetrics(CollectorRegistry(), snap),
@@ -79,7 +79,7 @@ def tree_of(t: Target, now: float, **kw: object) -> Observation:
     return obs(now, procs=(proc(t.root_pid or 1),), alive=bool(alive), **kw)  # type: ignore[arg-type]
 
 
-async def ticks(sup: Supervisor, clock: FakeClock, n: int) -> None:
+async def ticks(sup: Owner, clock: FakeClock, n: int) -> None:
     for _ in range(n):
         clock.advance(sup.settings.watchdog.poll_interval_s)
         await sup.tick()
@@ -203,7 +203,7 @@ async def test_secrets_stay_out_of_the_journal_and_check_config(tmp_path: Path, 
     )
     control = FakeControl()
     observer = ScriptedObserver(s, clock)
-    sup = Supervisor(
+    sup = Owner(
         s,
         clock=clock,
         metrics=lambda snap: SupervisorMetrics(CollectorRegistry(), snap),
@@ -244,7 +244,7 @@ async def test_manual_restart_answers_with_the_incident_it_records(rig) -> None:
 
 
 async def crash_into_backoff(
-    sup: Supervisor, clock: FakeClock, control: FakeControl, observer: ScriptedObserver
+    sup: Owner, clock: FakeClock, control: FakeControl, observer: ScriptedObserver
 ) -> None:
     """Launch, then the server dies: the ladder decides a relaunch after a backoff (a pending timer)."""
     await sup.startup(True)
@@ -349,7 +349,7 @@ async def test_every_command_kind_has_its_handler() -> None:
     from supervisor.daemon.commands import CommandKind
 
     for kind in get_args(CommandKind):
-        assert callable(getattr(Supervisor, f"handle_{kind}", None)), kind
+        assert callable(getattr(Owner, f"handle_{kind}", None)), kind
 
 
 async def test_record_writes_the_journal_and_the_log_line_with_the_launch_bound(rig) -> None:  # type: ignore[no-untyped-def]

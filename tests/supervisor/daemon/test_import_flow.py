@@ -1,6 +1,6 @@
 """The lifecycle has one owner and imports flow one way (STYLE 16), inside supervisor/daemon/:
 
-    owner_group -> owner -> owner_watch -> owner_lifecycle -> owner_state     (one class in five files)
+    owner (one class, `Owner`, in one file) -> its parts by composition: server (one launch), peers
       \\-> helpers: launching, slate, stopping, takeover, evidence, xids, incidentids, beating
       \\-> records: records, persist, adopt, commands, snapshot, ...
 
@@ -17,13 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 PKG = ROOT / "supervisor" / "daemon"
-OWNER = {"owner_group", "owner", "owner_watch", "owner_lifecycle", "owner_state"}
+OWNER = {"owner"}
 # The helpers that act for the owner (spawn, stop, sweep, adopt, capture, drain Xids).
 HELPERS = {"launching", "slate", "stopping", "takeover", "evidence", "xids"}
 # Small pieces the owner and its helpers share: a record of tools, the heartbeat wrapper.
 SHARED = {"beating", "incidentids", "records", "validation"}
 # A helper may use another's record of tools (slate stops processes with `stopping.StopTools`).
-HELPER_USES = {"slate": {"stopping"}}
+HELPER_USES = {"slate": {"stopping"}, "server": {"launching", "stopping", "takeover"}}
 # Outside supervisor/daemon, only the composition root (serve), the demo, tests and bench build it.
 BUILDERS = {"supervisor/daemon/serve.py", "supervisor/demo.py"}
 
@@ -51,10 +51,10 @@ def daemon_modules() -> list[str]:
 def test_no_module_but_the_owner_imports_the_owner(module: str) -> None:
     """A helper that imported the owner could call back into it (the old actions -> Core.handle cycle)."""
     uses = imported(PKG / f"{module}.py") & OWNER
-    if module == "serve":  # the composition root builds the owner (with its group part)
-        assert uses == {"owner_group"}
+    if module == "serve":  # the composition root builds the owner (with its peers)
+        assert uses == {"owner"}
     elif module == "inprocess":  # the in-process face (bench, demo) starts the composition root
-        assert uses <= {"owner", "owner_group"}
+        assert uses <= {"owner"}
     else:
         assert uses == set()
 
@@ -64,12 +64,12 @@ def test_only_the_owner_imports_the_helpers(module: str) -> None:
     assert imported(PKG / f"{module}.py") & HELPERS <= HELPER_USES.get(module, set())
 
 
-def test_the_owner_parts_import_each_other_one_way() -> None:
-    assert imported(PKG / "owner_state.py") & OWNER == set()
-    assert imported(PKG / "owner_lifecycle.py") & OWNER == {"owner_state"}
-    assert imported(PKG / "owner_watch.py") & OWNER == {"owner_lifecycle"}
-    assert imported(PKG / "owner.py") & OWNER == {"owner_watch"}
-    assert imported(PKG / "owner_group.py") & OWNER == {"owner", "owner_lifecycle"}
+def test_the_owner_is_one_class_composed_of_its_parts() -> None:
+    """One class in one file (STYLE 10): the launch (`server`) and the group (`peers`) are objects it holds."""
+    assert imported(PKG / "owner.py") >= {"server", "peers"}
+    tree = ast.parse((PKG / "owner.py").read_text())
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    assert [c.name for c in classes] == ["Owner"] and classes[0].bases == []
 
 
 def test_the_owner_uses_the_helpers() -> None:
@@ -90,4 +90,6 @@ def test_nothing_outside_the_daemon_reaches_past_the_owner() -> None:
 def test_the_removed_modules_stay_removed() -> None:
     """The six modules that each took the whole supervisor object are gone."""
     for old in ("core", "loop", "actions", "handlers", "upkeep", "guards", "handover"):
+        assert not (PKG / f"{old}.py").exists()
+    for old in ("owner_state", "owner_lifecycle", "owner_watch", "owner_group"):  # the owner spread by inheritance
         assert not (PKG / f"{old}.py").exists()

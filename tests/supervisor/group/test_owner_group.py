@@ -1,4 +1,5 @@
-"""GroupSupervisor's worker view: no token scrape, no self-promotion; without [group], the plain owner."""
+"""The owner with a group's peers (GroupPeers): a worker does no token scrape and no self-promotion;
+the leader and a single node (NoPeers) keep their settings."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from prometheus_client import CollectorRegistry
 
 from probes.gpu import GpuProbe
 from supervisor.config.settings import Settings, settings_from_mapping
+from supervisor.daemon.grouping import GroupPeers, make_runtime
 from supervisor.daemon.metrics import SupervisorMetrics
-from supervisor.daemon.owner_group import GroupSupervisor
+from supervisor.daemon.owner import Owner
+from supervisor.daemon.peers import NoPeers, Peers
 
 
 def settings(tmp_path: Path, group: dict[str, object] | None) -> Settings:
@@ -24,13 +27,18 @@ def settings(tmp_path: Path, group: dict[str, object] | None) -> Settings:
     return settings_from_mapping(data)
 
 
-def build(s: Settings) -> GroupSupervisor:
-    return GroupSupervisor(
+def build(s: Settings) -> Owner:
+    """As the composition root builds it: GroupPeers from [group], else NoPeers."""
+    clock = FakeClock()
+    runtime = make_runtime(s, None, clock.monotonic)
+    peers: Peers = GroupPeers(runtime) if runtime is not None else NoPeers()
+    return Owner(
         s,
-        clock=FakeClock(),
+        clock=clock,
         metrics=lambda snap: SupervisorMetrics(CollectorRegistry(), snap),
         gpu=GpuProbe(None),
         env={},
+        peers=peers,
     )
 
 
@@ -48,4 +56,4 @@ def test_the_leader_and_a_single_node_keep_their_settings(tmp_path: Path) -> Non
     for group in ({"nnodes": 2, "node_rank": 0, "members": ["h1:8900"]}, None):
         sup = build(settings(tmp_path, group))
         assert sup._metrics_on == (True,) and sup.settings.restart.promote_after_s == 600
-        assert sup.snapshot().group is None  # the runtime is attached by the composition root
+        assert (sup.snapshot().group is None) == (group is None)  # a group's part of /status, from its peers

@@ -1,0 +1,97 @@
+"""The owner's events, recorded once: supervisord's `events.subscribe`/`notify` for this daemon.
+
+The owner reports an event only through `Owner.record(name, level, **fields)`, which notifies
+this bus; the channels subscribe: the journal file (`events.jsonl`, and through its listeners the
+alerter), the structlog line (with the launch's bound rung and pid), and the Prometheus counters
+that an event implies (`counting_subscriptions`). An event names where it goes when it is not
+everywhere (`only`): some are journal lines without a log line of their own (a log line of another
+shape says the same, or none does), some log lines are not journalled; DESIGN.md and the tests pin
+both, so the split is kept as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from supervisor.daemon.metrics import SupervisorMetrics
+
+Channel = Literal["journal", "log"]
+CHANNELS: tuple[Channel | None, ...] = (None, "journal", "log")  # None: every channel
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    level: str  # the log line's: info, warning, error, exception
+    fields: Mapping[str, object]
+    only: Channel | None = None  # None: every channel
+
+    def goes_to(self, channel: Channel) -> bool:
+        return self.only is None or self.only == channel
+
+
+Listener = Callable[[Event], None]
+
+
+class EventBus:
+    """Listeners for every event, or for one name; `notify` calls them in the order they subscribed."""
+
+    def __init__(self) -> None:
+        self._every: list[Listener] = []
+        self._by_name: dict[str, list[Listener]] = {}
+
+    def subscribe(self, listener: Listener, name: str | None = None) -> None:
+        if name is None:
+            self._every.append(listener)
+        else:
+            self._by_name.setdefault(name, []).append(listener)
+
+    def notify(self, event: Event) -> None:
+        for listener in (*self._every, *self._by_name.get(event.name, ())):
+            listener(event)
+
+
+def _incident(m: SupervisorMetrics) -> Listener:
+    def count(e: Event) -> None:
+        if e.goes_to("journal"):  # the journal's incident line, once per incident
+            m.incident(str(e.fields["cause"]), str(e.fields.get("hang_class") or "none"))
+
+    return count
+
+
+def _spec_regression(m: SupervisorMetrics) -> Listener:
+    return lambda e: m.incident("spec_regression", "none")
+
+
+def _gpu_xid(m: SupervisorMetrics) -> Listener:
+    def count(e: Event) -> None:
+        f = e.fields
+        m.xid(cast(int, f["gpu"]), str(f["uuid"]), cast(int, f["xid"]), str(f["action"]))
+
+    return count
+
+
+def _ready(m: SupervisorMetrics) -> Listener:
+    def count(e: Event) -> None:
+        f = e.fields
+        if f.get("adopted"):
+            m.takeover(cast(float, f["takeover_s"]))
+        elif f.get("time_to_ready_s") is not None:
+            m.ready(cast(float, f["time_to_ready_s"]))
+
+    return count
+
+
+def counting_subscriptions(m: SupervisorMetrics) -> Mapping[str, Listener]:
+    """The counters an event implies, by event name (the rest are fed by what no event carries:
+    a probe's latency, an exception's type, a refusal's kind, a capture's exact duration)."""
+    return {
+        "incident": _incident(m),
+        "spec_regression": _spec_regression(m),
+        "gpu_xid": _gpu_xid(m),
+        "log_keeper_replaced": lambda e: m.keeper_replaced(),
+        "server_ready": _ready(m),
+        "diagnostics_failed": lambda e: m.diagnostic(0.0, "error") if e.goes_to("journal") else None,
+    }

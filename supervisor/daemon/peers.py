@@ -1,0 +1,153 @@
+"""The other daemons of a group, as the owner meets them: a few named points of its work.
+
+The owner (`supervisor.daemon.owner.Owner`) calls its `Peers` where a group changes what one node
+does: `fit` (the settings a node applies), `judge` (the verdict it acts on), `capture` (the
+members' evidence beside its own), `stop` and `launch` (the members with it), `publish` (the group's
+part of /status), and `exits_for_group` (LWS recreates the group). One node has `NoPeers`: each
+point is the plain owner's. A group has `supervisor.daemon.grouping.GroupPeers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from probes.types import Observation
+from supervisor.config.settings import Settings
+from supervisor.daemon.commands import Command
+from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.policy.group import NodeReport
+from supervisor.policy.watchdog import History, Verdict
+
+T = TypeVar("T")
+
+
+class Record(Protocol):
+    def __call__(self, event: str, level: str = "info", /, **fields: Any) -> None: ...
+
+
+Beating = Callable[[Awaitable[Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Judged:
+    verdict: Verdict | None  # what the owner acts on; None: nothing (a worker holds an incident)
+    hold: str = ""  # a worker's reason to move to `hung` and wait for the leader
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The group's leader asked this node for a bundle under its incident id (`POST /group/capture`)."""
+
+    cause: str | None  # the incident this node holds for the leader, if any
+
+
+class Peers(Protocol):
+    def fit(self, settings: Settings) -> Settings:
+        """The settings as this node applies them."""
+        ...
+
+    def scrapes_metrics(self) -> bool:
+        """Whether the server's /metrics here is SGLang's (a worker's is a dummy health server's)."""
+        ...
+
+    async def start(
+        self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]], record: Record
+    ) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def judge(self, v: Verdict, own_state: str, record: Record) -> Judged: ...
+
+    async def capture(self, incident_id: str, own: Awaitable[T], beating: Beating, record: Record) -> T:
+        """This node's capture (`own`) and the members' at the same moment."""
+        ...
+
+    async def capture_alone(self, incident_id: str, beating: Beating, record: Record) -> None:
+        """The members' capture for an incident this node takes no bundle of."""
+        ...
+
+    async def stop(self, own: Awaitable[bool], beating: Beating, record: Record) -> bool:
+        """This node's stop and the members' at once; this node's outcome."""
+        ...
+
+    async def launch(self, rung: str, beating: Beating, record: Record) -> None:
+        """The members stopped with this node launch `rung` too."""
+        ...
+
+    def publish(self, snap: StatusSnapshot) -> StatusSnapshot: ...
+
+    def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None: ...
+
+    def exits_for_group(self, record: Record) -> bool:
+        """True when an incident ends this daemon instead (LWS recreates the whole group)."""
+        ...
+
+    def refuses_reload(self, new: Settings, old: Settings) -> str | None: ...
+
+    def asked(self, cmd: Command) -> Asked | None:
+        """A diagnose from the leader for its incident; None: an ordinary diagnose."""
+        ...
+
+    def report(
+        self, snap: StatusSnapshot, history: History | None, obs: Observation | None, wall: float
+    ) -> NodeReport: ...
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+
+class NoPeers:
+    """One node: every point is the plain owner's."""
+
+    def fit(self, settings: Settings) -> Settings:
+        return settings
+
+    def scrapes_metrics(self) -> bool:
+        return True
+
+    async def start(
+        self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]], record: Record
+    ) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def judge(self, v: Verdict, own_state: str, record: Record) -> Judged:
+        return Judged(v)
+
+    async def capture(self, incident_id: str, own: Awaitable[T], beating: Beating, record: Record) -> T:
+        return await own
+
+    async def capture_alone(self, incident_id: str, beating: Beating, record: Record) -> None:
+        return None
+
+    async def stop(self, own: Awaitable[bool], beating: Beating, record: Record) -> bool:
+        return await own
+
+    async def launch(self, rung: str, beating: Beating, record: Record) -> None:
+        return None
+
+    def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
+        return snap
+
+    def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:
+        return None
+
+    def exits_for_group(self, record: Record) -> bool:
+        return False
+
+    def refuses_reload(self, new: Settings, old: Settings) -> str | None:
+        return None
+
+    def asked(self, cmd: Command) -> Asked | None:
+        return None
+
+    def report(self, snap: StatusSnapshot, history: History | None, obs: Observation | None, wall: float) -> NodeReport:
+        raise LookupError("one node: no group to report to")
+
+    @property
+    def exit_code(self) -> int | None:
+        return None

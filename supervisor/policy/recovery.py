@@ -1,0 +1,203 @@
+"""The decisions around the ladder, pure: what follows an incident, a refused launch, a serving poll
+and a daemon's start. `next_rung` (supervisor.policy.ladder) chooses the rung; these functions
+weigh what comes before and beside it: a manual restart or a rung chosen by request, a GPU that
+needs a reset (Xid), a server that did not release its port or GPU memory, a group that LWS
+recreates, the refused-launch backoff, the serving step (stable, promotion) and a predecessor's
+decision resumed at start. The owner (supervisor.daemon.owner) gathers the facts, calls one, and
+carries out what it returns: no I/O, no clock reads, no logging here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from supervisor.config.settings import RestartSettings, Rung
+from supervisor.policy.gpufit import refusals_to_cap
+from supervisor.policy.ladder import (
+    Decision,
+    Incident,
+    LadderState,
+    backoff,
+    next_rung,
+    record_end,
+    record_incident,
+    resume_rung,
+)
+
+# ---- after an incident ----------------------------------------------------------------------
+
+
+def exits_for_group(is_leader: bool, restart: Literal["daemon", "lws"]) -> bool:
+    """`restart = "lws"`: a group's leader exits after the group's evidence, for LeaderWorkerSet to
+    recreate every pod of the group, instead of restarting the server itself."""
+    return is_leader and restart == "lws"
+
+
+@dataclass(frozen=True)
+class Failed:
+    """No relaunch: `failed` with `reason`, the ladder untouched."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """The ladder after the incident and its decision (relaunch a rung after a backoff, or give up)."""
+
+    ladder: LadderState
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class AfterStop:
+    """What the stop of the incident's server left: whether the port and GPU memory were verified
+    free, and the reason a GPU of the server needs a reset (an Xid), if one does."""
+
+    released: bool
+    xid_blocked: str | None = None
+
+
+def after_incident(
+    ladder: Sequence[Rung],
+    state: LadderState,
+    incident: Incident,
+    stop: AfterStop,
+    s: RestartSettings,
+    *,
+    manual: bool,
+    forced_rung: int | None,
+    now_wall: float,
+    rand: float,
+    speculative: Sequence[bool] = (),
+) -> Failed | Recovery:
+    """What follows an incident once its server is stopped.
+
+    A GPU that needs a reset fails at once (a relaunch onto it fails the same way); so does a server
+    that kept its port or GPU memory under `release_policy = "fail"`. A manual restart ends the
+    attempt as `manual` and relaunches the rung asked for (else the current one) at once; a rung
+    chosen by request is relaunched at once too, after the incident is counted; otherwise the ladder
+    decides (`next_rung`)."""
+    if stop.xid_blocked is not None:
+        return Failed(stop.xid_blocked)
+    if not stop.released and s.release_policy == "fail":
+        return Failed("the old server did not release its port or GPU memory (release_policy=fail)")
+    if manual:
+        state = record_end(state, "manual", now_wall)
+        target = forced_rung if forced_rung is not None else state.current
+        return Recovery(state, Decision("relaunch", target, "manual restart", 0.0))
+    state = record_incident(state, incident, now_wall)
+    if forced_rung is not None:
+        return Recovery(state, Decision("relaunch", forced_rung, "rung chosen by request", 0.0))
+    decision = next_rung(ladder, state, incident, s, now_wall=now_wall, rand=rand, speculative=tuple(speculative))
+    return Recovery(state, decision)
+
+
+# ---- a refused launch -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A launch refused: `fail` now (strictly), or try again after `delay_s`; `tell_blocked` once the
+    backoff reaches its cap (the `launch_blocked` event, said once)."""
+
+    fail: bool
+    delay_s: float = 0.0
+    tell_blocked: bool = False
+
+
+def port_refused(refusals: int, s: RestartSettings, rand: float) -> Refused:
+    """The port is held by a process this daemon may not stop: wait on the refused-launch backoff."""
+    return Refused(fail=False, delay_s=backoff(refusals, s, rand))
+
+
+def gpu_refused(refusals: int, s: RestartSettings, rand: float, *, strict: bool) -> Refused:
+    """Processes outside the server hold GPU memory ([slate] gpu_strangers): `failed` now, strictly;
+    else wait on the refused-launch backoff, told once when it reaches its cap."""
+    if strict:
+        return Refused(fail=True)
+    cap = refusals_to_cap(s.backoff_initial_s, s.backoff_max_s)
+    return Refused(fail=False, delay_s=backoff(refusals, s, rand), tell_blocked=refusals == cap)
+
+
+# ---- the serving step -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServingStep:
+    """A serving poll's steps beside the verdict: mark the server stable (once per launch), promote
+    it back to the preferred rung (a `manual` restart to rung 0)."""
+
+    stable: bool = False
+    promote: bool = False
+
+
+def serving_step(
+    s: RestartSettings,
+    *,
+    now: float,
+    ready_at: float | None,
+    stable_marked: bool,
+    rung: int,
+    ready: bool,
+) -> ServingStep:
+    """`stable` once `stable_s` after ready; a promotion once `promote_after_s` (when set) after
+    ready on a lower rung, while `ready` (a degraded server is not promoted)."""
+    if ready_at is None:
+        return ServingStep()
+    up = now - ready_at
+    stable = not stable_marked and up >= s.stable_s
+    promote = s.promote_after_s > 0 and rung > 0 and up >= s.promote_after_s and ready
+    return ServingStep(stable=stable, promote=promote)
+
+
+# ---- a daemon's start ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StayStopped:
+    """The operator's stop outlives the daemon."""
+
+    reason: str = "stopped by request before the daemon restarted (start it: sglang-supervisor start)"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A predecessor decided a relaunch and was gone before making it: it stands, after `wait_s`."""
+
+    rung: int
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class Launch:
+    rung: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to start (`autostart` off): the daemon waits for a command."""
+
+
+def at_start(
+    state: LadderState,
+    ladder_len: int,
+    s: RestartSettings,
+    *,
+    autostart: bool,
+    stopped_by_request: bool,
+    decided_rung: int | None,
+    decided_launch_at: float | None,
+    now_wall: float,
+) -> StayStopped | Resume | Launch | Wait:
+    """What a daemon does first once no server was adopted: stay stopped (the operator's stop),
+    resume a predecessor's decision (the rung that just failed is not tried again; the wait left of
+    its backoff, at most `backoff_max_s`), or launch the rung the ladder resumes from."""
+    if not autostart:
+        return Wait()
+    if stopped_by_request:
+        return StayStopped()
+    if decided_rung is not None and decided_launch_at is not None:
+        return Resume(decided_rung, min(max(0.0, decided_launch_at - now_wall), s.backoff_max_s))
+    return Launch(resume_rung(state, ladder_len, s.start_from))
