@@ -17,7 +17,7 @@ import freeport
 import pytest
 
 from probes.proctree import scan_tree
-from supervisor.logs.capture import LogCapture
+from supervisor.logs.reader import LogCapture
 from supervisor.process import ServerProcess, spawn_log_keeper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,17 +20,13 @@ import httpx
 
 from supervisor.client.format import format_answer, format_error, format_event, format_status
 from supervisor.client.wait import (
-    EXIT_AUTH,
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_TIMEOUT,
-    EXIT_UNREACHABLE,
     Before,
     Settled,
     Verb,
     settled,
     state_exit,
 )
+from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
 
 WAIT_POLL_S = 0.5
 Send = Callable[..., httpx.Response]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.status.snapshot import StatusSnapshot
 
 PREFIX = "sglang_supervisor_"
 GPU_LABELS = ["gpu", "uuid"]

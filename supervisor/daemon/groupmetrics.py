@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.policy.lifecycle import SERVING_NAMES
+from supervisor.status.snapshot import StatusSnapshot
 
 PREFIX = "sglang_supervisor_"
 GROUP_STATUSES = ("ok", "degraded", "incident")

@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from supervisor.config.settings import CAUSES, HANG_CLASSES
 from supervisor.daemon.busymetrics import busy_families
 from supervisor.daemon.groupmetrics import group_families
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.policy.lifecycle import SERVING, State
+from supervisor.status.causes import CAUSES, HANG_CLASSES
+from supervisor.status.snapshot import StatusSnapshot
 
 PREFIX = "sglang_supervisor_"
 # SGLang's /health takes about a second when healthy; the watchdog gives up at 30 s by default.

@@ -18,18 +18,18 @@ import asyncio
 from dataclasses import replace
 
 from supervisor.config.settings import ConfigError, load_settings
-from supervisor.daemon import instance_lock, takeover, validation, xids
-from supervisor.daemon.commands import Command, CommandResult, finish
+from supervisor.daemon import takeover, validation, xids
 from supervisor.daemon.owner_watch import ServerWatch
 from supervisor.daemon.persist import OpenIncident, load
 from supervisor.daemon.publish import iso
 from supervisor.daemon.records import Pending
-from supervisor.daemon.snapshot import IncidentView
-from supervisor.daemon.validation import RESTARTING as CUT_SHORT
 from supervisor.diagnostics import self_check
+from supervisor.host import instance_lock
 from supervisor.policy.ladder import record_end, resume_rung
-from supervisor.policy.lifecycle import RUNNING, State
+from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, State
 from supervisor.policy.watchdog import Verdict
+from supervisor.status.commands import Command, CommandResult, finish
+from supervisor.status.snapshot import IncidentView
 
 
 class Supervisor(ServerWatch):
@@ -296,7 +296,7 @@ class Supervisor(ServerWatch):
         if not self.inhand.resume_after_error:
             return False
         self.inhand.resume_after_error = False
-        if self.lifecycle.state not in CUT_SHORT:
+        if self.lifecycle.state not in RESTART_UNDER_WAY:
             return False
         last = self.inhand.last_incident
         cause = last.cause if last is not None else "exited"
@@ -377,7 +377,7 @@ class Supervisor(ServerWatch):
         self.journal.append("loop_error", error=repr(err)[:500], state=self.lifecycle.state.value)
         self.inhand.diagnosing = False
         self.publish()
-        if self.lifecycle.state in CUT_SHORT and not self.shutdown_requested:
+        if self.lifecycle.state in RESTART_UNDER_WAY and not self.shutdown_requested:
             self.inhand.resume_after_error = True
 
     def record_interrupted(self, inc: OpenIncident) -> None:

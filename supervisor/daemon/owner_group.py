@@ -17,9 +17,7 @@ from typing import Any
 from probes.types import Observation
 from supervisor.config.settings import ConfigError, Settings, load_settings
 from supervisor.daemon import grouping
-from supervisor.daemon.commands import Command, CommandResult, finish
 from supervisor.daemon.owner import Supervisor
-from supervisor.daemon.owner_lifecycle import HUNG_CAUSES
 from supervisor.diagnostics import BundleResult
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.view import group_view
@@ -27,6 +25,8 @@ from supervisor.policy.group import NodeReport
 from supervisor.policy.ladder import Incident
 from supervisor.policy.lifecycle import State
 from supervisor.policy.watchdog import Verdict
+from supervisor.status.causes import HUNG_CAUSES
+from supervisor.status.commands import Command, CommandResult, finish
 
 __all__ = ["GroupSupervisor", "Supervisor"]
 

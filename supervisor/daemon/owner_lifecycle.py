@@ -14,13 +14,11 @@ from dataclasses import replace
 from probes.types import Observation
 from supervisor.config.render import render_rung
 from supervisor.daemon import launching, slate, stopping, xids
-from supervisor.daemon.commands import CommandResult, finish
 from supervisor.daemon.evidence import collect, provisional_class
 from supervisor.daemon.owner_state import OwnerState
 from supervisor.daemon.persist import Decided, OpenIncident, marker_for
 from supervisor.daemon.publish import iso
 from supervisor.daemon.records import Pending
-from supervisor.daemon.snapshot import IncidentView
 from supervisor.diagnostics import BundleResult, Redactor
 from supervisor.policy import gpufit
 from supervisor.policy.ladder import (
@@ -37,8 +35,10 @@ from supervisor.policy.lifecycle import RUNNING, State
 from supervisor.policy.watchdog import Verdict
 from supervisor.process.control import LogFiles
 from supervisor.process.owners import STATE_DIR_ENV
-
-HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
+from supervisor.status.causes import HUNG_CAUSES
+from supervisor.status.commands import CommandResult, finish
+from supervisor.status.eventnames import EventName
+from supervisor.status.snapshot import IncidentView
 
 
 class ServerLifecycle(OwnerState):
@@ -174,7 +174,7 @@ class ServerLifecycle(OwnerState):
             self.journal.append("failed_cooldown", retry_in_s=cooldown, reason=cooldown_reason)
             self.wait_then(Pending("leave_failed", 0, self.clock.monotonic() + cooldown))
 
-    async def leave_failed(self, event: str, why: str, rung: int) -> None:
+    async def leave_failed(self, event: EventName, why: str, rung: int) -> None:
         """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
         self.ladder = fresh_start(self.ladder)
         self.record(event, reason=why, rung=self.settings.ladder[rung].name)

@@ -27,27 +27,28 @@ from probes.types import Observation
 from supervisor.clock import Clock
 from supervisor.config.render import arg_names, render_rung
 from supervisor.config.settings import Settings
-from supervisor.daemon.apiguard import GuardStats
 from supervisor.daemon.beating import keep_beating
-from supervisor.daemon.commands import Command
 from supervisor.daemon.counting import RestartingCount
 from supervisor.daemon.incidentids import unique_incident_id
-from supervisor.daemon.journal import Journal
 from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer, Target
 from supervisor.daemon.persist import Persisted, marker_for, save
 from supervisor.daemon.publish import Facts, build, stale_after
 from supervisor.daemon.records import Counters, InHand, Pending, Slot
-from supervisor.daemon.sdnotify import Notifier, WatchdogPacer
 from supervisor.daemon.shmledger import ShmLedger
-from supervisor.daemon.snapshot import LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.xidbook import XidBook
+from supervisor.host.apiguard import GuardStats
+from supervisor.host.sdnotify import Notifier, WatchdogPacer
 from supervisor.policy.gpuwait import wants_look
 from supervisor.policy.ladder import LadderState
 from supervisor.policy.lifecycle import RUNNING, SERVING, Lifecycle, State
 from supervisor.policy.watchdog import new_history
 from supervisor.process.control import ProcessControl, RealProcessControl
+from supervisor.status.commands import Command
+from supervisor.status.eventnames import EventName
+from supervisor.status.journal import Journal
+from supervisor.status.snapshot import LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -152,7 +153,7 @@ class OwnerState:
 
     # ---- the one way an event is written -------------------------------------------------
 
-    def record(self, event: str, level: str = "info", /, **fields: Any) -> None:
+    def record(self, event: EventName, level: str = "info", /, **fields: Any) -> None:
         """One event: its journal line and its log line (with the launch's bound rung and pid)."""
         self.journal.append(event, **fields)
         getattr(self.log, level)(event, **fields)

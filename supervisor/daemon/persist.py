@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.daemon.adopt import ServerRecord
-from supervisor.daemon.snapshot import IncidentView
 from supervisor.policy.ladder import MAX_ATTEMPTS, Attempt, LadderState
+from supervisor.status.snapshot import IncidentView
 
 VERSION = 1
 

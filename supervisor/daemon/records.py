@@ -14,12 +14,12 @@ from typing import Literal
 from probes.types import Observation
 from supervisor.daemon.adopt import ServerRecord
 from supervisor.daemon.persist import Decided, OpenIncident
-from supervisor.daemon.snapshot import IncidentView
-from supervisor.logs.capture import LogCapture
+from supervisor.logs.reader import LogCapture
 from supervisor.logs.tending import KeeperStatus
 from supervisor.policy.lifecycle import State
 from supervisor.policy.watchdog import History
 from supervisor.process.control import Child
+from supervisor.status.snapshot import IncidentView
 
 # What a pending timer does when it fires: launch a rung (a backoff after an incident, a launch a
 # held port or GPU deferred, a start-up that failed), resume a predecessor's decision, or leave

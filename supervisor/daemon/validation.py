@@ -9,11 +9,10 @@ Adding a command kind: a `handle_<kind>` method on the owner, and its rule here 
 
 from __future__ import annotations
 
-from supervisor.config.settings import ConfigError, Settings
-from supervisor.daemon.commands import Command, CommandResult
-from supervisor.policy.lifecycle import RUNNING, State
-
-RESTARTING = (State.HUNG, State.DIAGNOSING, State.RESTARTING)  # a restart in progress
+from supervisor.common.errors import ConfigError
+from supervisor.config.settings import Settings
+from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, State
+from supervisor.status.commands import Command, CommandResult
 
 
 def check(
@@ -31,7 +30,7 @@ def check(
         if cmd.rung is not None and settings.rung_index(cmd.rung) is None:
             names = ", ".join(r.name for r in settings.ladder)
             return CommandResult("invalid", f"unknown rung {cmd.rung!r}; rungs: {names}", st)
-        if not queued and (restart_pending or state in RESTARTING):
+        if not queued and (restart_pending or state in RESTART_UNDER_WAY):
             return CommandResult("conflict", f"a restart is already under way (state {st})", st)
     if cmd.kind == "diagnose":
         if not queued and (diagnosing or state == State.DIAGNOSING):

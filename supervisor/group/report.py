@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.policy.group import NodeReport, RankView
+from supervisor.status.snapshot import StatusSnapshot
 
 _ADAPTER = TypeAdapter(NodeReport)
 _RANK_ROLES = frozenset({"main", "scheduler", "detokenizer", "controller"})

@@ -12,11 +12,6 @@ from supervisor.config.settings import GroupSettings
 from supervisor.group.leader import GroupLeader
 from supervisor.policy.group import GroupVerdict
 
-# The leader's exit in `restart = "lws"` mode, after the group's evidence is written: LWS
-# (RecreateGroupOnPodRestart) recreates every pod of the group. Not 0 (a clean exit), 2 (config),
-# 3 (state dir locked) or 75 (handoff).
-EXIT_GROUP_RESTART = 76
-
 
 @dataclass
 class GroupRuntime:

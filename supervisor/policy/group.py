@@ -10,25 +10,18 @@ behaviour (ranks, progress, health at node 0) decides.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
+from probes.types import Phase
 from supervisor.policy.lifecycle import SERVING_NAMES
 
 GroupStatus = Literal["ok", "degraded", "incident"]
 
 # States in which a node's server is up (the report's `state` is the daemon's lifecycle state).
 _UP = frozenset({"starting", "ready", "degraded"})
-# Start-up phases in order: a node behind the others at a start-up stall is the one that never joined.
-PHASES = (
-    "spawning",
-    "initializing",
-    "loading_weights",
-    "loading_draft",
-    "allocating_kv",
-    "capturing_graphs",
-    "warming_up",
-    "serving",
-)
+# Start-up phases in order (probes.types.Phase is written in order): a node behind the others at a
+# start-up stall is the one that never joined.
+PHASES: tuple[Phase, ...] = get_args(Phase)
 _STALLS = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy"})
 
 

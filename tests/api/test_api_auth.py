@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from structlog.testing import capture_logs
 
-from api.auth import check_bind, is_loopback, load_token
+from supervisor.common.apitoken import check_bind, is_loopback, load_token
 from supervisor.config.settings import ApiSettings, ConfigError
 
 PROTECTED = [

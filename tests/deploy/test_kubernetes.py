@@ -37,7 +37,7 @@ from deploy_files import (
     substituted,
 )
 
-from api.auth import load_token
+from supervisor.common.apitoken import load_token
 from supervisor.config.render import dump_toml, render_rung
 from supervisor.config.settings import ApiSettings, ConfigError, Settings, settings_from_mapping
 

@@ -15,8 +15,8 @@ from simsupport import sim_settings
 
 from supervisor.config.settings import Settings
 from supervisor.daemon.owner import Supervisor
-from supervisor.daemon.serve import serve
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.root.serve import serve
+from supervisor.status.snapshot import StatusSnapshot
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Running:
         )
 
     async def stop(self) -> int:
-        from supervisor.daemon.commands import Command
+        from supervisor.status.commands import Command
 
         if not self.task.done():
             self.sup.queue.put_nowait(Command(kind="shutdown", source="test"))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from test_serving_watchdog import SPEC, traffic
 
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.status.snapshot import StatusSnapshot
 
 pytestmark = pytest.mark.integration
 

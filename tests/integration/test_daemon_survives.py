@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor.daemon import apiguard
+from supervisor.host import apiguard
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ import pytest
 from test_notifications import hook, hook_calls, until, with_notify
 from test_serving_watchdog import ready
 
-from supervisor.alerting.settings import NotifyTarget
+from supervisor.config.alerting import NotifyTarget
 from supervisor.config.settings import Settings
 from supervisor.config.slate import SlateSettings
 

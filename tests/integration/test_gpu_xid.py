@@ -12,7 +12,7 @@ import httpx
 import pytest
 from test_serving_watchdog import ready
 
-from supervisor.daemon.commands import Command
+from supervisor.status.commands import Command
 
 pytestmark = pytest.mark.integration
 

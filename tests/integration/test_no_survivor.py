@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from probes.ports import port_accepts
-from supervisor.daemon import serve as runner
 from supervisor.process.cgroup import CgroupRoot
+from supervisor.root import serve as runner
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def events(state_dir: Path) -> list[dict[str, Any]]:
 
 
 async def stop_and_check(r: Any, pid: int) -> dict[str, Any]:
-    from supervisor.daemon.commands import Command
+    from supervisor.status.commands import Command
 
     await r.sup.submit(Command(kind="stop", source="test"))
     await r.wait_for(lambda x: x.state == "stopped", 60, "stopped")
@@ -127,7 +127,7 @@ async def test_without_either_the_escapee_survives_and_holds_the_port(daemon, si
         assert pid in stopped["port_holders"], "the stop record names who holds the port"
         assert f"pid {pid} (python" in stopped["port_held_by"]
         # A launch onto the busy port is refused with the holder named, and retried with a backoff.
-        from supervisor.daemon.commands import Command
+        from supervisor.status.commands import Command
 
         await r.sup.submit(Command(kind="start", source="test"))
         snap = await r.wait_for(lambda x: x.state == "restarting" and "held by" in x.reason, 20, "refused")

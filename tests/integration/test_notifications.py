@@ -17,7 +17,7 @@ import pytest
 from receivers import receiver
 from test_daemon_process import cleanup, start, wait_status
 
-from supervisor.alerting.settings import NotifyTarget
+from supervisor.config.alerting import NotifyTarget
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import Settings
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.argcheck import check_rungs, check_rungs_json
+from supervisor.checkconfig.argcheck import check_rungs, check_rungs_json
 from supervisor.config.expand import ExpansionError, expand
 from supervisor.config.render import dump_toml, render_rung
 from supervisor.config.settings import ConfigError, load_settings, settings_from_mapping

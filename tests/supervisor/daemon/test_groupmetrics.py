@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from supervisor.client.format import format_status
 from supervisor.daemon.metrics import SupervisorMetrics
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.status.snapshot import StatusSnapshot
 
 
 def scrape(snap: StatusSnapshot) -> str:

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.alerting.dispatch import NotifyMetrics
-from supervisor.alerting.settings import NotifyTarget
+from supervisor.config.alerting import NotifyTarget
 from supervisor.daemon.metrics import SupervisorMetrics
-from supervisor.daemon.snapshot import StatusSnapshot, ToolCheck
+from supervisor.status.snapshot import StatusSnapshot, ToolCheck
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 NAME = re.compile(r"\bsglang_supervisor_[a-zA-Z0-9_]+")

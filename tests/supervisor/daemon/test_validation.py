@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.commands import Command, CommandKind
 from supervisor.daemon.validation import check
 from supervisor.policy.lifecycle import State
+from supervisor.status.commands import Command, CommandKind
 
 
 @pytest.fixture

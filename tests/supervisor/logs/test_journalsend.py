@@ -10,7 +10,7 @@ from pathlib import Path
 
 from journalwire import parse
 
-from supervisor.logs.journalsend import JournalSender, entry
+from supervisor.logs.journald import JournalSender, entry
 from supervisor.process import spawn_log_keeper
 
 
@@ -42,13 +42,13 @@ def test_a_missing_journal_drops_lines_and_never_raises(tmp_path: Path) -> None:
 
 def test_the_keepers_redaction_is_the_bundles_and_stays_light() -> None:
     from supervisor.diagnostics import Redactor
-    from supervisor.logs.journalsend import pattern_redaction
+    from supervisor.logs.journald import pattern_redaction
 
     line = "export HF_TOKEN=hf_abcdefghijk; curl -H 'Authorization: Bearer abcdefghijkl' https://u:p4ssw0rd1@x/y"
     assert pattern_redaction()(line) == Redactor().text(line)
     # The keeper must not pull in the daemon's diagnostics package (its imports cost 0.2 s, 25 MB).
     probe = (
-        "import sys, supervisor.logs.journalsend as j; j.pattern_redaction(); "
+        "import sys, supervisor.logs.journald as j; j.pattern_redaction(); "
         "print('supervisor.diagnostics' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30).stdout

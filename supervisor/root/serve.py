@@ -20,30 +20,32 @@ from prometheus_client import CollectorRegistry
 
 from api import group as group_api
 from api.app import create_app, include_protected
-from api.auth import check_bind, load_token
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
 from probes.xid import XidWatcher
-from supervisor import __version__, entry
+from supervisor import __version__
 from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.clock import Clock, SystemClock
-from supervisor.config.settings import ConfigError, Settings
+from supervisor.common import sigmask
+from supervisor.common.apitoken import check_bind, load_token
+from supervisor.common.errors import ConfigError
+from supervisor.common.exitcodes import EXIT_HANDOFF
+from supervisor.config.settings import Settings
 from supervisor.daemon import grouping
-from supervisor.daemon.apiguard import raise_nofile_limit, uvicorn_options
-from supervisor.daemon.commands import Command
-from supervisor.daemon.gpusource import open_nvml
-from supervisor.daemon.instance_lock import StateLock, acquire
 from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.owner_group import GroupSupervisor, Supervisor  # the owner, with its group part
-from supervisor.daemon.sdnotify import Notifier
-from supervisor.daemon.timeline import Timeline
+from supervisor.host.apiguard import raise_nofile_limit, uvicorn_options
+from supervisor.host.instance_lock import StateLock, acquire
+from supervisor.host.sdnotify import Notifier
 from supervisor.logs.view import LogRedaction, server_log_file
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
+from supervisor.root.gpusource import open_nvml
+from supervisor.status.commands import Command
+from supervisor.status.timeline import Timeline
 
 log = structlog.get_logger(__name__)
-EXIT_HANDOFF = 75  # the cli re-executes the daemon; exit 75 only if that fails (RestartForceExitStatus=75)
 
 
 class _ApiServer(uvicorn.Server):
@@ -206,7 +208,7 @@ def install_signals(sup: Supervisor) -> None:
     loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
     loop.add_signal_handler(signal.SIGUSR2, enqueue, "handoff")
     loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
-    entry.release()  # what arrived since the process started (held by entry.hold) is queued now
+    sigmask.release()  # what arrived since the process started (held by sigmask.hold) is queued now
 
 
 async def serve(

@@ -14,7 +14,7 @@ The files under state_dir/logs stay the complete record. Standard library only (
 Secrets: the journal is read by more people than the state directory (group `adm`, log shippers),
 so each line goes through the bundles' pattern redaction (URL passwords, `Authorization`, bearer
 tokens, secret-named flags, assignments and JSON keys: SGLang's `server_args=ServerArgs(api_key=...)`
-line included). supervisor/diagnostics/redact.py is loaded by its path, without the package (which
+line included). supervisor/common/redact.py is loaded by its path, without the package (which
 would cost the keeper 0.2 s and 25 MB); it uses the standard library only.
 """
 
@@ -36,11 +36,11 @@ _PRIORITY = {b"CRITICAL": b"2", b"ERROR": b"3", b"WARNING": b"4", b"WARN": b"4",
 
 
 def pattern_redaction() -> Callable[[str], str]:
-    """`Redactor().text`, from supervisor/diagnostics/redact.py loaded on its own."""
+    """`Redactor().text`, from supervisor/common/redact.py loaded on its own."""
     name = "_sglang_supervisor_keeper_redact"
     module = sys.modules.get(name)
     if module is None:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "diagnostics" / "redact.py")
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "common" / "redact.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up while the class is built

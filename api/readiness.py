@@ -6,8 +6,8 @@ ready means the group serves (`GroupView.serves`: every reachable node serving, 
 
 from __future__ import annotations
 
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.policy.lifecycle import SERVING_NAMES
+from supervisor.status.snapshot import StatusSnapshot
 
 
 def is_ready(snapshot: StatusSnapshot) -> bool:

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.config.check import check_settings
-from supervisor.config.groupcheck import group_doc, group_line
+from supervisor.checkconfig.check import check_settings
+from supervisor.checkconfig.groupcheck import group_doc, group_line
+from supervisor.common.redact import Redactor
 from supervisor.config.render import RenderedCommand, render_ladder
 from supervisor.config.settings import Settings
-from supervisor.diagnostics import Redactor
 
 _SCRIPT = r"""
 import argparse, contextlib, io, json, sys

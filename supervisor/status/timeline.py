@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.status.snapshot import StatusSnapshot
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import resource
 
 import pytest
 
-from supervisor.daemon.apiguard import MAX_CONNECTIONS, MIN_CONNECTIONS, GuardStats, connection_cap, uvicorn_options
+from supervisor.host.apiguard import MAX_CONNECTIONS, MIN_CONNECTIONS, GuardStats, connection_cap, uvicorn_options
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
+from supervisor.status.eventnames import EventName
+
 MiB = 1024 * 1024
 _READ_CHUNK = 64 * 1024
 
@@ -56,7 +58,7 @@ class Journal:
         # Told of every record, written or not (a full disk must not silence a notification).
         self.listeners: list[Callable[[dict[str, object]], None]] = []
 
-    def append(self, event: str, /, **fields: object) -> None:
+    def append(self, event: EventName, /, **fields: object) -> None:
         """Write one line `{"ts": ISO-8601 UTC, "event": event, **fields}`; never raises."""
         record: dict[str, object] = {"ts": _iso(self._wall()), "event": event}
         record.update((k, v) for k, v in fields.items() if k not in record)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.config.settings import Settings
-from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
-from supervisor.daemon.serve import serve
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.root.serve import serve
+from supervisor.status.commands import Command, CommandResult, SupervisorHandle
+from supervisor.status.snapshot import StatusSnapshot
 
 __all__ = ["Command", "CommandResult", "InProcessDaemon", "StatusSnapshot", "start_in_process"]
 

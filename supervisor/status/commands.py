@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.status.snapshot import StatusSnapshot
 
 CommandKind = Literal["restart", "stop", "start", "diagnose", "reload", "shutdown", "handoff"]
 Outcome = Literal["accepted", "done", "conflict", "busy", "invalid", "failed"]

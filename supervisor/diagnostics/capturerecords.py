@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 from probes.types import GpmObservation, GpuObservation, ProcInfo, ThreadInfo
+from supervisor.status.causes import HangClass
 
-HangClass = Literal["idle_deadlock", "busy_spin", "collective", "cuda_graph_capture", "io_wait", "unknown"]
 ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack"]
 Outcome = Literal[
     "ok",  # the tool ran and produced a dump

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.argcheck import check_rungs
+from supervisor.checkconfig.argcheck import check_rungs
 from supervisor.config.settings import settings_from_mapping
 
 GIB = 2**30

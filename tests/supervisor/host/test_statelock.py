@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon.instance_lock import Holder, StateDirLocked, StateDirUnusable, acquire, parse_holder
+from supervisor.host.instance_lock import Holder, StateDirLocked, StateDirUnusable, acquire, parse_holder
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_a_holder_that_announced_a_handoff_is_waited_for_then_refused(tmp_path: 
 
 def test_a_killed_holder_leaves_no_lock_and_children_never_inherit_it(tmp_path: Path) -> None:
     code = (
-        "import sys, subprocess, time; from pathlib import Path; from supervisor.daemon.instance_lock import acquire\n"
+        "import sys, subprocess, time; from pathlib import Path; from supervisor.host.instance_lock import acquire\n"
         f"lock = acquire(Path({str(tmp_path)!r}))\n"
         "child = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
         "print(child.pid, flush=True); time.sleep(60)\n"

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from supervisor.config.groupcheck import group_findings
-from supervisor.config.portcheck import port_findings
+from supervisor.checkconfig.groupcheck import group_findings
+from supervisor.checkconfig.portcheck import port_findings
+from supervisor.checkconfig.watchdogcheck import watchdog_findings
+from supervisor.common.errors import ConfigError
 from supervisor.config.render import render_rung
-from supervisor.config.settings import ConfigError, Settings
-from supervisor.config.watchdogcheck import watchdog_findings
+from supervisor.config.settings import Settings
 
 Which = Callable[[str, str | None], str | None]
 
@@ -57,8 +58,8 @@ def _gpus(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
     report `unavailable` until it can)."""
     from probes.gpu import GpuProbe
     from supervisor.daemon import cleanslate as cs
-    from supervisor.daemon.gpusource import open_nvml
     from supervisor.policy import gpufit
+    from supervisor.root.gpusource import open_nvml
 
     probe = GpuProbe(open_nvml(settings.gpu))
     try:
@@ -88,7 +89,7 @@ def _gpus(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
 
 
 def _api(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
-    from api.auth import is_loopback, load_token  # the very checks `run` makes
+    from supervisor.common.apitoken import is_loopback, load_token  # the very checks `run` makes
 
     api = settings.api
     if api.token_file:

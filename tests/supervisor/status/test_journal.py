@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from supervisor.daemon.journal import Journal
+from supervisor.status.journal import Journal
 
 
 class Wall:
@@ -166,7 +166,7 @@ def test_read_survives_any_bytes(tmp_path_factory: pytest.TempPathFactory, data:
 
 
 def test_a_line_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import supervisor.daemon.journal as journal_module
+    import supervisor.status.journal as journal_module
 
     j = Journal(tmp_path / "events.jsonl")
     j.append("before")
