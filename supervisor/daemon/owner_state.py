@@ -30,7 +30,6 @@ from supervisor.config.settings import Settings
 from supervisor.daemon.beating import keep_beating
 from supervisor.daemon.counting import RestartingCount
 from supervisor.daemon.incidentids import unique_incident_id
-from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer, Target
 from supervisor.daemon.persist import Persisted, marker_for, save
 from supervisor.daemon.publish import Facts, build, stale_after
@@ -40,6 +39,7 @@ from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.xidbook import XidBook
 from supervisor.host.apiguard import GuardStats
 from supervisor.host.sdnotify import Notifier, WatchdogPacer
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.policy.gpuwait import wants_look
 from supervisor.policy.ladder import LadderState
 from supervisor.policy.lifecycle import RUNNING, SERVING, Lifecycle, State

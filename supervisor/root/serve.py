@@ -33,12 +33,12 @@ from supervisor.common.errors import ConfigError
 from supervisor.common.exitcodes import EXIT_HANDOFF
 from supervisor.config.settings import Settings
 from supervisor.daemon import grouping
-from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.owner_group import GroupSupervisor, Supervisor  # the owner, with its group part
 from supervisor.host.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.host.instance_lock import StateLock, acquire
 from supervisor.host.sdnotify import Notifier
 from supervisor.logs.view import LogRedaction, server_log_file
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
 from supervisor.root.gpusource import open_nvml

@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry
 from probes.gpu import GpuProbe
 from probes.types import HealthObservation, Observation
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer, Target
 from supervisor.daemon.owner import Supervisor
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.status.commands import Command
 
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from api.app import create_app
 from supervisor.client.verbs import add_client_commands, run_client
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.status.journal import Journal
 
 TOKEN = "client-test-token-42"

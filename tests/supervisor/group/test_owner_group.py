@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from probes.gpu import GpuProbe
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.owner_group import GroupSupervisor
+from supervisor.metrics.exporter import SupervisorMetrics
 
 
 def settings(tmp_path: Path, group: dict[str, object] | None) -> Settings:

@@ -1,5 +1,5 @@
 """Metric families for GPM SM activity and the busy-thread looks, read from the status snapshot at
-scrape time (supervisor/daemon/metrics.py yields them with its own). docs/METRICS.md describes them."""
+scrape time (supervisor/metrics/exporter.py yields them with its own). docs/METRICS.md describes them."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.alerting.dispatch import NotifyMetrics
 from supervisor.config.alerting import NotifyTarget
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.status.snapshot import StatusSnapshot, ToolCheck
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"

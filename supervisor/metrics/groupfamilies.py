@@ -1,5 +1,5 @@
 """Metric families for a multi-node group, per node (label `node`), read from the status snapshot
-at scrape time (supervisor/daemon/metrics.py yields them with its own). docs/METRICS.md."""
+at scrape time (supervisor/metrics/exporter.py yields them with its own). docs/METRICS.md."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from groupsample import GROUP
 from prometheus_client import CollectorRegistry, generate_latest
 
 from supervisor.client.format import format_status
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.status.snapshot import StatusSnapshot
 
 

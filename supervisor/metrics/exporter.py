@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from supervisor.daemon.busymetrics import busy_families
-from supervisor.daemon.groupmetrics import group_families
+from supervisor.metrics.busyfamilies import busy_families
+from supervisor.metrics.groupfamilies import group_families
 from supervisor.policy.lifecycle import SERVING, State
 from supervisor.status.causes import CAUSES, HANG_CLASSES
 from supervisor.status.snapshot import StatusSnapshot
