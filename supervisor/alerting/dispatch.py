@@ -27,7 +27,7 @@ from supervisor.config.alerting import NotifyTarget
 from supervisor.status.eventnames import EventName
 from supervisor.status.journal import Journal
 
-log = structlog.get_logger("alerting")
+log = structlog.get_logger(__name__)
 OUTCOMES = ("ok", "failed", "dropped")
 JOURNAL_EVENT: Final[EventName] = "notification"
 
