@@ -25,7 +25,7 @@ from supervisor.policy.group import NodeReport
 from supervisor.policy.ladder import Incident
 from supervisor.policy.lifecycle import State
 from supervisor.policy.watchdog import Verdict
-from supervisor.status.causes import HUNG_CAUSES
+from supervisor.status.causes import HUNG_CAUSES, Cause
 from supervisor.status.commands import Command, CommandResult, finish
 
 __all__ = ["GroupSupervisor", "Supervisor"]
@@ -97,7 +97,7 @@ class GroupSupervisor(Supervisor):
 
     async def incident(
         self,
-        cause: str,
+        cause: Cause,
         verdict: Verdict | None,
         obs: Observation | None,
         *,

@@ -35,7 +35,7 @@ from supervisor.policy.lifecycle import RUNNING, State
 from supervisor.policy.watchdog import Verdict
 from supervisor.process.control import LogFiles
 from supervisor.process.owners import STATE_DIR_ENV
-from supervisor.status.causes import HUNG_CAUSES
+from supervisor.status.causes import HUNG_CAUSES, Cause
 from supervisor.status.commands import CommandResult, finish
 from supervisor.status.eventnames import EventName
 from supervisor.status.snapshot import IncidentView
@@ -184,7 +184,7 @@ class ServerLifecycle(OwnerState):
 
     async def incident(
         self,
-        cause: str,
+        cause: Cause,
         verdict: Verdict | None,
         obs: Observation | None,
         *,

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from supervisor.policy.group import NodeReport, RankView
+from supervisor.status.causes import Cause
 from supervisor.status.snapshot import StatusSnapshot
 
 _ADAPTER = TypeAdapter(NodeReport)
@@ -24,7 +25,7 @@ def build_report(
     node: int,
     snap: StatusSnapshot,
     *,
-    cause: str | None,
+    cause: Cause | None,
     reason: str,
     lost_ranks: Iterable[int],
     at: float,

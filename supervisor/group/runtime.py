@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from supervisor.config.settings import GroupSettings
 from supervisor.group.leader import GroupLeader
 from supervisor.policy.group import GroupVerdict
+from supervisor.status.causes import Cause
 
 
 @dataclass
 class GroupRuntime:
     settings: GroupSettings
     leader: GroupLeader | None  # node 0 only
-    held_cause: str | None = None  # a member's own incident, held for the leader
+    held_cause: Cause | None = None  # a member's own incident, held for the leader
     held_reason: str = ""
     captured: str | None = None  # the group incident this node last captured a bundle for
     verdict: GroupVerdict = field(default_factory=lambda: GroupVerdict("ok", reason="not judged yet"))

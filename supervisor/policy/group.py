@@ -14,6 +14,7 @@ from typing import Literal, get_args
 
 from probes.types import Phase
 from supervisor.policy.lifecycle import SERVING_NAMES
+from supervisor.status.causes import Cause
 
 GroupStatus = Literal["ok", "degraded", "incident"]
 
@@ -44,7 +45,7 @@ class NodeReport:
     phase: str | None
     pid: int | None
     rung: str
-    cause: str | None  # an incident the node's own watchdog judged and holds for the leader
+    cause: Cause | None  # an incident the node's own watchdog judged and holds for the leader
     reason: str
     ranks: tuple[RankView, ...]
     lost_ranks: tuple[int, ...]  # scheduler pids that were seen and are gone
@@ -71,7 +72,7 @@ class OwnVerdict:
 
     state: str
     status: str  # the watchdog's status: "starting", "ready", "degraded", "incident"
-    cause: str | None
+    cause: Cause | None
     reason: str
     phase: str | None
 
@@ -79,7 +80,7 @@ class OwnVerdict:
 @dataclass(frozen=True)
 class GroupVerdict:
     status: GroupStatus
-    cause: str | None = None
+    cause: Cause | None = None
     reason: str = ""
     node: int | None = None  # the node named as the origin
     rank: int | None = None  # and its rank, where known

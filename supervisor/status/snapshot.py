@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from probes.types import Phase
+from supervisor.status.causes import Cause, HangClass
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -24,8 +27,8 @@ class ProgressView(_Frozen):
 
 class IncidentView(_Frozen):
     id: str
-    cause: str  # one of config.CAUSES
-    hang_class: str | None = None  # one of config.HANG_CLASSES, once evidence classified it
+    cause: Cause
+    hang_class: HangClass | None = None  # once evidence classified it
     at: str  # ISO 8601 UTC
     rung: str
     detail: str = ""
@@ -166,7 +169,7 @@ class GroupView(_Frozen):
 
 class StatusSnapshot(_Frozen):
     state: str  # State value
-    phase: str | None = None  # probes.types.Phase while starting
+    phase: Phase | None = None  # while starting
     progress: ProgressView | None = None
     rung: str | None = None
     rung_index: int | None = None
