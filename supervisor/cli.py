@@ -12,7 +12,7 @@ from pathlib import Path
 
 from supervisor import __version__
 from supervisor.common import sigmask
-from supervisor.common.errors import ConfigError
+from supervisor.common.configerror import ConfigError
 from supervisor.common.exitcodes import EXIT_CONFIG, EXIT_HANDOFF, EXIT_LOCKED
 from supervisor.config.settings import load_settings
 

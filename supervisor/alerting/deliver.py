@@ -12,7 +12,7 @@ import httpx
 
 from supervisor.alerting import shapes
 from supervisor.alerting.events import NotifyEvent
-from supervisor.common.errors import ConfigError
+from supervisor.common.configerror import ConfigError
 from supervisor.common.toolproc import run_tool
 from supervisor.config.alerting import PAGERDUTY_URL, NotifyTarget
 

@@ -15,7 +15,7 @@ from typing import Literal
 from supervisor.checkconfig.groupcheck import group_findings
 from supervisor.checkconfig.portcheck import port_findings
 from supervisor.checkconfig.watchdogcheck import watchdog_findings
-from supervisor.common.errors import ConfigError
+from supervisor.common.configerror import ConfigError
 from supervisor.config.render import render_rung
 from supervisor.config.settings import Settings
 

@@ -150,7 +150,7 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
     choice = choose_config(getattr(args, "config", None), env)
     if choice.path is not None:
         from supervisor.common.apitoken import load_token
-        from supervisor.common.errors import ConfigError
+        from supervisor.common.configerror import ConfigError
 
         try:
             api, notes = api_settings(choice.path)

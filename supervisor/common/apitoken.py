@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.common.errors import ConfigError
+from supervisor.common.configerror import ConfigError
 
 
 class TokenSettings(Protocol):

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from supervisor.common.errors import ConfigError as ConfigError  # raised here; the class lives in the leaf
+from supervisor.common.configerror import ConfigError as ConfigError  # raised here; the class lives in the leaf
 from supervisor.config.alerting import NotifyTarget, unique_names
 from supervisor.config.expand import ExpansionError, expand
 from supervisor.config.gpu import GpuSettings

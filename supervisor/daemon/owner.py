@@ -18,13 +18,14 @@ import asyncio
 from dataclasses import replace
 
 from supervisor.config.settings import ConfigError, load_settings
-from supervisor.daemon import takeover, validation, xids
+from supervisor.daemon import takeover, xids
 from supervisor.daemon.owner_watch import ServerWatch
 from supervisor.daemon.persist import OpenIncident, load
 from supervisor.daemon.publish import iso
 from supervisor.daemon.records import Pending
 from supervisor.diagnostics import self_check
 from supervisor.host import instance_lock
+from supervisor.policy import validation
 from supervisor.policy.ladder import record_end, resume_rung
 from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, State
 from supervisor.policy.watchdog import Verdict
@@ -38,7 +39,7 @@ class Supervisor(ServerWatch):
     # ---- commands: one validation, one dispatcher, one method per kind ---------------------
 
     def check(self, cmd: Command, *, queued: bool) -> CommandResult | None:
-        """The one validation (`supervisor.daemon.validation.check`), at submit and in the queue."""
+        """The one validation (`supervisor.policy.validation.check`), at submit and in the queue."""
         inhand = self.inhand
         return validation.check(
             cmd,

@@ -29,7 +29,7 @@ from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
 from supervisor.clock import Clock, SystemClock
 from supervisor.common import sigmask
 from supervisor.common.apitoken import check_bind, load_token
-from supervisor.common.errors import ConfigError
+from supervisor.common.configerror import ConfigError
 from supervisor.common.exitcodes import EXIT_HANDOFF
 from supervisor.config.settings import Settings
 from supervisor.daemon import grouping

@@ -21,7 +21,7 @@ OWNER = {"owner_group", "owner", "owner_watch", "owner_lifecycle", "owner_state"
 # The helpers that act for the owner (spawn, stop, sweep, adopt, capture, drain Xids).
 HELPERS = {"launching", "slate", "stopping", "takeover", "evidence", "xids"}
 # Small pieces the owner and its helpers share: a record of tools, the heartbeat wrapper.
-SHARED = {"beating", "incidentids", "records", "validation"}
+SHARED = {"beating", "incidentids", "records"}
 # A helper may use another's record of tools (slate stops processes with `stopping.StopTools`).
 HELPER_USES = {"slate": {"stopping"}}
 # Outside supervisor/daemon, only the composition root (supervisor/root: serve, and inprocess for the

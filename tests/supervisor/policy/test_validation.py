@@ -1,4 +1,4 @@
-"""The one validation of commands (supervisor.daemon.validation.check), as a table over the state."""
+"""The one validation of commands (supervisor.policy.validation.check), as a table over the state."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.validation import check
 from supervisor.policy.lifecycle import State
+from supervisor.policy.validation import check
 from supervisor.status.commands import Command, CommandKind
 
 

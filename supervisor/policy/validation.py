@@ -9,7 +9,7 @@ Adding a command kind: a `handle_<kind>` method on the owner, and its rule here 
 
 from __future__ import annotations
 
-from supervisor.common.errors import ConfigError
+from supervisor.common.configerror import ConfigError
 from supervisor.config.settings import Settings
 from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, State
 from supervisor.status.commands import Command, CommandResult
