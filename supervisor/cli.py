@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="keep the temporary state dir (logs, evidence, journal) at the end (default; --no-keep deletes it)",
+        help="keep the temporary state dir (logs, evidence, event journal) at the end (default; --no-keep deletes it)",
     )
     demo.add_argument(
         "--until-recovered",
