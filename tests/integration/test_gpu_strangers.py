@@ -63,7 +63,12 @@ async def test_a_small_stranger_does_not_delay_the_launch_and_is_named(daemon, s
     assert "launch_refused" not in names
     (slate,) = [e for e in events(s) if e["event"] == "clean_slate"]
     assert slate["gpu_strangers"] == [
-        {"pid": stranger.pid, "gpu": 0, "bytes": int(2.5 * GIB), "command": " ".join(f"{sys.executable} -c {stranger.args[2]}".split())}
+        {
+            "pid": stranger.pid,
+            "gpu": 0,
+            "bytes": int(2.5 * GIB),
+            "command": " ".join(f"{sys.executable} -c {stranger.args[2]}".split()),
+        }
     ]
     fit = slate["gpu_fit"]
     assert fit["policy"] == "launch" and fit["action"] == "launch" and fit["need"] == "mem-fraction-static 0.3"
