@@ -11,7 +11,6 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from typing import Literal
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -21,7 +20,7 @@ from prometheus_client.registry import Collector
 from supervisor.metrics.busyfamilies import busy_families
 from supervisor.metrics.groupfamilies import group_families
 from supervisor.policy.lifecycle import SERVING, State
-from supervisor.status.causes import CAUSES, HANG_CLASSES, Cause, HangClass
+from supervisor.status.causes import CAUSES, HANG_CLASSES
 from supervisor.status.snapshot import StatusSnapshot
 
 PREFIX = "sglang_supervisor_"
@@ -256,10 +255,10 @@ class SupervisorMetrics:
     def xid(self, gpu: int, uuid: str, xid: int, action: str) -> None:
         self._xids.labels(gpu=str(gpu), uuid=uuid, xid=str(xid), action=action).inc()
 
-    def restart(self, cause: Cause) -> None:
+    def restart(self, cause: str) -> None:
         self._restarts.labels(cause=cause).inc()
 
-    def incident(self, cause: Cause, hang_class: HangClass | Literal["none"]) -> None:
+    def incident(self, cause: str, hang_class: str) -> None:
         self._incidents.labels(cause=cause, hang_class=hang_class or "unknown").inc()
 
     def diagnostic(self, duration_s: float, outcome: str) -> None:
