@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration suite venv clean
+.PHONY: demo test lint typecheck unit integration suite venv clean layers
 
 # Parallel pytest workers (pytest-xdist). The integration tests mostly wait on real windows (stall
 # windows, backoffs, grace periods), so six of them overlap well even on 2 cores; see
@@ -30,6 +30,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# The import graph's figures (imports that run back up, circles, modules in supervisor/daemon/);
+# tests/supervisor/test_import_floors.py fails when the first two are not 0.
+layers: $(STAMP)
+	$(PY) tests/supervisor/test_import_floors.py
 
 # The inner loop: everything but the tests marked `integration` (under a minute).
 unit: $(STAMP)

@@ -22,10 +22,10 @@ from api.errors import http_exception_handler, validation_exception_handler
 from api.middleware import BodyLimit, InternalErrors
 from api.responses import UNAUTHORIZED
 from api.routes import commands, diagnostics, events, logs, probes, status
-from supervisor.daemon.commands import SupervisorHandle
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.timeline import Timeline
-from supervisor.diagnostics.redact import Redactor
+from supervisor.common.redact import Redactor
+from supervisor.status.commands import SupervisorHandle
+from supervisor.status.journal import Journal
+from supervisor.status.timeline import Timeline
 
 DEFAULT_LIVENESS_MAX_AGE_S = 30.0
 

@@ -17,9 +17,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
 from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized
-from supervisor.daemon.commands import SupervisorHandle
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.timeline import Timeline
+from supervisor.status.commands import SupervisorHandle
+from supervisor.status.journal import Journal
+from supervisor.status.timeline import Timeline
 
 # The scheme /openapi.json publishes; auto_error=False so a refusal has this API's error shape.
 bearer_scheme = HTTPBearer(scheme_name="bearer", auto_error=False)

@@ -16,10 +16,10 @@ from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.errors import error_response
-from supervisor.daemon.commands import Command, CommandResult
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.group.report import to_wire
 from supervisor.policy.group import NodeReport
+from supervisor.status.commands import Command, CommandResult
+from supervisor.status.snapshot import StatusSnapshot
 
 INCIDENT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"  # a directory name: no "/", no ".." at the start
 STOP_POLL_S = 0.2

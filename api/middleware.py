@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import send_error
 
-log = structlog.get_logger("api")
+log = structlog.get_logger(__name__)
 
 
 class BodyLimit:

@@ -1,4 +1,4 @@
-"""Request and response bodies of the REST API (the `/status` body is `supervisor.daemon.snapshot`).
+"""Request and response bodies of the REST API (the `/status` body is `supervisor.status.snapshot`).
 
 Requests are strict: unknown fields, wrong types and strings where booleans belong are 422s,
 so a typo in a script fails loudly instead of being ignored.

@@ -13,7 +13,7 @@ from starlette.responses import HTMLResponse
 from api import bundles
 from api.deps import ApiContext, Context, Supervisor
 from api.pagehtml import PageData, render
-from supervisor.daemon.commands import SupervisorHandle
+from supervisor.status.commands import SupervisorHandle
 
 LOG_TAIL_LINES = 60
 LOG_TAIL_BYTES = 64 * 1024  # read from the end of the log file: a line flood cannot slow the page

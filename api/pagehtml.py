@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.daemon.snapshot import StatusSnapshot
-from supervisor.daemon.timeline import TimelinePoint
+from supervisor.status.snapshot import StatusSnapshot
+from supervisor.status.timeline import TimelinePoint
 
 # Each state its colour; hung and failed are red (failed the darker), as an operator expects.
 STATE_COLOURS = {

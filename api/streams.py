@@ -18,15 +18,16 @@ from pydantic import StringConstraints, WithJsonSchema
 from starlette.responses import JSONResponse, StreamingResponse
 
 from api.follow import Follower
-from supervisor.daemon.eventnames import EVENT_NAMES, unknown_events
+from supervisor.status.eventnames import EVENT_NAMES, unknown_events
 
 FOLLOW_POLL_S = 0.25
 NDJSON = "application/x-ndjson"
 
-# Journal event names are snake_case (`state_changed`); anything else (`event=`, a number) is a mistake.
+# A `?event=` filter: journal event names are snake_case (`state_changed`); anything else (`event=`,
+# a number) is a mistake.
 # The schema lists the names the daemon writes; the route answers any other well-formed name with a
 # 422 naming them (`unknown_event_response`), which is clearer than the generic enum error.
-EventName = Annotated[
+EventNameQuery = Annotated[
     str,
     StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$"),
     WithJsonSchema({"type": "string", "enum": sorted(EVENT_NAMES)}),

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.common import Daemon, Traffic, header, median, publish, save_result, sim_settings, workdir
 from bench.report import table
-from supervisor.waiting import WaitTimeout, wait_for
+from supervisor.common.waiting import WaitTimeout, wait_for
 
 ACCESS = '"POST /generate HTTP/1.1" 200'
 MODES = ("sigkill", "handoff", "sigkill_during_capture")

@@ -26,12 +26,12 @@ import httpx
 
 from bench.report import machine, stamp, versions, write_section
 from supervisor import __version__
+from supervisor.common.waiting import wait_for
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.process import kill_marked
 from supervisor.simulator import daemonconfig
 from supervisor.simulator.daemonconfig import SimWindows
-from supervisor.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

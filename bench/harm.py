@@ -48,8 +48,8 @@ from bench.common import (
 from bench.report import table
 from supervisor.config.gpu import GpuSettings
 from supervisor.config.settings import Settings
+from supervisor.status.causes import HUNG_CAUSES
 
-HANG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 OVERSUBSCRIPTION = (2, 4, 8)
 
 
@@ -121,7 +121,7 @@ def count(events: Sequence[dict[str, Any]], name: str, **match: object) -> int:
 
 
 def hang_incidents(events: Sequence[dict[str, Any]]) -> list[str]:
-    return [str(e.get("cause")) for e in events if e.get("event") == "incident" and e.get("cause") in HANG_CAUSES]
+    return [str(e.get("cause")) for e in events if e.get("event") == "incident" and e.get("cause") in HUNG_CAUSES]
 
 
 def ready(st: dict[str, Any]) -> bool:

@@ -75,7 +75,7 @@ class NvmlLike(Protocol):
 
 def load_pynvml() -> NvmlLike | None:
     """The pynvml module, or None where it is not installed (GpuProbe then reports `unavailable`).
-    Which NVML the daemon reads is the composition root's choice (supervisor/daemon/gpusource.py)."""
+    Which NVML the daemon reads is the composition root's choice (supervisor/root/gpusource.py)."""
     try:
         import pynvml
     except Exception:  # ImportError, or a broken install failing on import

@@ -11,34 +11,34 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import __version__
-from supervisor.config.settings import ConfigError, load_settings
-
-EXIT_HANDOFF = 75  # EX_TEMPFAIL: "run me again"; the unit's RestartForceExitStatus=75
-EXIT_LOCKED = 3  # another daemon holds the state directory (the unit does not restart on it)
+from supervisor.common import sigmask
+from supervisor.common.configerror import ConfigError
+from supervisor.common.exitcodes import EXIT_CONFIG, EXIT_HANDOFF, EXIT_LOCKED
+from supervisor.config.settings import load_settings
 
 
 def _run(args: argparse.Namespace) -> int:
-    from supervisor.daemon.instance_lock import StateDirLocked, StateDirUnusable
-    from supervisor.daemon.serve import serve
+    from supervisor.host.instance_lock import StateDirLocked, StateDirUnusable
     from supervisor.logs import setup as logsetup
+    from supervisor.root.serve import serve
 
     logsetup.configure(json=args.log_json, level=args.log_level)
     try:
         settings = load_settings(args.config)
     except ConfigError as err:
         print(f"sglang-supervisor: config refused:\n{err}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     try:
         code = asyncio.run(serve(settings, env=dict(os.environ), config_path=Path(args.config)))
     except ConfigError as err:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     except StateDirLocked as err:
         print(f"sglang-supervisor: refused: {err}", file=sys.stderr)
         return EXIT_LOCKED
     except StateDirUnusable as err:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     return reexec() if code == EXIT_HANDOFF else code
 
 
@@ -51,9 +51,7 @@ def reexec() -> int:
     (pending ones included) until the new loop's handlers run. Only if the exec itself fails does
     the daemon exit 75 (EX_TEMPFAIL) for systemd to start it (RestartForceExitStatus=75).
     """
-    from supervisor import entry
-
-    entry.hold()
+    sigmask.hold()
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -65,7 +63,7 @@ def reexec() -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from supervisor.config.argcheck import check_rungs, check_rungs_json
+    from supervisor.checkconfig.argcheck import check_rungs, check_rungs_json
 
     try:
         settings = load_settings(args.config)
@@ -123,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="keep the temporary state dir (logs, evidence, journal) at the end (default; --no-keep deletes it)",
+        help="keep the temporary state dir (logs, evidence, event journal) at the end (default; --no-keep deletes it)",
     )
     demo.add_argument(
         "--until-recovered",
@@ -154,10 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "run":  # only the daemon's loop takes over the signals entry.hold() kept pending
-        from supervisor import entry
-
-        entry.release()
+    if args.command != "run":  # only the daemon's loop takes over the signals sigmask.hold() kept pending
+        sigmask.release()
     from supervisor.client.verbs import COMMANDS, run_client
 
     if args.command in COMMANDS:

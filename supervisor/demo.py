@@ -19,10 +19,10 @@ from pathlib import Path
 
 from supervisor.config.render import dump_mapping
 from supervisor.config.settings import load_settings
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.logs import setup as logsetup
 from supervisor.simulator.daemonconfig import SimWindows, sim_config
 from supervisor.simulator.gpu.kernel import create as create_gpu_file
+from supervisor.status.snapshot import StatusSnapshot
 
 
 def free_port() -> int:
@@ -95,7 +95,7 @@ def status_line(s: StatusSnapshot, t: float) -> str:
 
 
 async def _demo(config_path: Path, duration: float | None, until_recovered: bool) -> tuple[int, StatusSnapshot | None]:
-    from supervisor.daemon.inprocess import start_in_process
+    from supervisor.root.inprocess import start_in_process
 
     settings = load_settings(config_path)
     loop = asyncio.get_running_loop()

@@ -18,7 +18,7 @@ import pytest
 import waiting
 
 from probes.proctree import scan_tree
-from supervisor.logs.capture import LogCapture
+from supervisor.logs.reader import LogCapture
 from supervisor.process import ServerProcess, spawn_log_keeper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,7 @@ import pytest
 from fakeclock import FakeClock
 from structlog.testing import capture_logs
 
-from supervisor.daemon.sdnotify import NOTIFY_ENV_KEYS, Notifier, WatchdogPacer
+from supervisor.host.sdnotify import NOTIFY_ENV_KEYS, Notifier, WatchdogPacer
 
 
 class Receiver:

@@ -23,8 +23,8 @@ from api.models import (
     StopRequest,
 )
 from api.responses import BAD_REQUEST, CONFLICT, NO_RUNG
-from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.status.commands import Command, CommandResult, SupervisorHandle
+from supervisor.status.snapshot import StatusSnapshot
 
 BUSY_RETRY_AFTER_S = 5
 

@@ -15,8 +15,6 @@ from api.deps import Context
 from api.models import EventList
 from api.responses import INVALID
 
-EventName = streams.EventName  # snake_case journal event names (api/streams.py)
-
 router = APIRouter(tags=["status"])
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)")
@@ -41,7 +39,9 @@ def rfc3339(value: object) -> object:
 async def events(
     ctx: Context,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    event: Annotated[list[EventName] | None, Query(max_length=64, description="only these events (repeatable)")] = None,
+    event: Annotated[
+        list[streams.EventNameQuery] | None, Query(max_length=64, description="only these events (repeatable)")
+    ] = None,
     since: Annotated[
         datetime | None,
         BeforeValidator(rfc3339),

@@ -1,7 +1,7 @@
 """The open routes a probe or a scraper calls without a token: `/livez`, `/readyz`, `/metrics`.
 
 `/livez` is the daemon's own loop (a stuck loop is a 503, so a kubelet or systemd restarts the
-daemon); `/readyz` is `supervisor.daemon.readiness.is_ready` of the snapshot.
+daemon); `/readyz` is `api.readiness.is_ready` of the snapshot.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 
 from api.deps import Context, Supervisor
 from api.models import Liveness, Readiness
+from api.readiness import is_ready
 from api.responses import OPEN_OPERATION
-from supervisor.daemon.readiness import is_ready
 
 router = APIRouter(tags=["probes"])
 

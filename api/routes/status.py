@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import Supervisor
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.status.snapshot import StatusSnapshot
 
 router = APIRouter(tags=["status"])
 

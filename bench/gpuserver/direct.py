@@ -18,9 +18,9 @@ from bench.gpuserver.harness import ROOT, RunConfig, free_port, server_env, wait
 from bench.gpuserver.measure import alive, device_used, find_gdb, find_py_spy, wait_released
 from probes.gpu import GpuProbe
 from probes.proctree import ProcessTreeProbe
-from supervisor.daemon.gpusource import open_nvml
 from supervisor.diagnostics import CaptureRequest, capture, parse_cuda_kernels
 from supervisor.process import resume_stopped
+from supervisor.root.gpusource import open_nvml
 
 
 @dataclass

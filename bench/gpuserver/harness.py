@@ -35,10 +35,10 @@ from bench.gpuserver.measure import (
 from probes.gpu import GpuProbe
 from supervisor.config.gpu import GpuSettings
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.gpusource import open_nvml
-from supervisor.daemon.inprocess import InProcessDaemon, StatusSnapshot, start_in_process
 from supervisor.diagnostics import parse_cuda_kernels
 from supervisor.process import kill_marked
+from supervisor.root.gpusource import open_nvml
+from supervisor.root.inprocess import InProcessDaemon, StatusSnapshot, start_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 HUNG_STATES = ("hung", "diagnosing", "restarting", "failed")
@@ -146,7 +146,7 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 @dataclass
 class Daemon:
-    """The daemon in-process (supervisor.daemon.inprocess), cleaning up its tree's leftovers on stop."""
+    """The daemon in-process (supervisor.root.inprocess), cleaning up its tree's leftovers on stop."""
 
     inner: InProcessDaemon
 

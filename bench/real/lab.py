@@ -21,9 +21,9 @@ import httpx
 import psutil
 
 from bench.common import free_port
+from supervisor.common.waiting import wait_for
 from supervisor.config.render import dump_toml
 from supervisor.config.settings import settings_from_mapping
-from supervisor.waiting import wait_for
 
 __all__ = ["Daemon", "Load", "Recorder", "free_port", "schedulers", "title", "titles"]
 

@@ -36,9 +36,9 @@ import psutil
 from bench.common import free_port
 from bench.real.configs import FAST, config, daemon_env
 from bench.real.lab import ROOT, Load, schedulers
+from supervisor.common.waiting import wait_for
 from supervisor.config.render import dump_toml
 from supervisor.config.settings import settings_from_mapping
-from supervisor.waiting import wait_for
 
 
 class Node:

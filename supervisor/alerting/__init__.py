@@ -2,7 +2,7 @@
 and exec hooks, told of incidents, `failed`, recoveries, servers that stayed stopped and launches
 blocked past the backoff cap.
 
-Not to be confused with `supervisor.daemon.sdnotify`, which speaks systemd's sd_notify protocol.
+Not to be confused with `supervisor.host.sdnotify`, which speaks systemd's sd_notify protocol.
 `events` decides what is worth telling (pure), `shapes` renders each receiver's body (pure),
 `deliver` makes one attempt, `dispatch` queues, retries, journals and counts.
 """

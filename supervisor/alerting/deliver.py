@@ -12,9 +12,9 @@ import httpx
 
 from supervisor.alerting import shapes
 from supervisor.alerting.events import NotifyEvent
-from supervisor.alerting.settings import PAGERDUTY_URL, NotifyTarget
-from supervisor.config.settings import ConfigError
-from supervisor.diagnostics.toolproc import run_tool
+from supervisor.common.configerror import ConfigError
+from supervisor.common.toolproc import run_tool
+from supervisor.config.alerting import PAGERDUTY_URL, NotifyTarget
 
 REDACTED = "<redacted>"
 

@@ -15,6 +15,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import httpx
 import structlog
@@ -22,12 +23,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from supervisor.alerting import deliver
 from supervisor.alerting.events import NotifyEvent, Tracker
-from supervisor.alerting.settings import NotifyTarget
-from supervisor.daemon.journal import Journal
+from supervisor.config.alerting import NotifyTarget
+from supervisor.status.eventnames import EventName
+from supervisor.status.journal import Journal
 
-log = structlog.get_logger("alerting")
+log = structlog.get_logger(__name__)
 OUTCOMES = ("ok", "failed", "dropped")
-JOURNAL_EVENT = "notification"
+JOURNAL_EVENT: Final[EventName] = "notification"
 
 
 @dataclass(frozen=True)

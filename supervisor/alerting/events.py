@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.alerting.settings import EventKind
+from supervisor.config.alerting import EventKind
 
 
 @dataclass(frozen=True)

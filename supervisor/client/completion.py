@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from supervisor.daemon.eventnames import EVENT_NAMES
+from supervisor.status.eventnames import EVENT_NAMES
 
 PROG = "sglang-supervisor"
 

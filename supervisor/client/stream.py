@@ -20,18 +20,14 @@ import httpx
 
 from supervisor.client.format import format_answer, format_error, format_event, format_status
 from supervisor.client.wait import (
-    EXIT_AUTH,
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_TIMEOUT,
-    EXIT_UNREACHABLE,
     Before,
     Settled,
     Verb,
     settled,
     state_exit,
 )
-from supervisor.waiting import WaitTimeout, wait_for
+from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
+from supervisor.common.waiting import WaitTimeout, wait_for
 
 WAIT_POLL_S = 0.5
 Send = Callable[..., httpx.Response]

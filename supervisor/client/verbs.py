@@ -25,15 +25,8 @@ import httpx
 from supervisor.client import stream as clientstream
 from supervisor.client.format import TOKEN_ENV, format_answer, format_bundle, format_error
 from supervisor.client.locate import CONFIG_ENV, ClientConfigError, api_settings, choose_config
-from supervisor.client.wait import (
-    DEFAULT_WAIT_S,
-    EXIT_AUTH,
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    state_exit,
-)
+from supervisor.client.wait import DEFAULT_WAIT_S, state_exit
+from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 DEFAULT_URL = "http://127.0.0.1:8900"
 COMMANDS = ("status", "restart", "stop", "start", "diagnose", "reload", "events", "bundles", "logs")
@@ -156,8 +149,8 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
     token: str | None = None
     choice = choose_config(getattr(args, "config", None), env)
     if choice.path is not None:
-        from api.auth import load_token
-        from supervisor.config.settings import ConfigError
+        from supervisor.common.apitoken import load_token
+        from supervisor.common.configerror import ConfigError
 
         try:
             api, notes = api_settings(choice.path)

@@ -17,13 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH = 0, 1, 2, 3, 4
-EXIT_DEGRADED = 5  # serving, but health failing below the threshold or speculation under its floor
-EXIT_STARTING = 6  # launched, not yet ready (loading, capturing graphs, warming up)
-EXIT_RECOVERING = 7  # hung, diagnosing or restarting: an incident is being handled
-EXIT_STOPPED = 8  # stopped by request
-EXIT_FAILED = 9  # the ladder or the restart budget is exhausted
-EXIT_TIMEOUT = 124  # --wait ran out of time (as timeout(1) does)
+from supervisor.common.exitcodes import (
+    EXIT_DEGRADED,
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_RECOVERING,
+    EXIT_STARTING,
+    EXIT_STOPPED,
+)
 
 STATE_EXIT: Mapping[str, int] = {
     "ready": EXIT_OK,

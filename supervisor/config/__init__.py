@@ -1,1 +1,1 @@
-"""The one settings model, the rendering of each rung's command, and check-config."""
+"""The one settings model (`[notify]` targets included), and the rendering of each rung's command."""

@@ -15,27 +15,18 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from supervisor.alerting.settings import NotifyTarget, unique_names
+from supervisor.common.configerror import ConfigError as ConfigError  # raised here; the class lives in the leaf
+from supervisor.config.alerting import NotifyTarget, unique_names
 from supervisor.config.expand import ExpansionError, expand
 from supervisor.config.gpu import GpuSettings
 from supervisor.config.slate import SlateSettings
+from supervisor.status.causes import CAUSES, HANG_CLASSES
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,no-redef]
 
-HANG_CLASSES = ("idle_deadlock", "busy_spin", "collective", "cuda_graph_capture", "io_wait", "unknown")
-CAUSES = (
-    "exited",
-    "startup_stall",
-    "startup_timeout",
-    "unhealthy",
-    "serving_stall",
-    "rank_died",
-    "spec_regression",
-    "manual",
-)
 BASE_RUNG = "base"
 
 ArgValue = Union[bool, int, float, str, list[Union[int, float, str]]]
@@ -323,10 +314,6 @@ class Settings(_Section):
             if rung.name == name:
                 return i
         return None
-
-
-class ConfigError(Exception):
-    """A config the daemon refuses; the message names each bad key and what was expected."""
 
 
 def _check_arg_names(args: Mapping[str, object]) -> None:

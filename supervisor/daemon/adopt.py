@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from probes.proctree import carries_marker, read_stat
-from supervisor.logs.capture import LogPosition
+from supervisor.logs.reader import LogPosition
 
 
 @dataclass(frozen=True)

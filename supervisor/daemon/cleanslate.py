@@ -26,7 +26,7 @@ from pathlib import Path
 
 from probes.proctree import MARKER_ENV, read_stat
 from probes.types import GpuObservation
-from supervisor.diagnostics.redact import Redactor, argv_secrets
+from supervisor.common.redact import Redactor, argv_secrets
 
 _WITH_PID = (
     re.compile(r"^sgl_shm_[A-Za-z0-9]+_(\d+)_[0-9a-fA-F]+$"),

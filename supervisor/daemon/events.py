@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.status.eventnames import AnyEventName
 
 Channel = Literal["journal", "log"]
 CHANNELS: tuple[Channel | None, ...] = (None, "journal", "log")  # None: every channel
@@ -23,7 +24,7 @@ CHANNELS: tuple[Channel | None, ...] = (None, "journal", "log")  # None: every c
 
 @dataclass(frozen=True)
 class Event:
-    name: str
+    name: AnyEventName
     level: str  # the log line's: info, warning, error, exception
     fields: Mapping[str, object]
     only: Channel | None = None  # None: every channel

@@ -12,9 +12,10 @@ from supervisor.diagnostics import BundleResult, CaptureRequest, capture
 from supervisor.policy.gpuwait import sample_kind, thread_kind, where
 from supervisor.policy.watchdog import StallClass, Verdict
 from supervisor.process import resume_stopped
+from supervisor.status.causes import HangClass
 
 
-def provisional_class(verdict: Verdict | None) -> str | None:
+def provisional_class(verdict: Verdict | None) -> HangClass | None:
     """The watchdog's own guess, used when no bundle could classify the hang."""
     if verdict is None or verdict.cause in ("exited", "manual", "spec_regression"):
         return None

@@ -19,18 +19,19 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from probes.types import Observation
+from supervisor.common.exitcodes import EXIT_GROUP_RESTART
 from supervisor.config.settings import Settings
-from supervisor.daemon.commands import Command, CommandResult
 from supervisor.daemon.peers import Asked, Beating, Judged, Record
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import build_report
-from supervisor.group.runtime import EXIT_GROUP_RESTART, GroupRuntime
+from supervisor.group.runtime import GroupRuntime
 from supervisor.group.view import group_view
 from supervisor.policy.group import NodeReport, OwnVerdict, combine
 from supervisor.policy.recovery import exits_for_group
 from supervisor.policy.watchdog import History, Verdict
+from supervisor.status.commands import Command, CommandResult
+from supervisor.status.snapshot import StatusSnapshot
 
 T = TypeVar("T")
 _HELD_STATES = frozenset({"hung", "diagnosing"})

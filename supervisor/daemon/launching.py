@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from supervisor.clock import Clock
 from supervisor.daemon.adopt import ServerRecord, starttime_of
-from supervisor.logs.capture import LogCapture
+from supervisor.logs.reader import LogCapture
 from supervisor.process.control import Child, LogFiles, ProcessControl, SpawnError, port_holder
 from supervisor.process.leftovers import kept_on_port
 

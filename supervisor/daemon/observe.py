@@ -34,8 +34,8 @@ from probes.types import (
     TreeObservation,
 )
 from supervisor.config.settings import Settings
-from supervisor.daemon.snapshot import ToolCheck
 from supervisor.diagnostics.tools import find_py_spy
+from supervisor.status.snapshot import ToolCheck
 
 
 @dataclass(frozen=True)

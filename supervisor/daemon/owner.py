@@ -35,39 +35,30 @@ from probes.gpuscope import DeviceScope
 from probes.types import Observation
 from probes.xid import XidWatcher
 from supervisor.clock import Clock
+from supervisor.common.configerror import ConfigError
 from supervisor.config.render import arg_names, render_rung
-from supervisor.config.settings import ConfigError, Settings, load_settings
-from supervisor.daemon import instance_lock, launching, slate, stopping, takeover, validation, xids
-from supervisor.daemon.apiguard import GuardStats
+from supervisor.config.settings import Settings, load_settings
+from supervisor.daemon import launching, slate, stopping, takeover, xids
 from supervisor.daemon.beating import keep_beating
-from supervisor.daemon.commands import Command, CommandResult, finish
 from supervisor.daemon.counting import RestartingCount
 from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, counting_subscriptions
 from supervisor.daemon.evidence import collect, provisional_class
 from supervisor.daemon.incidentids import unique_incident_id
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer
 from supervisor.daemon.peers import NoPeers, Peers
 from supervisor.daemon.persist import Decided, OpenIncident, Persisted, load, marker_for, save
 from supervisor.daemon.publish import Facts, build, iso, stale_after
 from supervisor.daemon.records import Counters, InHand, Leaving, Pending
-from supervisor.daemon.sdnotify import Notifier, WatchdogPacer
 from supervisor.daemon.server import Server
 from supervisor.daemon.shmledger import ShmLedger
-from supervisor.daemon.snapshot import (
-    IncidentView,
-    LogKeeperView,
-    StatusSnapshot,
-    StopView,
-    ToolCheck,
-    WriteErrorsView,
-)
 from supervisor.daemon.stopping import StopTools
-from supervisor.daemon.validation import RESTARTING as CUT_SHORT
 from supervisor.daemon.xidbook import XidBook
 from supervisor.diagnostics import BundleResult, Redactor, self_check
-from supervisor.policy import recovery
+from supervisor.host import instance_lock
+from supervisor.host.apiguard import GuardStats
+from supervisor.host.sdnotify import Notifier, WatchdogPacer
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.policy import recovery, validation
 from supervisor.policy.gpuwait import wants_look
 from supervisor.policy.group import NodeReport
 from supervisor.policy.ladder import (
@@ -80,17 +71,21 @@ from supervisor.policy.ladder import (
     record_stable,
     resume_rung,
 )
-from supervisor.policy.lifecycle import RUNNING, SERVING, Lifecycle, State
+from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, SERVING, Lifecycle, State
 from supervisor.policy.watchdog import Mode, Verdict, assess, new_history
 from supervisor.process.control import LogFiles, ProcessControl, RealProcessControl
 from supervisor.process.owners import STATE_DIR_ENV
+from supervisor.status.causes import HUNG_CAUSES, Cause
+from supervisor.status.commands import Command, CommandResult, finish
+from supervisor.status.eventnames import AnyEventName, EventName, journal_name
+from supervisor.status.journal import Journal
+from supervisor.status.snapshot import IncidentView, LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 # A successor re-reads the log lines of at most this window (duplicates, never losses); each save
 # is one small fsynced write of state.json.
 LOG_POSITION_SAVE_S = 5.0
-HUNG_CAUSES = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy", "rank_died"})
 
 
 class Owner:
@@ -215,7 +210,7 @@ class Owner:
 
     # ---- the one way an event is written -------------------------------------------------
 
-    def record(self, event: str, level: str = "info", /, *, only: Any = None, **fields: Any) -> None:
+    def record(self, event: AnyEventName, level: str = "info", /, *, only: Any = None, **fields: Any) -> None:
         """The one way the owner reports an event: the journal line, the log line (with the launch's
         bound rung and pid) and the counters it implies all subscribe (`supervisor.daemon.events`);
         `only` ("journal" or "log") names the one channel of an event that has no line in the other.
@@ -234,7 +229,7 @@ class Owner:
 
     def _journal_line(self, e: Event) -> None:
         if e.goes_to("journal"):
-            self.journal.append(e.name, **e.fields)
+            self.journal.append(journal_name(e.name), **e.fields)
 
     def _log_line(self, e: Event) -> None:
         if e.goes_to("log"):
@@ -603,7 +598,7 @@ class Owner:
             self.record("failed_cooldown", only="journal", retry_in_s=cooldown, reason=cooldown_reason)
             self.wait_then(Pending("leave_failed", 0, self.clock.monotonic() + cooldown))
 
-    async def leave_failed(self, event: str, why: str, rung: int) -> None:
+    async def leave_failed(self, event: EventName, why: str, rung: int) -> None:
         """Out of `failed` (cooldown over, or by hand): fresh retry, backoff and budget counters."""
         self.ladder = fresh_start(self.ladder)
         self.record(event, reason=why, rung=self.settings.ladder[rung].name)
@@ -613,7 +608,7 @@ class Owner:
 
     async def incident(
         self,
-        cause: str,
+        cause: Cause,
         verdict: Verdict | None,
         obs: Observation | None,
         *,
@@ -995,7 +990,7 @@ class Owner:
     # ---- commands: one validation, one dispatcher, one method per kind ---------------------
 
     def check(self, cmd: Command, *, queued: bool) -> CommandResult | None:
-        """The one validation (`supervisor.daemon.validation.check`), at submit and in the queue."""
+        """The one validation (`supervisor.policy.validation.check`), at submit and in the queue."""
         inhand = self.inhand
         return validation.check(
             cmd,
@@ -1286,7 +1281,7 @@ class Owner:
         if not self.inhand.resume_after_error:
             return False
         self.inhand.resume_after_error = False
-        if self.lifecycle.state not in CUT_SHORT:
+        if self.lifecycle.state not in RESTART_UNDER_WAY:
             return False
         last = self.inhand.last_incident
         cause = last.cause if last is not None else "exited"
@@ -1366,7 +1361,7 @@ class Owner:
         self.record("loop_error", only="journal", error=repr(err)[:500], state=state)
         self.inhand.diagnosing = False
         self.publish()
-        if self.lifecycle.state in CUT_SHORT and self.leaving is None:
+        if self.lifecycle.state in RESTART_UNDER_WAY and self.leaving is None:
             self.inhand.resume_after_error = True
 
     def record_interrupted(self, inc: OpenIncident) -> None:

@@ -15,16 +15,17 @@ from typing import Any, Protocol, TypeVar
 
 from probes.types import Observation
 from supervisor.config.settings import Settings
-from supervisor.daemon.commands import Command
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.policy.group import NodeReport
 from supervisor.policy.watchdog import History, Verdict
+from supervisor.status.commands import Command
+from supervisor.status.eventnames import EventName
+from supervisor.status.snapshot import StatusSnapshot
 
 T = TypeVar("T")
 
 
 class Record(Protocol):
-    def __call__(self, event: str, level: str = "info", /, **fields: Any) -> None: ...
+    def __call__(self, event: EventName, level: str = "info", /, **fields: Any) -> None: ...
 
 
 Beating = Callable[[Awaitable[Any]], Awaitable[Any]]

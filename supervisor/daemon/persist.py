@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.daemon.adopt import ServerRecord
-from supervisor.daemon.snapshot import IncidentView
 from supervisor.policy.ladder import MAX_ATTEMPTS, Attempt, LadderState
+from supervisor.status.causes import CAUSES, Cause
+from supervisor.status.snapshot import IncidentView
 
 VERSION = 1
 
@@ -31,7 +32,7 @@ class OpenIncident:
     """An incident whose evidence capture was under way: a daemon killed then records it at start."""
 
     id: str
-    cause: str
+    cause: Cause
     rung: str
     at: float  # wall clock
 
@@ -240,7 +241,10 @@ def _open(v: object) -> OpenIncident | None:
     texts = [v["id"], v["cause"], v["rung"]]
     if not all(isinstance(t, str) and 0 < len(t) <= 200 and "\0" not in t for t in texts):
         raise Malformed("open_incident's id, cause and rung must be short text")
-    return OpenIncident(id=v["id"], cause=v["cause"], rung=v["rung"], at=_time(v["at"], "open_incident.at"))
+    cause = v["cause"]
+    if cause not in CAUSES:
+        raise Malformed(f"open_incident's cause {cause!r} is none of {', '.join(CAUSES)}")
+    return OpenIncident(id=v["id"], cause=cause, rung=v["rung"], at=_time(v["at"], "open_incident.at"))
 
 
 def load(path: Path, rung_names: tuple[str, ...]) -> tuple[Persisted | None, str]:

@@ -14,7 +14,9 @@ from probes.types import (
     ServingObservation,
     TreeObservation,
 )
-from supervisor.daemon.snapshot import (
+from supervisor.policy.gpuwait import where
+from supervisor.policy.watchdog import History, mean_accept
+from supervisor.status.snapshot import (
     BusyView,
     GpuDeviceView,
     GpuView,
@@ -28,8 +30,6 @@ from supervisor.daemon.snapshot import (
     ToolCheck,
     WriteErrorsView,
 )
-from supervisor.policy.gpuwait import where
-from supervisor.policy.watchdog import History, mean_accept
 
 
 def iso(wall: float | None) -> str | None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from supervisor.daemon.persist import Decided, OpenIncident
-from supervisor.daemon.snapshot import IncidentView
 from supervisor.policy.lifecycle import State
+from supervisor.status.snapshot import IncidentView
 
 # What a pending timer does when it fires: launch a rung (a backoff after an incident, a launch a
 # held port or GPU deferred, a start-up that failed), resume a predecessor's decision, or leave

@@ -19,7 +19,7 @@ from supervisor.daemon import launching, stopping, takeover
 from supervisor.daemon.adopt import ServerRecord
 from supervisor.daemon.observe import Target
 from supervisor.daemon.stopping import StopTools
-from supervisor.logs.capture import LogCapture
+from supervisor.logs.reader import LogCapture
 from supervisor.logs.tending import KeeperStatus
 from supervisor.policy.watchdog import History, new_history
 from supervisor.process.control import Child, LogFiles, ProcessControl

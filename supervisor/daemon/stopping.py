@@ -16,8 +16,8 @@ from probes.gpu import GpuProbe
 from supervisor.clock import Clock
 from supervisor.daemon.beating import Beat, keep_beating
 from supervisor.daemon.publish import iso
-from supervisor.daemon.snapshot import StopView
 from supervisor.process.control import Child, ProcessControl, StopReport, describe_holders
+from supervisor.status.snapshot import StopView
 
 Release = Literal["released", "held", "unverified"]
 

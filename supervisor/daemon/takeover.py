@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from supervisor.clock import Clock
 from supervisor.daemon.adopt import ServerRecord, refusal
-from supervisor.logs.capture import LogCapture
+from supervisor.logs.reader import LogCapture
 from supervisor.process.control import Child, LogFiles, ProcessControl
 
 

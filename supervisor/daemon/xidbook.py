@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from probes.xid import XidEvent
 from supervisor.daemon.publish import iso
-from supervisor.daemon.snapshot import XidView
 from supervisor.policy.xidpolicy import describe, xid_action
+from supervisor.status.snapshot import XidView
 
 RECENT = 20  # shown in /status
 

@@ -21,6 +21,7 @@ from probes.xid import XidEvent
 from supervisor.daemon.publish import iso
 from supervisor.daemon.xidbook import RECENT, XidBook
 from supervisor.policy.xidpolicy import blocking, describe, xid_action
+from supervisor.status.eventnames import EventName
 
 EXPLAINS_S = 120.0  # an Xid this recent explains an incident (a rank that died, a stall)
 
@@ -29,7 +30,7 @@ EXPLAINS_S = 120.0  # an Xid this recent explains an incident (a rank that died,
 class Note:
     """One event for the owner to record (`level`: the log line's); `xid`: count it in metrics."""
 
-    event: str
+    event: EventName
     fields: dict[str, object] = field(default_factory=dict)
     level: str = "info"
     xid: XidEvent | None = None

@@ -8,23 +8,22 @@ the tools' finders, command lines and parsers (`find_py_spy`, `gdb_argv`, `parse
 
 from __future__ import annotations
 
+from supervisor.common.redact import Redactor
 from supervisor.diagnostics.capture import capture
-from supervisor.diagnostics.classify import classify
-from supervisor.diagnostics.pystack import find_pystack, parse_pystack, pystack_argv
-from supervisor.diagnostics.ras import query_ras
-from supervisor.diagnostics.records import (
+from supervisor.diagnostics.capturerecords import (
     BundleResult,
     CaptureRequest,
     Classification,
     Evidence,
     Frame,
-    HangClass,
     ProcEvidence,
     StackThread,
     ToolOutcome,
     new_incident_id,
 )
-from supervisor.diagnostics.redact import Redactor
+from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.pystack import find_pystack, parse_pystack, pystack_argv
+from supervisor.diagnostics.ras import query_ras
 from supervisor.diagnostics.selfcheck import self_check
 from supervisor.diagnostics.tools import find_gdb, find_py_spy, gdb_argv, parse_cuda_kernels, tool_env
 
@@ -34,7 +33,6 @@ __all__ = [
     "Classification",
     "Evidence",
     "Frame",
-    "HangClass",
     "ProcEvidence",
     "Redactor",
     "StackThread",

@@ -18,21 +18,21 @@ from pathlib import Path
 
 from probes.proctree import read_stat
 from probes.types import ProcInfo, ThreadInfo
+from supervisor.common.redact import Redactor, argv_secrets
 from supervisor.diagnostics import tools
 from supervisor.diagnostics.bundle import enforce_retention, safe_id, unique_id, write_bundle
-from supervisor.diagnostics.classify import classify
-from supervisor.diagnostics.grouptext import group_text
-from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
-from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
-from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ras_text, with_ras
-from supervisor.diagnostics.records import (
+from supervisor.diagnostics.capturerecords import (
     BundleResult,
     CaptureRequest,
     Evidence,
     ProcEvidence,
     ToolOutcome,
 )
-from supervisor.diagnostics.redact import Redactor, argv_secrets
+from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.grouptext import group_text
+from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
+from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
+from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ras_text, with_ras
 from supervisor.diagnostics.sglangdump import sglang_files, with_sglang_dumps
 from supervisor.diagnostics.spread import sample_spread, spread_text
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text

@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from supervisor.diagnostics.records import Classification, Evidence, Frame, HangClass, ProcEvidence, StackThread
+from supervisor.diagnostics.capturerecords import Classification, Evidence, Frame, ProcEvidence, StackThread
 from supervisor.diagnostics.waits import ThreadView, thread_views
+from supervisor.status.causes import HangClass
 
 _GRAPH_FUNC = re.compile(
     r"capture_one_batch_size|[A-Za-z]*CudaGraphRunner\.(?:capture\w*|__init__)\b"

@@ -7,7 +7,7 @@ GPU 0, waited for by the scheduler's MainThread in Event.synchronize" without op
 from __future__ import annotations
 
 from probes.types import BusyThread, GpmObservation, GpuObservation, PyFrame
-from supervisor.diagnostics.records import Evidence, ProcEvidence, StackThread
+from supervisor.diagnostics.capturerecords import Evidence, ProcEvidence, StackThread
 from supervisor.policy.gpuwait import thread_kind, where
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 
 from probes.types import ThreadInfo
-from supervisor.diagnostics.redact import Redactor
+from supervisor.common.redact import Redactor
 
 PROC = Path("/proc")
 _MAX_THREADS = 2048  # a runaway thread count must not make the capture slow

@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from supervisor.diagnostics.records import Frame, StackThread
+from supervisor.diagnostics.capturerecords import Frame, StackThread
 
 
 def find_pystack() -> tuple[str, ...] | None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
+from supervisor.diagnostics.capturerecords import Classification
 from supervisor.diagnostics.ras import RasComm, RasReport
-from supervisor.diagnostics.records import Classification, HangClass
+from supervisor.status.causes import HangClass
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from supervisor.daemon.snapshot import ToolCheck
 from supervisor.diagnostics.pystack import find_pystack
 from supervisor.diagnostics.tools import find_gdb, find_py_spy
+from supervisor.status.snapshot import ToolCheck
 
 CAP_SYS_PTRACE = 19
 _VERSION_TIMEOUT_S = 5.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from supervisor.diagnostics.records import CaptureRequest, ProcEvidence
+from supervisor.diagnostics.capturerecords import CaptureRequest, ProcEvidence
 from supervisor.diagnostics.tools import parse_py_spy
 
 FILE = "sglang-watchdog.txt"

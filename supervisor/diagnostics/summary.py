@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from probes.types import GpmObservation, GpuObservation, ProcInfo
+from supervisor.common.redact import Redactor
+from supervisor.diagnostics.capturerecords import CaptureRequest, Classification, Evidence, ToolOutcome
 from supervisor.diagnostics.kernels import gpm_doc, gpm_lines, kernel_lines, resident
-from supervisor.diagnostics.records import CaptureRequest, Classification, Evidence, ToolOutcome
-from supervisor.diagnostics.redact import Redactor
 from supervisor.diagnostics.waits import ThreadView, thread_views
 
 SCHEMA_VERSION = 1

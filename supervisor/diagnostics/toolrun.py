@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from probes.types import ProcInfo
+from supervisor.common.toolproc import RunResult, run_tool
 from supervisor.diagnostics import tools
+from supervisor.diagnostics.capturerecords import CaptureRequest, Outcome, StackThread, ToolName, ToolOutcome
 from supervisor.diagnostics.pystack import parse_pystack, pystack_argv
-from supervisor.diagnostics.records import CaptureRequest, Outcome, StackThread, ToolName, ToolOutcome
-from supervisor.diagnostics.toolproc import RunResult, run_tool
 
 Resume = Callable[[Sequence[int]], object]
 _MIN_TOOL_S = 0.3  # a tool given less than this cannot attach and dump: skipped instead

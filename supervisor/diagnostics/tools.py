@@ -9,8 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.diagnostics.capturerecords import Frame, Outcome, StackThread, ToolName
 from supervisor.diagnostics.pystack import find_pystack, pystack_ok
-from supervisor.diagnostics.records import Frame, Outcome, StackThread, ToolName
 
 # gdb must never reach for the network (debuginfod) or run scripts shipped next to the target's
 # libraries (auto-load): either can stall a capture that has to finish before the server is killed.

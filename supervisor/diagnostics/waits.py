@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from probes.types import ThreadInfo
-from supervisor.diagnostics.records import Frame, ProcEvidence, StackThread
+from supervisor.diagnostics.capturerecords import Frame, ProcEvidence, StackThread
 
 WaitKind = Literal[
     "lock",  # futex, mutex, condition variable, semaphore, Lock.acquire, Thread.join, Queue.get

@@ -21,7 +21,7 @@ from supervisor.group.client import Answer, GroupClient
 from supervisor.group.report import from_wire
 from supervisor.policy.group import MemberView
 
-log = structlog.get_logger("supervisor")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)

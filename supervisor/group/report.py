@@ -13,8 +13,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from supervisor.daemon.snapshot import StatusSnapshot
 from supervisor.policy.group import NodeReport, RankView
+from supervisor.status.causes import Cause
+from supervisor.status.snapshot import StatusSnapshot
 
 _ADAPTER = TypeAdapter(NodeReport)
 _RANK_ROLES = frozenset({"main", "scheduler", "detokenizer", "controller"})
@@ -24,7 +25,7 @@ def build_report(
     node: int,
     snap: StatusSnapshot,
     *,
-    cause: str | None,
+    cause: Cause | None,
     reason: str,
     lost_ranks: Iterable[int],
     at: float,

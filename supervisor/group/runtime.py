@@ -11,18 +11,14 @@ from dataclasses import dataclass, field
 from supervisor.config.settings import GroupSettings
 from supervisor.group.leader import GroupLeader
 from supervisor.policy.group import GroupVerdict
-
-# The leader's exit in `restart = "lws"` mode, after the group's evidence is written: LWS
-# (RecreateGroupOnPodRestart) recreates every pod of the group. Not 0 (a clean exit), 2 (config),
-# 3 (state dir locked) or 75 (handoff).
-EXIT_GROUP_RESTART = 76
+from supervisor.status.causes import Cause
 
 
 @dataclass
 class GroupRuntime:
     settings: GroupSettings
     leader: GroupLeader | None  # node 0 only
-    held_cause: str | None = None  # a member's own incident, held for the leader
+    held_cause: Cause | None = None  # a member's own incident, held for the leader
     held_reason: str = ""
     captured: str | None = None  # the group incident this node last captured a bundle for
     verdict: GroupVerdict = field(default_factory=lambda: GroupVerdict("ok", reason="not judged yet"))

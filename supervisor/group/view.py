@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from supervisor.daemon.snapshot import GroupNodeView, GroupView, StatusSnapshot
 from supervisor.group.runtime import GroupRuntime
 from supervisor.policy.group import MemberView, group_serves
 from supervisor.policy.lifecycle import SERVING_NAMES
+from supervisor.status.snapshot import GroupNodeView, GroupView, StatusSnapshot
 
 
 def _member(m: MemberView) -> GroupNodeView:

@@ -1,1 +1,4 @@
-"""The server's output (keeper, capture, view, journal copy) and the daemon's own logging."""
+"""The server's output (keeper, reader, view, the copy to journald) and the daemon's own logging.
+
+"journal" in this project is the daemon's event file (supervisor.status.journal); the systemd
+journal is always called journald (`journald`, the `[logs] journal` key excepted, a config name)."""

@@ -5,7 +5,7 @@ stdin (the server's stdout and stderr, one pipe) until every writer has closed i
 It is a process of its own, started next to the server and not by it, so the server's output does
 not depend on the daemon: a daemon that crashes, is SIGKILLed or restarts for an upgrade leaves
 the keeper draining the pipe, the server never blocks on a full pipe or dies of SIGPIPE, and no
-line is lost while the daemon is away. The daemon reads the files (`supervisor.logs.capture`).
+line is lost while the daemon is away. The daemon reads the files (`supervisor.logs.reader`).
 
 It ignores SIGTERM, SIGINT and SIGHUP: a stop of the server tree, a Ctrl-C or a closed terminal
 must not cut off the server's last lines; it ends at EOF, when the last writer is gone. Growth is
@@ -160,7 +160,7 @@ def keep(
         if not chunk:
             break
         total += len(chunk)
-        if copy is not None:  # the journal (supervisor.logs.journalsend): never blocks, never raises
+        if copy is not None:  # the journal (supervisor.logs.journald): never blocks, never raises
             copy(chunk)
         try:
             out.write(chunk)
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RotatingFile(args.dir / args.name, max(1, args.max_bytes), max(0, args.backups))
     sender = None
     if args.journal_socket:
-        from supervisor.logs.journalsend import JournalSender
+        from supervisor.logs.journald import JournalSender
 
         sender = JournalSender(args.journal_socket, args.journal_id)
     keep(0, out, sys.stderr, StatsFile(stats_path(args.dir, args.name)), sender.write if sender else None)

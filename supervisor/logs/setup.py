@@ -2,7 +2,7 @@
 lines for machines, and journald's conventions under systemd.
 
 structlog renders the daemon's own events; the standard library's loggers (uvicorn, httpx, asyncio)
-are routed through the same renderer so the journal sees one format.
+are routed through the same renderer so journald sees one format.
 
 Under systemd (`JOURNAL_STREAM` names the very stream stderr is, sd-daemon(3)) each line starts
 with its syslog priority, `<3>` error, `<4>` warning, `<6>` info, `<7>` debug, which journald strips
@@ -48,7 +48,7 @@ def priority(levelno: int) -> int:
 
 
 def journal_stream(out: TextIO, env: Mapping[str, str]) -> bool:
-    """True when `out` is the journal stream systemd gave us (`JOURNAL_STREAM=<dev>:<inode>`).
+    """True when `out` is the journald stream systemd gave us (`JOURNAL_STREAM=<dev>:<inode>`).
 
     The variable alone is not enough: a child of a service inherits it with a redirected stderr.
     """
@@ -115,7 +115,7 @@ def configure(
         lg = logging.getLogger(name)
         lg.handlers[:] = []
         lg.propagate = True
-    # httpx logs every request at INFO: the health probe would flood the journal.
+    # httpx logs every request at INFO: the health probe would flood journald.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
     if journal:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from supervisor.common.redact import Redactor, argv_secrets
 from supervisor.config.render import render_rung
 from supervisor.config.settings import Settings
-from supervisor.diagnostics import Redactor
-from supervisor.diagnostics.redact import argv_secrets
 
 
 def server_log_file(settings: Settings) -> Path:

@@ -10,25 +10,19 @@ behaviour (ranks, progress, health at node 0) decides.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
+from probes.types import Phase
 from supervisor.policy.lifecycle import SERVING_NAMES
+from supervisor.status.causes import Cause
 
 GroupStatus = Literal["ok", "degraded", "incident"]
 
 # States in which a node's server is up (the report's `state` is the daemon's lifecycle state).
 _UP = frozenset({"starting", "ready", "degraded"})
-# Start-up phases in order: a node behind the others at a start-up stall is the one that never joined.
-PHASES = (
-    "spawning",
-    "initializing",
-    "loading_weights",
-    "loading_draft",
-    "allocating_kv",
-    "capturing_graphs",
-    "warming_up",
-    "serving",
-)
+# Start-up phases in order (probes.types.Phase is written in order): a node behind the others at a
+# start-up stall is the one that never joined.
+PHASES: tuple[Phase, ...] = get_args(Phase)
 _STALLS = frozenset({"startup_stall", "startup_timeout", "serving_stall", "unhealthy"})
 
 
@@ -51,7 +45,7 @@ class NodeReport:
     phase: str | None
     pid: int | None
     rung: str
-    cause: str | None  # an incident the node's own watchdog judged and holds for the leader
+    cause: Cause | None  # an incident the node's own watchdog judged and holds for the leader
     reason: str
     ranks: tuple[RankView, ...]
     lost_ranks: tuple[int, ...]  # scheduler pids that were seen and are gone
@@ -78,7 +72,7 @@ class OwnVerdict:
 
     state: str
     status: str  # the watchdog's status: "starting", "ready", "degraded", "incident"
-    cause: str | None
+    cause: Cause | None
     reason: str
     phase: str | None
 
@@ -86,7 +80,7 @@ class OwnVerdict:
 @dataclass(frozen=True)
 class GroupVerdict:
     status: GroupStatus
-    cause: str | None = None
+    cause: Cause | None = None
     reason: str = ""
     node: int | None = None  # the node named as the origin
     rank: int | None = None  # and its rank, where known

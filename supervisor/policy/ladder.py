@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from supervisor.config.settings import RestartSettings, Rung
+from supervisor.status.causes import Cause, HangClass
 
 HOUR_S = 3600.0
 
@@ -41,8 +42,8 @@ class LadderState:
 
 @dataclass(frozen=True)
 class Incident:
-    cause: str
-    hang_class: str | None = None
+    cause: Cause
+    hang_class: HangClass | None = None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ LEGAL: dict[State, frozenset[State]] = {
 SERVING = frozenset({State.READY, State.DEGRADED})
 SERVING_NAMES = frozenset(s.value for s in SERVING)  # the same, as /status spells them
 RUNNING = frozenset({State.STARTING, State.READY, State.DEGRADED})
+# An incident in hand: a restart is under way (a second is refused; one an exception cut short resumes).
+RESTART_UNDER_WAY = frozenset({State.HUNG, State.DIAGNOSING, State.RESTARTING})
 
 
 class IllegalTransition(RuntimeError):

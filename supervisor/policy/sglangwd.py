@@ -15,6 +15,7 @@ from typing import Literal
 from probes.busy import parse_active_threads
 from probes.types import BusyThread, Observation, PyFrame, SGLangWatchdogFire
 from supervisor.policy.gpuwait import thread_kind, where
+from supervisor.status.causes import Cause
 
 StallClass = Literal["idle", "busy"]
 Mode = Literal["starting", "serving"]
@@ -71,5 +72,5 @@ def reason(fire: SGLangWatchdogFire, tree_alive: bool) -> str:
     return f"SGLang's own watchdog fired ({fire.name} watchdog timeout{after}){dumps}{failed}{gone}"
 
 
-def cause_for(mode: Mode) -> str:
+def cause_for(mode: Mode) -> Cause:
     return "serving_stall" if mode == "serving" else "startup_stall"

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from probes.types import Observation
+from probes.types import Observation, Phase
 from supervisor.config.settings import WatchdogSettings
 from supervisor.policy.gpuwait import BusyState, busy_figures, fold_busy, gpu_bound
 from supervisor.policy.sglangwd import cause_for, crash_error, dump_class, fired, reason
+from supervisor.status.causes import Cause
 
 Mode = Literal["starting", "serving"]
 Status = Literal["starting", "ready", "degraded", "incident"]
@@ -148,10 +149,10 @@ def new_history(launched_at: float) -> History:
 @dataclass(frozen=True)
 class Verdict:
     status: Status
-    cause: str | None = None  # one of config.CAUSES when status == "incident" (or spec_regression)
+    cause: Cause | None = None  # when status == "incident" (or spec_regression)
     reason: str = ""
     stall_class: StallClass | None = None
-    phase: str | None = None
+    phase: Phase | None = None
     moved: tuple[str, ...] = ()  # channels that moved at this poll
     figures: tuple[tuple[str, float], ...] = ()  # the observations that led to it
 

@@ -1,5 +1,5 @@
 """Whose is a tree: from its marker to the state directory that launched it, and from there to
-that directory's lock (supervisor.daemon.instance_lock), which the kernel holds exactly as long as
+that directory's lock (supervisor.host.instance_lock), which the kernel holds exactly as long as
 its daemon lives.
 
 A marker is a hash of the state directory (`sd-<sha256[:16]>`), which cannot be turned back into a
@@ -35,7 +35,7 @@ from typing import Literal
 from probes.proctree import MARKER_ENV
 
 STATE_DIR_ENV = "SGLANG_SUPERVISOR_STATE_DIR"
-LOCK_NAME = "daemon.lock"  # supervisor.daemon.instance_lock.LOCK_NAME (a test holds them equal)
+LOCK_NAME = "daemon.lock"  # supervisor.host.instance_lock.LOCK_NAME (a test holds them equal)
 ABOUT_NAME = "daemon.json"
 _MAX_ABOUT = 4096
 

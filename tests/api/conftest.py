@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from api.app import create_app
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.status.journal import Journal
 
 TOKEN = "s3cret-token-value-0123456789"
 BUNDLE = "20250101T000000Z-startup_stall"

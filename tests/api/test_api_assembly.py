@@ -20,10 +20,10 @@ from api import app as app_module
 from api.app import create_app, include_protected
 from api.deps import ApiContext, Supervisor, get_supervisor, require_token
 from api.errors import http_exception_handler
+from api.readiness import is_ready
 from api.routes import commands, probes
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.readiness import is_ready
 from supervisor.policy.lifecycle import State
+from supervisor.status.journal import Journal
 
 AppFactory = Callable[..., FastAPI]
 ClientFactory = Callable[..., httpx.AsyncClient]

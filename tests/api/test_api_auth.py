@@ -11,8 +11,9 @@ import pytest
 from fastapi import FastAPI
 from structlog.testing import capture_logs
 
-from api.auth import check_bind, is_loopback, load_token
-from supervisor.config.settings import ApiSettings, ConfigError
+from supervisor.common.apitoken import check_bind, is_loopback, load_token
+from supervisor.common.configerror import ConfigError
+from supervisor.config.settings import ApiSettings
 
 PROTECTED = [
     ("GET", "/status"),

@@ -26,9 +26,9 @@ from fake_supervisor import FakeSupervisor, attach
 from prometheus_client import CollectorRegistry
 
 from api.app import create_app
-from supervisor.daemon.commands import CommandResult
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.status.commands import CommandResult
+from supervisor.status.journal import Journal
 
 pytestmark = [
     pytest.mark.integration,

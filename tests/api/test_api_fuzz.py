@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from api.app import create_app
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.status.journal import Journal
 
 FUZZ_TOKEN = "fuzz-token-0123456789abcdef"
 OPEN = {"/livez", "/readyz", "/metrics"}

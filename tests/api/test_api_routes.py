@@ -13,8 +13,8 @@ from fake_supervisor import SAMPLE_LADDER, FakeSupervisor, sample_snapshot
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.daemon.commands import Command, CommandResult
-from supervisor.daemon.journal import Journal
+from supervisor.status.commands import Command, CommandResult
+from supervisor.status.journal import Journal
 
 AppFactory = Callable[..., FastAPI]
 ClientFactory = Callable[..., httpx.AsyncClient]

@@ -10,10 +10,10 @@ from fastapi import FastAPI
 
 from api import group
 from api.errors import http_exception_handler, validation_exception_handler
-from supervisor.daemon.commands import Command, CommandResult
-from supervisor.daemon.snapshot import StatusSnapshot, StopView
 from supervisor.group.report import from_wire
 from supervisor.policy.group import NodeReport, RankView
+from supervisor.status.commands import Command, CommandResult
+from supervisor.status.snapshot import StatusSnapshot, StopView
 
 
 @dataclass

@@ -13,8 +13,8 @@ from fake_supervisor import FakeSupervisor, sample_snapshot, sample_starting_sna
 from fastapi import FastAPI
 
 from api.pagehtml import STATE_COLOURS, PageData, render
-from supervisor.daemon.snapshot import GpuView, ProgressView
-from supervisor.daemon.timeline import Timeline
+from supervisor.status.snapshot import GpuView, ProgressView
+from supervisor.status.timeline import Timeline
 
 BUNDLE = "20250101T000000Z-startup_stall"
 

@@ -122,6 +122,6 @@ def test_the_copied_sources_build_the_package_with_its_entry_point(tmp_path: Pat
         names = set(zf.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "sglang-supervisor = supervisor.entry:main" in zf.read(entry_points).decode()
-    assert {"api/app.py", "api/routes/probes.py", "supervisor/daemon/readiness.py"} <= names
+    assert {"api/app.py", "api/routes/probes.py", "api/readiness.py"} <= names
     assert not any(n.startswith("tests/") for n in names)
     assert "api/testing.py" not in names  # test code does not ship

@@ -37,9 +37,10 @@ from deploy_files import (
     substituted,
 )
 
-from api.auth import load_token
+from supervisor.common.apitoken import load_token
+from supervisor.common.configerror import ConfigError
 from supervisor.config.render import dump_toml, render_rung
-from supervisor.config.settings import ApiSettings, ConfigError, Settings, settings_from_mapping
+from supervisor.config.settings import ApiSettings, Settings, settings_from_mapping
 
 # The oldest Kubernetes LWS v1 runs on that we check against, and the newest the validator knows.
 K8S_VERSIONS = ["1.29", kubernetes_validate.latest_version()]

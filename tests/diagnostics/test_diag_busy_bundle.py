@@ -15,8 +15,8 @@ import pytest
 
 from probes.types import GpmDevice, GpmObservation, GpuDevice, GpuObservation, GpuProcess
 from supervisor.diagnostics import CaptureRequest, capture
+from supervisor.diagnostics.capturerecords import Evidence, Frame, ProcEvidence, StackThread
 from supervisor.diagnostics.kernels import kernel_lines, resident
-from supervisor.diagnostics.records import Evidence, Frame, ProcEvidence, StackThread
 from supervisor.diagnostics.sglangdump import with_sglang_dumps
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from fake_ras import FakeRas, comm, report
 
+from supervisor.diagnostics.capturerecords import Classification
 from supervisor.diagnostics.ras import query_ras, ras_address
 from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, with_ras
-from supervisor.diagnostics.records import Classification
 
 
 @pytest.fixture

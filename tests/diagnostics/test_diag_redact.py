@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.diagnostics.redact import REDACTED, Redactor, argv_secrets, secret_key, secret_name
+from supervisor.common.redact import REDACTED, Redactor, argv_secrets, secret_key, secret_name
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_assignment_inside_a_call_is_found() -> None:
 
 
 def test_figures_under_secret_looking_keys_are_kept() -> None:
-    from supervisor.diagnostics.redact import Redactor
+    from supervisor.common.redact import Redactor
 
     doc = Redactor().obj({"figures": {"tokens": 1234.0, "running_reqs": 3}, "api_key": "sk-123456789", "token": None})
     assert doc == {"figures": {"tokens": 1234.0, "running_reqs": 3}, "api_key": "[redacted]", "token": None}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import psutil
 
-from supervisor.diagnostics.toolproc import run_tool
+from supervisor.common.toolproc import run_tool
 
 WaitFn = Callable[..., bool]
 

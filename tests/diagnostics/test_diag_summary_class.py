@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from probes.types import ProcInfo, ThreadInfo
+from supervisor.common.redact import Redactor
 from supervisor.diagnostics import CaptureRequest, Evidence, ProcEvidence, classify
-from supervisor.diagnostics.redact import Redactor
 from supervisor.diagnostics.summary import ProcRecord, build_summary, render_text
 from supervisor.diagnostics.tools import parse_py_spy
 

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from simconfig import sim_settings
 
+from supervisor.common.waiting import wait_for_async
 from supervisor.config.settings import Settings
-from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
-from supervisor.daemon.serve import serve
-from supervisor.daemon.snapshot import StatusSnapshot
-from supervisor.waiting import wait_for_async
+from supervisor.root.serve import serve
+from supervisor.status.commands import Command, CommandResult, SupervisorHandle
+from supervisor.status.snapshot import StatusSnapshot
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 from serving import ready
 from statedir import events
 
-from supervisor.daemon import apiguard
+from supervisor.host import apiguard
 
 pytestmark = pytest.mark.integration
 

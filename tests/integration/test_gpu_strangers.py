@@ -21,7 +21,7 @@ from notifyhook import hook, hook_calls, with_notify
 from serving import ready
 from waiting import until
 
-from supervisor.alerting.settings import NotifyTarget
+from supervisor.config.alerting import NotifyTarget
 from supervisor.config.settings import Settings
 from supervisor.config.slate import SlateSettings
 

@@ -1,4 +1,4 @@
-"""The daemon embedded in a program's event loop (supervisor.daemon.inprocess, what the benchmarks
+"""The daemon embedded in a program's event loop (supervisor.root.inprocess, what the benchmarks
 use): it starts, serves its status, takes commands, stops its server on the way out, and says why
 when it cannot start."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon.inprocess import Command, start_in_process
-from supervisor.daemon.instance_lock import StateDirLocked
+from supervisor.host.instance_lock import StateDirLocked
 from supervisor.process import kill_marked
+from supervisor.root.inprocess import Command, start_in_process
 
 pytestmark = pytest.mark.integration
 

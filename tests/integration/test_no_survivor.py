@@ -18,8 +18,8 @@ import pytest
 from statedir import events
 
 from probes.ports import port_accepts
-from supervisor.daemon import serve as runner
 from supervisor.process.cgroup import CgroupRoot
+from supervisor.root import serve as runner
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from receivers import receiver
 from statedir import events
 from waiting import until
 
-from supervisor.alerting.settings import NotifyTarget
+from supervisor.config.alerting import NotifyTarget
 from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import Settings
 

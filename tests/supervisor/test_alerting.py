@@ -16,9 +16,10 @@ from supervisor.alerting import shapes
 from supervisor.alerting.deliver import load_secrets
 from supervisor.alerting.dispatch import Alerter, NotifyMetrics
 from supervisor.alerting.events import Tracker
-from supervisor.alerting.settings import NotifyTarget
-from supervisor.config.settings import ConfigError, settings_from_mapping
-from supervisor.daemon.journal import Journal
+from supervisor.common.configerror import ConfigError
+from supervisor.config.alerting import NotifyTarget
+from supervisor.config.settings import settings_from_mapping
+from supervisor.status.journal import Journal
 
 INC = {
     "event": "incident",
@@ -158,7 +159,7 @@ async def test_a_full_queue_drops_the_oldest_and_counts_it(tmp_path: Path) -> No
 
 
 def test_check_config_names_unreadable_secrets_and_missing_hooks(tmp_path: Path) -> None:
-    from supervisor.config.check import check_settings
+    from supervisor.checkconfig.check import check_settings
 
     loose = tmp_path / "url"
     loose.write_text("https://hooks.example/T0KEN\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from supervisor.alerting import shapes
 from supervisor.alerting.events import Tracker
-from supervisor.alerting.settings import NotifyTarget
+from supervisor.config.alerting import NotifyTarget
 
 BLOCKED = {
     "event": "launch_blocked",

@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry
 from probes.gpu import GpuProbe
 from probes.types import HealthObservation, Observation
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.commands import Command
-from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.observe import Observer, Target
 from supervisor.daemon.owner import Owner
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.status.commands import Command
 
 
 class ScriptedObserver(Observer):
@@ -188,7 +188,7 @@ async def test_a_launch_that_cannot_start_is_failed_at_once_not_a_walk_down_the_
 
 
 async def test_secrets_stay_out_of_the_journal_and_check_config(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from supervisor.config.argcheck import check_rungs
+    from supervisor.checkconfig.argcheck import check_rungs
 
     clock = FakeClock()
     s = settings_from_mapping(
@@ -346,7 +346,7 @@ async def test_one_validation_at_submit_and_in_the_queue(rig) -> None:  # type: 
 async def test_every_command_kind_has_its_handler() -> None:
     from typing import get_args
 
-    from supervisor.daemon.commands import CommandKind
+    from supervisor.status.commands import CommandKind
 
     for kind in get_args(CommandKind):
         assert callable(getattr(Owner, f"handle_{kind}", None)), kind

@@ -1,4 +1,4 @@
-"""The one polling loop (supervisor.waiting): what it returns, when it gives up, what it says."""
+"""The one polling loop (supervisor.common.waiting): what it returns, when it gives up, what it says."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from supervisor.waiting import WaitTimeout, wait_for, wait_for_async
+from supervisor.common.waiting import WaitTimeout, wait_for, wait_for_async
 
 
 class Clock:

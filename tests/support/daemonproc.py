@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import psutil
 
-from supervisor.waiting import wait_for
+from supervisor.common.waiting import wait_for
 
 
 def start(cfg: Path, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.Popen[bytes]:

@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from api.deps import get_supervisor
-from supervisor.daemon.commands import Command, CommandResult, SupervisorHandle
-from supervisor.daemon.snapshot import GpuDeviceView, GpuView, IncidentView, ProgressView, ServingView, StatusSnapshot
+from supervisor.status.commands import Command, CommandResult, SupervisorHandle
+from supervisor.status.snapshot import GpuDeviceView, GpuView, IncidentView, ProgressView, ServingView, StatusSnapshot
 
 SAMPLE_LADDER = ("base", "no-cuda-graph", "no-spec")
 

@@ -19,9 +19,9 @@ import httpx
 from freeport import free_port
 from simconfig import sim_settings
 
+from supervisor.common.waiting import wait_for
 from supervisor.config.render import dump_toml
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.waiting import wait_for
 
 TOKEN = "group-test-token-7c1e"
 

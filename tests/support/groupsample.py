@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.daemon.snapshot import GroupNodeView, GroupView
+from supervisor.status.snapshot import GroupNodeView, GroupView
 
 GROUP = GroupView(
     role="leader",

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from supervisor.alerting.settings import NotifyTarget
+from supervisor.config.alerting import NotifyTarget
 from supervisor.config.settings import Settings
 
 HOOK = """

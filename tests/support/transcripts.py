@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from probes.types import LogLine
-from supervisor.logs.capture import LogCapture, StreamName
+from supervisor.logs.reader import LogCapture, StreamName
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "real_sglang"
 RUNS = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and (p / "meta.json").exists()) if ROOT.exists() else []

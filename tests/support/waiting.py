@@ -1,13 +1,13 @@
 """Waiting for a condition in tests: the forms the tests use of the product's one polling loop
-(supervisor.waiting), for a condition that is a plain callable."""
+(supervisor.common.waiting), for a condition that is a plain callable."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from supervisor.waiting import WaitTimeout, wait_for_async
-from supervisor.waiting import wait_for as _wait_for
+from supervisor.common.waiting import WaitTimeout, wait_for_async
+from supervisor.common.waiting import wait_for as _wait_for
 
 T = TypeVar("T")
 

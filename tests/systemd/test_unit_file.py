@@ -112,7 +112,7 @@ def test_handoffs_do_not_spend_the_crash_loop_budget(unit: Unit) -> None:
     # A handoff re-executes the daemon in place (tests/integration/test_early_signals.py keeps the pid):
     # systemd counts a start only when the main process exits, which a handoff no longer does. The
     # budget stays small for real crash loops, and a refused second daemon (exit 3) is not retried.
-    from supervisor.cli import EXIT_HANDOFF, EXIT_LOCKED
+    from supervisor.common.exitcodes import EXIT_HANDOFF, EXIT_LOCKED
 
     assert int(one(unit, "Unit", "StartLimitBurst")) <= 10
     assert one(unit, "Service", "RestartPreventExitStatus") == str(EXIT_LOCKED)

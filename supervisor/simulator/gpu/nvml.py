@@ -1,7 +1,7 @@
 """The simulator's GPU: an NVML with pynvml's function names and return shapes, read from a JSON file.
 
 The daemon reads it instead of the real NVML when the config says so (`[gpu] source = "simulator"`,
-`file = ...`: supervisor/daemon/gpusource.py); the simulator writes to the same file (a spinning
+`file = ...`: supervisor/root/gpusource.py); the simulator writes to the same file (a spinning
 kernel, supervisor/simulator/gpu/kernel.py), and a test or the demo writes utilisation, memory and
 process attribution there while the daemon runs. The file is re-read whenever its mtime, size or
 inode changes (checked on `nvmlInit` and on each `nvmlDeviceGetCount`, i.e. once per probe). Write

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from api.app import create_app
 from supervisor.client.verbs import add_client_commands, run_client
-from supervisor.daemon.journal import Journal
-from supervisor.daemon.metrics import SupervisorMetrics
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.status.journal import Journal
 
 TOKEN = "client-test-token-42"
 
@@ -312,7 +312,7 @@ def test_status_exit_code_by_state(daemon: Daemon, state: str, code: int, capsys
 
 
 def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
-    from supervisor.daemon.snapshot import StopView, ToolCheck, WriteErrorsView
+    from supervisor.status.snapshot import StopView, ToolCheck, WriteErrorsView
 
     s = daemon.handle.snap
     daemon.handle.snap = s.model_copy(

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.common.configerror import ConfigError
 from supervisor.config.render import render_rung
-from supervisor.config.settings import ConfigError, Rung, ServerSettings, load_settings, settings_from_mapping
+from supervisor.config.settings import Rung, ServerSettings, load_settings, settings_from_mapping
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.argcheck import check_rungs, check_rungs_json
+from supervisor.checkconfig.argcheck import check_rungs, check_rungs_json
+from supervisor.common.configerror import ConfigError
 from supervisor.config.expand import ExpansionError, expand
 from supervisor.config.render import dump_toml, render_rung
-from supervisor.config.settings import ConfigError, load_settings, settings_from_mapping
+from supervisor.config.settings import load_settings, settings_from_mapping
 
 LWS = {"LWS_LEADER_ADDRESS": "sglang-0.sglang", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"}
 ONE_FILE = """

@@ -13,7 +13,7 @@ import pytest
 
 from supervisor.daemon.adopt import ServerRecord, refusal, starttime_of
 from supervisor.daemon.persist import Persisted, load, save
-from supervisor.logs.capture import LogPosition
+from supervisor.logs.reader import LogPosition
 from supervisor.policy.ladder import LadderState
 from supervisor.process import ServerProcess
 from supervisor.process.control import EXIT_UNKNOWN, AdoptedChild

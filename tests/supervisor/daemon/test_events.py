@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from supervisor.daemon.events import Event, EventBus, counting_subscriptions
-from supervisor.daemon.metrics import SupervisorMetrics
-from supervisor.daemon.snapshot import StatusSnapshot
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.status.snapshot import StatusSnapshot
 
 
 def test_every_listener_hears_every_event_and_a_named_one_only_its_own() -> None:

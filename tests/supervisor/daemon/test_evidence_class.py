@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.config.settings import HANG_CLASSES
 from supervisor.daemon.evidence import provisional_class
 from supervisor.policy.watchdog import Verdict
+from supervisor.status.causes import HANG_CLASSES
 
 
 @pytest.mark.parametrize("cause", ["exited", "manual", "spec_regression"])

@@ -10,7 +10,7 @@ import pytest
 
 from probes.gpu import GpuProbe, load_pynvml
 from supervisor.config.gpu import GpuSettings
-from supervisor.daemon.gpusource import open_nvml
+from supervisor.root.gpusource import open_nvml
 from supervisor.simulator.gpu import SimulatedNvml
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,7 +58,7 @@ def test_only_the_composition_root_imports_the_simulated_gpu() -> None:
                 continue
             if any(m.startswith("supervisor.simulator.gpu") for m in _imports(path)):
                 users.append(rel)
-    assert users == ["supervisor/daemon/gpusource.py", "supervisor/demo.py"]
+    assert users == ["supervisor/demo.py", "supervisor/root/gpusource.py"]
 
 
 def test_no_product_module_reads_a_fake_nvml_variable_or_ships_a_test_fake() -> None:

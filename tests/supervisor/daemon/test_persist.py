@@ -135,7 +135,7 @@ def test_the_marker_is_derived_from_the_resolved_state_dir(tmp_path: Path) -> No
     assert marker_for(a) != marker_for(b)
     assert _MARKER.fullmatch(marker_for(a))  # what state.json accepts
 def test_the_last_incident_survives_and_a_bad_one_costs_nothing_else(tmp_path: Path) -> None:
-    from supervisor.daemon.snapshot import IncidentView
+    from supervisor.status.snapshot import IncidentView
 
     inc = IncidentView(id="i1", cause="serving_stall", at="2026-12-01T00:00:00+00:00", rung="base", detail="no tokens")
     save(tmp_path / "state.json", Persisted("abc123", LadderState(), NAMES, last_incident=inc))

@@ -6,10 +6,10 @@ from typing import Any
 
 from supervisor.config.settings import GroupSettings
 from supervisor.daemon.grouping import judge, report
-from supervisor.daemon.snapshot import ProcessView, StatusSnapshot
 from supervisor.group.runtime import GroupRuntime
 from supervisor.policy.group import MemberView, NodeReport
 from supervisor.policy.watchdog import Verdict
+from supervisor.status.snapshot import ProcessView, StatusSnapshot
 
 READY = Verdict("ready", reason="healthy", phase="serving")
 DIED = Verdict("incident", "rank_died", "child process(es) [7] exited", phase="serving")

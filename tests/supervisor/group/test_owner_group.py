@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from probes.gpu import GpuProbe
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.daemon.grouping import GroupPeers, make_runtime
-from supervisor.daemon.metrics import SupervisorMetrics
 from supervisor.daemon.owner import Owner
 from supervisor.daemon.peers import NoPeers, Peers
+from supervisor.metrics.exporter import SupervisorMetrics
 
 
 def settings(tmp_path: Path, group: dict[str, object] | None) -> Settings:

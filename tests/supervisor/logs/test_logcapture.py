@@ -20,7 +20,7 @@ import psutil
 import pytest
 from fakeclock import FakeClock
 
-from supervisor.logs.capture import LogCapture, LogPosition, _Splitter
+from supervisor.logs.reader import LogCapture, LogPosition, _Splitter
 from supervisor.process import ServerProcess, spawn_log_keeper
 from supervisor.process.control import keeper_env
 

@@ -153,7 +153,7 @@ def test_a_refusal_streak_is_told_when_the_backoff_reaches_its_cap(initial: floa
 
 
 def test_the_policy_key_is_validated() -> None:
-    from supervisor.config.settings import ConfigError
+    from supervisor.common.configerror import ConfigError
 
     assert settings_from_mapping({}).slate.gpu_strangers == "launch"
     with pytest.raises(ConfigError, match=r"slate\.gpu_strangers: Input should be 'launch', 'wait' or 'refuse'"):

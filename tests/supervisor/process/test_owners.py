@@ -15,8 +15,8 @@ import pytest
 
 from probes.ports import port_accepts
 from probes.proctree import find_tree
-from supervisor.daemon import instance_lock
 from supervisor.daemon.persist import marker_for
+from supervisor.host import instance_lock
 from supervisor.process import ServerProcess, owners
 from supervisor.process.leftovers import kept_on_port, kill_leftovers
 
@@ -33,7 +33,7 @@ time.sleep(60)
 HOLDER = """
 import sys, time
 from pathlib import Path
-from supervisor.daemon.instance_lock import acquire, write_about
+from supervisor.host.instance_lock import acquire, write_about
 d = Path(sys.argv[1])
 lock = acquire(d)
 write_about(d, Path(sys.argv[2]), ("127.0.0.1", 1), ("127.0.0.1", 2))

@@ -1,0 +1,79 @@
+"""The API's bearer token: where it comes from (`[api] token_file`, else the environment variable
+`token_env`), and where the daemon may listen without one. The daemon, check-config and the client
+read it the same way; the file holding it must be private to its owner, like an ssh key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from supervisor.common.configerror import ConfigError
+
+
+class TokenSettings(Protocol):
+    """The two `[api]` keys that say where the token is (config.settings.ApiSettings has them)."""
+
+    @property
+    def token_file(self) -> str | None: ...
+
+    @property
+    def token_env(self) -> str: ...
+
+
+def load_token(settings: TokenSettings, env: Mapping[str, str]) -> str | None:
+    """The token from `[api] token_file`, else from the environment variable `token_env`, else None."""
+    if settings.token_file:
+        return _read_token_file(Path(settings.token_file))
+    value = env.get(settings.token_env, "").strip()
+    return value or None
+
+
+def _read_token_file(path: Path) -> str:
+    where = f"[api] token_file {str(path)!r}"
+    try:
+        st = path.stat()
+    except OSError as err:
+        raise ConfigError(f"{where}: cannot read it: {err.strerror or err}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{where}: not a regular file")
+    if st.st_mode & 0o077:
+        raise ConfigError(
+            f"{where}: readable or writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"make it private with `chmod 600 {path}`"
+        )
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{where}: cannot read it: {err.strerror or err}") from None
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text") from None
+    if not token:
+        raise ConfigError(f"{where}: the file is empty; put a long random token in it")
+    if any(c.isspace() or not c.isprintable() for c in token):
+        raise ConfigError(f"{where}: the token must be one line of printable characters without spaces")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen beyond this machine without a token."""
+    if token is None and not is_loopback(host):
+        raise ConfigError(
+            f"[api] host {host!r} is not a loopback address and no API token is configured: "
+            "set [api] token_file (mode 0600) or the token environment variable, or bind 127.0.0.1"
+        )

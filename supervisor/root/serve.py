@@ -1,0 +1,313 @@
+"""`sglang-supervisor run`: one asyncio loop hosting the API (uvicorn) and the supervisor task.
+
+Signals only enqueue commands (SIGTERM/SIGINT: shutdown, SIGHUP: reload, SIGUSR2: handoff). systemd hears READY=1
+once the loop and the API run; the server's readiness is the API's business, not systemd's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from api import group as group_api
+from api.app import create_app, include_protected
+from probes.gpu import GpuProbe
+from probes.gpuscope import DeviceScope
+from probes.ports import port_holders
+from probes.xid import XidWatcher
+from supervisor import __version__
+from supervisor.alerting.dispatch import Alerter, NotifyMetrics, instance_name
+from supervisor.clock import Clock, SystemClock
+from supervisor.common import sigmask
+from supervisor.common.apitoken import check_bind, load_token
+from supervisor.common.configerror import ConfigError
+from supervisor.common.exitcodes import EXIT_HANDOFF
+from supervisor.config.settings import Settings
+from supervisor.daemon import grouping
+from supervisor.daemon.owner import Owner
+from supervisor.daemon.peers import NoPeers, Peers
+from supervisor.host.apiguard import raise_nofile_limit, uvicorn_options
+from supervisor.host.instance_lock import StateLock, acquire
+from supervisor.host.sdnotify import Notifier
+from supervisor.logs.view import LogRedaction, server_log_file
+from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.process.cgroup import CgroupRoot, become_subreaper
+from supervisor.process.control import RealProcessControl
+from supervisor.root.gpusource import open_nvml
+from supervisor.status.commands import Command
+from supervisor.status.timeline import Timeline
+
+log = structlog.get_logger(__name__)
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon's handlers enqueue commands instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio only turns off Nagle's algorithm for such sockets, and without
+    # that every answer on a kept-open connection (a Prometheus scrape) waits ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        held = api_port_holder(port)
+        why = f"{err.strerror or err}{held}"
+        raise ConfigError(f"api: cannot listen on {host}:{port}: {why} (set [api] port)") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def api_port_holder(port: int) -> str:
+    """`; held by another sglang-supervisor daemon (pid N)` when one listens there, else ""."""
+    for pid in port_holders(port) or ():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"sglang-supervisor" in a or a == b"supervisor" for a in argv):
+            return f"; held by another sglang-supervisor daemon (pid {pid})"
+    return ""
+
+
+@dataclass
+class Api:
+    server: _ApiServer
+    task: asyncio.Task[None]
+    sock: socket.socket
+
+    async def close(self) -> None:
+        self.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.task, timeout=5)
+        self.sock.close()
+
+
+async def start_api(
+    sup: Owner,
+    settings: Settings,
+    env: Mapping[str, str],
+    registry: CollectorRegistry,
+    timeline: Timeline | None = None,
+) -> Api:
+    token = load_token(settings.api, env)
+    check_bind(settings.api.host, token)
+    sock = bind_socket(settings.api.host, settings.api.port)
+    redaction = LogRedaction(sup.settings, dict(env))
+
+    def redact(text: str) -> str:
+        redaction.update(sup.settings)  # a reload may bring new secrets
+        return redaction(text)
+
+    app = create_app(
+        sup,
+        token=token,
+        diag_dir=settings.state_dir / "diagnostics",
+        journal=sup.journal,
+        registry=registry,
+        max_body_bytes=settings.api.max_body_bytes,
+        liveness=sup.heartbeat_age,
+        version=__version__,
+        log_file=server_log_file(settings),
+        redact=redact,
+        timeline=timeline,
+    )
+    if isinstance(sup.peers, grouping.GroupPeers):  # the member API the group's leader calls (api/group.py)
+        app.state.group = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit)
+        include_protected(app, group_api.router)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        **uvicorn_options(sup.api_guard),
+    )
+    server = _ApiServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(500):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()
+    log.info("api_listening", host=settings.api.host, port=settings.api.port, auth=token is not None)
+    return Api(server, task, sock)
+
+
+def make_owner(
+    settings: Settings,
+    env: Mapping[str, str],
+    registry: CollectorRegistry,
+    *,
+    config_path: Path | None,
+    notifier: Notifier,
+    clock: Clock,
+    timeline: Timeline,
+) -> Owner:
+    """The owner, given everything it needs: its probes, its process control, its peers."""
+    subreaper = become_subreaper()
+    cgroups, why = CgroupRoot.find()
+    log.info("containment", subreaper=subreaper, cgroup=why)
+    scope = DeviceScope.for_server(settings.server.env, env)
+    log.info("gpu_scope", gpus=scope.describe(), source=settings.gpu.describe())
+    runtime = grouping.make_runtime(settings, load_token(settings.api, env), clock.monotonic)
+    peers: Peers = grouping.GroupPeers(runtime) if runtime is not None else NoPeers()
+    watcher = XidWatcher(open_nvml(settings.gpu))  # its own NVML handle: waits block in its thread
+    sup = Owner(
+        settings,
+        clock=clock,
+        metrics=lambda snap: SupervisorMetrics(registry, snap),
+        gpu=GpuProbe(open_nvml(settings.gpu), scope=scope),
+        env=env,
+        config_path=config_path,
+        notifier=notifier,
+        version=__version__,
+        control=RealProcessControl(cgroups, subreaper=subreaper),
+        peers=peers,
+        xid_watcher=watcher,
+        publish_listeners=(timeline.feed,),
+    )
+    sup.record("containment", only="journal", subreaper=subreaper, cgroup=why, cgroup_in_use=cgroups is not None)
+    sup.record("gpu_scope", only="journal", gpus=scope.describe(), source=settings.gpu.source)
+    watcher.start()
+    return sup
+
+
+def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Alerter:
+    """The [[notify]] lanes, listening to the journal; ConfigError when a secret file is unreadable."""
+    alerter = Alerter(
+        settings.notify,
+        journal=sup.journal,
+        metrics=metrics,
+        instance=instance_name(settings.server.host, settings.server.port),
+        hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
+    )
+    alerter.start()
+    sup.subscribe_journal(alerter.offer)
+    return alerter
+
+
+def install_signals(sup: Owner) -> None:
+    loop = asyncio.get_running_loop()
+
+    def enqueue(kind: str) -> None:
+        sup.queue.put_nowait(Command(kind=kind, source="signal", reason=f"signal ({kind})"))  # type: ignore[arg-type]
+
+    loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGUSR2, enqueue, "handoff")
+    loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
+    sigmask.release()  # what arrived since the process started (held by sigmask.hold) is queued now
+
+
+async def serve(
+    settings: Settings,
+    *,
+    env: Mapping[str, str],
+    config_path: Path | None,
+    ready: asyncio.Event | None = None,
+    holder: list[Owner] | None = None,
+    signals: bool = True,
+) -> int:
+    """Run the daemon until a shutdown command, which stops the server tree on the way out.
+
+    After a handoff (SIGUSR2) the server keeps running for the successor to adopt, and the exit
+    status is EXIT_HANDOFF, which the systemd unit turns into an immediate restart.
+    """
+    lock = acquire(settings.state_dir)  # before anything looks at the server: StateDirLocked
+    try:
+        return await _serve_locked(
+            settings, lock, env=env, config_path=config_path, ready=ready, holder=holder, signals=signals
+        )
+    finally:
+        lock.release()  # the last act: a successor (handoff) waits for exactly this
+
+
+async def _serve_locked(
+    settings: Settings,
+    lock: StateLock,
+    *,
+    env: Mapping[str, str],
+    config_path: Path | None,
+    ready: asyncio.Event | None,
+    holder: list[Owner] | None,
+    signals: bool,
+) -> int:
+    soft, hard = raise_nofile_limit()
+    log.info("nofile_limit", soft=soft, hard=hard)
+    notifier = Notifier.from_env(env)
+    registry = CollectorRegistry()
+    clock = SystemClock()
+    timeline = Timeline(clock.monotonic)
+    sup = make_owner(
+        settings, env, registry, config_path=config_path, notifier=notifier, clock=clock, timeline=timeline
+    )
+    if holder is not None:
+        holder.append(sup)
+    notify_metrics = NotifyMetrics(registry)
+    alerter = start_alerter(sup, settings, notify_metrics)
+    retired: list[asyncio.Task[None]] = []  # alerters replaced by a reload, finishing their queues
+    api = await start_api(sup, settings, env, registry, timeline)
+
+    current = settings
+
+    async def on_reload(new: Settings) -> None:
+        """Rebind the API when its settings changed; a refused new API config keeps the old one."""
+        nonlocal api, current, alerter
+        if new.gpu != current.gpu:  # the probes hold the NVML they were built with
+            raise ConfigError(
+                f"[gpu] changed ({current.gpu.describe()} -> {new.gpu.describe()}): a reload cannot swap the "
+                "GPU probes' NVML; restart the daemon (systemctl restart) to apply it"
+            )
+        if new.notify != current.notify or new.server.port != current.server.port:
+            fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
+            sup.unsubscribe_journal(alerter.offer)
+            retired.append(asyncio.create_task(alerter.close(grace_s=5.0)))  # its queue drains aside
+            alerter = fresh
+        if new.api != current.api:
+            token = load_token(new.api, env)  # raises ConfigError before anything is torn down
+            check_bind(new.api.host, token)
+            await api.close()
+            try:
+                api = await start_api(sup, new, env, registry, timeline)
+            except ConfigError:
+                api = await start_api(sup, current, env, registry, timeline)
+                raise
+        current = new
+
+    sup.set_reload_hook(on_reload)
+    if signals:
+        install_signals(sup)
+    notifier.ready()
+    if ready is not None:
+        ready.set()
+    try:
+        await sup.run()
+    finally:
+        if sup.handoff:
+            lock.announce_handoff()
+        await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
+        await api.close()
+        if sup.xid_watcher is not None:
+            await asyncio.to_thread(sup.xid_watcher.stop)
+    code = sup.peers.exit_code if sup.peers.exit_code is not None else 0
+    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff, code=code)
+    return EXIT_HANDOFF if sup.handoff else code

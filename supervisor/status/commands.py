@@ -1,0 +1,53 @@
+"""Commands for the supervisor: the API, the signal handlers and the CLI only enqueue these.
+
+One supervisor task consumes the queue; nothing else touches processes. Each command carries a
+future the submitter may await for the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from supervisor.status.snapshot import StatusSnapshot
+
+CommandKind = Literal["restart", "stop", "start", "diagnose", "reload", "shutdown", "handoff"]
+Outcome = Literal["accepted", "done", "conflict", "busy", "invalid", "failed"]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    outcome: Outcome
+    message: str = ""
+    state: str = ""
+    incident_id: str | None = None
+    bundle_id: str | None = None
+    summary: dict[str, object] | None = None  # a diagnostics bundle's summary.json, for /diagnose
+
+
+@dataclass(frozen=True)
+class Command:
+    kind: CommandKind
+    rung: str | None = None  # restart: go straight to this rung
+    reason: str = ""
+    diagnose: bool = False  # restart: capture evidence first
+    native: bool | None = None  # diagnose: py-spy --native (None: the configured default)
+    gdb: bool | None = None  # diagnose: force gdb even on a healthy server
+    source: str = "api"  # "api", "signal", "cli", "group" (the group's leader)
+    incident_id: str | None = None  # diagnose: the group leader's incident id (supervisor/group)
+    done: asyncio.Future[CommandResult] | None = field(default=None, compare=False)
+
+
+def finish(cmd: Command, result: CommandResult) -> None:
+    """Answer a command's submitter (once; later answers are ignored)."""
+    if cmd.done is not None and not cmd.done.done():
+        cmd.done.set_result(result)
+
+
+class SupervisorHandle(Protocol):
+    """What the API sees of the supervisor."""
+
+    def snapshot(self) -> StatusSnapshot: ...
+
+    async def submit(self, command: Command) -> CommandResult: ...
