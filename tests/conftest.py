@@ -73,6 +73,21 @@ def marker() -> Iterator[str]:
 SpawnFn = Callable[..., ServerProcess]
 
 
+def _until_exec_done(proc: ServerProcess, timeout: float = 10.0) -> None:
+    """Popen returns once exec has closed its error pipe, which is before the kernel has set up the
+    new program's environment: /proc/<pid>/environ reads empty for that moment (seen under load),
+    so a marker check made at once would fail. Wait until it reads, or the child has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if f.read(1):
+                    return
+        except OSError:
+            return
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def spawn(marker: str) -> Iterator[SpawnFn]:
     """Start a child through ServerProcess.spawn with the test's marker; reaped and closed afterwards."""
@@ -88,6 +103,7 @@ def spawn(marker: str) -> Iterator[SpawnFn]:
         full_env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
         proc = ServerProcess.spawn(argv, full_env, other_marker or marker, output=output)
         started.append(proc)
+        _until_exec_done(proc)
         return proc
 
     yield _spawn
