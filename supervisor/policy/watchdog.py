@@ -27,6 +27,12 @@ StallClass = Literal["idle", "busy", "starved"]
 # Starvation extends a stall window by at most this many windows, so a tree that keeps waiting for
 # a CPU (or a deadlocked one beside a spinning helper thread on a busy host) is still judged.
 STARVED_CEILING_WINDOWS = 4.0
+# Below these a poll's wait is jitter, not starvation: a blocked tree's heartbeat threads wait a few
+# milliseconds for a CPU at each wake-up on a busy host, and a tick that overruns its interval a
+# little starts the next one late. Counting such crumbs would move every verdict a poll later
+# (issue 32's first cut made the serving stall 1 s late under the benchmark's load).
+STARVED_MIN_SHARE = 0.1  # of the poll's wall time spent waiting for a CPU
+LATE_MIN_POLLS = 0.5  # of a poll interval the daemon's own poll started late
 
 # Progress channels while starting. "cpu" alone is weak evidence: a spinning collective burns
 # CPU too, so CPU-only movement postpones a stall verdict only up to `cpu_only_stall_s`.
@@ -76,8 +82,9 @@ class Starved:
         return replace(self, waited_s=0.0, late_s=0.0)
 
 
-def _starved_step(st: Starved, obs: Observation, cpu_progress_cores: float) -> Starved:
-    """Fold one poll's run-queue wait and loop lag into the accumulated starved time."""
+def _starved_step(st: Starved, obs: Observation, s: WatchdogSettings) -> Starved:
+    """Fold one poll's run-queue wait and loop lag into the accumulated starved time (each only
+    when it is more than jitter: `STARVED_MIN_SHARE`, `LATE_MIN_POLLS`)."""
     dt = max(0.0, obs.at - st.at) if st.at is not None else 0.0
     sched = obs.sched
     wait = 0.0
@@ -86,10 +93,13 @@ def _starved_step(st: Starved, obs: Observation, cpu_progress_cores: float) -> S
         if wait_ref is not None and cpu_ref is not None and dt > 0:
             # A member that exited takes its counters with it: a drop is no negative wait.
             ran = max(0.0, sched.on_cpu_s - cpu_ref) / dt
-            if ran < cpu_progress_cores:
+            if ran < s.cpu_progress_cores:
                 wait = min(dt, max(0.0, sched.run_wait_s - wait_ref))
+                if wait < STARVED_MIN_SHARE * dt:
+                    wait = 0.0
         wait_ref, cpu_ref = sched.run_wait_s, sched.on_cpu_s
-    late = min(max(0.0, dt - wait), max(0.0, obs.loop_lag_s))
+    lag = max(0.0, obs.loop_lag_s)
+    late = min(max(0.0, dt - wait), lag) if lag >= LATE_MIN_POLLS * s.poll_interval_s else 0.0
     return Starved(st.waited_s + wait, st.late_s + late, wait_ref=wait_ref, cpu_ref=cpu_ref, at=obs.at)
 
 
@@ -267,7 +277,7 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         from_log = ch in LOG_CHANNELS and line_at is not None and line_at <= now
         moved_at[ch] = line_at if from_log and line_at is not None else now
     strong = any(c in STRONG_CHANNELS for c in moved)
-    starved = _starved_step(h.starved, obs, s.cpu_progress_cores)
+    starved = _starved_step(h.starved, obs, s)
     if strong:  # starved time counts from the last progress
         starved = starved.reset()
     busy = fold_busy(h.busy, obs, now, strong, s)
@@ -420,7 +430,7 @@ def assess_serving(
         and sv.available
         and ((sv.running_reqs or 0) + (sv.queue_reqs or 0) > 0 or (sv.active_requests or 0) > 0)
     )
-    starved = _starved_step(h.starved, obs, s.cpu_progress_cores)
+    starved = _starved_step(h.starved, obs, s)
     if tokens is not None and (h.tokens is None or tokens > h.tokens):
         # the scrape's own time: its answer may be attached a poll after it was taken
         scraped = sv.at if sv is not None and sv.at <= now else now
