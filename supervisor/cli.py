@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 from supervisor import __version__
 from supervisor.common import sigmask
 from supervisor.common.configerror import ConfigError
-from supervisor.common.exitcodes import EXIT_CONFIG, EXIT_HANDOFF, EXIT_LOCKED
+from supervisor.common.exitcodes import EXIT_BROKEN_PIPE, EXIT_CONFIG, EXIT_HANDOFF, EXIT_LOCKED
 from supervisor.config.settings import load_settings
 
 
@@ -156,9 +157,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         sigmask.release()
     from supervisor.client.verbs import COMMANDS, run_client
 
-    if args.command in COMMANDS:
-        return int(run_client(args))
-    return int(args.func(args))
+    try:
+        if args.command in COMMANDS:
+            return int(run_client(args))
+        return int(args.func(args))
+    except BrokenPipeError:
+        if args.command == "run":
+            raise  # the daemon's own stdout is not a pipe a reader closes: that is a real fault
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """stdout's reader has gone (`| head`): stop quietly. What is still buffered for it would fail
+    again at exit, so stdout is pointed at /dev/null first (the Python docs' recipe for SIGPIPE)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

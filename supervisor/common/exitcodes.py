@@ -23,3 +23,6 @@ EXIT_RECOVERING = 7  # hung, diagnosing or restarting: an incident is being hand
 EXIT_STOPPED = 8  # stopped by request
 EXIT_FAILED = 9  # the ladder or the restart budget is exhausted
 EXIT_TIMEOUT = 124  # --wait ran out of time (as timeout(1) does)
+# The reader of stdout went away (`sglang-supervisor events | head`): 128 + SIGPIPE, what a shell
+# reports for a program the signal ended (`yes | head`), said without a traceback.
+EXIT_BROKEN_PIPE = 141

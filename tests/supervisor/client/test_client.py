@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -356,3 +358,29 @@ def test_a_typo_in_the_rest_of_the_config_does_not_stop_the_client(
     assert run(["status", "--config", str(cfg)]) == 0
     assert run(["status"], {"SGLANG_SUPERVISOR_CONFIG": str(cfg)}) == 0
     capsys.readouterr()
+
+
+def _into_a_closed_pipe(argv: list[str]) -> tuple[int, str]:
+    """Run the real command with stdout on a pipe whose reader reads a little and goes away, as
+    `| head -c 100` does; its exit status and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    with proc.stdout, proc.stderr:
+        assert proc.stdout.read(100)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+    return proc.wait(30), err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(daemon: Daemon, tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "events.jsonl")
+    for i in range(1000):  # 1000 events of about 700 bytes: far more than a pipe's 64 KiB buffer
+        journal.append("command", kind="restart", reason=f"{i} " + "x" * 600, source="api")
+    code, err = _into_a_closed_pipe(
+        ["events", "--url", daemon.url, "--token-file", str(daemon.token_file), "--limit", "1000"]
+    )
+    assert code == 141 and "Traceback" not in err and "BrokenPipe" not in err, (code, err)
+    code, err = _into_a_closed_pipe(["completion", "bash"])  # a verb that needs no daemon
+    assert code in (0, 141) and "Traceback" not in err, (code, err)
