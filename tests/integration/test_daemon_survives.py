@@ -83,13 +83,15 @@ async def test_unreadable_proc_is_unknown_not_exited(daemon, sim, tmp_path: Path
     try:
         for _ in range(int(4 / r.settings.watchdog.poll_interval_s)):
             await asyncio.sleep(r.settings.watchdog.poll_interval_s)
-            assert r.snap().state == "ready", r.snap().reason
+            assert r.snap().state in ("ready", "degraded"), r.snap().reason
     finally:
         probe._proc = real_proc
     assert r.owner.counters.unknown_observations >= 3
     await asyncio.sleep(2 * r.settings.watchdog.poll_interval_s)
     snap = r.snap()
-    assert snap.state == "ready" and snap.incidents == 0 and snap.restarts == 0
+    # Serving still (a health check that timed out on a loaded machine makes it `degraded` for a
+    # moment, which is not what this test is about), and nothing counted as an exit or a restart.
+    assert snap.state in ("ready", "degraded") and snap.incidents == 0 and snap.restarts == 0, snap.reason
 
 
 def _open_idle(port: int, n: int) -> list[socket.socket]:

@@ -161,10 +161,14 @@ print(amb, p.stdout.read().decode().strip(), p.wait(10))
 
 def test_stop_tree_of_schedulers(spawn: SpawnFn, marker: str, free_port: int, wait_until: WaitFn) -> None:
     proc = spawn(python_argv(TREE, 4, free_port))
+    want = [f"sglang::scheduler_TP{i}" for i in range(4)]
+
+    def titles() -> list[str]:  # each child sets its title just after its fork: on a loaded host, later
+        return sorted(title_of(pid, "") for pid in find_tree(proc.pid, marker) if pid != proc.pid)
+
     assert wait_until(lambda: _members_up(proc, marker, 5) and port_accepts("127.0.0.1", free_port))
+    assert wait_until(lambda: titles() == want), titles()
     members = find_tree(proc.pid, marker)
-    titles = sorted(title_of(pid, "") for pid in members if pid != proc.pid)
-    assert titles == [f"sglang::scheduler_TP{i}" for i in range(4)]
 
     grace = 3.0
     report = stop_tree(proc, marker, "127.0.0.1", free_port, grace)
