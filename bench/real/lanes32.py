@@ -16,7 +16,6 @@ file), to check the recipe on a CPU machine.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -123,59 +122,19 @@ def lane_stranger(work: Path, real: Path, models: Path, gpu: str) -> dict[str, A
     return res
 
 
-def lane_cpuhog(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
-    cores = os.cpu_count() or 1
-    res: dict[str, Any] = {"lane": "cpuhog", "gpu": gpu, "simulated": _simulated(), "cores": cores,
-                           "hogs": 3 * cores, "hog_s": 150}
+def _start_beside_hogs(work: Path, real: Path, models: Path, gpu: str, res: dict[str, Any], *,
+                       n_hogs: int, hog_s: float, cpus: str | None = None) -> dict[str, Any]:
+    """Real SGLang started on its base rung (start-up window 30 s) while `n_hogs` CPU-bound
+    processes, each in its own session, run for `hog_s`; with `cpus`, the server and the hogs are
+    pinned there (taskset execs: the server keeps its pid), the daemon is not. Then the hogs end and
+    the start finishes. Into `res`: when it was ready, on which rung, its incidents, the longest
+    quiet time /status showed and the window extensions it stated."""
     watchdog = {**configs.FAST, "startup_stall_s": 30.0}
     cfg = configs.config(real, models, gpus=gpu, watchdog=watchdog)
     cfg["server"]["port"] = free_port()
-    hogs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3 * cores)]
-    t0 = time.time()
-    d = Daemon(work, cfg, configs.daemon_env(real))
-    rec = Recorder(d).start()
-    try:
-        hog_end = t0 + 150
-        while time.time() < hog_end:
-            st = d.status()
-            if st.get("state") == "ready" and "ready_under_hogs_s" not in res:
-                res["ready_under_hogs_s"] = round(time.time() - t0, 1)
-            time.sleep(1.0)
-        for h in hogs:
-            h.kill()
-        st = d.wait_ready(420.0)
-        ev = d.events()
-        res["ready_s"] = res.get("ready_under_hogs_s") or round(time.time() - t0, 1)
-        res["rung"] = st.get("rung")
-        res["incidents"] = [{k: e.get(k) for k in ("ts", "cause", "hang_class", "detail")}
-                            for e in _named(ev, "incident", t0)]
-        res["startup_stalls"] = sum(1 for e in res["incidents"] if e.get("cause") == "startup_stall")
-        res["window_extended"] = [e.get("reason") for e in ev if "starv" in json.dumps(e).lower()][:5]
-    except Exception as err:
-        res["error"] = repr(err)
-    finally:
-        for h in hogs:
-            if h.poll() is None:
-                h.kill()
-        res["timeline"] = rec.stop()
-        res["close"] = d.close()
-    return res
-
-
-def lane_cpupin(work: Path, real: Path, models: Path, gpu: str, *, cpus: str = "0,1", n_hogs: int = 8,
-                hog_s: float = 150.0) -> dict[str, Any]:
-    """Real starvation: the server pinned (taskset) to `cpus`, which `n_hogs` hogs, each in its own
-    session, share with it for `hog_s` (lane cpupin: 2 CPUs, 8 hogs, about 2/9 of a core for the
-    tree; lane cpupin1: 1 CPU, 32 hogs, about 1/33); the daemon runs unpinned. Start-up window 30 s.
-    Nothing else of the host is touched."""
-    res: dict[str, Any] = {"lane": "cpupin", "gpu": gpu, "simulated": _simulated(), "cpus": cpus,
-                           "hogs": n_hogs, "hog_s": hog_s}
-    watchdog = {**configs.FAST, "startup_stall_s": 30.0}
-    cfg = configs.config(real, models, gpus=gpu, watchdog=watchdog)
-    cfg["server"]["port"] = free_port()
-    cfg["server"]["command"] = ["taskset", "-c", cpus, *cfg["server"]["command"]]  # taskset execs: same pid
-    hogs = [subprocess.Popen(["taskset", "-c", cpus, sys.executable, "-c", HOG], start_new_session=True,
+    pin = ["taskset", "-c", cpus] if cpus else []
+    cfg["server"]["command"] = [*pin, *cfg["server"]["command"]]
+    hogs = [subprocess.Popen([*pin, sys.executable, "-c", HOG], start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n_hogs)]
     t0 = time.time()
     d = Daemon(work, cfg, configs.daemon_env(real))
@@ -208,6 +167,24 @@ def lane_cpupin(work: Path, real: Path, models: Path, gpu: str, *, cpus: str = "
         res["window_extended"] = sorted({str(r["reason"]) for r in rows if "extended" in str(r.get("reason"))})[:8]
         res["close"] = d.close()
     return res
+
+
+def lane_cpuhog(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    """`3 x cores` hogs on the whole host for 150 s: the server's session gets the smallest share."""
+    cores = os.cpu_count() or 1
+    res: dict[str, Any] = {"lane": "cpuhog", "gpu": gpu, "simulated": _simulated(), "cores": cores,
+                           "hogs": 3 * cores, "hog_s": 150}
+    return _start_beside_hogs(work, real, models, gpu, res, n_hogs=3 * cores, hog_s=150.0)
+
+
+def lane_cpupin(work: Path, real: Path, models: Path, gpu: str, *, cpus: str = "0,1", n_hogs: int = 8,
+                hog_s: float = 150.0) -> dict[str, Any]:
+    """Real starvation: the server pinned to `cpus`, shared with `n_hogs` hogs for `hog_s` (lane
+    cpupin: 2 CPUs, 8 hogs, about 2/9 of a core for the tree; lane cpupin1: 1 CPU, 32 hogs, about
+    1/33). Nothing else of the host is touched."""
+    res: dict[str, Any] = {"lane": "cpupin", "gpu": gpu, "simulated": _simulated(), "cpus": cpus,
+                           "hogs": n_hogs, "hog_s": hog_s}
+    return _start_beside_hogs(work, real, models, gpu, res, n_hogs=n_hogs, hog_s=hog_s, cpus=cpus)
 
 
 def lane_cpupin1(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:

@@ -85,36 +85,32 @@ class Tracker:
                 bundle=_text(record.get("bundle")) or None,
             )
         if name == "state_changed" and record.get("new") == "failed" and record.get("old") != "failed":
-            if self.open_incident is None:
-                self.open_incident = "failed"
-            return NotifyEvent(
-                kind="failed",
-                at=at,
-                instance=self.instance,
-                rung=rung,
-                reason=_text(record.get("reason"))[:500],
-                incident_id=self._incident_or_none(),
-            )
+            return self._opening("failed", "failed", at, rung, record)
         if name == "server_ready" and self.open_incident is not None:
             ended = self._incident_or_none()
             self.open_incident = None
             return NotifyEvent(kind="recovered", at=at, instance=self.instance, rung=rung, incident_id=ended)
         if name == "launch_blocked":
-            if self.open_incident is None:
-                self.open_incident = "blocked"
-            return NotifyEvent(
-                kind="launch_blocked",
-                at=at,
-                instance=self.instance,
-                rung=rung,
-                reason=_text(record.get("reason"))[:500],
-                incident_id=self._incident_or_none(),
-            )
+            return self._opening("launch_blocked", "blocked", at, rung, record)
         if name == "stayed_stopped":
             return NotifyEvent(
                 kind="stayed_stopped", at=at, instance=self.instance, rung=self.rung, reason=_text(record.get("reason"))
             )
         return None
+
+    def _opening(self, kind: EventKind, marker: str, at: str, rung: str, record: dict[str, object]) -> NotifyEvent:
+        """`failed` or `launch_blocked`: opens an episode (`marker`, unless an incident is open
+        already) that the next `ready` ends as `recovered`; names the incident it belongs to."""
+        if self.open_incident is None:
+            self.open_incident = marker
+        return NotifyEvent(
+            kind=kind,
+            at=at,
+            instance=self.instance,
+            rung=rung,
+            reason=_text(record.get("reason"))[:500],
+            incident_id=self._incident_or_none(),
+        )
 
     def _incident_or_none(self) -> str | None:
         return self.open_incident if self.open_incident not in (None, "failed", "incident", "blocked") else None

@@ -104,7 +104,16 @@ async def test_low_acceptance_under_traffic_degrades_then_falls_back(daemon, sim
     await r.wait_for(ready, 30, "ready")
     async with traffic(s.server.port):
         snap = await r.wait_for(lambda x: x.last_incident is not None, 40, "spec regression")
-    assert snap.last_incident is not None and snap.last_incident.cause == "spec_regression"
+    inc = snap.last_incident
+    assert inc is not None and inc.cause == "spec_regression" and inc.bundle is not None
+    # Only hangs get hang classes (issue 32): its bundle says what it was captured for, no shape.
+    assert inc.hang_class is None
+    bundle = Path(s.paths.state_dir) / "diagnostics" / inc.bundle
+    got = json.loads((bundle / "summary.json").read_text())
+    assert got["hang_class"] is None and got["candidates"] == []
+    assert got["captured_for"].startswith("captured for spec_regression: speculative acceptance length")
+    assert isinstance(got["wait_kinds"], dict) and got["wait_kinds"]  # the threads are still evidence
+    assert "Hang class: none (not a hang: captured for spec_regression" in (bundle / "summary.txt").read_text()
     snap = await r.wait_for(lambda x: x.rung == "no-speculation" and x.state == "ready", 30, "no-spec rung ready")
 
 
