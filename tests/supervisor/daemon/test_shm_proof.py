@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from saying import saying_children
 
 from supervisor.daemon import shmledger
 
@@ -48,20 +49,8 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.fixture
 def mapper() -> Iterator[Mapper]:
-    started: list[subprocess.Popen[str]] = []
-
-    def _map(path: Path) -> subprocess.Popen[str]:
-        p = subprocess.Popen([sys.executable, "-c", MAPPER, str(path)], stdout=subprocess.PIPE, text=True)
-        started.append(p)
-        assert p.stdout is not None and p.stdout.readline().strip() == "mapped"
-        return p
-
-    yield _map
-    for p in started:
-        p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+    with saying_children() as start:
+        yield lambda path: start([sys.executable, "-c", MAPPER, str(path)], "mapped")
 
 
 def ledger_of(state: Path, pids: list[int], names: list[str]) -> None:

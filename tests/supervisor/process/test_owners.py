@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from saying import saying_children
 
 from probes.ports import port_accepts
 from probes.proctree import find_tree
@@ -46,24 +47,11 @@ ROOT = str(Path(__file__).resolve().parents[3])
 @pytest.fixture
 def hold_lock() -> Iterator[Callable[[Path], subprocess.Popen[str]]]:
     """A real process holding `state_dir`'s daemon lock (through instance_lock.acquire)."""
-    started: list[subprocess.Popen[str]] = []
-
-    def _hold(state_dir: Path) -> subprocess.Popen[str]:
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        p = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(state_dir), str(state_dir / "my.toml")],
-            stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        started.append(p)
-        assert p.stdout is not None and p.stdout.readline().strip() == "held"
-        return p
-
-    yield _hold
-    for p in started:
-        p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    with saying_children() as start:
+        yield lambda state_dir: start(
+            [sys.executable, "-c", HOLDER, str(state_dir), str(state_dir / "my.toml")], "held", env
+        )
 
 
 def test_the_marker_and_the_lock_name_are_the_daemons() -> None:
