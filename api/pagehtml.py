@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from api.pagelaunch import launch_section
 from supervisor.status.snapshot import StatusSnapshot
 from supervisor.status.timeline import TimelinePoint
 
@@ -68,6 +69,7 @@ def render(d: PageData) -> str:
         _section("Ladder", _ladder(s)),
         _section("Server", _server(s)),
         _section("Start-up timeline", _timeline(d.timeline), wide=True),
+        _section("Launch and outage", launch_section(s), wide=True),
         _section("Incidents and evidence", _incidents(s, d.bundles), wide=True),
         _section(
             "Server log (last lines)",
@@ -165,6 +167,9 @@ def _incidents(s: StatusSnapshot, bundles: Sequence[tuple[str, dict[str, Any] | 
         why = e("; ".join(str(r) for r in (reasons or [])[:2])[:400])
         if frames:
             why += f" <span class='muted'>at {e(str(frames[0])[:160])}</span>"
+        culprit = sm.get("culprit")
+        if isinstance(culprit, dict) and culprit.get("text"):  # the thread that stopped progress, first
+            why = f"<div class='culprit'><b>{e(str(culprit['text'])[:300])}</b></div>" + why
         where = " / ".join(str(x) for x in (sm.get("rung"), sm.get("phase")) if x)
         rows.append(
             f"<tr><td>{e(bid)}</td><td>{e(sm.get('cause') or sm.get('trigger') or '')}</td>"

@@ -4,7 +4,8 @@ trees that fight back (children ignoring SIGTERM, a helper that left the session
 Ladder: the base rung faults unless `--disable-cuda-graph` is given (SGLANG_SIM_UNLESS), the one
 fallback rung `no-cuda-graph` gives it. Diagnostics as shipped: py-spy with native frames, gdb on
 a hang. Steps come from the journal: verdict, `bundle_written`, `server_stopped` (`stop_s`,
-`release_wait_s`), `server_ready` on the fallback rung.
+`release_wait_s`), `server_ready` on the fallback rung. `--outage` runs bench/outage.py instead: the
+outage in its parts (issue 36) per case, with caches cold and warm.
 """
 
 from __future__ import annotations
@@ -243,7 +244,12 @@ def render(ladder: dict[str, list[Story]], fights: list[Story]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--outage", action="store_true", help="the outage in its parts instead (bench/outage.py)")
     a = p.parse_args(argv)
+    if a.outage:
+        from bench import outage
+
+        return outage.main([])
     ladder: dict[str, list[Story]] = {}
     for scenario in LADDER_SCENARIOS:
         for _ in range(a.reps):

@@ -22,7 +22,7 @@ from typing import Any
 from bench.common import OUT, ROOT, W, load_result, median, met, percentile, publish
 from bench.report import machine, stamp, table
 
-PARTS = ("detection", "false_positives", "evidence", "recovery", "overhead", "peers", "adoption", "readers")
+PARTS = ("detection", "false_positives", "evidence", "recovery", "outage", "overhead", "peers", "adoption", "readers")
 README = ROOT / "README.md"
 README_HEADING = "## Benchmarks"
 

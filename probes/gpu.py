@@ -67,6 +67,7 @@ class NvmlLike(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> MemoryLike: ...
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...  # milliwatts
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...  # milliwatts
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[ProcessLike]: ...
 
@@ -228,6 +229,7 @@ def _read_device(nvml: NvmlLike, index: int, handle: Any) -> GpuDevice:
         mem_used_bytes=used,
         mem_total_bytes=total,
         power_w=_attempt(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, None),
+        power_limit_w=_attempt(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0, None),
     )
 
 

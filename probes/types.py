@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from probes.ras import RasReport
+
 # "pending": a child of the main process that has not set its title yet (still importing SGLang).
 Role = Literal["main", "scheduler", "detokenizer", "controller", "pending", "other"]
 
@@ -144,6 +146,7 @@ class GpuDevice:
     mem_used_bytes: int
     mem_total_bytes: int
     power_w: float | None = None
+    power_limit_w: float | None = None  # NVML's enforced power limit: the busy end of the power rule
 
 
 @dataclass(frozen=True)
@@ -291,3 +294,4 @@ class Observation:
     sglang_watchdog: SGLangWatchdogFire | None = None  # SGLang's own watchdog fired in this launch
     sched: SchedObservation = field(default_factory=lambda: SchedObservation(available=False, reason="not probed"))
     loop_lag_s: float = 0.0  # how late the daemon's own poll started (actual - planned), seconds
+    ras: RasReport | None = None  # an NCCL RAS report finished since the last poll (the RAS detector's input)

@@ -13,6 +13,11 @@
 # Issue 32: i32a (lane stranger), i32b (lane cpuhog), i32c (lane cpupin: the server pinned to two CPUs
 # shared with 8 hogs), i32d (lane cpupin1: one CPU, 32 hogs), one H200, as separate stages: they would share GPU 0.
 # Issue 23: mn2 (real SGLang as two nodes of one group, one daemon per node; two GPUs).
+# Issue 35: i35 (lane i35 on one H200: power at idle/spin/work, the NCCL Flight Recorder pipe with a
+# one-rank group, real SGLang's LOCK_GIL hang after load then the capture spin: the culprit first line).
+# Issue 36: i36 (lane fast, bench/real/lanes36.py: cold start, serving stall and the warm relaunch, a
+# start-up deadlock under a learned window, a cold launch again; the outage in its parts; one H200, ~8 min);
+# i36xid (lane xid again: the relaunch after a real Xid, whose launch_timeline times the warm-up request).
 set -u
 REAL=${REAL:-/tmp/real}
 OUTDIR=$REAL/out
@@ -45,8 +50,14 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work32c" --out "$OUTDIR" ;;
     i32d)   python3 -m bench.real.run plan --plan "cpupin1:0:0" --real "$REAL" --work "$REAL/work32d" --deadline 500
             python3 -m bench.real.run pack --work "$REAL/work32d" --out "$OUTDIR" ;;
+    i36)    python3 -m bench.real.run plan --plan "fast:0:0" --real "$REAL" --work "$REAL/work36" --deadline 540
+            python3 -m bench.real.run pack --work "$REAL/work36" --out "$OUTDIR" ;;
+    i36xid) python3 -m bench.real.run plan --plan "xid:0:0" --real "$REAL" --work "$REAL/work36x" --deadline 500
+            python3 -m bench.real.run pack --work "$REAL/work36x" --out "$OUTDIR" ;;
     i24tp2) python3 -m bench.real.run plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
             python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
+    i35)    python3 -m bench.real.run plan --plan "i35:0:0" --real "$REAL" --work "$REAL/work35" --deadline 540
+            python3 -m bench.real.run pack --work "$REAL/work35" --out "$OUTDIR" ;;
     mn2)    python3 -m bench.real.run lane mn2 --gpu 0,1 --real "$REAL" --work "$REAL/work23"
             cp "$REAL/work23/result.json" "$OUTDIR/mn2-result.json" 2>/dev/null ;;
     busy)   python3 -m bench.real.run plan --plan "busyhang:0:0" --real "$REAL" --work "$REAL/work22a" --deadline 400

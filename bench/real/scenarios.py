@@ -345,8 +345,9 @@ LANES = {
 def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
     from bench.real.lanes24 import LANES as LANES24  # issue 24: xid, tp2_ras
     from bench.real.lanes32 import LANES as LANES32  # issue 32: stranger, cpuhog
+    from bench.real.lanes36 import LANES as LANES36  # issue 36: fast (outage parts, caches, learned window)
 
-    res = {**LANES, **LANES24, **LANES32}[name](work, real, models, gpu)
+    res = {**LANES, **LANES24, **LANES32, **LANES36}[name](work, real, models, gpu)
     out = work / "result.json"
     out.write_text(json.dumps(res, indent=1, default=str))
     return out

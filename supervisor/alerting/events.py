@@ -33,6 +33,7 @@ class NotifyEvent:
     cause: str | None = None
     hang_class: str | None = None
     bundle: str | None = None
+    culprit: str | None = None  # the bundle's culprit line (issue 35)
 
     @property
     def summary(self) -> str:
@@ -43,6 +44,8 @@ class NotifyEvent:
             text = f"{where}: incident {self.cause}{cls} on rung {self.rung or '?'}"
             if self.reason:
                 text += f": {self.reason}"
+            if self.culprit:
+                text += f"; {self.culprit}"
             if self.bundle:
                 text += f" (evidence {self.bundle})"
             return text
@@ -83,6 +86,7 @@ class Tracker:
                 cause=_text(record.get("cause")) or None,
                 hang_class=_text(record.get("hang_class")) or None,
                 bundle=_text(record.get("bundle")) or None,
+                culprit=_text(record.get("culprit"))[:300] or None,
             )
         if name == "state_changed" and record.get("new") == "failed" and record.get("old") != "failed":
             return self._opening("failed", "failed", at, rung, record)

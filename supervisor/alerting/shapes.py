@@ -21,7 +21,13 @@ def generic(ev: NotifyEvent) -> dict[str, Any]:
         "reason": ev.reason or None,
         "summary": ev.summary,
         "incident": (
-            {"id": ev.incident_id, "cause": ev.cause, "hang_class": ev.hang_class, "bundle": ev.bundle}
+            {
+                "id": ev.incident_id,
+                "cause": ev.cause,
+                "hang_class": ev.hang_class,
+                "bundle": ev.bundle,
+                "culprit": ev.culprit,
+            }
             if ev.incident_id is not None or ev.cause is not None
             else None
         ),
@@ -85,4 +91,5 @@ def hook_env(ev: NotifyEvent) -> dict[str, str]:
         "SGLANG_SUPERVISOR_CAUSE": ev.cause or "",
         "SGLANG_SUPERVISOR_HANG_CLASS": ev.hang_class or "",
         "SGLANG_SUPERVISOR_BUNDLE": ev.bundle or "",
+        "SGLANG_SUPERVISOR_CULPRIT": ev.culprit or "",
     }

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from supervisor.checkconfig.check import check_settings
 from supervisor.checkconfig.groupcheck import group_doc, group_line
+from supervisor.checkconfig.windowcheck import all_windows, window_lines
 from supervisor.common.redact import Redactor
 from supervisor.config.render import RenderedCommand, render_ladder
 from supervisor.config.settings import Settings
@@ -95,6 +96,7 @@ def check_rungs(
     would refuse or cannot work (errors; warnings too under `strict`), then validate the flags."""
     if settings.group is not None:
         out.write(group_line(settings.group) + "\n")
+    windows = all_windows(settings)
     for i, r in enumerate(render_ladder(settings)):
         rung = settings.ladder[i]
         redact = Redactor.from_envs([r.env])
@@ -102,6 +104,7 @@ def check_rungs(
         out.write(f"  command: {shlex.join(redact.argv(r.argv))}\n")
         if r.env:
             out.write("  env: " + " ".join(f"{k}={v}" for k, v in redact.env(r.env).items()) + "\n")
+        out.write("\n".join(window_lines(windows[r.rung])) + "\n")
     out.write(f"gpu: {settings.gpu.describe()}\n")
     out.write(f"slate: {settings.slate.describe()}\n")
     findings = check_settings(settings, os.environ if env is None else env)
@@ -128,10 +131,12 @@ def check_rungs_json(
 ) -> int:
     """`check-config --json`: the same checks as `check_rungs`, as one JSON document."""
     rungs = []
+    windows = all_windows(settings)
     for i, r in enumerate(render_ladder(settings)):
         redact = Redactor.from_envs([r.env])
         argv = list(redact.argv(r.argv))
-        rungs.append({"name": r.rung, "on": list(settings.ladder[i].on), "argv": argv, "env": redact.env(r.env)})
+        rung_doc = {"name": r.rung, "on": list(settings.ladder[i].on), "argv": argv, "env": redact.env(r.env)}
+        rungs.append({**rung_doc, "stall_windows": windows[r.rung]})
     findings = check_settings(settings, os.environ if env is None else env)
     failed = any(f.level == "error" or strict for f in findings)
     doc: dict[str, object] = {

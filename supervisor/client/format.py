@@ -174,6 +174,8 @@ def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         rows.append(("last incident", text))
         if inc.get("detail"):
             rows.append(("", f"why: {inc['detail']}"))
+        if inc.get("culprit"):
+            rows.append(("", str(inc["culprit"])))
     else:
         rows.append(("last incident", "-"))
     if s.get("state") in ("ready", "degraded", "starting", "hung", "diagnosing"):

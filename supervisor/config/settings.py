@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from supervisor.common.configerror import ConfigError as ConfigError  # raised here; the class lives in the leaf
 from supervisor.config.alerting import NotifyTarget, unique_names
 from supervisor.config.expand import ExpansionError, expand
+from supervisor.config.fast import CachesSettings, LearnedSettings
 from supervisor.config.gpu import GpuSettings
 from supervisor.config.slate import SlateSettings
 from supervisor.status.causes import CAUSES, HANG_CLASSES
@@ -129,6 +130,14 @@ class WatchdogSettings(_Section):
     # a GPU this busy (NVML) with GPM SM activity at or under this ratio is spinning, not working;
     # and this many py-spy looks in a row with every busy thread in a GPU wait say the same.
     gpm_spin_sm_active: Annotated[float, Field(ge=0, le=1)] = 0.02
+    # Without GPM (issue 35): a GPU this busy drawing within this fraction of the way from its idle
+    # power to its power limit is spinning; idle power is learned (lowest draw at util 0) unless set.
+    power_spin_fraction: Annotated[float, Field(ge=0, le=1)] = 0.1
+    gpu_idle_power_w: PositiveFloat | None = None
+    # NCCL RAS as a detector (issue 35): polled at most this often (0: off); frozen differing counts
+    # for ras_confirm_s are a collective hang, an unresponsive rank for as long is rank_died.
+    ras_interval_s: NonNegFloat = 2.0
+    ras_confirm_s: PositiveFloat = 6.0
     gpu_wait_samples: Annotated[int, Field(ge=1, le=20)] = 3
     busy_sample_timeout_s: PositiveFloat = 2.0
 
@@ -147,11 +156,15 @@ class WatchdogSettings(_Section):
 
 class RestartSettings(_Section):
     retries_per_rung: Annotated[int, Field(ge=0)] = 1
-    backoff_initial_s: NonNegFloat = 5.0
+    backoff_initial_s: NonNegFloat = 1.0  # doubling; 5 s before issue 36 (the daemon's share of an outage)
     backoff_max_s: NonNegFloat = 300.0
     backoff_jitter: Annotated[float, Field(ge=0, le=1)] = 0.1
     max_restarts_per_hour: PositiveInt = 10
     stop_grace_s: NonNegFloat = 30.0
+    # A tree judged hung (its evidence already captured) gets this grace instead: a deadlocked server
+    # cannot shut down gracefully, and real SGLang's main process sat out every SIGTERM grace
+    # (docs/REAL_SGLANG.md), which made the stop the longest part of the daemon's share (issue 36).
+    hung_stop_grace_s: NonNegFloat = 1.0
     release_timeout_s: NonNegFloat = 60.0
     release_policy: Literal["relaunch", "fail"] = "relaunch"
     stable_s: PositiveFloat = 600.0
@@ -183,6 +196,11 @@ class DiagnosticsSettings(_Section):
     log_tail_lines: PositiveInt = 500
     py_spy_path: str | None = None
     gdb_path: str | None = None
+    # NCCL Flight Recorder (issue 35): the ranks launch with its buffer and pipe unless the operator
+    # set them; a hang's capture writes the pipes and waits up to flight_recorder_wait_s for dumps.
+    flight_recorder: bool = True
+    flight_recorder_entries: Annotated[int, Field(ge=1, le=1_000_000)] = 2000
+    flight_recorder_wait_s: Annotated[float, Field(gt=0, le=60)] = 5.0
 
 
 class ApiSettings(_Section):
@@ -204,6 +222,7 @@ class LogsSettings(_Section):
 
 class PathsSettings(_Section):
     state_dir: str = "/var/lib/sglang-supervisor"
+    cache_dir: str | None = None  # kernel caches (issue 36); None: <state_dir>/cache, never under $TMPDIR
 
 
 _ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
@@ -279,6 +298,8 @@ class Settings(_Section):
     gpu: GpuSettings = Field(default_factory=GpuSettings)  # [gpu]: supervisor/config/gpu.py
     slate: SlateSettings = Field(default_factory=SlateSettings)  # [slate]: supervisor/config/slate.py
     group: GroupSettings | None = None  # [group]: multi-node (docs/MULTINODE.md); None: one node
+    learned: LearnedSettings = Field(default_factory=LearnedSettings)  # [learned]: supervisor/config/fast.py
+    caches: CachesSettings = Field(default_factory=CachesSettings)  # [caches]: supervisor/config/fast.py
 
     @field_validator("fallback", "notify", mode="before")
     @classmethod
@@ -308,6 +329,11 @@ class Settings(_Section):
     @property
     def state_dir(self) -> Path:
         return Path(self.paths.state_dir)
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where the kernel caches live: `[paths] cache_dir`, else inside the state directory."""
+        return Path(self.paths.cache_dir) if self.paths.cache_dir else self.state_dir / "cache"
 
     def rung_index(self, name: str) -> int | None:
         for i, rung in enumerate(self.ladder):

@@ -85,6 +85,33 @@ def _ready(m: SupervisorMetrics) -> Listener:
     return count
 
 
+def _launch_timeline(m: SupervisorMetrics) -> Listener:
+    def count(e: Event) -> None:
+        phases = e.fields.get("phases")
+        if isinstance(phases, dict):
+            for phase, seconds in phases.items():
+                if isinstance(seconds, (int, float)):
+                    m.launch_phase(str(phase), float(seconds))
+
+    return count
+
+
+def _outage(m: SupervisorMetrics) -> Listener:
+    def count(e: Event) -> None:
+        f = e.fields
+        parts = f.get("parts")
+        if isinstance(parts, dict):
+            for part, seconds in parts.items():
+                if isinstance(seconds, (int, float)):
+                    m.outage(str(part), float(seconds))
+        for part, name in (("total", "total_s"), ("daemon", "daemon_s")):
+            value = f.get(name)
+            if isinstance(value, (int, float)):
+                m.outage(part, float(value))
+
+    return count
+
+
 def counting_subscriptions(m: SupervisorMetrics) -> Mapping[str, Listener]:
     """The counters an event implies, by event name (the rest are fed by what no event carries:
     a probe's latency, an exception's type, a refusal's kind, a capture's exact duration)."""
@@ -94,5 +121,7 @@ def counting_subscriptions(m: SupervisorMetrics) -> Mapping[str, Listener]:
         "gpu_xid": _gpu_xid(m),
         "log_keeper_replaced": lambda e: m.keeper_replaced(),
         "server_ready": _ready(m),
+        "launch_timeline": _launch_timeline(m),
+        "outage": _outage(m),
         "diagnostics_failed": lambda e: m.diagnostic(0.0, "error") if e.goes_to("journal") else None,
     }

@@ -29,6 +29,13 @@ def provisional_class(verdict: Verdict | None) -> HangClass | None:
     return "unknown"
 
 
+def culprit_text(summary: Mapping[str, object]) -> str | None:
+    """The bundle's culprit line (summary.json `culprit.text`) for /status, the page and notifications."""
+    doc = summary.get("culprit")
+    text = doc.get("text") if isinstance(doc, Mapping) else None
+    return str(text)[:300] if text else None
+
+
 def busy_look_doc(look: BusySample | None) -> dict[str, object] | None:
     """The py-spy look taken at the judging poll (issue 22): which busy thread did what."""
     if look is None:
@@ -127,6 +134,8 @@ async def collect(
         created_at=created_at,
         gpu_xids=gpu_xids,
         group=group,
+        flight_recorder=d.flight_recorder,
+        flight_recorder_wait_s=d.flight_recorder_wait_s,
     )
     return await capture(
         req,

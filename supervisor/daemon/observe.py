@@ -18,6 +18,7 @@ from probes.http import HealthProbe
 from probes.logs import LogParser
 from probes.ports import PortsProbe
 from probes.proctree import ProcessTreeProbe
+from probes.ras import RasProbe, RasReport, ras_address
 from probes.serving import ServingProbe
 from probes.sglang_watchdog import SGLangWatchdogParser
 from probes.starvation import StarvationProbe
@@ -91,6 +92,10 @@ class Observer:
         for probe in old:  # each owns an httpx client
             self._closing.add(asyncio.ensure_future(probe.aclose()))
         self.ports_probe = PortsProbe(srv.host, srv.port)
+        old_ras: RasProbe | None = getattr(self, "ras_probe", None)
+        if old_ras is not None:
+            old_ras.close()
+        self.ras_probe: RasProbe = RasProbe(ras_address(srv.env), interval_s=wd.ras_interval_s)
         d = settings.diagnostics
         spy = find_py_spy(d.py_spy_path) if d.py_spy else None
         self.busy_probe = BusyProbe(spy, timeout_s=wd.busy_sample_timeout_s, monotonic=self._monotonic)
@@ -143,6 +148,10 @@ class Observer:
         busy = self.busy_probe.sample(rates) if t.look and tree.root_alive else None
         return tree, ports, gpu, gpm, busy, sched
 
+    def _ras(self, alive: bool) -> RasReport | None:
+        """A RAS report finished since the last poll, while the server lives (the detector's input)."""
+        return self.ras_probe.observe(self._monotonic()) if alive else None
+
     async def observe(self, t: Target) -> Observation:
         tree, ports, gpu, gpm, busy, sched = await asyncio.to_thread(self._blocking, t)
         lag, self.loop_lag_s = self.loop_lag_s, 0.0  # one lag belongs to one poll
@@ -170,6 +179,7 @@ class Observer:
             sglang_watchdog=self.sglang_watchdog.observe(),
             sched=sched,
             loop_lag_s=lag,
+            ras=self._ras(tree.root_alive),
         )
 
     def _maybe_scrape(self, now: float, t: Target) -> None:
@@ -217,3 +227,4 @@ class Observer:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.to_thread(self.gpm.close)
         await asyncio.to_thread(self.gpu.close)
+        self.ras_probe.close()

@@ -40,9 +40,10 @@ from supervisor.config.render import arg_names, render_rung
 from supervisor.config.settings import Settings, load_settings
 from supervisor.daemon import launching, slate, stopping, takeover, xids
 from supervisor.daemon.beating import keep_beating
+from supervisor.daemon.comeback import Comeback
 from supervisor.daemon.counting import RestartingCount
 from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, counting_subscriptions
-from supervisor.daemon.evidence import collect, provisional_class
+from supervisor.daemon.evidence import collect, culprit_text, provisional_class
 from supervisor.daemon.incidentids import unique_incident_id
 from supervisor.daemon.observe import Observer
 from supervisor.daemon.peers import NoPeers, Peers
@@ -54,6 +55,8 @@ from supervisor.daemon.shmledger import ShmLedger
 from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.xidbook import XidBook
 from supervisor.diagnostics import BundleResult, Redactor, self_check
+from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
+from supervisor.diagnostics.selfcheck import busy_signal_check
 from supervisor.host import instance_lock
 from supervisor.host.apiguard import GuardStats
 from supervisor.host.sdnotify import Notifier, WatchdogPacer
@@ -72,7 +75,8 @@ from supervisor.policy.ladder import (
     resume_rung,
 )
 from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, SERVING, Lifecycle, State
-from supervisor.policy.watchdog import Mode, Verdict, assess, new_history
+from supervisor.policy.rasrule import fold_ras
+from supervisor.policy.watchdog import Mode, Verdict, assess, new_history, ras_incident
 from supervisor.process.control import LogFiles, ProcessControl, RealProcessControl
 from supervisor.process.owners import STATE_DIR_ENV
 from supervisor.status.causes import HUNG_CAUSES, Cause
@@ -159,6 +163,7 @@ class Owner:
         self.events.subscribe(self._log_line)
         for name, count in counting_subscriptions(self.metrics).items():
             self.events.subscribe(count, name)
+        self.comeback = Comeback(settings, self.record)  # timelines, learned windows, caches (issue 36)
         self.publish()
 
     # ---- what others read ---------------------------------------------------------------
@@ -285,6 +290,8 @@ class Owner:
         self.reason = reason
         if self.pending is not None and state != self.pending.waits_in:
             self.pending = None  # leaving the state a timer waits in cancels it
+        if state == State.STOPPED:
+            self.comeback.cancel_outage()  # stopped by request: no outage against anyone's wish
         if old != state:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
@@ -336,6 +343,7 @@ class Owner:
         old_names = tuple(r.name for r in self.settings.ladder)
         current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
         self.settings = settings
+        self.comeback.settings = settings
         self.observer.configure(settings)
         self.observer.gpu.scope = DeviceScope.for_server(settings.server.env, self.env)  # CUDA_VISIBLE_DEVICES
         idx = settings.rung_index(current) if current is not None else None
@@ -356,6 +364,7 @@ class Owner:
         lines = server.new_lines()
         if lines:
             self.observer.feed(lines)
+            self.comeback.lines(lines)
         serving, metrics = self.lifecycle.state in SERVING, self._metrics_on[self.ladder.current]
         target = server.target(marker=self.marker, serving=serving, metrics=metrics, look=self._wants_look())
         obs = await self.observer.observe(target)
@@ -431,6 +440,7 @@ class Owner:
             update = {"gpu_xids": self.xids.views(), "gpu_blocked": self.xids.blocked_reason()}
             self._snapshot = self._snapshot.model_copy(update=update)
         self._snapshot = self.peers.publish(self._snapshot)  # a group's part of /status
+        self._snapshot = self.comeback.publish(self._snapshot)  # launch_timeline, stall_window, outages
         self.count_write_errors()
         for listener in self.publish_listeners:
             with contextlib.suppress(Exception):  # a view's bug must not cost a poll
@@ -523,6 +533,7 @@ class Owner:
         self.persist()
         launched_wall = self.clock.wall()
         self.fresh_server(launched_wall)
+        env.update(self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
         request = launching.SpawnRequest(
             rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
             rung.name, launched_wall,
@@ -617,6 +628,7 @@ class Owner:
         incident_id: str | None = None,
     ) -> None:
         incident_id = incident_id or self.unique_incident_id(cause)
+        self.comeback.incident(incident_id, cause, verdict, self.clock.monotonic())  # the outage begins
         alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
         captures = diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}
         if diagnose and not captures:  # no bundle of its own: a group's members still take theirs
@@ -624,6 +636,7 @@ class Owner:
         self.log = self.log.bind(incident=incident_id)  # its capture, stop and decision name it
         hang_class = provisional_class(verdict)
         bundle_id: str | None = None
+        culprit: str | None = None
         keeper = self.server.describe_keeper()
         if keeper and verdict is not None:  # the server blocked on its output: name who stopped reading it
             verdict = replace(verdict, reason=f"{verdict.reason}; {keeper}")
@@ -647,8 +660,10 @@ class Owner:
                 self.inhand.open_incident = None
             if result is not None:
                 bundle_id = result.id if result.path is not None else None
+                culprit = culprit_text(result.summary)
                 if result.hang_class not in ("unknown", "") or hang_class is None:
                     hang_class = result.hang_class if cause in HUNG_CAUSES else hang_class
+        self.comeback.evidence_done(self.clock.monotonic())
         view = IncidentView(
             id=incident_id,
             cause=cause,
@@ -657,6 +672,7 @@ class Owner:
             rung=self.current_rung_name(),
             detail=detail[:500],
             bundle=bundle_id,
+            culprit=culprit,
         )
         self.book_incident(view, **({"xids": xids.as_records(named)} if named else {}))
         await self.recover(Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
@@ -753,7 +769,11 @@ class Owner:
             return
         if self.lifecycle.state != State.RESTARTING:
             self.move(State.RESTARTING, f"stopping after {incident.cause}")
-        ok = await self.peers.stop(self.stop_server(f"incident {incident.cause}"), self.beating, self.record)
+        rs = self.settings.restart  # a hung tree's graceful exit cannot come: a short grace (issue 36)
+        grace = min(rs.stop_grace_s, rs.hung_stop_grace_s) if incident.cause in HUNG_CAUSES else None
+        stop = self.stop_server(f"incident {incident.cause}", grace_s=grace)
+        ok = await self.peers.stop(stop, self.beating, self.record)
+        self.comeback.stopped(self.clock.monotonic())
         now_wall = self.clock.wall()
         # rand is for the ladder's backoff (next_rung); a manual restart or a rung asked for needs none
         rand = self.rand() if not manual and forced_rung is None else 0.0
@@ -796,11 +816,13 @@ class Owner:
 
     # ---- stop -------------------------------------------------------------------------------
 
-    async def stop_server(self, why: str) -> bool:
-        """Stop the tree, verify the port and GPU memory are free, empty the server. True when verified."""
+    async def stop_server(self, why: str, *, grace_s: float | None = None) -> bool:
+        """Stop the tree, verify the port and GPU memory are free, empty the server. True when verified.
+        `grace_s`: the SIGTERM grace, when not `stop_grace_s` (a tree judged hung)."""
         server = self.server
         had_log = server.capture is not None
-        stopped = await server.stop(self.stop_tools(), self.marker, why)
+        tools = self.stop_tools() if grace_s is None else replace(self.stop_tools(), grace_s=grace_s)
+        stopped = await server.stop(tools, self.marker, why)
         if had_log:
             self.server_log_write_errors()  # its last count, before the next keeper starts its file afresh
         server.empty()
@@ -857,7 +879,13 @@ class Owner:
         env = {k: v for k, v in self.env.items() if k not in _NOT_FOR_CHILD}
         env.pop(self.settings.api.token_env, None)
         env.update(extra)
+        env.update(fr_launch_env(env, self.fr_dir(), self.settings.diagnostics.flight_recorder_entries))
         return env
+
+    def fr_dir(self) -> Path | None:
+        """Where the ranks' Flight Recorder pipes and dumps live (None: FR off by configuration)."""
+        d = self.settings.diagnostics
+        return Path(self.settings.paths.state_dir) / "flightrec" if d.flight_recorder else None
 
     # ---- the tick's watch over a running server ------------------------------------------
     # One step each: drain the Xid watcher, reap orphans, tend the log keeper, observe, let the
@@ -906,12 +934,25 @@ class Owner:
             server.history = new_history(self.clock.monotonic())
         mode: Mode = "serving" if self.lifecycle.state in SERVING else "starting"
         spec = self.speculative()[self.ladder.current]
-        verdict, server.history = assess(
-            server.history, obs, obs.at, self.settings.watchdog, mode=mode, speculative=spec
-        )
+        wd = self.settings.watchdog
+        if mode == "starting":  # the phase's learned window, where one is in force (issue 36)
+            wd = self.comeback.window(obs, server.history, wd)
+        verdict, server.history = assess(server.history, obs, obs.at, wd, mode=mode, speculative=spec)
+        verdict = self.ras_detector(verdict, obs, mode)
         await self.act(verdict, obs)
         self.save_log_position()
         self.publish()
+
+    def ras_detector(self, verdict: Verdict, obs: Observation, mode: Mode) -> Verdict:
+        """NCCL RAS's reports folded in (policy/rasrule.py): its finding stands where the watchdog found none."""
+        server = self.server
+        assert server.history is not None
+        wd = self.settings.watchdog
+        ras, found = fold_ras(server.history.ras, obs.ras, obs.tree.pids, obs.at, wd.ras_confirm_s)
+        server.history = replace(server.history, ras=ras)
+        if found is None or verdict.is_incident:
+            return verdict
+        return ras_incident(found, mode, obs.logs.phase)
 
     async def act(self, verdict: Verdict, obs: Observation) -> None:
         """Act on the verdict a group's peers leave (a worker holds its incident for the leader)."""
@@ -943,6 +984,7 @@ class Owner:
             server.time_to_ready_s = server.record.time_to_ready_s if server.record is not None else None
             self.persist()
             self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=server.takeover_s)
+            self.comeback.ready(now, None)
             self.move(State.READY, f"adopted server ready on rung {rung}")
             return
         server.time_to_ready_s = round(now - server.launched_at, 3)
@@ -950,6 +992,7 @@ class Owner:
             server.record = replace(server.record, time_to_ready_s=server.time_to_ready_s)
         self.persist()
         self.record("server_ready", only="journal", rung=rung, time_to_ready_s=server.time_to_ready_s)
+        self.comeback.ready(now, server.time_to_ready_s)
         self.move(State.READY, f"ready on rung {rung} in {server.time_to_ready_s:.1f} s")
 
     async def act_serving(self, v: Verdict, now: float) -> None:
@@ -1197,7 +1240,9 @@ class Owner:
         d = self.settings.diagnostics
         tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
         gpm = await asyncio.to_thread(self.observer.gpm_check)
-        self.selfcheck = (*tools, gpm, *self.observer.gpu_source_checks())
+        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
+        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
+        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
         for check in self.selfcheck:
             self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
         names = tuple(r.name for r in self.settings.ladder)
@@ -1325,6 +1370,8 @@ class Owner:
         self.ladder = replace(self.ladder, current=rung)
         self.fresh_server(record.launched_wall)
         self.server.adopt(taken, record)
+        argv = render_rung(self.settings.server, self.settings.ladder[rung]).argv
+        self.comeback.adopting(argv, record.rung, self.clock.monotonic(), record.launched_wall)
         self.bind_server()
         self.persist()
         self.record("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)

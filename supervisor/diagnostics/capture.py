@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,11 +25,14 @@ from supervisor.diagnostics.bundle import enforce_retention, safe_id, unique_id,
 from supervisor.diagnostics.capturerecords import (
     BundleResult,
     CaptureRequest,
+    Classification,
     Evidence,
     ProcEvidence,
     ToolOutcome,
 )
 from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids
+from supervisor.diagnostics.flightrec import FrReport, bundle_files, flight_record
 from supervisor.diagnostics.grouptext import group_text
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
 from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
@@ -36,7 +40,7 @@ from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ra
 from supervisor.diagnostics.sglangdump import sglang_files, with_sglang_dumps
 from supervisor.diagnostics.spread import sample_spread, spread_text
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
-from supervisor.diagnostics.toolrun import ProcRun, Resume, missing_tool, read_pystack, run_one
+from supervisor.diagnostics.toolrun import ProcRun, Resume, gil_look, missing_tool, read_pystack, run_one
 
 CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
 RAS_TIMEOUT_S = 8.0  # NCCL's own collective legs get 5 s; a dead peer costs one leg
@@ -82,6 +86,8 @@ async def _capture_one(
                     native_named = True
         if not run.python and paths.pystack is not None and os.path.exists(f"/proc/{pid}"):
             native_named = await read_pystack(run, req, paths.pystack, env, resume, deadline)
+        if req.trigger == "hung" and info.role in ("scheduler", "pending") and paths.pystack is not None:
+            await gil_look(run, req, paths.pystack, env, deadline)  # the culprit may hold the GIL asleep
     if req.gdb:
         exe, kind = paths.debugger(_holds_gpu(info, req))
         if exe is None and kind == "cuda-gdb":
@@ -96,6 +102,19 @@ async def _capture_one(
             run.native = await asyncio.to_thread(tools.parse_gdb, res.stdout)
             run.kernels = tools.parse_cuda_kernels(res.stdout) if kind == "cuda-gdb" else ()
     return run
+
+
+def _fr_lost(fr: FrReport) -> set[int]:
+    """The ranks the Flight Recorder says the others wait for (lagging, or no dump while others have one)."""
+    v = fr.verdict
+    if v is None or v.mismatch == "none_in_flight":
+        return set()
+    return set(v.lagging_ranks) | (set(v.missing_ranks) if fr.dumps else set())
+
+
+def _never_joined(cls: Classification) -> list[int]:
+    """The pids the collective rule named as never having joined (\"TP1 (pid 42) never joined\")."""
+    return [int(m) for r in cls.reasons if "never joined" in r for m in re.findall(r"\(pid (\d+)\)", r)]
 
 
 def _holds_gpu(info: ProcInfo, req: CaptureRequest) -> bool:
@@ -147,6 +166,7 @@ class _Collected:
     stopped: frozenset[int] = frozenset()  # in state T before any tool attached
     cpu_cores: dict[int, float] = field(default_factory=dict)  # pid -> CPU rate before the tools
     ras: RasReport | None = None  # NCCL's RAS report, asked while the tools ran
+    fr: FrReport | None = None  # NCCL Flight Recorder dumps, asked before any tool attached
 
 
 def _cpu_times(pids: Sequence[int]) -> dict[int, float]:
@@ -177,6 +197,7 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     pids = [p.pid for p in req.processes]
     env = tools.tool_env(dict(os.environ))
     ras_task = asyncio.create_task(_ask_ras(req))  # before any tool pauses a rank's RAS thread
+    fr = await _ask_fr(req)  # every rank's pipe written, and the dumps waited for, before any debugger
     before, rates = await _rates(pids)
     stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
     proc_s = time.monotonic() - start
@@ -190,8 +211,19 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     tools_s = time.monotonic() - start - proc_s
     after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
     ras = await ras_task
-    durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4), "ras_s": ras.duration_s}
-    return _Collected(before, list(runs), after, durations, stopped, rates, ras)
+    durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4), "ras_s": ras.duration_s, "fr_s": fr.wait_s}
+    return _Collected(before, list(runs), after, durations, stopped, rates, ras, fr)
+
+
+async def _ask_fr(req: CaptureRequest) -> FrReport:
+    if req.trigger != "hung" or not req.flight_recorder:
+        return FrReport("off", "only a hang's capture asks the Flight Recorder" if req.flight_recorder else "off")
+    ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
+    wait = min(req.flight_recorder_wait_s, max(0.5, req.budget_s / 2))
+    try:
+        return await flight_record(req.env, ranks, req.argv, wait)
+    except Exception as err:  # the Flight Recorder must never cost the rest of the evidence
+        return FrReport("error", f"{type(err).__name__}: {err}"[:300])
 
 
 async def _ask_ras(req: CaptureRequest) -> RasReport:
@@ -257,10 +289,17 @@ async def capture(
     ras = got.ras or RasReport("absent", "", "not asked")
     found = findings(ras, tree_pids)
     classification = with_ras(classify(evidence), found)
+    fr = got.fr or FrReport("off", "not asked")
+    lost = {r for f in found for r in f.missing_ranks} | _fr_lost(fr)
+    missing_pids = [p.pid for p in evidence.processes if p.rank is not None and p.rank in lost]
+    held = held_from(req.verdict)
+    dead = died_culprit(req.log_tail, lost_pids(req.verdict), held) if req.cause == "rank_died" else None
+    named = culprits(evidence, held, missing_pids or _never_joined(classification), dead)
 
     blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop
     if ras.raw:
         blobs["ras.json"] = redactor.text(ras.raw).encode()
+    blobs.update(await asyncio.to_thread(bundle_files, fr))
     names = [*blobs, "summary.json", "summary.txt"]
     bundle_id = unique_id(diag_dir, safe_id(req.incident_id))
     records = [
@@ -289,17 +328,19 @@ async def capture(
         errors,
         names,
         redactor,
+        named,
     )
     ras_view, coll = ras_doc(ras, tree_pids), collective_doc(classification, found)
     ranks = [p.pid for p in evidence.processes if p.rank_like]
     sampling = sample_spread({r.info.pid: r.first_at for r in got.runs if r.first_at}, ranks)
     summary.update(ras=redactor.obj(ras_view), collective=redactor.obj(coll), sampling=sampling)
+    summary["flight_recorder"] = redactor.obj(fr.doc())
     summary["gpu_xids"] = [dict(x) for x in req.gpu_xids]
     if req.group is not None:
         summary["group"] = dict(req.group)
     blobs["summary.json"] = _json(summary)
     text = render_text(summary, evidence, redactor).splitlines()
-    extra = [*ras_text(ras_view, coll), spread_text(sampling)]
+    extra = [*ras_text(ras_view, coll), *fr.lines(), spread_text(sampling)]
     if req.gpu_xids:
         extra += ["", "GPU faults (Xid):", *[f"  {x.get('at')} {x.get('text')}" for x in req.gpu_xids]]
     if req.group is not None:

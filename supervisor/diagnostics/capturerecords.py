@@ -12,7 +12,7 @@ from typing import Literal
 from probes.types import GpmObservation, GpuObservation, ProcInfo, ThreadInfo
 from supervisor.status.causes import HangClass
 
-ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack"]
+ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack", "pystack-gil"]
 Outcome = Literal[
     "ok",  # the tool ran and produced a dump
     "missing",  # the tool is not installed (or the configured path does not exist)
@@ -65,6 +65,8 @@ class CaptureRequest:
     created_at: float | None = None  # wall clock of the incident; None: now
     gpu_xids: tuple[Mapping[str, object], ...] = ()  # recent GPU faults (supervisor.daemon.xids.as_records)
     group: Mapping[str, object] | None = None  # multi-node: this node and the other nodes' bundles (supervisor/group)
+    flight_recorder: bool = True  # write the ranks' FR pipes (where `env` has them) before the tools
+    flight_recorder_wait_s: float = 5.0  # bounded wait for the dumps
 
 
 @dataclass(frozen=True)

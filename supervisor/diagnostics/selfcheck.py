@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
+from probes.types import GpuObservation
 from supervisor.diagnostics.pystack import find_pystack
 from supervisor.diagnostics.tools import find_gdb, find_py_spy
 from supervisor.status.snapshot import ToolCheck
@@ -118,3 +120,25 @@ def self_check(
         why = "not found (optional: reads a stopped process's stacks, where py-spy cannot): pip install pystack"
         checks.append(ToolCheck(name="pystack", ok=False, detail=why))
     return tuple(checks)
+
+
+_GPM_OK = re.compile(r"GPU (\d+): ok\b")
+
+
+def busy_signal_check(gpu: GpuObservation, gpm_ok: bool, gpm_detail: str, idle_power_w: float | None) -> ToolCheck:
+    """Which signal tells a busy GPU's work from a spin, per GPU (issue 35): GPM where it reads; else
+    power draw against idle and the power limit where NVML gives both; else py-spy looks alone."""
+    if gpu.status != "ok":
+        return ToolCheck(name="busy-signal", ok=False, detail=f"no NVML ({gpu.reason}): py-spy looks alone")
+    with_gpm = {int(i) for i in _GPM_OK.findall(gpm_detail)} if gpm_ok else set()
+    parts: list[str] = []
+    for d in gpu.devices:
+        if d.index in with_gpm:
+            parts.append(f"GPU {d.index}: GPM")
+        elif d.power_w is not None and d.power_limit_w is not None:
+            idle = f"idle {idle_power_w:g} W as set" if idle_power_w is not None else "idle learned at util 0"
+            parts.append(f"GPU {d.index}: power ({d.power_w:.0f} W now, limit {d.power_limit_w:.0f} W, {idle})")
+        else:
+            parts.append(f"GPU {d.index}: py-spy looks only (no GPM, no power reading or limit)")
+    ok = bool(parts) and not any("py-spy looks only" in p for p in parts)
+    return ToolCheck(name="busy-signal", ok=ok, detail="; ".join(parts)[:400] or "no GPU")

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from probes.types import GpmObservation, GpuObservation, ProcInfo
 from supervisor.common.redact import Redactor
 from supervisor.diagnostics.capturerecords import CaptureRequest, Classification, Evidence, ToolOutcome
+from supervisor.diagnostics.culprit import NONE_NAMED, Culprit
 from supervisor.diagnostics.kernels import gpm_doc, gpm_lines, kernel_lines, resident
 from supervisor.diagnostics.waits import ThreadView, thread_views
 
@@ -94,6 +95,7 @@ def build_summary(
     errors: Sequence[str],
     files: Sequence[str],
     redactor: Redactor,
+    culprits: Sequence[Culprit] = (),
 ) -> dict[str, object]:
     waits = [_wait_record(v) for p in evidence.processes for v in _shown(thread_views(p))]
     by_pid = {p.pid: p for p in evidence.processes}
@@ -110,6 +112,9 @@ def build_summary(
         "why": str(req.verdict.get("reason", "") or ""),  # the verdict in words (a stopped log keeper named)
         "captured_for": captured_for(req),
         "hang_class": classification.hang_class if hung else None,
+        # The thread that stopped progress, first: only a hang has one (issue 35).
+        "culprit": culprits[0].doc() if hung and culprits else None,
+        "culprits": [c.doc() for c in culprits] if hung else [],
         "reasons": list(reasons),
         "frames": list(classification.frames),
         "candidates": list(classification.candidates) if hung else [],
@@ -169,7 +174,9 @@ def _size(n: int) -> str:
 def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redactor) -> str:
     """One page that says which process, which thread, which line, then what was run and kept."""
     s = summary
+    head = _culprit_head(s)
     lines = [
+        *head,
         f"Incident {s['id']}: {s['trigger']} (cause {s['cause'] or 'manual'}) at {s['created_at']}",
         *([f"Why: {s['why']}"] if s.get("why") else []),
         *(
@@ -235,6 +242,27 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
     lines += ["", "Errors:" if errs else "Errors: none", *[f"  {e}" for e in errs]]
     lines += ["", "Files: " + ", ".join(_strs(s["files"]))]
     return redactor.text("\n".join(lines)) + "\n"
+
+
+def _culprit_head(s: dict[str, object]) -> list[str]:
+    """A hang's summary.txt starts with its culprit (the same text summary.json `culprits` holds)."""
+    if s.get("hang_class") is None:
+        return []
+    docs = _dicts(s.get("culprits"))
+    if not docs:
+        return [NONE_NAMED, ""]
+    first = docs[0]
+    lines = [str(first["text"]), *[f"  because {w}" for w in _strs(first.get("evidence"))]]
+    frames = _strs(first.get("frames"))
+    if len(frames) > 1:
+        lines.append("  frames: " + " <- ".join(frames))
+    kinds = first.get("helper_kinds")
+    kind_text = ", ".join(f"{k} {n}" for k, n in kinds.items()) if isinstance(kinds, dict) else ""
+    n = first.get("helpers")
+    lines.append(f"  {n} idle helper thread{'' if n == 1 else 's'} folded" + (f" ({kind_text})" if kind_text else ""))
+    for c in docs[1:]:
+        lines.append(f"  other rank: {str(c['text']).removeprefix('Culprit: ')} ({c.get('helpers')} helpers folded)")
+    return [*lines, ""]
 
 
 def _kinds(s: dict[str, object]) -> str:

@@ -6,7 +6,7 @@ import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from probes.types import ProcInfo
 from supervisor.common.toolproc import RunResult, run_tool
@@ -22,6 +22,7 @@ _FILE_PREFIX: dict[ToolName, str] = {
     "gdb": "gdb",
     "cuda-gdb": "gdb",
     "pystack": "pystack",
+    "pystack-gil": "pystack-gil",
 }
 
 
@@ -105,6 +106,25 @@ async def run_one(
     assert out.file is not None
     run.outputs[out.file] = _file_text(res, argv, out)
     return res
+
+
+async def gil_look(
+    run: ProcRun, req: CaptureRequest, exe: tuple[str, ...], env: dict[str, str], deadline: float
+) -> None:
+    """Which thread holds the GIL, where py-spy did not say: pystack reads it from the interpreter
+    without pausing the process (`--no-block`, about 0.15 s). py-spy marks `+gil` only on an active
+    thread; a thread asleep in native code with the GIL held (ctypes.PyDLL, a C extension that never
+    releases it: nvidia-resiliency-ext's LOCK_GIL) reads `idle` there, and is the rank's culprit."""
+    if any("gil" in t.status.lower() for t in run.python):
+        return
+    argv = pystack_argv(exe, run.info.pid, native=False, nonblocking=True)
+    res = await run_one(run, "pystack-gil", argv, req.py_spy_timeout_s, env, None, deadline)
+    holder = next((t.tid for t in parse_pystack(res.stdout) if "gil" in t.status.lower()), None)
+    if holder is None:
+        return
+    if not run.python:  # py-spy read nothing: pystack's own frames stand in
+        run.python = parse_pystack(res.stdout)
+    run.python = tuple(replace(t, status=f"{t.status}+gil") if t.tid == holder else t for t in run.python)
 
 
 def missing_tool(pid: int, tool: ToolName, what: str) -> ToolOutcome:

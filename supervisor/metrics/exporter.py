@@ -21,6 +21,7 @@ from supervisor.metrics.busyfamilies import busy_families
 from supervisor.metrics.groupfamilies import group_families
 from supervisor.policy.lifecycle import SERVING, State
 from supervisor.status.causes import CAUSES, HANG_CLASSES
+from supervisor.status.launchviews import MILESTONES, OUTAGE_PARTS
 from supervisor.status.snapshot import StatusSnapshot
 
 PREFIX = "sglang_supervisor_"
@@ -30,6 +31,10 @@ HEALTH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30
 DIAGNOSTIC_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 # Loading a multi-hundred-GB model takes minutes; anything past an hour has hit the backstop.
 READY_BUCKETS = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
+# A phase of a launch: from a fraction of a second (a warm cache) to the 10-minute silent compiles of
+# a large model; an outage: seconds (a crash, relaunched at once) to the backstop.
+PHASE_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+OUTAGE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
 GPU_LABELS = ("gpu", "uuid")
 # Every label value a counter can take is declared at 0 up front, so `increase()` sees the first
 # event (a series that appears at 1 has no earlier sample to increase from).
@@ -235,6 +240,24 @@ class SupervisorMetrics:
             ["gpu", "uuid", "xid", "action"],
             registry=registry,
         )
+        # issue 36: each launch's phases (supervisor/status/launchviews.py) and each outage in its parts
+        self._launch_phase = Histogram(
+            PREFIX + "launch_phase_seconds",
+            "Time from one launch milestone to the next (the phase is named by the milestone it starts at)",
+            ["phase"],
+            buckets=PHASE_BUCKETS,
+            registry=registry,
+        )
+        self._outage = Histogram(
+            PREFIX + "outage_seconds",
+            "Incident to serving again (part=total) and its parts: detection, evidence, stop_release, backoff,"
+            " relaunch; part=daemon is the daemon's own share (verdict to the relaunch's spawn)",
+            ["part"],
+            buckets=OUTAGE_BUCKETS,
+            registry=registry,
+        )
+        for part in (*OUTAGE_PARTS, "total", "daemon"):
+            self._outage.labels(part=part)
         registry.register(_SnapshotCollector(snapshot, lambda: self._last_ready))
         # The daemon's own RSS, CPU seconds, open descriptors (process_*, Prometheus's standard names).
         ProcessCollector(registry=registry)
@@ -271,6 +294,13 @@ class SupervisorMetrics:
 
     def takeover(self, seconds: float) -> None:
         self._takeover.observe(max(0.0, seconds))
+
+    def launch_phase(self, phase: str, seconds: float) -> None:
+        if phase in MILESTONES:
+            self._launch_phase.labels(phase=phase).observe(max(0.0, seconds))
+
+    def outage(self, part: str, seconds: float) -> None:
+        self._outage.labels(part=part).observe(max(0.0, seconds))
 
     def ready(self, time_to_ready_s: float) -> None:
         self._last_ready = max(0.0, time_to_ready_s)

@@ -8,6 +8,8 @@
   deep_gemm's JIT, torch's cpp_extension/nvcc, flashinfer's JIT, tvm-ffi): real progress, even when
   the autotuner synchronizes to time a kernel.
 - A GPU spins when NVML says it is busy (a kernel resident) while GPM says almost no SM works.
+- Without GPM, a GPU spins when NVML says it is busy while it draws near its idle power
+  (policy/gpupower.py, issue 35).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Literal
 
 from probes.types import BusySample, BusyThread, GpmObservation, GpuObservation, Observation
 from supervisor.config.settings import WatchdogSettings
+from supervisor.policy.gpupower import learn_idle, power_text, readings, spinning_by_power
 
 ThreadKind = Literal["gpu_wait", "compile", "working", "idle"]
 SampleKind = Literal["gpu_wait", "compile", "working", "none", "error"]
@@ -125,6 +128,9 @@ class BusyState:
     waits_in: str = ""  # the frame a busy thread waited in at the last look ("" if none did)
     looked_at: float | None = None  # when the last look was taken
     sm_active: float | None = None  # the tree's highest GPM SM activity at the last poll (None: no GPM)
+    idle_power: tuple[tuple[int, float], ...] = ()  # per GPU index the lowest draw seen at util 0 (W)
+    power_since: float | None = None  # since when the power rule has shown the tree's GPU spinning
+    power_said: str = ""  # the power rule's reading at the last poll that showed a spin
 
 
 def fold_busy(b: BusyState, obs: Observation, now: float, strong_moved: bool, s: WatchdogSettings) -> BusyState:
@@ -140,7 +146,22 @@ def fold_busy(b: BusyState, obs: Observation, now: float, strong_moved: bool, s:
         waits_in = where(waits[0]) if waits else ""
         looked = obs.busy.at
     sm = max_sm_active(obs.gpm, tree_devices(obs.gpu)) if obs.gpu.status == "ok" else None
-    return BusyState(spin_since=spin_since, kinds=kinds, waits_in=waits_in, looked_at=looked, sm_active=sm)
+    idle = learn_idle(b.idle_power, obs.gpu)
+    power = None
+    if obs.gpm.status != "ok" and obs.gpu.status == "ok":  # GPM, where there is one, is the better signal
+        rs = readings(obs.gpu, idle, s.gpu_idle_power_w, tree_devices(obs.gpu))
+        power = spinning_by_power(rs, s.busy_gpu_percent, s.power_spin_fraction)
+    power_since = (b.power_since if b.power_since is not None else now) if power is not None else None
+    return BusyState(
+        spin_since=spin_since,
+        kinds=kinds,
+        waits_in=waits_in,
+        looked_at=looked,
+        sm_active=sm,
+        idle_power=idle,
+        power_since=power_since,
+        power_said=power_text(power) if power is not None else "",
+    )
 
 
 def gpu_bound(b: BusyState, now: float, s: WatchdogSettings) -> str:
@@ -151,6 +172,8 @@ def gpu_bound(b: BusyState, now: float, s: WatchdogSettings) -> str:
     if b.spin_since is not None and now - b.spin_since >= s.startup_stall_s and last != "compile":
         sm = f"{b.sm_active:.2%}" if b.sm_active is not None else "?"
         return f"GPM: GPU busy, SM activity {sm} (floor {s.gpm_spin_sm_active:.0%}) for {now - b.spin_since:.0f} s"
+    if b.power_since is not None and now - b.power_since >= s.startup_stall_s and last != "compile":
+        return f"{b.power_said} for {now - b.power_since:.0f} s"
     need = s.gpu_wait_samples
     # A look that found no busy thread (the spinner was descheduled on a loaded host) or failed says
     # nothing either way: it neither breaks nor extends the run of GPU waits.
@@ -167,6 +190,8 @@ def busy_figures(b: BusyState, obs: Observation, now: float) -> tuple[tuple[str,
         out.append(("gpm_sm_active_ratio", sm))
     if b.spin_since is not None:
         out.append(("gpm_spin_s", round(now - b.spin_since, 3)))
+    if b.power_since is not None:
+        out.append(("power_spin_s", round(now - b.power_since, 3)))
     if b.kinds:
         out.append(("gpu_wait_looks", float(sum(k == "gpu_wait" for k in b.kinds))))
         out.append(("busy_looks", float(len(b.kinds))))

@@ -15,6 +15,7 @@ from typing import Literal
 from probes.types import Observation, Phase
 from supervisor.config.settings import WatchdogSettings
 from supervisor.policy.gpuwait import BusyState, busy_figures, fold_busy, gpu_bound
+from supervisor.policy.rasrule import RasState, RasVerdict
 from supervisor.policy.sglangwd import cause_for, crash_error, dump_class, fired, reason
 from supervisor.status.causes import Cause
 
@@ -140,6 +141,7 @@ class History:
     accept_samples: tuple[tuple[float, float], ...] = ()
     decode_at: float | None = None  # time of the last `Decode batch` line already sampled
     busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy looks while starting (policy/gpuwait.py)
+    ras: RasState = field(default_factory=RasState)  # NCCL RAS reports (policy/rasrule.py, issue 35)
     starved: Starved = field(default_factory=Starved)  # since the last progress (starting) or token (serving)
 
     @property
@@ -460,6 +462,7 @@ def assess_serving(
                 figures=(
                     ("running_reqs", float(sv.running_reqs or 0)),
                     ("tokens", float(tokens or 0)),
+                    ("since_tokens_s", round(now - h.tokens_moved_at, 3)),
                     *_sched_figures(starved, obs, ext),
                 ),
             ),
@@ -521,3 +524,12 @@ def mean_accept(h: History) -> float | None:
     if not h.accept_samples:
         return None
     return sum(v for _, v in h.accept_samples) / len(h.accept_samples)
+
+
+def ras_incident(v: RasVerdict, mode: Mode, phase: Phase | None) -> Verdict:
+    """The RAS detector's finding as the watchdog's verdict: a lost rank is `rank_died`; frozen
+    differing counts are the stall of the mode the server is in."""
+    stall: Cause = "serving_stall" if mode == "serving" else "startup_stall"
+    cause: Cause = "rank_died" if v.cause == "rank_died" else stall
+    figures = tuple(("ras_rank", float(r)) for r in v.lagging)
+    return Verdict("incident", cause, v.reason, phase="serving" if mode == "serving" else phase, figures=figures)

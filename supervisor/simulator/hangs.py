@@ -6,12 +6,22 @@
   calling thread waits in `join`. What a collective spinning on a dead peer looks like from the host.
 - `wait_for_collective`: the calling thread blocks on a lock that is never released, as a rank
   does in an all-reduce whose peer has died.
+- `init_attention_backends`: nvidia-resiliency-ext's LOCK_GIL fault where REAL_SGLANG.md put it on
+  the H200: libc `sleep` called through `ctypes.PyDLL`, which keeps the GIL, so no other thread of
+  the process runs Python; the thread sleeps in `clock_nanosleep`. 0 % CPU.
+- `gpu_sleep`: its GPU_SLEEP fault: a kernel that never ends, and the host thread spins in
+  `Event.synchronize` on it at one core (the simulated GPU reads busy with almost no SM work).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import NoReturn
+
+from supervisor.simulator.gpu.kernel import SpinningKernel
+from supervisor.simulator.mirror.sglang.srt.model_executor.model_runner import ModelRunner
+from supervisor.simulator.mirror.torch.cuda.streams import Event
 
 _weights_lock = threading.Lock()
 _kv_pool_lock = threading.Lock()
@@ -63,3 +73,21 @@ def wait_for_collective() -> NoReturn:
     never_released.acquire()
     never_released.acquire()  # the peer that would release it is gone
     raise AssertionError("a collective finished without its peer")
+
+
+def _heartbeat() -> None:
+    while True:
+        time.sleep(0.5)  # a helper that would keep running Python if the GIL were free
+
+
+def init_attention_backends() -> NoReturn:
+    threading.Thread(target=_heartbeat, name="tqdm_monitor", daemon=True).start()
+    time.sleep(0.1)  # the helper is parked in its sleep before the GIL is taken for good
+    ModelRunner().init_attention_backends()
+
+
+def gpu_sleep(gpu_file: str | None) -> NoReturn:
+    done = Event()
+    done.record(SpinningKernel(gpu_file))
+    done.synchronize()
+    raise AssertionError("a never-ending kernel finished")

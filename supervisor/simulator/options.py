@@ -7,6 +7,7 @@ command line or in the output: the supervisor sees a server, not a test double.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ class Scenario(str, enum.Enum):
     LOG_FLOOD = "log_flood"  # hundreds of MB of output, some of it not UTF-8
     BUSY_CAPTURE_HANG = "busy_capture_hang"  # a never-ending kernel in the draft graph's capture: a spin
     LONG_COMPILE = "long_compile"  # a silent first compile: CPU in inductor/triton frames, nothing else moves
+    # nvidia-resiliency-ext's fault catalogue (issue 35): LOCK_GIL and GPU_SLEEP after the weights load.
+    LOCK_GIL_AFTER_LOAD = "lock_gil_after_load"  # native sleep holding the GIL (ctypes.PyDLL): idle, nothing runs
+    GPU_SLEEP_AFTER_LOAD = "gpu_sleep_after_load"  # a kernel that never ends; the host spins in synchronize
 
 
 #: Faults that begin a while after the server is ready (SGLANG_SIM_FAULT_AFTER_S).
@@ -124,6 +128,17 @@ def effective_scenario(requested: Scenario, unless: str, argv: Sequence[str]) ->
     return requested
 
 
+def _fault_began(onset_file: str | None) -> bool:
+    """Whether an earlier launch's fault began (its onset file records an onset time)."""
+    if not onset_file:
+        return False
+    try:
+        with open(onset_file, encoding="utf-8") as f:
+            return json.load(f).get("onset_wall") is not None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
     raw = env.get("SGLANG_SIM_SCENARIO", "").strip() or Scenario.OK.value
     try:
@@ -132,8 +147,12 @@ def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
         choices = ", ".join(s.value for s in Scenario)
         raise SettingsError(f"SGLANG_SIM_SCENARIO={raw!r} is unknown; use one of: {choices}") from None
     pace = _float(env, "SGLANG_SIM_PACE", 1.0)
+    onset_file = env.get("SGLANG_SIM_ONSET_FILE", "").strip() or None
+    scenario = effective_scenario(requested, env.get("SGLANG_SIM_UNLESS", ""), argv)
+    if env.get("SGLANG_SIM_FAULT_ONCE", "").strip() in ("1", "true") and _fault_began(onset_file):
+        scenario = Scenario.OK  # a one-off fault (an Xid, a hang that a relaunch clears) already happened
     return SimSettings(
-        scenario=effective_scenario(requested, env.get("SGLANG_SIM_UNLESS", ""), argv),
+        scenario=scenario,
         requested=requested,
         pace=pace,
         shard_s=_optional_float(env, "SGLANG_SIM_SHARD_S"),
@@ -142,7 +161,7 @@ def load_settings(env: Mapping[str, str], argv: Sequence[str]) -> SimSettings:
         health_latency_s=_float(env, "SGLANG_SIM_HEALTH_LATENCY_S", 1.0, minimum=0.001),
         health_check_timeout_s=_float(env, "SGLANG_HEALTH_CHECK_TIMEOUT", 20.0),
         flood_mb=_float(env, "SGLANG_SIM_FLOOD_MB", 256.0),
-        onset_file=env.get("SGLANG_SIM_ONSET_FILE", "").strip() or None,
+        onset_file=onset_file,
         mem_mb=_float(env, "SGLANG_SIM_MEM_MB", 16.0),
         decode_step_s=_float(env, "SGLANG_SIM_DECODE_STEP_S", 0.02, minimum=0.001),
         idle_metrics_s=_float(env, "SGLANG_SIM_IDLE_METRICS_S", 30.0, minimum=0.1),

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from supervisor.simulator import crashes, hangs
+from supervisor.simulator import crashes, hangs, kernelcache
 from supervisor.simulator.argv import SimArgs
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar
 from supervisor.simulator.gpu.kernel import SpinningKernel
@@ -169,6 +169,12 @@ class Startup:
         if self.scenario is Scenario.BUSY_HANG_AFTER_LOAD:
             self._onset()
             hangs.spin_forever()
+        if self.scenario is Scenario.LOCK_GIL_AFTER_LOAD:
+            self._onset()
+            hangs.init_attention_backends()
+        if self.scenario is Scenario.GPU_SLEEP_AFTER_LOAD:
+            self._onset()
+            hangs.gpu_sleep(self.ctx.settings.gpu_file)
         time.sleep(0.25 * self.pace)
         self.log.info(f"Memory pool end. avail mem={facts.avail_after_kv:.2f} GB")
 
@@ -255,8 +261,10 @@ class Startup:
             if i == 0 and self.scenario is Scenario.LONG_COMPILE:
                 # inductor and triton at one core: no line, no read, no memory change, GPU idle
                 compile_fx_inner("prefill_graph", 8, self.ctx.settings.compile_seconds)
-            elif i == 0:
-                compiled = import_sglang(self.ctx.settings.prefill_compile_seconds)  # the first compilation
+            elif i == 0:  # the first compilation, or a load of it from the kernel cache
+                cold = self.ctx.settings.prefill_compile_seconds
+                compiled = import_sglang(kernelcache.compile_seconds(os.environ, "prefill_graph", cold))
+                kernelcache.store(os.environ, "prefill_graph")
             time.sleep(0.5 * self.pace / len(sizes))
             if bar is not None:
                 bar.update()

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from probes.types import Phase
 from supervisor.status.causes import Cause, HangClass
+from supervisor.status.launchviews import LaunchTimelineView, OutageView, StallWindowView
 
 
 class _Frozen(BaseModel):
@@ -33,6 +34,7 @@ class IncidentView(_Frozen):
     rung: str
     detail: str = ""
     bundle: str | None = None  # diagnostics bundle id
+    culprit: str | None = None  # the bundle's culprit line: the thread that stopped progress (issue 35)
 
 
 class ServingView(_Frozen):
@@ -204,3 +206,9 @@ class StatusSnapshot(_Frozen):
     gpu_xids: tuple[XidView, ...] = ()  # the last Xid events NVML reported, oldest first
     gpu_blocked: str | None = None  # a GPU of the server needs a reset: why nothing relaunches
     group: GroupView | None = None  # multi-node only ([group]); None for one node
+    # issue 36 (supervisor/status/launchviews.py): the current or last launch's timeline, the start-up
+    # stall window in force and why (while starting), the outage under way and the last one.
+    launch_timeline: LaunchTimelineView | None = None
+    stall_window: StallWindowView | None = None
+    outage: OutageView | None = None
+    last_outage: OutageView | None = None

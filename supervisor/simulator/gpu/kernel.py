@@ -19,6 +19,7 @@ from typing import Any
 SPIN_UTIL = 100.0
 SPIN_SM_UTIL = 0.76  # percent, as NVML GPM reports it
 SPIN_SM_OCCUPANCY = 0.01
+SPIN_POWER_ABOVE_IDLE = 0.03  # of the way from idle to the limit: one resident kernel doing no work
 _SAVED = "simulator_saved"  # the devices' readings before the spin
 
 
@@ -65,11 +66,20 @@ def spin(nvml_file: str) -> None:
     if data is None:
         return
     if _SAVED not in data:
-        data[_SAVED] = [{k: d.get(k) for k in ("util", "gpm")} for d in data["devices"] if isinstance(d, dict)]
-    for dev in data["devices"]:
+        data[_SAVED] = [
+            {k: d.get(k) for k in ("util", "gpm", "power_w")} for d in data["devices"] if isinstance(d, dict)
+        ]
+    saved = data[_SAVED] if isinstance(data[_SAVED], list) else []
+    for dev, before in zip(data["devices"], [*saved, *([{}] * len(data["devices"]))], strict=False):
         if isinstance(dev, dict):
             dev["util"] = SPIN_UTIL
-            dev["gpm"] = {"sm_util": SPIN_SM_UTIL, "sm_occupancy": SPIN_SM_OCCUPANCY}
+            if "gpm" in dev:  # a GPU without GPM (A100, L40S, MIG) stays without it
+                dev["gpm"] = {"sm_util": SPIN_SM_UTIL, "sm_occupancy": SPIN_SM_OCCUPANCY}
+            # from the reading before the first spin: a second kernel of the tree adds nothing
+            power = before.get("power_w") if isinstance(before, dict) else None
+            limit = dev.get("power_limit_w")
+            if isinstance(power, int | float) and isinstance(limit, int | float):
+                dev["power_w"] = power + SPIN_POWER_ABOVE_IDLE * (limit - power)
     _write(path, data)
 
 

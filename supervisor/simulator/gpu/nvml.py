@@ -22,6 +22,7 @@ The JSON file:
           "mem_total": 150754820096,          # bytes, default 143771 MiB
           "mem_used": 1000,                   # bytes, default: the processes' memory summed
           "power_w": 120.5,                   # optional; absent -> the power call says Not Supported
+          "power_limit_w": 700,               # optional: the enforced power limit (the power rule's busy end)
           "processes": {"1234": 80000000000, "1235": null},   # compute: pid -> bytes (null: unknown)
           "graphics_processes": {},           # optional, same shape
           "fail": ["nvmlDeviceGetUtilizationRates"],          # optional: calls raising on this GPU
@@ -90,6 +91,7 @@ class SimulatedDevice:
     mem_total: int = H200_BYTES
     mem_used: int | None = None  # None: the processes' memory summed
     power_w: float | None = None
+    power_limit_w: float | None = None
     processes: dict[int, int | None] = field(default_factory=dict)
     graphics_processes: dict[int, int | None] = field(default_factory=dict)
     fail: set[str] = field(default_factory=set)  # names of calls that raise on this device
@@ -177,6 +179,12 @@ class SimulatedNvml(SimulatedEvents, SimulatedGpm):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED, "Not Supported")
         return int(dev.power_w * 1000)
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle) -> int:
+        dev = self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")
+        if dev.power_limit_w is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        return int(dev.power_limit_w * 1000)
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[ProcessInfo]:
         dev = self._device(handle, "nvmlDeviceGetComputeRunningProcesses")
         return [ProcessInfo(pid=pid, usedGpuMemory=b) for pid, b in dev.processes.items()]
@@ -247,6 +255,7 @@ def _parse_config(data: object) -> tuple[str | None, list[SimulatedDevice]]:
                 mem_total=int(raw.get("mem_total", H200_BYTES)),
                 mem_used=None if mem_used is None else int(mem_used),
                 power_w=None if power is None else float(power),
+                power_limit_w=None if raw.get("power_limit_w") is None else float(raw["power_limit_w"]),
                 processes=_pid_map(raw.get("processes", {})),
                 graphics_processes=_pid_map(raw.get("graphics_processes", {})),
                 fail={str(call) for call in raw.get("fail", [])},

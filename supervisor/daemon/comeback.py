@@ -1,0 +1,324 @@
+"""Back to serving fast (issue 36), as one helper the owner holds and calls at named points: a
+launch (`launching`: the kernel caches' environment, the timeline starts, the outage's backoff
+ends), the server's lines (`lines`), each poll while starting (`window`: the learned stall window
+in force, and the quiet time the timeline learns from), ready (`ready`: the timeline is journalled
+and compared, the book learns, the caches' marker is cleared, the outage ends), an incident
+(`incident`, `evidence_done`, `stopped`: the outage's parts; the weights' residency is measured and
+read ahead in a thread meanwhile), and publishing (`publish`: `/status` fields).
+
+It records through the `record` it is given (the owner's one way to write an event) and never moves
+a state, stops a process or touches the ladder. What fails here (a full disk, an unreadable book) is
+recorded and survived: the launch goes on with the configured window and unpinned caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes.types import LogLine, Observation
+from supervisor.config.settings import Settings, WatchdogSettings
+from supervisor.daemon import kernelcache, residency
+from supervisor.daemon.launchtimeline import (
+    BookEntry,
+    GoodLaunch,
+    LaunchBook,
+    Milestones,
+    OutageClock,
+    compare,
+    views,
+)
+from supervisor.daemon.publish import iso
+from supervisor.policy.learned import LaunchKey, Window, fingerprint, fold_quiet, learn, model_of, window_for
+from supervisor.policy.watchdog import History, Verdict
+from supervisor.status.launchviews import CacheView, LaunchTimelineView, OutageView, ResidencyView, StallWindowView
+from supervisor.status.snapshot import StatusSnapshot
+
+Record = Callable[..., None]  # the owner's `record(event, level, /, *, only=None, **fields)`
+BOOK = "launches.json"
+# The verdict's figure that says how long the server had shown nothing before it was judged.
+_QUIET_FIGURES = ("since_progress_s", "since_tokens_s", "tokens_quiet_s")
+
+
+def host_name() -> str:
+    return socket.gethostname() or "localhost"
+
+
+def key_for(argv: Sequence[str], rung: str, host: str) -> LaunchKey:
+    return LaunchKey(host, model_of(argv), rung, fingerprint(argv))
+
+
+# The watchdog phase each milestone begins: a phase a good start passed between two polls was quiet
+# for less than a poll, and is learned as such (its window is then the floor).
+_PHASE_OF = {
+    "spawn": "spawning",
+    "weights_loading": "loading_weights",
+    "kv_allocated": "allocating_kv",
+    "graph_capture": "capturing_graphs",
+    "warmup": "warming_up",
+}
+
+
+def passed(launch: _Launch) -> dict[str, float]:
+    """The longest quiet interval of every phase the launch went through (0 for one never polled in)."""
+    out = {p: 0.0 for p in launch.phases}
+    out.update({_PHASE_OF[m]: 0.0 for m in launch.milestones.seen if m in _PHASE_OF})
+    out.update(launch.longest)
+    return out
+
+
+def detection_of(verdict: Verdict | None) -> float:
+    """How long the server had been quiet when judged (0 for an exit or a request: no window)."""
+    if verdict is None:
+        return 0.0
+    figures = dict(verdict.figures)
+    for name in _QUIET_FIGURES:
+        if name in figures:
+            return max(0.0, float(figures[name]))
+    return 0.0
+
+
+@dataclass
+class _Launch:
+    key: LaunchKey
+    started_wall: float
+    milestones: Milestones
+    longest: dict[str, float]
+    cache: CacheView | None = None
+    residency: ResidencyView | None = None
+    time_to_ready_s: float | None = None
+    adopted: bool = False
+    before: GoodLaunch | None = None  # the last good launch of the key when this one began
+    phases: set[str] = field(default_factory=set)  # the watchdog phases polls saw it in
+
+
+class Comeback:
+    def __init__(self, settings: Settings, record: Record, *, host: str | None = None) -> None:
+        self.settings = settings
+        self.record = record
+        self.host = host or host_name()
+        self.book = LaunchBook(settings.state_dir / BOOK).load()
+        if self.book.load_error:
+            record("launch_book_unreadable", "warning", only="log", error=self.book.load_error)
+        self.current: _Launch | None = None
+        self.window_now: Window | None = None
+        self.outage: OutageClock | None = None
+        self.last_outage: OutageView | None = None
+        self.residency: ResidencyView | None = None  # measured for the next launch
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # ---- a launch ----------------------------------------------------------------------------
+
+    def launching(
+        self, argv: Sequence[str], rung: str, server_env: Mapping[str, str], now: float, wall: float
+    ) -> dict[str, str]:
+        """A launch of `argv` on `rung` is about to be spawned: the variables the server's environment
+        gets (the kernel caches the operator left unset), one call from the owner's launch."""
+        key = key_for(argv, rung, self.host)
+        entry = self.book.get(key)
+        before = entry.last_good if entry is not None else None
+        launch = _Launch(key, wall, Milestones(now), {}, residency=self.residency, before=before)
+        self.current, self.residency, self.window_now = launch, None, None
+        if self.outage is not None:
+            self.outage.close_step(now, "relaunch")
+        c = self.settings.caches
+        try:
+            prepared = kernelcache.prepare(
+                self.settings.cache_dir,
+                key.fingerprint,
+                server_env,
+                pin=c.pin,
+                max_bytes=int(c.max_gb * 1024**3),
+                now_wall=wall,
+            )
+        except OSError as err:
+            self.record("kernel_cache", "error", state="unpinned", error=str(err), rung=rung)
+            launch.cache = CacheView(dir="", state="unpinned")
+            return {}
+        launch.cache = prepared.view
+        if prepared.view.set_aside:
+            why = "a launch died before ready: what it wrote may be half-written and is not reused"
+            self.record("kernel_cache", "warning", state="set_aside", moved_to=prepared.view.set_aside, reason=why)
+        if prepared.pruned:
+            self.record("kernel_cache", state="pruned", removed=list(prepared.pruned), max_gb=c.max_gb)
+        return prepared.env
+
+    def adopting(self, argv: Sequence[str], rung: str, now: float, wall: float) -> None:
+        """An adopted server: no milestones of its load were seen, and it teaches nothing."""
+        self.current = _Launch(key_for(argv, rung, self.host), wall, Milestones(now), {}, adopted=True)
+        cache = self.settings.cache_dir / self.current.key.fingerprint
+        if self.settings.caches.pin and cache.is_dir():
+            self.current.cache = CacheView(dir=str(cache), state="hit")
+
+    def lines(self, lines: Sequence[LogLine]) -> None:
+        if self.current is not None and not self.current.adopted:
+            self.current.milestones.feed(lines)
+
+    def window(self, obs: Observation, history: History, wd: WatchdogSettings) -> WatchdogSettings:
+        """While starting, each poll: the quiet time so far is learned for the phase it belonged to,
+        and the watchdog settings with the phase's window in force are returned."""
+        launch = self.current
+        if launch is None:
+            return wd
+        launch.longest = fold_quiet(launch.longest, history.base.phase, obs.at - history.last_progress_at)
+        launch.phases.add(obs.logs.phase)
+        entry = self.book.get(launch.key)
+        w = window_for(entry.learned if entry else None, obs.logs.phase, wd.startup_stall_s, self.settings.learned)
+        self.window_now = w
+        if w.window_s == wd.startup_stall_s:
+            return wd
+        return wd.model_copy(update={"startup_stall_s": w.window_s})
+
+    def ready(self, now: float, time_to_ready_s: float | None) -> None:
+        """The server is ready: journal the timeline (compared with the last good launch), learn from
+        it, clear the caches' marker, end the outage."""
+        launch = self.current
+        if launch is None:
+            return
+        launch.milestones.mark("ready", now)
+        launch.time_to_ready_s = time_to_ready_s
+        if launch.cache is not None:
+            with contextlib.suppress(OSError):
+                launch.cache = kernelcache.mark_ready(launch.cache)
+        entry = self.book.get(launch.key)
+        view = self._timeline(launch)
+        if not launch.adopted:
+            self.record(
+                "launch_timeline",
+                rung=launch.key.rung,
+                fingerprint=launch.key.fingerprint,
+                milestones={m.name: m.at_s for m in view.milestones},
+                phases={m.name: m.phase_s for m in view.milestones if m.phase_s is not None},
+                time_to_ready_s=time_to_ready_s,
+                longest_quiet_s=view.longest_quiet_s,
+                compared=list(view.compared),
+                cache=None if view.cache is None else view.cache.model_dump(),
+                residency=None if view.residency is None else view.residency.model_dump(),
+            )
+            good = GoodLaunch(launch.milestones.offsets(), time_to_ready_s or 0.0, launch.started_wall)
+            learned = learn(entry.learned if entry else None, passed(launch))
+            self.book.put(BookEntry(launch.key, learned, good))
+            try:
+                self.book.save()
+            except OSError as err:
+                self.record("launch_book_unwritable", "error", only="log", error=str(err))
+        self._end_outage(now, launch.key.rung)
+
+    # ---- an incident ----------------------------------------------------------------------
+
+    def incident(self, incident_id: str, cause: str, verdict: Verdict | None, now: float) -> None:
+        """A verdict: the outage begins (or, before serving again, goes on); the weights are looked at."""
+        if self.outage is None:
+            self.outage = OutageClock(incident_id, cause, now, detection_of(verdict))
+        else:
+            self.outage.again(now)
+        self.window_now = None
+        self._look_at_weights()
+
+    def evidence_done(self, now: float) -> None:
+        if self.outage is not None and self.outage.step == "evidence":
+            self.outage.close_step(now, "stop_release")
+
+    def stopped(self, now: float) -> None:
+        if self.outage is not None:
+            if self.outage.step == "evidence":  # no capture: the stop follows the verdict at once
+                self.outage.close_step(now, "stop_release")
+            if self.outage.step == "stop_release":
+                self.outage.close_step(now, "backoff")
+
+    def cancel_outage(self) -> None:
+        """Stopped by request: nothing is out of service against anyone's wish."""
+        self.outage = None
+
+    def _end_outage(self, now: float, rung: str) -> None:
+        o = self.outage
+        if o is None:
+            return
+        o.close_step(now, "relaunch")
+        self.outage = None
+        self.last_outage = OutageView(
+            incident=o.incident, cause=o.cause, total_s=o.total_s, parts=dict(o.parts), daemon_s=o.daemon_s, rung=rung
+        )
+        self.record("outage", **self.last_outage.model_dump())
+
+    def _look_at_weights(self) -> None:
+        c = self.settings.caches
+        if not c.weights_residency or self.current is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._weights(self.current.key.model, self.outage))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _weights(self, model: str, outage: OutageClock | None) -> None:
+        """Measured in a thread while the evidence is captured; recorded on the loop. The relaunch
+        that follows shows it (or, when it was spawned first, gets it as soon as it is known)."""
+        c = self.settings.caches
+        try:
+            view = await asyncio.to_thread(_look, model, c.weights_readahead, c.max_weight_files)
+        except Exception as err:  # a look at the page cache must never cost the incident
+            self.record("weights_residency", "warning", model=model, error=repr(err)[:300])
+            return
+        if view is None:
+            return
+        launch = self.current
+        if launch is not None and launch.residency is None and outage is not None and self.outage is outage:
+            launch.residency = view  # the relaunch was spawned before the look finished
+        else:
+            self.residency = view
+        self.record("weights_residency", **view.model_dump(), model=model)
+
+    # ---- what /status shows ------------------------------------------------------------------
+
+    def _timeline(self, launch: _Launch) -> LaunchTimelineView:
+        now_views = views(launch.milestones.offsets())
+        good = launch.before
+        good_views = views(good.offsets) if good is not None else ()
+        return LaunchTimelineView(
+            rung=launch.key.rung,
+            model=launch.key.model,
+            fingerprint=launch.key.fingerprint,
+            started_at=iso(launch.started_wall),
+            milestones=now_views,
+            time_to_ready_s=launch.time_to_ready_s,
+            longest_quiet_s={p: round(q, 3) for p, q in launch.longest.items()},
+            last_good=good_views,
+            last_good_time_to_ready_s=good.time_to_ready_s if good is not None else None,
+            compared=compare(now_views, good_views),
+            cache=launch.cache,
+            residency=launch.residency,
+        )
+
+    def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
+        update: dict[str, Any] = {}
+        launch = self.current
+        if launch is not None:
+            update["launch_timeline"] = self._timeline(launch)
+        w = self.window_now
+        if w is not None and snap.state == "starting":
+            update["stall_window"] = StallWindowView(
+                phase=w.phase,
+                window_s=round(w.window_s, 3),
+                source=w.source,
+                why=w.why,
+                configured_s=self.settings.watchdog.startup_stall_s,
+                learned_quiet_s=w.learned_quiet_s,
+            )
+        if self.last_outage is not None:
+            update["last_outage"] = self.last_outage
+        if self.outage is not None:
+            o = self.outage
+            update["outage"] = OutageView(incident=o.incident, cause=o.cause, parts=dict(o.parts), daemon_s=o.daemon_s)
+        return snap.model_copy(update=update) if update else snap
+
+
+def _look(model: str, readahead: bool, limit: int) -> ResidencyView | None:
+    files = residency.weight_files(model, limit)
+    if not files:
+        return None
+    measured = residency.measure(files)
+    error = residency.read_ahead(files) if readahead else None
+    return measured.view(readahead).model_copy(update={"error": measured.error or error})

@@ -1,0 +1,232 @@
+"""A timeline of every launch, the book of good launches, and the outage clock (issue 36).
+
+`Milestones` reads SGLang's own lines as they arrive and notes when each milestone was first seen
+(`supervisor.status.launchviews.MILESTONES`); the daemon adds `spawn` and `ready`. `LaunchBook` keeps,
+per host, model and rung fingerprint (`supervisor.policy.learned.LaunchKey`), the good starts'
+longest quiet interval per phase (what learned windows are made of) and the last good launch's
+milestones (what a launch is compared with), in `<state_dir>/launches.json`, written atomically.
+`OutageClock` times one outage from the incident to serving again, in its parts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.logs import clean, split_prefix
+from probes.types import LogLine
+from supervisor.policy.learned import LaunchKey, Learned
+from supervisor.status.launchviews import MILESTONES, Milestone, MilestoneView
+
+BOOK_VERSION = 1
+# A phase is named in the comparison when it took this much longer than on the last good start,
+# by this factor: seconds of jitter on a fast phase are not news.
+COMPARE_MIN_EXTRA_S = 5.0
+COMPARE_FACTOR = 2.0
+_COMPILE_HINTS = ("torch.compile", "Compiling", "compile_fx", "autotune", "Autotuning", "inductor", "JIT compil")
+
+
+def milestone_of(message: str) -> Milestone | None:
+    """The milestone one of SGLang's messages shows, if any (the first line that shows one counts)."""
+    if "Load weight begin" in message:
+        return "weights_loading"
+    if "Load weight end" in message:
+        return "weights_loaded"
+    if "KV Cache is allocated" in message or "Memory pool end" in message:
+        return "kv_allocated"
+    if "CUDA graph begin" in message or "cuda graph begin" in message or message.startswith("Capturing batches"):
+        return "graph_capture"
+    if "Uvicorn running on" in message or "Application startup complete" in message:
+        return "warmup"
+    if "The server is fired up and ready to roll" in message:
+        return "ready_line"
+    if any(h in message for h in _COMPILE_HINTS):
+        return "compile"
+    return None
+
+
+@dataclass
+class Milestones:
+    """First-seen times (monotonic) of one launch's milestones."""
+
+    launched_at: float
+    seen: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.seen.setdefault("spawn", self.launched_at)
+
+    def feed(self, lines: Iterable[LogLine]) -> None:
+        for line in lines:
+            text = clean(line.text)
+            if not text.strip():
+                continue
+            _rank, message = split_prefix(text)
+            name = milestone_of(message)
+            if name is not None and name not in self.seen:
+                self.seen[name] = line.at
+
+    def mark(self, name: Milestone, at: float) -> None:
+        self.seen.setdefault(name, at)
+
+    def offsets(self) -> dict[str, float]:
+        return {n: round(max(0.0, self.seen[n] - self.launched_at), 3) for n in MILESTONES if n in self.seen}
+
+
+def views(offsets: Mapping[str, float]) -> tuple[MilestoneView, ...]:
+    """Milestones in time order, each with the time until the next one seen."""
+    order = sorted(((at, MILESTONES.index(n), n) for n, at in offsets.items() if n in MILESTONES))
+    out: list[MilestoneView] = []
+    for i, (at, _rank, name) in enumerate(order):
+        nxt = order[i + 1][0] if i + 1 < len(order) else None
+        phase_s = None if nxt is None else round(nxt - at, 3)
+        out.append(MilestoneView(name=name, at_s=at, phase_s=phase_s))
+    return tuple(out)
+
+
+def compare(now: Iterable[MilestoneView], last_good: Iterable[MilestoneView]) -> tuple[str, ...]:
+    """Sentences for the phases that took much longer than on the last good start of the same rung."""
+    before = {m.name: m.phase_s for m in last_good if m.phase_s is not None}
+    out: list[str] = []
+    for m in now:
+        prev = before.get(m.name)
+        if m.phase_s is None or prev is None:
+            continue
+        if m.phase_s - prev >= COMPARE_MIN_EXTRA_S and m.phase_s >= COMPARE_FACTOR * prev:
+            out.append(f"{m.name} took {m.phase_s:.1f} s, the last good start {prev:.1f} s")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GoodLaunch:
+    offsets: Mapping[str, float]
+    time_to_ready_s: float
+    wall: float
+
+
+@dataclass(frozen=True)
+class BookEntry:
+    key: LaunchKey
+    learned: Learned
+    last_good: GoodLaunch | None = None
+
+
+class LaunchBook:
+    """`<state_dir>/launches.json`: what good starts taught, per key. A missing, unreadable or foreign
+    file is an empty book (a learned window falls back to the configured one, never the reverse)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, BookEntry] = {}
+        self.load_error: str | None = None
+
+    def load(self) -> LaunchBook:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return self
+        except (OSError, ValueError) as err:
+            self.load_error = f"{self.path}: {err}"
+            return self
+        try:
+            if doc.get("version") != BOOK_VERSION:
+                self.load_error = f"{self.path}: version {doc.get('version')!r}, expected {BOOK_VERSION}"
+                return self
+            for k, e in doc.get("entries", {}).items():
+                self.entries[k] = _entry(e)
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            self.entries.clear()
+            self.load_error = f"{self.path}: malformed ({err!r})"
+        return self
+
+    def get(self, key: LaunchKey) -> BookEntry | None:
+        return self.entries.get(key.id)
+
+    def put(self, entry: BookEntry) -> None:
+        self.entries[entry.key.id] = entry
+
+    def save(self) -> None:
+        doc = {"version": BOOK_VERSION, "entries": {k: _doc(e) for k, e in self.entries.items()}}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+
+def _doc(e: BookEntry) -> dict[str, Any]:
+    k = e.key
+    good = e.last_good
+    return {
+        "host": k.host,
+        "model": k.model,
+        "rung": k.rung,
+        "fingerprint": k.fingerprint,
+        "starts": e.learned.starts,
+        "quiet_s": dict(e.learned.quiet_s),
+        "last_good": None
+        if good is None
+        else {"offsets": dict(good.offsets), "time_to_ready_s": good.time_to_ready_s, "wall": good.wall},
+    }
+
+
+def _entry(d: Mapping[str, Any]) -> BookEntry:
+    key = LaunchKey(str(d["host"]), str(d["model"]), str(d["rung"]), str(d["fingerprint"]))
+    quiet = {str(p): float(q) for p, q in dict(d["quiet_s"]).items()}
+    learned = Learned(starts=int(d["starts"]), quiet_s=quiet)
+    g = d.get("last_good")
+    good = (
+        None
+        if g is None
+        else GoodLaunch(
+            {str(n): float(t) for n, t in dict(g["offsets"]).items()}, float(g["time_to_ready_s"]), float(g["wall"])
+        )
+    )
+    return BookEntry(key, learned, good)
+
+
+@dataclass
+class OutageClock:
+    """One outage, from the incident (the start of its detection) to serving again. Incidents in a
+    row (a relaunch that fails again) extend it: evidence, stop and backoff add up, and every
+    relaunch attempt counts in `relaunch`."""
+
+    incident: str | None
+    cause: str
+    began_at: float  # the first verdict, monotonic
+    detection_s: float
+    parts: dict[str, float] = field(default_factory=dict)
+    mark: float = 0.0  # the last step's end
+    step: str = "evidence"  # what the time since `mark` is counted as
+
+    def __post_init__(self) -> None:
+        self.mark = self.began_at
+        for part in ("detection", "evidence", "stop_release", "backoff", "relaunch"):
+            self.parts.setdefault(part, 0.0)
+        self.parts["detection"] = round(max(0.0, self.detection_s), 3)
+
+    def close_step(self, now: float, then: str) -> None:
+        """The step under way ends now (its time is added to its part); `then` is counted next."""
+        self.parts[self.step] = round(self.parts.get(self.step, 0.0) + max(0.0, now - self.mark), 3)
+        self.mark, self.step = now, then
+
+    def again(self, now: float) -> None:
+        """Another incident before serving again: the relaunch attempt ends, evidence begins."""
+        self.close_step(now, "evidence")
+
+    @property
+    def daemon_s(self) -> float:
+        return round(self.parts["evidence"] + self.parts["stop_release"] + self.parts["backoff"], 3)
+
+    @property
+    def total_s(self) -> float:
+        return round(sum(self.parts.values()), 3)

@@ -1,0 +1,336 @@
+"""Name the culprit: per rank, the one thread that stopped the server's progress, and where it is.
+
+A pure reading of the evidence (issue 35). A hung scheduler has dozens of threads (tqdm's monitor,
+gloo's run loops, NCCL's watchdog and heartbeat, ZMQ I/O, anonymous driver threads), nearly all
+waiting by design; the person on call wants the one that matters first. Per rank, in order:
+
+1. a rank stopped by a signal (state T before any tool attached): its main thread, which runs nothing;
+2. the thread that holds the GIL (py-spy's `+gil`): while it sits in native code nobody else runs Python;
+3. a thread running Python code (a spin);
+4. the main thread, unless it only joins another thread: then the thread it waits for (the first
+   non-helper thread in a wait of its own);
+5. the first thread that is not a helper.
+
+Across ranks the primary culprit is the rank that does not do what the others do: a stopped rank,
+the rank that never joined the collective the others wait in, a GIL holder, a spinner, else the
+lowest rank. Helper threads are folded into a count by kind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from supervisor.diagnostics.capturerecords import Evidence, Frame, ProcEvidence
+from supervisor.diagnostics.waits import ThreadView, thread_views
+
+# Helper threads every SGLang scheduler carries, by name (py-spy's or /proc's comm) or frame file.
+_HELPERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("tqdm", re.compile(r"tqdm|TMonitor|_monitor", re.I)),
+    ("gloo", re.compile(r"gloo", re.I)),
+    ("nccl", re.compile(r"nccl|pt_nccl|watchdg|heartbt|proxy", re.I)),
+    ("torch", re.compile(r"^pt_|tcpstore|autograd", re.I)),
+    ("zmq", re.compile(r"zmq|ZMQbg", re.I)),
+    ("watchdog", re.compile(r"watchdog|heartbeat|monitor", re.I)),
+    ("cuda", re.compile(r"cuda-?EvtHandlr|cuda|libcudadebugger", re.I)),
+    ("reader", re.compile(r"_read_thread|log|stdout|stderr", re.I)),
+)
+_JOIN = frozenset({"join", "_wait_for_tstate_lock"})
+MAX_FRAMES = 6
+
+
+@dataclass(frozen=True)
+class Culprit:
+    rank: int | None
+    pid: int
+    process: str  # "scheduler TP0 pid 1234"
+    thread: str  # the thread's name ("?" when no tool named it)
+    tid: int | None
+    doing: str  # "sleeps in clock_nanosleep", "waits in acquire", "runs", "is stopped (SIGSTOP)"
+    frames: tuple[str, ...]  # innermost meaningful first: "init_attention_backends (sitecustomize.py:27)"
+    held_s: float | None  # how long the server has not progressed while this thread sat there
+    evidence: tuple[str, ...]  # why this thread, in words
+    gil: bool = False  # py-spy said it holds the GIL
+    helpers: int = 0  # idle helper threads of this rank folded into a count
+    helper_kinds: tuple[tuple[str, int], ...] = ()
+
+    def line(self) -> str:
+        """`Culprit: scheduler TP0 pid 12 thread 'MainThread' tid 12 sleeps in clock_nanosleep at f (x.py:27) ...`."""
+        at = f" at {self.frames[0]}" if self.frames else ""
+        held = f", no progress for {self.held_s:.0f} s" if self.held_s is not None else ""
+        gil = ", holding the GIL" if self.gil else ""
+        tid = f" tid {self.tid}" if self.tid is not None else ""
+        return f"Culprit: {self.process} thread '{self.thread}'{tid} {self.doing}{at}{gil}{held}"
+
+    def folded(self) -> str:
+        kinds = ", ".join(f"{k} {n}" for k, n in self.helper_kinds)
+        return f"{self.helpers} idle helper thread{'' if self.helpers == 1 else 's'} folded" + (
+            f" ({kinds})" if kinds else ""
+        )
+
+    def doc(self) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "process": self.process,
+            "thread": self.thread,
+            "tid": self.tid,
+            "doing": self.doing,
+            "frames": list(self.frames),
+            "held_s": self.held_s,
+            "gil": self.gil,
+            "evidence": list(self.evidence),
+            "helpers": self.helpers,
+            "helper_kinds": dict(self.helper_kinds),
+            "text": self.line(),
+        }
+
+
+def holds_gil(v: ThreadView) -> bool:
+    return v.python is not None and "gil" in v.python.status.lower()
+
+
+def _frames(v: ThreadView) -> list[Frame]:
+    return [f for s in (v.python, v.native) if s is not None for f in s.frames]
+
+
+def helper_kind(v: ThreadView) -> str | None:
+    """The kind of idle helper this thread is, or None when it may be the model's work."""
+    if holds_gil(v) or v.kind in ("running", "stopped", "disk"):
+        return None
+    py_files = " ".join(f.file for f in _frames(v) if f.is_python)
+    text = f"{v.name} {py_files} {' '.join(f.function for f in _frames(v))}"
+    if v.background:
+        return "nccl" if re.search(r"nccl|watchdg|heartbt", text, re.I) else "torch"
+    for kind, pattern in _HELPERS:
+        if pattern.search(v.name) or pattern.search(py_files):
+            return kind
+    if v.kind == "sleep" and not _is_main(v):
+        return "sleeper"
+    if v.site is None and not _is_main(v):
+        return "anonymous"  # no Python frame: a driver or library thread
+    return None
+
+
+def _is_main(v: ThreadView) -> bool:
+    return v.tid == v.pid or v.name == "MainThread"
+
+
+def _py(f: Frame) -> str:
+    return f"{f.function} ({f.where})" if f.file else f.function
+
+
+def frames_of(v: ThreadView) -> tuple[str, ...]:
+    """Innermost meaningful frames: the Python site (and the caller when the site is stdlib sync
+    code), then the native frame it waits in, named with its library."""
+    out: list[str] = []
+    if v.site is not None:
+        out.append(_py(v.site))
+        if v.caller is not None:
+            out.append(_py(v.caller))
+    native = [f for f in _frames(v) if not f.is_python and not f.file.startswith("<")]
+    named = [f for f in native if f.function == v.label] or native[:1]
+    for f in named[:1]:
+        out.append(f"{f.function} ({f.file})" if f.file else f.function)
+    if v.python is not None:
+        rest = [_py(f) for f in v.python.frames if f.is_python and _py(f) not in out]
+        out += rest[: max(0, MAX_FRAMES - len(out))]
+    return tuple(dict.fromkeys(out))[:MAX_FRAMES]
+
+
+def _doing(v: ThreadView) -> str:
+    if v.kind == "stopped":
+        return "is stopped (state T: SIGSTOP or a debugger)"
+    verb = {"running": "runs", "sleep": "sleeps", "disk": "is in D state"}.get(v.kind, "waits")
+    native = any(not f.is_python for f in _frames(v))
+    if v.label and v.label == v.wchan and not native and holds_gil(v):
+        return f"blocks in native code (kernel wait {v.wchan})"  # no native stack was taken
+    if not v.label or (v.site is not None and v.label == v.site.function.rsplit(".", 1)[-1]):
+        return verb  # the frame after "at" names it
+    return f"{verb} in {v.label}"
+
+
+def _same_place(v: ThreadView) -> str:
+    if len(v.states) >= 2 and len(set(v.states)) == 1:
+        return f"state {v.states[0]} in all {len(v.states)} /proc samples"
+    return ""
+
+
+def _pick(views: Sequence[ThreadView], proc: ProcEvidence) -> tuple[ThreadView | None, list[str]]:
+    work = [v for v in views if helper_kind(v) is None]
+    main = next((v for v in views if v.tid == proc.pid), None)
+    main = main or next((v for v in views if v.name == "MainThread"), None)
+    if proc.stopped:
+        return (main or (views[0] if views else None)), ["the process is stopped by a signal: it runs no code"]
+    gil = [v for v in views if holds_gil(v)]
+    if gil and gil[0].kind != "running":
+        return gil[0], ["it holds the GIL outside Python code: no other thread of the rank can run Python"]
+    running = [v for v in work if v.kind == "running"]
+    if running:
+        spin = "it runs Python code in every sample" if running[0].looping else "it is the thread on a CPU"
+        return running[0], [spin + (" and holds the GIL" if holds_gil(running[0]) else "")]
+    if main is not None and main in work:
+        short = main.site.function.rsplit(".", 1)[-1] if main.site else ""
+        if short not in _JOIN and main.label not in _JOIN:
+            return main, ["it is the rank's main thread, where the scheduler loop runs"]
+        others = [v for v in work if v is not main]
+        if others:
+            more = [f"{o.name} at {frames_of(o)[0]}" for o in others[1:3] if frames_of(o)]
+            because = [f"the main thread only joins it (at {frames_of(main)[0] if frames_of(main) else 'join'})"]
+            if more:
+                because.append(f"{len(others) - 1} other work thread(s) wait too: {'; '.join(more)}")
+            return others[0], because
+        return main, ["it is the rank's main thread"]
+    if work:
+        return work[0], ["the first thread that is not an idle helper"]
+    if main is not None:
+        return main, ["every thread is an idle helper; the main thread stands for the rank"]
+    return None, []
+
+
+def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
+    views = thread_views(proc)
+    chosen, why = _pick(views, proc)
+    if chosen is None:
+        return None
+    kinds: dict[str, int] = {}
+    for v in views:
+        if v is not chosen and (k := helper_kind(v)) is not None:
+            kinds[k] = kinds.get(k, 0) + 1
+    same = _same_place(chosen)
+    return Culprit(
+        rank=proc.rank,
+        pid=proc.pid,
+        process=proc.label,
+        thread=chosen.name or "?",
+        tid=chosen.tid,
+        doing=_doing(chosen),
+        frames=frames_of(chosen),
+        held_s=held_s,
+        evidence=tuple(why + ([same] if same else [])),
+        gil=holds_gil(chosen),
+        helpers=sum(kinds.values()),
+        helper_kinds=tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
+    )
+
+
+def _score(c: Culprit, missing: set[int]) -> tuple[int, int]:
+    if c.doing.startswith("is stopped"):
+        order = 0
+    elif c.pid in missing:
+        order = 1
+    elif c.gil and not c.doing.startswith("runs"):
+        order = 2
+    elif c.doing.startswith("runs"):
+        order = 3
+    else:
+        order = 4
+    return order, c.rank if c.rank is not None else 1 << 20
+
+
+def culprits(
+    ev: Evidence, held_s: float | None, missing_pids: Sequence[int] = (), dead: Culprit | None = None
+) -> tuple[Culprit, ...]:
+    """One culprit per rank (every process when the tree has no scheduler), primary first; a rank
+    that died (`dead`, from its last words in the log) comes before the ranks left waiting for it."""
+    ranks = [p for p in ev.processes if p.rank_like] or list(ev.processes)
+    found = [c for p in ranks if (c := rank_culprit(p, held_s)) is not None]
+    missing = set(missing_pids)
+    if missing:
+        why = "this rank never joined the collective the other ranks wait in"
+        found = [_with(c, why) if c.pid in missing else c for c in found]
+    ranked = tuple(sorted(found, key=lambda c: _score(c, missing)))
+    return (dead, *ranked) if dead is not None else ranked
+
+
+def _with(c: Culprit, why: str) -> Culprit:
+    return Culprit(
+        c.rank,
+        c.pid,
+        c.process,
+        c.thread,
+        c.tid,
+        c.doing,
+        c.frames,
+        c.held_s,
+        (why, *c.evidence),
+        c.gil,
+        c.helpers,
+        c.helper_kinds,
+    )
+
+
+_FATAL = re.compile(r"^Fatal Python error: (.+?)\s*$")
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
+_FH_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
+_CRASHED = re.compile(r"Subprocess scheduler_(\d+) \(pid=(\d+)\) crashed with exit code (-?\d+)")
+_SITE = re.compile(r"^.*/(?:site-packages|dist-packages)/|^.*/lib/python3\.\d+/")
+
+
+def died_culprit(log_tail: Sequence[str], lost_pids: Sequence[int], held_s: float | None) -> Culprit | None:
+    """A rank that died (SEGFAULT): the thread Python's faulthandler named `Current thread` in the
+    server's log, and where it was. The process is gone, so its own frames come from its last words;
+    SGLang's main names the rank and the exit code (`Subprocess scheduler_1 (pid=N) crashed ...`)."""
+    fatal = max((i for i, line in enumerate(log_tail) if _FATAL.match(line)), default=None)
+    if fatal is None:
+        return None
+    what = _FATAL.match(log_tail[fatal]).group(1)  # type: ignore[union-attr]
+    thread, current = "?", False
+    frames: list[str] = []
+    for line in log_tail[fatal + 1 :]:
+        m = _FH_THREAD.match(line)
+        if m:
+            current = m.group(1) == "Current thread"
+            if current:
+                thread = m.group(2)
+            continue
+        f = _FH_FRAME.match(line)
+        if f and current and len(frames) < MAX_FRAMES:
+            frames.append(f"{f.group(3)} ({_SITE.sub('', f.group(1))}:{f.group(2)})")
+        elif not line.strip() and frames:
+            current = False
+    rank, pid, code = None, (lost_pids[0] if lost_pids else None), None
+    for line in log_tail[fatal:]:
+        c = _CRASHED.search(line)
+        if c and (pid is None or int(c.group(2)) == pid):
+            rank, pid, code = int(c.group(1)), int(c.group(2)), int(c.group(3))
+    if pid is None:
+        return None
+    where = f"scheduler TP{rank} pid {pid}" if rank is not None else f"rank process pid {pid}"
+    why = [f"the process died: Python's faulthandler logged 'Fatal Python error: {what}' with this thread current"]
+    if code is not None:
+        why.append(f"SGLang's main saw it exit with code {code}; the other ranks wait for it")
+    return Culprit(
+        rank=rank,
+        pid=pid,
+        process=f"{where} (exited)",
+        thread=thread,
+        tid=None,
+        doing=f"died of a {what.lower()}",
+        frames=tuple(frames),
+        held_s=held_s,
+        evidence=tuple(why),
+    )
+
+
+def lost_pids(verdict: Mapping[str, object]) -> list[int]:
+    """The pids a `rank_died` verdict lost (its `lost_pid` figures)."""
+    figures = verdict.get("figures")
+    if not isinstance(figures, Mapping):
+        return []
+    v = figures.get("lost_pid")
+    return [int(v)] if isinstance(v, int | float) and not isinstance(v, bool) else []
+
+
+def held_from(verdict: Mapping[str, object]) -> float | None:
+    """Seconds without progress, from the verdict's figures (`since_progress_s`)."""
+    figures = verdict.get("figures")
+    if isinstance(figures, Mapping):
+        v = figures.get("since_progress_s")
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return round(float(v), 1)
+    return None
+
+
+NONE_NAMED = "Culprit: none named (no thread of any rank could be read: the process is gone, or no tool could read it)"
