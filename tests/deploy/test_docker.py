@@ -37,13 +37,14 @@ def copies() -> list[tuple[list[str], str]]:
     return [(list(c.value[:-1]), c.value[-1]) for c in commands() if c.cmd == "COPY"]
 
 
-def test_every_instruction_is_known_and_the_base_is_sglang_0_5_16_by_default() -> None:
+def test_every_instruction_is_known_and_the_base_is_sglang_0_5_16_by_its_full_name() -> None:
     parsed = commands()
     assert parsed and {c.cmd for c in parsed} <= KNOWN, {c.cmd for c in parsed} - KNOWN
     assert parsed[0].cmd == "ARG" and parsed[1].cmd == "FROM"
     name, _, default = parsed[0].value[0].partition("=")
     assert parsed[1].value == (f"${{{name}}}",)
-    assert default == "lmsysorg/sglang:v0.5.16"
+    # A full name (registry/namespace/name:tag): podman and buildah refuse a short name without an alias.
+    assert default == "docker.io/lmsysorg/sglang:v0.5.16"
 
 
 def test_the_entry_point_is_the_daemon_with_the_manifests_config() -> None:
