@@ -84,7 +84,7 @@ def test_what_it_copies_exists_and_the_dockerignore_lets_it_through() -> None:
         if line.strip() and not line.startswith("#")
     ]
     sources = [s for srcs, _dest in copies() for s in srcs]
-    assert {"pyproject.toml", "README.md", "supervisor", "api", "probes"} <= set(sources)
+    assert {"pyproject.toml", "README.md", "LICENSE", "supervisor", "api", "probes"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), src
         # The last matching pattern decides (as .dockerignore does): each source must end included.
@@ -125,4 +125,5 @@ def test_the_copied_sources_build_the_package_with_its_entry_point(tmp_path: Pat
         assert "sglang-supervisor = supervisor.entry:main" in zf.read(entry_points).decode()
     assert {"api/app.py", "api/routes/probes.py", "api/readiness.py"} <= names
     assert not any(n.startswith("tests/") for n in names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "the image's package carries its LICENSE"
     assert "api/testing.py" not in names  # test code does not ship

@@ -53,6 +53,9 @@ got=$("${RUN[@]}" --rm --entrypoint sglang-supervisor "$TAG" --version)
 "${RUN[@]}" --rm --entrypoint sh "$TAG" -c \
   'for t in sglang-supervisor py-spy pystack gdb; do command -v "$t" >/dev/null || { echo "no $t"; exit 1; }; done' \
   || fail "a tool is missing on the image's PATH"
+"${RUN[@]}" --rm --entrypoint sh "$TAG" -c \
+  'ls /opt/sglang-supervisor/venv/lib/python3*/site-packages/sglang_supervisor-*.dist-info/licenses/LICENSE' \
+  || fail "the installed package in the image lacks its LICENSE"
 
 echo "== the daemon as the container's process, the simulator as its server"
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
