@@ -7,7 +7,7 @@ other way, so a test swaps either through `app.dependency_overrides[get_supervis
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +17,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
 from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized
+from api.pool import ApiPool
+from api.streams import FollowSlots
 from supervisor.status.commands import SupervisorHandle
 from supervisor.status.journal import Journal
 from supervisor.status.timeline import Timeline
@@ -38,6 +40,8 @@ class ApiContext:
     log_file: Path | None = None  # the server's output for GET /logs; None: no /logs route
     timeline: Timeline | None = None
     token: str | None = None
+    pool: ApiPool = field(default_factory=ApiPool)  # the API's file reads, off the loop's executor
+    follows: FollowSlots = field(default_factory=FollowSlots)  # open follow streams, capped
 
     @property
     def server_log(self) -> Path:
