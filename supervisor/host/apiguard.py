@@ -22,7 +22,9 @@ probes keep PROBE_SLOTS reserved connections beyond the cap (docs/DECISIONS.md, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,10 +43,10 @@ KEEP_ALIVE_S = 5
 ACCEPT_BURST = 64
 
 
-# A client must take its answer: one that leaves more than WRITE_HIGH_WATER bytes unread for this
-# long (48 KiB in 10 s, under 5 KB/s) is closed; its answer is not worth the daemon's memory.
+# A client must take its answer: one that leaves an answer unread (the kernel's send buffer full and
+# some of it still in the daemon) for this long is closed; its answer is not worth the daemon's memory.
 WRITE_TIMEOUT_S = 10.0
-WRITE_HIGH_WATER = 64 * 1024  # the transport's buffer per connection (plus at most one message)
+SEND_BUFFER = 64 * 1024  # the kernel's send buffer per API connection (it doubles it)
 MAX_BUFFERED_INPUT = 64 * 1024  # unprocessed input (pipelined requests) held per connection
 # Connections beyond the cap for the probes when every other one is busy answering.
 PROBE_SLOTS = 8
@@ -97,9 +99,9 @@ def guarded_protocol(
 
     The request deadline covers the whole request, headers and body: a client that completes its
     headers and then trickles its body (a byte every few seconds) is closed like one that trickles
-    headers. Over the cap, the connection that has waited longest without a complete request (a
-    trickler, an idle keep-alive) is closed to make room, else the one that has longest not read its
-    answer; only when every connection is busy answering a client that reads does the newcomer take
+    headers. Over the cap, the connection that has longest not read its answer is closed to make
+    room, else the one that has waited longest without a complete request (a trickler, an idle
+    keep-alive); only when every connection is busy answering a client that reads does the newcomer take
     one of `probe_slots` reserved connections, which answer `/livez` and `/readyz` only.
 
     While an answer is pending nothing more is read from the connection (pipelined requests wait in
@@ -115,8 +117,10 @@ def guarded_protocol(
     probe_only: set[H11Protocol] = set()  # the reserved slots in use
 
     def evict_one(pool: Callable[[H11Protocol], bool]) -> bool:
-        """Close the longest-waiting incomplete, else the longest-stalled connection of `pool`."""
-        for group in (receiving, stalled):
+        """Close the longest-stalled connection of `pool` (a client not reading its answer), else the
+        longest-waiting incomplete one. Stalled first: a fresh connection is incomplete for the
+        moment its request takes to arrive, and attackers reconnecting must not close a probe's."""
+        for group in (stalled, receiving):
             victim = next((c for c in group if pool(c)), None)
             if victim is not None:
                 receiving.pop(victim, None)
@@ -131,7 +135,14 @@ def guarded_protocol(
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+            # The next pipelined request waits until this answer is in the kernel (high water 0), and
+            # the kernel holds little of it (SO_SNDBUF): a client that does not read stalls within a
+            # few answers instead of having the daemon generate megabytes of them for it.
+            transport.set_write_buffer_limits(high=0)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             if len(self.connections) - len(probe_only) > max_connections:
                 stats.refused += 1
                 if not evict_one(lambda c: c not in probe_only):
