@@ -194,16 +194,16 @@ def following(port: int, n: int, path: str, *, read: Callable[[float], bool]) ->
                 stop.wait(0.1)
                 continue
             for key, _ in sel.select(0.1):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
                 try:
-                    data = s.recv(65536)
+                    data = sock.recv(65536)
                 except OSError:
                     data = b""
-                if s not in status and data:
-                    status[s] = data[:12]
+                if sock not in status and data:
+                    status[sock] = data[:12]
                 if not data:
-                    sel.unregister(s)
+                    sel.unregister(sock)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
