@@ -62,6 +62,7 @@ class Watch:
 
     api: str
     pid: int
+    timeout_s: float = PROBE_TIMEOUT_S  # a /livez not answered 200 within this is a failure
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     rss: list[float] = field(default_factory=list)
@@ -85,7 +86,7 @@ class Watch:
             t0 = time.monotonic()
             try:
                 r = httpx.get(
-                    f"{self.api}/livez", timeout=PROBE_TIMEOUT_S, headers={"Connection": "close"}, trust_env=False
+                    f"{self.api}/livez", timeout=self.timeout_s, headers={"Connection": "close"}, trust_env=False
                 )
                 if r.status_code == 200:
                     self.latencies.append(time.monotonic() - t0)
