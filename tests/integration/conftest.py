@@ -49,7 +49,9 @@ class Running:
                 raise AssertionError(f"daemon exited while waiting for {what}")
             return False
 
-        return await wait_for_async(self.snap, matched, timeout, what=what, show=lambda s: s.model_dump_json()[:1500])
+        return await wait_for_async(
+            self.snap, matched, timeout, what=what, show=lambda s: s.model_dump_json()[:1500]
+        )
 
     async def stop(self) -> int:
         shutdown = Command(kind="shutdown", source="test")

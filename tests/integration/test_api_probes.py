@@ -90,7 +90,9 @@ async def test_a_daemon_with_the_configmaps_api_section_serves_probes_and_the_po
         assert (await c.get("/status")).status_code == 401
     mounted = tmp_path / "config.toml"  # the ConfigMap's text, with this test's port and token path
     mounted.write_text(
-        config_text().replace(f"port = {api['port']}", f"port = {s.api.port}").replace(api["token_file"], str(token))
+        config_text()
+        .replace(f"port = {api['port']}", f"port = {s.api.port}")
+        .replace(api["token_file"], str(token))
     )
     cmd = [sys.executable, "-m", "supervisor", "status", "--config", str(mounted)]
     done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60)

@@ -101,6 +101,7 @@ async def test_gpm_spin_during_capture_is_a_stall_within_the_window(daemon, sim,
     assert gpm["status"] == "ok" and gpm["devices"][0]["sm_active_ratio"] == 0.0076, gpm
 
 
+
 async def test_py_spy_finds_the_synchronize_wait_when_gpm_is_unavailable(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     got = await _caught_within_window(daemon, sim, tmp_path, gpm=False, py_spy=True)
     assert "py-spy" in got["detail"] and "synchronize" in got["detail"], got["detail"]

@@ -15,8 +15,6 @@ import pytest
 from gpufile import GB, write_nvml
 
 pytestmark = pytest.mark.integration
-
-
 async def test_tree_gpu_memory_is_attributed_and_counts_as_progress(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, {})

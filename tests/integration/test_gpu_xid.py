@@ -37,7 +37,9 @@ async def _fault(r, nvml: Path, xid: int) -> None:  # type: ignore[no-untyped-de
 async def test_an_application_xid_is_named_by_the_incident_and_restarts(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     nvml = tmp_path / "nvml.json"
     write_nvml(nvml, [])
-    r = await daemon(sim("ok", tp=2, restart={"retries_per_rung": 2}, gpu=nvml))
+    r = await daemon(
+        sim("ok", tp=2, restart={"retries_per_rung": 2}, gpu=nvml)
+    )
     await r.wait_for(ready, 40, "ready")
     await _fault(r, nvml, 31)
     snap = await r.wait_for(lambda x: x.last_incident is not None, 30, "the incident")

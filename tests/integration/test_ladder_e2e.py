@@ -77,7 +77,9 @@ async def test_escaped_descendant_holding_the_port_is_killed_before_relaunch(dae
     escaped = [
         p.pid
         for p in psutil.process_iter()
-        if p.pid != os.getpid() and _has_marker(p.pid, marker) and os.getsid(p.pid) != os.getsid(server_pid or 0)
+        if p.pid != os.getpid()
+        and _has_marker(p.pid, marker)
+        and os.getsid(p.pid) != os.getsid(server_pid or 0)
     ]
     assert escaped, "the simulator's helper left the session"
     async with httpx.AsyncClient() as c:

@@ -26,8 +26,6 @@ pytestmark = pytest.mark.integration
 
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}
 SECRET = "T0KEN-s3cr3t-b7f1"
-
-
 def notes(state_dir: str | Path) -> list[dict[str, Any]]:
     return [e for e in events(state_dir) if e["event"] == "notification"]
 

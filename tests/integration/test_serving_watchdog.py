@@ -14,7 +14,6 @@ from serving import SPEC, ready, traffic
 
 pytestmark = pytest.mark.integration
 
-
 async def test_health_hangs_is_unhealthy(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     # A hung scheduler freezes SGLang's gauges: if a health probe's request was running at that moment,
     # `num_running_reqs` stays 1 and a serving stall is an equally true verdict. This test is about the

@@ -40,7 +40,7 @@ async def test_sglangs_watchdog_is_a_serving_stall_with_its_dump_kept(daemon, si
     assert "py-spy dump of 1 process" in inc.detail
     kept = (bundle / "sglang-watchdog.txt").read_text()
     assert "Scheduler watchdog timeout (self.watchdog_timeout=2.0, self.soft=False)" in kept
-    assert "Pyspy dump for PID" in kept and "Thread " in kept
+    assert "Pyspy dump for PID" in kept and 'Thread ' in kept
     assert "Pyspy dump for PID" in (bundle / "log-tail.txt").read_text()
     summary = json.loads((bundle / "summary.json").read_text())
     assert summary["sglang_watchdog"].startswith("Scheduler watchdog timeout")

@@ -40,7 +40,9 @@ def fd_targets(pid: int) -> list[str]:
     return out
 
 
-def test_a_second_daemon_on_the_same_state_dir_refuses_at_once_and_leaves_the_server_alone(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_second_daemon_on_the_same_state_dir_refuses_at_once_and_leaves_the_server_alone(
+    sim, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     s = sim("ok", tp=1)
     cfg = tmp_path / "c.toml"
     cfg.write_text(to_toml(s))
