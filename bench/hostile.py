@@ -35,6 +35,8 @@ import httpx
 from bench.report import table
 
 ATTACKS = ("metrics_pipeline", "livez_pipeline", "follow_streams", "giant_line", "stalled_followers")
+GAP = "output_gap"  # not an attack on the API: what the server writes while daemon and keeper are gone
+GAP_REQUESTS = 200
 PROBE_EVERY_S = 0.2
 PROBE_TIMEOUT_S = 2.0
 
@@ -311,6 +313,76 @@ def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: flo
     return {"attack": name, "rest": before, "attack_figures": during, "after": after, "extra": extra}
 
 
+def _keeper_of(server_pid: int) -> int | None:
+    import psutil
+
+    pipe = os.readlink(f"/proc/{server_pid}/fd/1")
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "supervisor.logs.keeper" in (p.info["cmdline"] or []) and os.readlink(f"/proc/{p.pid}/fd/0") == pipe:
+                return int(p.pid)
+        except OSError:
+            continue
+    return None
+
+
+def output_gap() -> dict[str, Any]:
+    """Kill the daemon and its log keeper (SIGKILL both), send GAP_REQUESTS requests to the server
+    (each writes one access-log line), start a successor, send 20 more: which lines reached the log?"""
+    import re
+    import signal
+
+    from bench.common import Daemon, sim_settings, workdir
+
+    access = re.compile(r'"POST /generate\?(\S+) HTTP/1\.1" 200')
+    wd = workdir("hostile-gap")
+    settings = sim_settings(wd, "ok", tp=1)
+    port = settings.server.port
+
+    def generate(tag: str) -> int:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+        try:
+            return httpx.post(f"http://127.0.0.1:{port}/generate?{tag}", json=body, timeout=10).status_code
+        except httpx.HTTPError:
+            return -1
+
+    first = Daemon(settings, wd).start()
+    second = Daemon(settings, wd)
+    try:
+        server = first.wait(lambda st: st.get("state") == "ready", 120, "ready")["pid"]
+        assert first.proc is not None
+        first.proc.kill()
+        first.proc.wait(30)
+        keeper = _keeper_of(server)
+        if keeper is not None:
+            os.kill(keeper, signal.SIGKILL)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        answered = sum(generate(f"gap={i}") == 200 for i in range(GAP_REQUESTS))
+        gap_s = time.monotonic() - t0
+        second.start()
+        second.wait(
+            lambda st: st.get("state") == "ready" and bool((st.get("log_keeper") or {}).get("replaced")), 120, "adopted"
+        )
+        after = sum(generate(f"after={i}") == 200 for i in range(20))
+        time.sleep(2)
+        logs = Path(settings.state_dir) / "logs"
+        seen = set()
+        for p in logs.glob("server.log*"):
+            seen |= set(access.findall(p.read_text(errors="replace")))
+        return {
+            "gap_lines": GAP_REQUESTS,
+            "gap_answered": answered,
+            "gap_s": round(gap_s, 1),
+            "gap_kept": sum(f"gap={i}" in seen for i in range(GAP_REQUESTS)),
+            "after_answered": after,
+            "after_kept": sum(f"after={i}" in seen for i in range(20)),
+        }
+    finally:
+        second.stop()
+        first.stop()
+
+
 def rows_of(results: list[dict[str, Any]]) -> list[list[object]]:
     rows: list[list[object]] = []
     for r in results:
@@ -344,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.common import Daemon, header, publish, sim_settings, workdir
 
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", action="append", choices=ATTACKS)
+    p.add_argument("--only", action="append", choices=(*ATTACKS, GAP))
     p.add_argument("--seconds", type=float, default=20.0, help="how long each attack lasts")
     p.add_argument("--no-write", action="store_true", help="print the section, do not write docs/BENCHMARKS.md")
     a = p.parse_args(argv)
@@ -371,6 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         "and the loop still for 300 s; 20 stalled followers took it to 2.1 GB.",
     ).replace("bench.run_all --only hostile", "bench.hostile")
     body += "\n" + table(COLUMNS, rows_of(results)) + "\n"
+    if not a.only or GAP in a.only:
+        gap = output_gap()
+        print(gap, flush=True)
+        body += (
+            "\nOutput written while the daemon and its log keeper are both gone (both SIGKILLed; the server, "
+            f"still serving, answers {gap['gap_lines']} requests in {gap['gap_s']:g} s, one access-log line "
+            f"each; then a successor adopts the server and starts a new keeper): {gap['gap_kept']} of "
+            f"{gap['gap_lines']} lines written in the gap reach the log ({gap['gap_answered']} requests "
+            f"answered), {gap['after_kept']} of {gap['after_answered']} after the successor. "
+            "The loss is by choice (docs/SAFETY.md, issue 33).\n"
+        )
     if a.no_write:
         print(body)
     else:
