@@ -436,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         "hostile",
         "Each attack for about "
         f"{a.seconds:g} s against a fresh daemon (simulator, tp 1) on loopback; `/livez` probed on a fresh "
-        f"connection every {PROBE_EVERY_S:g} s (a failure: no 200 within httpx's {PROBE_TIMEOUT_S:g} s timeout, which bounds each phase), RSS and "
+        f"connection every {PROBE_EVERY_S:g} s (a failure: no 200 within httpx's {PROBE_TIMEOUT_S:g} s "
+        "timeout, which bounds each phase), RSS and "
         "open descriptors of the daemon sampled every 0.25 s, for 3 s at rest before and after. Before "
         "issue 33's fix: 260 `/metrics` pipeliners kept `/livez` failing for 45 s; 40 `/livez` pipeliners "
         "took the daemon from 68 MB to 1,033 MB; a 300 MB line kept `GET /logs` unanswered past 240 s "
