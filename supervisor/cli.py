@@ -23,6 +23,8 @@ def _run(args: argparse.Namespace) -> int:
     from supervisor.logs import setup as logsetup
     from supervisor.root.serve import serve
 
+    if args.preflight:
+        return _preflight(args.config)
     logsetup.configure(json=args.log_json, level=args.log_level)
     try:
         settings = load_settings(args.config)
@@ -41,6 +43,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
         return EXIT_CONFIG
     return reexec() if code == EXIT_HANDOFF else code
+
+
+def _preflight(config: str) -> int:
+    """`run --preflight`: validate what a start would, start nothing (the SIGUSR2 handoff asks)."""
+    from supervisor.root.preflight import check
+
+    try:
+        check(config, os.environ)
+    except ConfigError as err:
+        print(f"sglang-supervisor: config refused:\n{err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"sglang-supervisor {__version__}: {config} would start")
+    return 0
 
 
 def reexec() -> int:
@@ -112,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="JSON log lines (default: console format on a terminal and under systemd, where each line "
         "also carries its syslog priority for journalctl -p; JSON otherwise)",
+    )
+    run.add_argument(
+        "--preflight",
+        action="store_true",
+        help="validate the config, the API token and the notification secrets as a start would, start "
+        "nothing, exit 0 or 2 (what a SIGUSR2 handoff runs before the old daemon lets go)",
     )
     run.set_defaults(func=_run)
 

@@ -3,7 +3,6 @@ keeps the answer open and sends each new line (`sglang-supervisor logs -f`)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
@@ -12,7 +11,7 @@ from starlette.responses import Response, StreamingResponse
 
 from api.deps import Context
 from api.follow import tail_lines
-from api.streams import FOLLOW_POLL_S, follow_lines, start_following
+from api.streams import FOLLOW_POLL_S, FollowResponse, follow_lines, start_following, too_many_follows
 
 MAX_LOG_LINES = 10_000
 
@@ -39,17 +38,25 @@ async def logs(
 ) -> Response:
     """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted."""
     log_file = ctx.server_log
-    follower = await start_following(log_file) if follow else None
-    tail = await asyncio.to_thread(tail_lines, log_file, lines)
+    if follow and not ctx.follows.take():
+        return too_many_follows(ctx.follows)
+    try:
+        follower = await start_following(log_file, ctx.pool) if follow else None
+        tail = await ctx.pool.run(tail_lines, log_file, lines)  # bounded in bytes (api/follow.py)
+    except BaseException:
+        if follow:
+            ctx.follows.give_back()
+        raise
 
     async def body() -> AsyncIterator[bytes]:
-        stream = follow_lines(follower, FOLLOW_POLL_S) if follower is not None else None
+        stream = follow_lines(follower, FOLLOW_POLL_S, ctx.pool) if follower is not None else None
         for line in tail:
             yield render_line(line, ctx.redact)
         if stream is not None:
             async for line in stream:
                 yield render_line(line, ctx.redact)
 
-    return StreamingResponse(
-        body(), media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
-    )
+    headers = {"X-Content-Type-Options": "nosniff"}
+    if follow:
+        return FollowResponse(ctx.follows, body(), media_type="text/plain; charset=utf-8", headers=headers)
+    return StreamingResponse(body(), media_type="text/plain; charset=utf-8", headers=headers)

@@ -43,6 +43,7 @@ from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
 from supervisor.root.gpusource import open_nvml
+from supervisor.root.preflight import preflight
 from supervisor.status.commands import Command
 from supervisor.status.timeline import Timeline
 
@@ -205,15 +206,30 @@ def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Ale
     return alerter
 
 
-def install_signals(sup: Owner) -> None:
+def install_signals(sup: Owner, config_path: Path | None = None, env: Mapping[str, str] | None = None) -> None:
     loop = asyncio.get_running_loop()
+    proving: list[asyncio.Task[None]] = []  # the handoff's preflight in flight (one at a time)
 
     def enqueue(kind: str) -> None:
         sup.queue.put_nowait(Command(kind=kind, source="signal", reason=f"signal ({kind})"))  # type: ignore[arg-type]
 
+    async def prove_then_hand_off() -> None:
+        """The successor's code validates the config first (supervisor.root.preflight); refused:
+        the old daemon stays in charge and says why."""
+        why = await preflight(config_path, env if env is not None else {})
+        if why is None:
+            enqueue("handoff")
+            return
+        sup.record("handoff_refused", "warning", reason=why, config=str(config_path))
+
+    def handoff() -> None:
+        if proving and not proving[-1].done():
+            return  # a second SIGUSR2 while the first is being proved
+        proving[:] = [asyncio.create_task(prove_then_hand_off())]
+
     loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown")
     loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
-    loop.add_signal_handler(signal.SIGUSR2, enqueue, "handoff")
+    loop.add_signal_handler(signal.SIGUSR2, handoff)
     loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
     sigmask.release()  # what arrived since the process started (held by sigmask.hold) is queued now
 
@@ -295,7 +311,7 @@ async def _serve_locked(
 
     sup.set_reload_hook(on_reload)
     if signals:
-        install_signals(sup)
+        install_signals(sup, config_path, env)
     notifier.ready()
     if ready is not None:
         ready.set()

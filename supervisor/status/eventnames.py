@@ -41,6 +41,7 @@ EventName = Literal[
     "group_recovered",
     "group_started",
     "group_stop",
+    "handoff_refused",
     "incident",
     "kernel_cache",
     "ladder_decision",
