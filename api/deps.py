@@ -16,7 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
-from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized
+from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized, session_reads, who
+from api.browser import simple_post
+from api.session import SessionStore
 from supervisor.status.commands import SupervisorHandle
 from supervisor.status.journal import Journal
 from supervisor.status.timeline import Timeline
@@ -38,6 +40,7 @@ class ApiContext:
     log_file: Path | None = None  # the server's output for GET /logs; None: no /logs route
     timeline: Timeline | None = None
     token: str | None = None
+    sessions: SessionStore | None = None  # the page's login sessions (api/session.py)
 
     @property
     def server_log(self) -> Path:
@@ -72,8 +75,25 @@ def require_token(
     that are no route; this check holds a route shut wherever that middleware is not in front.
     Both use `auth.authorized`, so they cannot disagree.
     """
-    if ctx.token is not None and not authorized(request.scope, ctx.token.encode("utf-8")):
+    if ctx.token is None or session_reads(request.scope, ctx.sessions):
+        return
+    if not authorized(request.scope, ctx.token.encode("utf-8")):
         raise HTTPException(401, UNAUTHORIZED_DETAIL, headers={"WWW-Authenticate": CHALLENGE})
+
+
+def requester(request: Request, ctx: Context) -> str:
+    """Who asked (journalled with each command): the bearer, a page session or anonymous, and from where."""
+    return who(request.scope, ctx.sessions, ctx.token)
+
+
+Requester = Annotated[str, Depends(requester)]
+
+
+def non_simple(request: Request) -> None:
+    """A state-changing route: refuse a POST that a web page could send (api/browser.py), 415."""
+    why = simple_post(request.scope)
+    if why is not None:
+        raise HTTPException(415, why)
 
 
 async def no_unknown_query(request: Request) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from api.pageforms import action_bar
 from api.pagelaunch import launch_section
 from supervisor.status.snapshot import StatusSnapshot
 from supervisor.status.timeline import TimelinePoint
@@ -27,6 +28,7 @@ STATE_COLOURS = {
     "failed": "#82071e",
     "stopped": "#6e7781",
 }
+FALLBACK_COLOUR = "#d4a72c"  # amber: serving, but not on the preferred rung
 CHANNELS = ("log", "progress", "phase", "cpu", "io", "rss", "gpu_mem", "port")
 REFRESH_S = 5
 
@@ -42,6 +44,10 @@ table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px
 .cur{font-weight:700} .tag{font-size:11px;padding:0 6px;border-radius:8px;background:#ddf4ff;color:#0969da}
 .good{background:#dafbe1;color:#1a7f37} pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:360px;
  font-size:12px;margin:0;white-space:pre-wrap;word-break:break-all} .muted{color:#57606a} .err{color:#cf222e}
+#logbox{display:flex;flex-direction:column-reverse;overflow:auto;max-height:360px;background:#f6f8fa}
+#logbox pre{max-height:none;overflow:visible} #log .newest{background:#fff8c5}
+#fallback{background:#fff8c5;border-left:4px solid #d4a72c;padding:4px 8px;margin:8px 16px 0}
+#actions{margin-left:auto} #actions button{font:inherit;font-size:12px}
 """
 
 
@@ -51,35 +57,68 @@ class PageData:
     bundles: Sequence[tuple[str, dict[str, Any] | None]]  # (id, summary), newest first
     log_lines: Sequence[str]
     timeline: Sequence[TimelinePoint]
+    csrf: str = ""  # the page's forms carry it (api/session.py); empty: no action buttons
+    session: bool = False  # viewed through a login session: offer "log out"
 
 
 def e(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def on_fallback(s: StatusSnapshot) -> bool:
+    """Serving, but on a rung below the preferred one: its own condition, amber (issue 38)."""
+    return s.state in ("ready", "degraded") and (s.rung_index or 0) > 0
+
+
 def render(d: PageData) -> str:
     s = d.snapshot
-    colour = STATE_COLOURS.get(s.state, "#6e7781")
+    fallback = on_fallback(s)
+    colour = FALLBACK_COLOUR if fallback else STATE_COLOURS.get(s.state, "#6e7781")
+    badge = f"{e(s.state)} (fallback)" if fallback else e(s.state)
+    actions = action_bar(d.csrf, d.session) if d.csrf else ""
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<meta http-equiv='refresh' content='{REFRESH_S}'>",
         f"<title>{e(s.state)} - sglang-supervisor</title><style>{CSS}</style></head><body>",
-        f"<header><div id='state' data-state='{e(s.state)}' style='background:{colour}'>{e(s.state)}</div>",
-        f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s)}</div></div></header><main>",
+        f"<header><div id='state' data-state='{e(s.state)}' data-fallback='{str(fallback).lower()}' "
+        f"style='background:{colour}'>{badge}</div>",
+        f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s)}</div></div>{actions}</header>",
+        _fallback(s) if fallback else "",
+        "<main>",
         _section("Ladder", _ladder(s)),
         _section("Server", _server(s)),
         _section("Start-up timeline", _timeline(d.timeline), wide=True),
         _section("Launch and outage", launch_section(s), wide=True),
         _section("Incidents and evidence", _incidents(s, d.bundles), wide=True),
-        _section(
-            "Server log (last lines)",
-            f"<pre id='log'>{e(chr(10).join(d.log_lines)) or 'no output yet'}</pre>",
-            wide=True,
-        ),
+        _section("Server log (newest last)", _log(d.log_lines), wide=True),
         f"</main><footer class='muted' style='padding:8px 16px'>sglang-supervisor {e(s.version)}; refreshes every "
         f"{REFRESH_S} s; JSON: /status, /events, /diagnostics</footer></body></html>",
     ]
     return "".join(parts)
+
+
+def _log(lines: Sequence[str]) -> str:
+    """The log tail in a box that a browser opens scrolled to its end (column-reverse), whatever the
+    refresh does to the scroll position; the newest line is highlighted."""
+    if not lines:
+        return "<div id='logbox'><pre id='log'>no output yet</pre></div>"
+    body = "\n".join(e(ln) for ln in lines[:-1])
+    newest = f"<span class='newest' id='log-newest'>{e(lines[-1])}</span>"
+    return f"<div id='logbox'><pre id='log'>{body}{chr(10) if body else ''}{newest}</pre></div>"
+
+
+def _fallback(s: StatusSnapshot) -> str:
+    preferred = s.ladder[0] if s.ladder else "the preferred rung"
+    why = ""
+    if s.last_incident is not None:
+        i = s.last_incident
+        why = f"; the last failure: {e(i.cause)}{' (' + e(i.hang_class) + ')' if i.hang_class else ''} at {e(i.at)}"
+    since = f" since {e(s.started_at)}" if s.started_at else ""
+    return (
+        f"<div id='fallback'><b>serving on fallback rung {e(s.rung)}</b>{since}, not on the preferred "
+        f"{e(preferred)}{why}. <span class='muted'>promote: try the preferred rung again "
+        "(sglang-supervisor promote)</span></div>"
+    )
 
 
 def _section(title: str, body: str, *, wide: bool = False) -> str:

@@ -248,7 +248,8 @@ def _send(
     timeout: float,
     params: list[tuple[str, str]] | None = None,
 ) -> httpx.Response:
-    headers = {"Accept": "application/json"}
+    # A non-simple header: the daemon refuses a state-changing request a web page could send (api/browser.py).
+    headers = {"Accept": "application/json", "X-Requested-By": "sglang-supervisor"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:

@@ -209,6 +209,9 @@ class ApiSettings(_Section):
     token_file: str | None = None
     token_env: str = "SGLANG_SUPERVISOR_TOKEN"
     max_body_bytes: PositiveInt = 64 * 1024
+    # Host names the API answers to beyond the defaults (api/browser.py: loopback names on a loopback
+    # bind; IP literals and this machine's names otherwise); "*" turns the Host check off.
+    allowed_hosts: tuple[Annotated[str, Field(pattern=r"^(\*|[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])$")], ...] = ()
 
 
 class LogsSettings(_Section):

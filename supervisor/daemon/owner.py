@@ -1063,7 +1063,15 @@ class Owner:
             if early is not None:
                 finish(cmd, early)
                 return
-            self.record("command", only="journal", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
+            self.record(
+                "command",
+                only="journal",
+                kind=cmd.kind,
+                rung=cmd.rung,
+                reason=cmd.reason,
+                source=cmd.source,
+                requested_by=cmd.requested_by or None,
+            )
             await getattr(self, f"handle_{cmd.kind}")(cmd)
         except Exception as err:  # a command must never kill the loop
             finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", self.lifecycle.state.value))
