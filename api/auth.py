@@ -17,7 +17,9 @@ from api.session import SessionStore
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
 # The page checks its own way in: without credentials /ui answers the login form (api/page.py).
-PAGE_ROUTES = frozenset({("GET", "/ui"), ("HEAD", "/ui"), ("POST", "/ui/login"), ("POST", "/ui/logout"), ("POST", "/ui/action")})
+PAGE_ROUTES = frozenset(
+    {("GET", "/ui"), ("HEAD", "/ui"), ("POST", "/ui/login"), ("POST", "/ui/logout"), ("POST", "/ui/action")}
+)
 READ_METHODS = frozenset({"GET", "HEAD"})
 UNAUTHORIZED_DETAIL = "missing or invalid bearer token"
 CHALLENGE = 'Bearer realm="sglang-supervisor"'  # the WWW-Authenticate header of a 401

@@ -118,7 +118,7 @@ async def login(request: Request, ctx: Context) -> Response:
     made = ctx.sessions.login(form.get("token", ""), client)
     if made is None:
         await asyncio.to_thread(ctx.journal.append, "page_login_refused", client=client)
-        return _html(login_page("that is not this daemon's token"), 401)
+        return _html(login_page("that is not the token of this daemon"), 401)
     value, session = made
     await asyncio.to_thread(ctx.journal.append, "page_login", session=session.name, client=client)
     out = RedirectResponse("/ui", status_code=303)

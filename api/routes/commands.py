@@ -75,9 +75,7 @@ async def _accepted(handle: SupervisorHandle, command: Command) -> Any:
 
 
 @router.post("/restart", status_code=202, response_model=RestartAccepted, responses=NO_RUNG)
-async def restart(
-    handle: Supervisor, by: Requester, body: Annotated[RestartRequest | None, Body()] = None
-) -> Any:
+async def restart(handle: Supervisor, by: Requester, body: Annotated[RestartRequest | None, Body()] = None) -> Any:
     """Restart the server (stop, verify release, relaunch), optionally on a given rung."""
     req = body or RestartRequest()
     ladder = handle.snapshot().ladder
@@ -95,9 +93,7 @@ async def restart(
 
 
 @router.post("/diagnose", response_model=DiagnoseResult)
-async def diagnose(
-    handle: Supervisor, by: Requester, body: Annotated[DiagnoseRequest | None, Body()] = None
-) -> Any:
+async def diagnose(handle: Supervisor, by: Requester, body: Annotated[DiagnoseRequest | None, Body()] = None) -> Any:
     """Capture evidence now; answers when the bundle is written."""
     req = body or DiagnoseRequest()
     result, refused = await _submit(handle, Command(kind="diagnose", native=req.native, gdb=req.gdb, requested_by=by))
