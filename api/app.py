@@ -101,7 +101,7 @@ def create_app(
     if token is None:
         app.include_router(page.router)
     else:
-        app.include_router(page.router, dependencies=[Security(bearer_scheme)], responses=page.LOGIN_FORM)
+        app.include_router(page.router, dependencies=[Security(bearer_scheme)], responses=dict(page.LOGIN_FORM))
     return app
 
 

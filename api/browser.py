@@ -16,6 +16,7 @@ token instead (api/session.py).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from collections.abc import Iterable
@@ -70,10 +71,8 @@ def host_policy(bind_host: str, allowed_hosts: Iterable[str], machine_names: Ite
 
 def _machine_names() -> set[str]:
     names = {socket.gethostname()}
-    try:
+    with contextlib.suppress(OSError):
         names.add(socket.getfqdn())
-    except OSError:
-        pass
     return names
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
@@ -94,7 +95,9 @@ def _secure(request: Request) -> bool:
     return request.url.scheme == "https" or request.headers.get("x-forwarded-proto", "") == "https"
 
 
-LOGIN_FORM = {401: {"description": "the login form (a token is configured)", "content": {"text/html": {}}}}
+LOGIN_FORM: dict[int | str, dict[str, Any]] = {
+    401: {"description": "the login form (a token is configured)", "content": {"text/html": {}}}
+}
 
 
 @router.get("/ui", response_class=HTMLResponse, responses={200: {"content": {"text/html": {}}}})

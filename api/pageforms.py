@@ -30,7 +30,8 @@ def login_page(error: str) -> str:
     err = f"<p class='err' id='login-error'>{_e(error)}</p>" if error else ""
     return (
         _HEAD.format(title="log in")
-        + "<h1>sglang-supervisor</h1><p>This daemon needs its API token (the contents of <code>[api] token_file</code>).</p>"
+        + "<h1>sglang-supervisor</h1><p>This daemon needs its API token "
+        "(the contents of <code>[api] token_file</code>).</p>"
         + err
         + "<form method='post' action='/ui/login'><input type='password' name='token' id='token' "
         "autocomplete='current-password' required autofocus size='40'> <button type='submit' id='login'>log in</button>"

@@ -82,10 +82,8 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                 frame = json.dumps(data) if as_json else format_status(data)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 code = EXIT_UNREACHABLE
-                frame = (
-                    json.dumps({"error": "unreachable", "detail": str(e)})
-                    if as_json
-                    else (f"cannot reach the daemon at {conn.url} ({e or type(e).__name__}); trying again")
+                frame = json.dumps({"error": "unreachable", "detail": str(e)}) if as_json else (
+                    f"cannot reach the daemon at {conn.url} ({e or type(e).__name__}); trying again"
                 )
             if tty:
                 out.write("\033[H\033[J")  # a screen of its own, as watch(1) does
