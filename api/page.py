@@ -30,6 +30,7 @@ from supervisor.status.commands import Command, SupervisorHandle
 LOG_TAIL_LINES = 60
 LOG_TAIL_BYTES = 64 * 1024  # read from the end of the log file: a line flood cannot slow the page
 MAX_BUNDLES = 10
+STATE_CHANGES = 16  # the "Recent states" strip
 # A page with server log lines in it: nothing may load or run, whatever a line contains.
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'",
@@ -65,6 +66,7 @@ def _gather(handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: 
         bundles=[(b.id, b.summary) for b in listed],
         log_lines=lines,
         timeline=ctx.timeline.points() if ctx.timeline is not None else (),
+        transitions=ctx.journal.read(STATE_CHANGES, lambda r: r.get("event") == "state_changed"),
         csrf=csrf,
         session=session,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from api.pageforms import action_bar
@@ -47,6 +48,7 @@ table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px
 #logbox{display:flex;flex-direction:column-reverse;overflow:auto;max-height:360px;background:#f6f8fa}
 #logbox pre{max-height:none;overflow:visible} #log .newest{background:#fff8c5}
 #fallback{background:#fff8c5;border-left:4px solid #d4a72c;padding:4px 8px;margin:8px 16px 0}
+#states{display:flex;flex-wrap:wrap;gap:4px} .st{color:#fff;padding:1px 8px;border-radius:8px;font-size:12px}
 #actions{margin-left:auto} #actions button{font:inherit;font-size:12px}
 """
 
@@ -57,6 +59,9 @@ class PageData:
     bundles: Sequence[tuple[str, dict[str, Any] | None]]  # (id, summary), newest first
     log_lines: Sequence[str]
     timeline: Sequence[TimelinePoint]
+    # The journal's last state changes, oldest first: a state that lasted a millisecond (hung, before
+    # the capture starts) is still seen here on the next refresh.
+    transitions: Sequence[dict[str, Any]] = ()
     csrf: str = ""  # the page's forms carry it (api/session.py); empty: no action buttons
     session: bool = False  # viewed through a login session: offer "log out"
 
@@ -87,6 +92,7 @@ def render(d: PageData) -> str:
         "<main>",
         _section("Ladder", _ladder(s)),
         _section("Server", _server(s)),
+        _section("Recent states", _states(d.transitions), wide=True),
         _section("Start-up timeline", _timeline(d.timeline), wide=True),
         _section("Launch and outage", launch_section(s), wide=True),
         _section("Incidents and evidence", _incidents(s, d.bundles), wide=True),
@@ -95,6 +101,34 @@ def render(d: PageData) -> str:
         f"{REFRESH_S} s; JSON: /status, /events, /diagnostics</footer></body></html>",
     ]
     return "".join(parts)
+
+
+def _states(transitions: Sequence[dict[str, Any]]) -> str:
+    """Each state entered, coloured, with when and for how long (to the next change), newest last."""
+    if not transitions:
+        return "<p class='muted'>no state change journalled yet</p>"
+    stamps = [_ts(t.get("ts")) for t in transitions]
+    cells = []
+    for i, t in enumerate(transitions):
+        state = str(t.get("new") or "")
+        held = ""
+        if i + 1 < len(transitions) and stamps[i] is not None and stamps[i + 1] is not None:
+            dt = max(0.0, stamps[i + 1] - stamps[i])  # type: ignore[operator]
+            held = f"{dt * 1000:.0f} ms" if dt < 1 else f"{dt:.0f} s"
+        when = str(t.get("ts") or "")[11:19]
+        cells.append(
+            f"<span class='st' data-state='{e(state)}' title='{e(t.get('reason'))}' "
+            f"style='background:{STATE_COLOURS.get(state, '#6e7781')}'>{e(state)}"
+            f"<small> {e(when)}{' &middot; ' + held if held else ''}</small></span>"
+        )
+    return f"<div id='states'>{''.join(cells)}</div>"
+
+
+def _ts(value: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _log(lines: Sequence[str]) -> str:

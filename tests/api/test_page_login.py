@@ -132,3 +132,19 @@ def test_a_session_expires_and_the_store_stays_bounded() -> None:
         store.login("s3cret-token", "flood")
     assert len(store._sessions) <= 256
     assert SessionStore(None).login("anything", "x") is None
+
+
+async def test_a_hung_state_that_lasted_a_millisecond_is_on_the_page(
+    make_app: Callable[..., FastAPI], journal: Journal
+) -> None:
+    stamps = iter([1000.0, 1000.001, 1002.5, 1060.0])
+    j = Journal(journal.path, wall=lambda: next(stamps))
+    j.append("state_changed", old="ready", new="hung", reason="no progress for 30 s")
+    j.append("state_changed", old="hung", new="diagnosing", reason="capturing")
+    j.append("state_changed", old="diagnosing", new="restarting", reason="stopping after serving_stall")
+    j.append("state_changed", old="restarting", new="starting", reason="launched rung base")
+    async with browser(make_app()) as c:
+        html = (await c.get("/ui")).text
+    strip = html[html.index("<div id='states'>") :]
+    assert "data-state='hung'" in strip and "1 ms" in strip and "no progress for 30 s" in strip
+    assert strip.index("data-state='hung'") < strip.index("data-state='diagnosing'")
