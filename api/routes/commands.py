@@ -1,4 +1,4 @@
-"""The commands: `POST /restart`, `/diagnose`, `/stop`, `/start`, `/reload`.
+"""The commands: `POST /restart`, `/diagnose`, `/stop`, `/start`, `/reload`, `/promote`.
 
 Each route checks what it can from the snapshot (an unknown rung), puts one `Command` on the
 supervisor's queue and turns its `CommandResult` into an answer; it never touches a process.
@@ -17,6 +17,7 @@ from api.models import (
     CommandAccepted,
     DiagnoseRequest,
     DiagnoseResult,
+    PromoteRequest,
     RestartAccepted,
     RestartRequest,
     StartRequest,
@@ -127,3 +128,27 @@ async def start(handle: Supervisor, by: Requester, body: Annotated[StartRequest 
 async def reload(handle: Supervisor, by: Requester) -> Any:
     """Re-read the config file, as SIGHUP does; a config that does not validate is a 400 and the old one stays."""
     return await _accepted(handle, Command(kind="reload", source="api", requested_by=by))
+
+
+@router.post("/promote", status_code=202, response_model=RestartAccepted)
+async def promote(handle: Supervisor, by: Requester, body: Annotated[PromoteRequest | None, Body()] = None) -> Any:
+    """Try the preferred rung (rung 0) now: a manual restart onto it, which never counts against the
+    rung the server is on; 409 when the server already serves on it."""
+    snap = handle.snapshot()
+    if not snap.ladder:
+        return error_response(503, "failed", "the ladder is not loaded yet", state=snap.state)
+    preferred = snap.ladder[0]
+    if snap.state in ("ready", "degraded", "starting") and (snap.rung_index or 0) == 0:
+        return error_response(409, "conflict", f"already on the preferred rung {preferred}", state=snap.state)
+    why = (body or PromoteRequest()).reason or f"promote: try the preferred rung {preferred} now"
+    command = Command(kind="restart", rung=preferred, reason=why, requested_by=by)
+    result, refused = await _submit(handle, command)
+    if refused is not None:
+        return refused
+    memory = ""
+    inc = snap.last_incident
+    if inc is not None and inc.rung == preferred:
+        memory = f"; {preferred} last failed with {inc.cause}" + (f"/{inc.hang_class}" if inc.hang_class else "")
+        memory += f" at {inc.at} (bundle {inc.bundle or 'none'})"
+    message = f"promoting from {snap.rung} to {preferred}{memory}"
+    return RestartAccepted(incident_id=result.incident_id, state=result.state or snap.state, message=message)

@@ -24,7 +24,7 @@ from supervisor.client.wait import (
     Settled,
     Verb,
     settled,
-    state_exit,
+    status_exit,
 )
 from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from supervisor.common.waiting import WaitTimeout, wait_for
@@ -78,7 +78,7 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                 if r.status_code == 401:
                     print(format_error(401, data), file=err)
                     return EXIT_AUTH
-                code = state_exit(data.get("state")) if isinstance(data, dict) else EXIT_ERROR
+                code = status_exit(data) if isinstance(data, dict) else EXIT_ERROR
                 frame = json.dumps(data) if as_json else format_status(data)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 code = EXIT_UNREACHABLE

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,11 +25,11 @@ import httpx
 from supervisor.client import stream as clientstream
 from supervisor.client.format import TOKEN_ENV, format_answer, format_bundle, format_error
 from supervisor.client.locate import CONFIG_ENV, ClientConfigError, api_settings, choose_config
-from supervisor.client.wait import DEFAULT_WAIT_S, state_exit
+from supervisor.client.wait import DEFAULT_WAIT_S, status_exit
 from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 DEFAULT_URL = "http://127.0.0.1:8900"
-COMMANDS = ("status", "restart", "stop", "start", "diagnose", "reload", "events", "bundles", "logs")
+COMMANDS = ("status", "restart", "stop", "start", "promote", "diagnose", "reload", "events", "bundles", "logs")
 DEFAULT_TIMEOUT_S = 15.0
 # A capture runs py-spy over every process and gdb over a hung tree: minutes, not seconds.
 DIAGNOSE_TIMEOUT_S = 600.0
@@ -48,6 +48,7 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "restart": "restart the server now (stop, verify release, relaunch)",
         "stop": "stop the server and keep it stopped",
         "start": "start the server after a stop or out of failed",
+        "promote": "try the preferred rung now (from a fallback rung); the current rung is not charged",
         "diagnose": "capture evidence now (py-spy, optionally gdb) and print the bundle",
         "reload": "re-read the daemon's config file (as SIGHUP or systemctl reload does)",
         "events": "show the event journal, oldest first (filter by --event and --since; --follow for new ones)",
@@ -81,8 +82,10 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             p.add_argument("--reason", default="", help="recorded with the incident")
             p.add_argument("--diagnose", action="store_true", help="capture evidence before stopping")
         if name == "start":
-            p.add_argument("--rung", help="start on this rung (default: the current one)")
-        if name == "stop":
+            p.add_argument(
+                "--rung", help="start on this rung (default: the current one; out of failed the preferred one)"
+            )
+        if name in ("stop", "promote"):
             p.add_argument("--reason", default="", help="recorded in the journal")
         if name in ("stop", "start", "restart"):
             what = "stopped and its port and GPUs verified free" if name == "stop" else "a new server serves"
@@ -100,7 +103,11 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         if name == "events":
             p.add_argument("--limit", type=int, default=100, help="the last N events (1-1000, default 100)")
             p.add_argument("--event", action="append", help="only this event name (repeatable)")
-            p.add_argument("--since", help="only events at or after this ISO-8601 time (UTC unless it says)")
+            p.add_argument(
+                "--since",
+                help="only events at or after this time: ISO-8601 (UTC unless it says) or a span back from now "
+                "(30m, 1h, 2d)",
+            )
             p.add_argument("-f", "--follow", action="store_true", help="then keep printing new events until Ctrl-C")
         if name == "logs":
             p.add_argument("-n", "--lines", type=int, default=100, help="the last N lines (0-10000, default 100)")
@@ -225,17 +232,30 @@ def _request_for(
         return "GET", "/diagnostics", None, []
     if command == "stop" and args.reason:
         return "POST", "/stop", {"reason": args.reason}, []
+    if command == "promote":
+        return "POST", "/promote", {"reason": args.reason} if args.reason else {}, []
     if command == "start" and args.rung:
         return "POST", "/start", {"rung": args.rung}, []
     return "POST", f"/{command}", None, []
 
 
-def _since(text: str) -> str:
-    """An ISO time as the API takes it (with an offset); a time without one is UTC."""
+_RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _since(text: str, now: datetime | None = None) -> str:
+    """An ISO time as the API takes it (with an offset); a time without one is UTC; `30m`, `1h`,
+    `2d`, `90s` are that long before now."""
+    t = text.strip().lower()
+    if len(t) >= 2 and t[-1] in _RELATIVE and t[:-1].replace(".", "", 1).isdigit():
+        at = (now or datetime.now(timezone.utc)) - timedelta(seconds=float(t[:-1]) * _RELATIVE[t[-1]])
+        return at.isoformat()
     try:
         at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"--since {text!r}: not an ISO-8601 time, e.g. 2026-11-30T12:00:00Z") from None
+        raise UsageError(
+            f"--since {text!r}: not a time; give an ISO-8601 time (2026-11-30T12:00:00Z) or a span back from now "
+            "(90s, 30m, 1h, 2d)"
+        ) from None
     return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)).isoformat()
 
 
@@ -293,7 +313,7 @@ def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO
     http = _exit_code(response.status_code)
     code = http
     if http == EXIT_OK and command == "status" and isinstance(data, dict):
-        code = state_exit(data.get("state"))  # by state, as `systemctl is-active`
+        code = status_exit(data)  # by state, as `systemctl is-active`; 10 on a fallback rung
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=False), file=out)
         return code

@@ -1192,10 +1192,13 @@ class Owner:
 
     def target_rung(self, cmd: Command) -> int:
         """The rung asked for; else the one a pending launch waits to launch (the ladder's decision:
-        a start during the backoff skips only the wait); else the current one."""
+        a start during the backoff skips only the wait); out of `failed`, the preferred rung, where the
+        cooldown starts too (issue 38: the two agree); else the current one."""
         idx = self.settings.rung_index(cmd.rung) if cmd.rung else None
         if idx is not None:
             return idx
+        if self.lifecycle.state == State.FAILED:
+            return 0
         if self.pending is not None and self.pending.what != "leave_failed":
             return self.pending.rung
         return self.ladder.current
