@@ -87,3 +87,16 @@ async def test_with_a_token_a_request_without_it_learns_only_401(make_app: Calla
     async with bare(make_app(token=token, hosts=LOOPBACK), "attacker.example") as c:
         r = await c.post("/stop", content=b"x=1", headers=FORM)
         assert r.status_code == 401
+
+
+def test_allowed_hosts_refuses_a_url_with_the_key_named() -> None:
+    import pytest
+
+    from supervisor.common.configerror import ConfigError
+    from supervisor.config.settings import settings_from_mapping
+
+    base = {"server": {"command": ["python3", "-m", "sglang.launch_server"]}}
+    ok = settings_from_mapping({**base, "api": {"allowed_hosts": ["gpu-host-1.example", "*"]}})
+    assert ok.api.allowed_hosts == ("gpu-host-1.example", "*")
+    with pytest.raises(ConfigError, match=r"api.allowed_hosts.*'http://x' is not a host name"):
+        settings_from_mapping({**base, "api": {"allowed_hosts": ["http://x"]}})
