@@ -59,9 +59,10 @@ async def test_a_fallback_is_seen_and_promote_tries_the_preferred_rung(daemon, s
     answer = printed(capsys)
     assert "promoting from no-cuda-graph to base" in answer and "base last failed with exited" in answer
     # base still crashes here: the ladder steps down again and serves on the fallback
-    await r.wait_for(
-        lambda x: x.state == "ready" and x.rung == "no-cuda-graph" and x.started_at != before, 60, "back on the fallback"
-    )
+    def back(x) -> bool:  # type: ignore[no-untyped-def]
+        return bool(x.state == "ready" and x.rung == "no-cuda-graph" and x.started_at != before)
+
+    await r.wait_for(back, 60, "back on the fallback")
     assert launches(r) == ["base", "no-cuda-graph", "base", "no-cuda-graph"]
     events = [json.loads(x) for x in (r.settings.state_dir / "events.jsonl").read_text().splitlines()]
     command = next(e for e in events if e["event"] == "command" and e["kind"] == "restart")
