@@ -124,8 +124,9 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         return EXIT_USAGE
     environ = os.environ if env is None else env
     url = getattr(args, "url", None) or DEFAULT_URL
+    where = "--url"
     try:
-        url, token = _address(args, environ)
+        url, token, where = _address(args, environ)
         timeout = args.timeout if args.timeout is not None else _default_timeout(command)
         conn = clientstream.Conn(url, token, timeout, _send)
         if command == "bundles" and getattr(args, "id", None):
@@ -144,13 +145,19 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except (httpx.TimeoutException, httpx.TransportError) as err:
-        print(f"error: cannot reach the daemon at {url}: {_transport_reason(err)}", file=sys.stderr)
+        print(f"error: cannot reach the daemon at {url} ({where}): {_transport_reason(err)}", file=sys.stderr)
+        print(
+            "next: is the daemon running (systemctl status sglang-supervisor)? Point the client at it with "
+            "--url http://HOST:PORT or --config FILE (its [api] table)",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
     return report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr)
 
 
-def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None]:
-    """(base URL, token): explicit flags first, then the daemon's config ([api] only), then the defaults."""
+def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None, str]:
+    """(base URL, token, where the URL came from): explicit flags first, then the daemon's config
+    ([api] only), then the defaults, said as such (never a silent fallback)."""
     url: str | None = getattr(args, "url", None)
     token_file: str | None = getattr(args, "token_file", None)
     token: str | None = None
@@ -174,7 +181,15 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
         token = _token(token_file, env)
     elif token is None:
         token = _token(None, env)
-    return url or DEFAULT_URL, token
+    if getattr(args, "url", None):
+        where = "from --url"
+    elif choice.path is not None:
+        where = f"from [api] of {choice.path}"
+    else:
+        where = (
+            f"the default: no --url, no --config, ${CONFIG_ENV} unset and no /etc/sglang-supervisor/config.toml"
+        )
+    return url or DEFAULT_URL, token, where
 
 
 def _connect_host(host: str) -> str:
@@ -294,6 +309,30 @@ def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *,
     return EXIT_OK
 
 
+def _ours(response: httpx.Response, data: Any) -> bool:
+    """Whether the answer has this daemon's shape: a JSON object, with `error` when it is one."""
+    if not isinstance(data, (dict, list)):
+        return False
+    return response.status_code < 400 or (isinstance(data, dict) and "error" in data)
+
+
+def _foreign(response: httpx.Response) -> str:
+    """What answered instead of the daemon, and what to do: SGLang itself (its /get_model_info
+    answers) is the usual mistake, a port away from the daemon's."""
+    url = response.request.url
+    base = f"{url.scheme}://{url.netloc.decode()}"
+    head = f"HTTP {response.status_code} from {url} is not a sglang-supervisor answer"
+    fix = "point the client at the daemon's [api] port (default 8900) with --url or --config"
+    try:
+        info = httpx.get(f"{base}/get_model_info", timeout=3.0, trust_env=False)
+        model = info.json().get("model_path") if info.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        model = None
+    if model:
+        return f"{head}: {base} is SGLang's own server (model {model}), not its supervisor; {fix}"
+    return f"{head}: is something else listening at {base}? {fix}"
+
+
 def _transport_reason(err: Exception) -> str:
     if isinstance(err, httpx.TimeoutException):
         return "no answer in time (raise --timeout)"
@@ -305,10 +344,9 @@ def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO
     try:
         data: Any = response.json()
     except ValueError:
-        print(
-            f"error: HTTP {response.status_code} from {response.request.url} is not a sglang-supervisor answer",
-            file=err,
-        )
+        data = None
+    if not _ours(response, data):
+        print(f"error: {_foreign(response)}", file=err)
         return EXIT_AUTH if response.status_code == 401 else EXIT_ERROR
     http = _exit_code(response.status_code)
     code = http
