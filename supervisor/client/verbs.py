@@ -52,7 +52,7 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "diagnose": "capture evidence now (py-spy, optionally gdb) and print the bundle",
         "reload": "re-read the daemon's config file (as SIGHUP or systemctl reload does)",
         "events": "show the event journal, oldest first (filter by --event and --since; --follow for new ones)",
-        "bundles": "list diagnostic bundles, newest first, or show one bundle's summary",
+        "bundles": "list diagnostic bundles, newest first, show one bundle's summary, or `get ID [FILE]` to download",
         "logs": "show the server's own output (stdout and stderr), secrets redacted; -f follows it",
     }
     for name in COMMANDS:
@@ -113,7 +113,13 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             p.add_argument("-n", "--lines", type=int, default=100, help="the last N lines (0-10000, default 100)")
             p.add_argument("-f", "--follow", action="store_true", help="then keep printing new lines until Ctrl-C")
         if name == "bundles":
-            p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list")
+            p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list ('get': download)")
+            p.add_argument("get_args", nargs="*", metavar="ID [FILE]", help="with get: the bundle, and one file of it")
+            p.add_argument(
+                "-o",
+                "--output",
+                help="get: where to write (default: ./ID/ for a whole bundle, ./FILE for one file; '-': stdout)",
+            )
         p.set_defaults(client_command=name)
 
 
@@ -129,6 +135,10 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         url, token, where = _address(args, environ)
         timeout = args.timeout if args.timeout is not None else _default_timeout(command)
         conn = clientstream.Conn(url, token, timeout, _send)
+        if command == "bundles" and getattr(args, "id", None) == "get":
+            return _get_bundle(url, args.get_args, args.output, token, timeout)
+        if command == "bundles" and getattr(args, "get_args", None):
+            raise UsageError(f"bundles {args.id} {' '.join(args.get_args)}: did you mean bundles get ID [FILE]?")
         if command == "bundles" and getattr(args, "id", None):
             return _show_bundle(url, args.id, token, timeout, as_json=args.json)
         if command == "status" and args.watch is not None:
@@ -331,6 +341,47 @@ def _foreign(response: httpx.Response) -> str:
     if model:
         return f"{head}: {base} is SGLang's own server (model {model}), not its supervisor; {fix}"
     return f"{head}: is something else listening at {base}? {fix}"
+
+
+def _get_bundle(url: str, words: list[str], output: str | None, token: str | None, timeout: float) -> int:
+    """`bundles get ID [FILE]`: one file (to ./FILE, or stdout with `-o -`), or every file of the
+    bundle into ./ID/ (or `-o DIR`); what exists already is not overwritten."""
+    if not words or len(words) > 2:
+        raise UsageError(
+            "bundles get ID [FILE]: name the bundle (see `sglang-supervisor bundles`) and optionally a file"
+        )
+    bundle_id, name = words[0], (words[1] if len(words) == 2 else None)
+    detail = _send(url, "GET", f"/diagnostics/{bundle_id}", None, token, timeout)
+    if detail.status_code != 200:
+        return report("bundles", detail, as_json=False, out=sys.stdout, err=sys.stderr)
+    files = [str(f) for f in (detail.json().get("files") or ())]
+    if name is not None and name not in files:
+        print(f"error: bundle {bundle_id} has no file {name!r}; it has: {', '.join(files) or 'none'}", file=sys.stderr)
+        return EXIT_ERROR
+    if name is not None and output == "-":
+        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/{name}", None, token, timeout)
+        if answer.status_code != 200:
+            return report("bundles", answer, as_json=False, out=sys.stdout, err=sys.stderr)
+        sys.stdout.buffer.write(answer.content)
+        sys.stdout.flush()
+        return EXIT_OK
+    if name is not None:
+        targets = [(name, Path(output) if output else Path(name))]
+    else:
+        where = Path(output) if output else Path(bundle_id)
+        targets = [(f, where / f) for f in files]
+    for _, dest in targets:
+        if dest.exists():
+            print(f"error: {dest} exists; not overwritten (choose another place with -o)", file=sys.stderr)
+            return EXIT_ERROR
+    for f, dest in targets:
+        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/{f}", None, token, timeout)
+        if answer.status_code != 200:
+            return report("bundles", answer, as_json=False, out=sys.stdout, err=sys.stderr)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(answer.content)
+        print(f"{dest} ({len(answer.content)} bytes)")
+    return EXIT_OK
 
 
 def _transport_reason(err: Exception) -> str:
