@@ -113,6 +113,8 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
                 r.read()
                 print(format_error(r.status_code, _json(r)), file=sys.stderr)
                 return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
+            if r.headers.get("x-launch"):  # logs --previous: which launch this is
+                print(f"the launch before this one: {r.headers['x-launch']}", file=sys.stderr)
             try:
                 for line in r.iter_lines():
                     print(_line(command, line, as_json), flush=True)

@@ -112,6 +112,9 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         if name == "logs":
             p.add_argument("-n", "--lines", type=int, default=100, help="the last N lines (0-10000, default 100)")
             p.add_argument("-f", "--follow", action="store_true", help="then keep printing new lines until Ctrl-C")
+            p.add_argument(
+                "-p", "--previous", action="store_true", help="the output of the launch before this one (a crash's)"
+            )
         if name == "bundles":
             p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list ('get': download)")
             p.add_argument("get_args", nargs="*", metavar="ID [FILE]", help="with get: the bundle, and one file of it")
@@ -231,7 +234,10 @@ def _token(token_file: str | None, env: Mapping[str, str]) -> str | None:
 
 def _stream_params(command: str, args: argparse.Namespace) -> list[tuple[str, str]]:
     if command == "logs":
-        return [("lines", str(args.lines))] + ([("follow", "true")] if args.follow else [])
+        if args.previous and args.follow:
+            raise UsageError("logs --previous --follow: the previous launch has ended; leave out --follow")
+        previous = [("launch", "previous")] if args.previous else []
+        return [("lines", str(args.lines)), *previous] + ([("follow", "true")] if args.follow else [])
     return _request_for(command, args)[3] + [("follow", "true")]
 
 

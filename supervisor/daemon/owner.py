@@ -548,7 +548,9 @@ class Owner:
         self.persist()  # from here on a successor daemon can adopt this server
         # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
         shown = Redactor.from_envs([env]).argv(rendered.argv)
-        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown))
+        start = self.server.capture.start_position if self.server.capture is not None else None
+        log_start = None if start is None else {"inode": start.inode, "offset": start.offset}
+        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown), log_start=log_start)
         self.move(State.STARTING, f"launched rung {rung.name}")
 
     def gpu_refused(self, rung_index: int, after_incident: bool, refused: str, *, strict: bool) -> None:

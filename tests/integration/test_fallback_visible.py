@@ -85,3 +85,18 @@ async def test_start_out_of_failed_begins_at_the_preferred_rung(daemon, sim, cap
     assert await cli(r.api, "start") == EXIT_OK
     await r.wait_for(lambda x: len(launches(r)) >= 3, 60, "a launch after start")
     assert launches(r)[2] == "base"  # where the cooldown would start, not the last rung tried
+
+
+async def test_logs_previous_shows_the_crashed_launch(daemon, sim, capsys) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("crash_on_load", tp=1, **LADDER))
+    await r.wait_for(lambda x: x.state == "ready" and x.rung == "no-cuda-graph", 60, "ready on the fallback")
+    capsys.readouterr()
+    assert await cli(r.api, "logs", "--previous", "-n", "200") == EXIT_OK
+    seen = capsys.readouterr()
+    out = "\n".join(x for x in seen.out.splitlines() if not LOG_LINE.match(x))
+    assert "torch.OutOfMemoryError: CUDA out of memory" in out  # the base rung's crash
+    assert "fired up and ready to roll" not in out  # nothing of the launch now serving
+    assert "the launch before this one: rung=base; pid=" in seen.err
+    assert await cli(r.api, "logs", "-n", "200") == EXIT_OK
+    assert "fired up and ready to roll" in printed(capsys)
+    assert await cli(r.api, "logs", "--previous", "--follow") == 2
