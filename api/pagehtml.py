@@ -210,9 +210,13 @@ def _server(s: StatusSnapshot) -> str:
         rows.append(("GPUs", f"{len(s.gpu.devices)}, {used:.1f} GiB used, {s.gpu.tree_mem_bytes / 2**30:.1f} GiB ours"))
     else:
         rows.append(("GPUs", f"unavailable: {e(s.gpu.reason)}"))
-    bad = [c for c in s.selfcheck if not c.ok and c.name != "cuda-gdb"]
+    bad = [c for c in s.selfcheck if not c.ok and c.name != "cuda-gdb" and c.kind != "capability"]
     for c in bad:
         rows.append((f"{e(c.name)}", f"<span class='err'>missing: {e(c.detail)}</span>"))
+    for c in s.selfcheck:
+        if not c.ok and c.kind == "capability":  # what this GPU cannot do: said, not red
+            instead = f"; uses {e(c.instead)} instead" if c.instead else ""
+            rows.append((f"{e(c.name)}", f"<span class='muted'>not available here: {e(c.detail)}{instead}</span>"))
     w = s.write_errors
     if s.loop_errors or w.journal or w.server_log or w.state or w.bundle:
         rows.append(

@@ -207,13 +207,17 @@ def _problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with the daemon itself: missing evidence tools, failed writes, caught errors."""
     rows = []
     unusable = [c for c in s.get("selfcheck") or () if isinstance(c, Mapping) and not c.get("ok")]
+    absent = [c for c in unusable if c.get("kind") == "capability"]  # what this GPU cannot do: no fault
     optional = [c for c in unusable if "(optional" in str(c.get("detail"))]  # cuda-gdb off a GPU host
-    bad = [c for c in unusable if c not in optional]
+    bad = [c for c in unusable if c not in optional and c not in absent]
     if bad:
         text = "; ".join(f"{c.get('name')}: {c.get('detail') or 'not usable'}" for c in bad)
         rows.append(("self-check", f"FAILED {text} (bundles will lack these stacks)"))
     if optional:
         rows.append(("optional", ", ".join(f"{c.get('name')} not installed" for c in optional)))
+    for c in absent:
+        instead = f"; the daemon uses {c['instead']} instead" if c.get("instead") else ""
+        rows.append(("unavailable", f"{c.get('name')} not available here: {c.get('detail')}{instead}"))
     w = s.get("write_errors") or {}
     failed = {k: v for k, v in w.items() if isinstance(v, int) and v > 0} if isinstance(w, Mapping) else {}
     if failed:

@@ -90,6 +90,7 @@ T = TypeVar("T")
 # A successor re-reads the log lines of at most this window (duplicates, never losses); each save
 # is one small fsynced write of state.json.
 LOG_POSITION_SAVE_S = 5.0
+SELFCHECK_EVERY_S = 3600.0  # the self-check runs again hourly: what was fixed meanwhile clears
 
 
 class Owner:
@@ -143,6 +144,7 @@ class Owner:
         self.pending: Pending | None = None
         self.inhand = InHand()
         self.selfcheck: tuple[ToolCheck, ...] = ()
+        self.selfcheck_at = self.clock.monotonic()  # of the last self-check run (startup runs the first)
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
         # Server-log write errors for /status and /metrics alike: each keeper starts its stats file at 0.
         self.log_write_errors = RestartingCount()
@@ -1188,6 +1190,7 @@ class Owner:
             finish(cmd, CommandResult("invalid", str(err), self.lifecycle.state.value))
         else:
             self.reload(new)
+            await self.refresh_selfcheck()  # new tool paths, or a tool installed since
             finish(cmd, CommandResult("done", "reloaded", self.lifecycle.state.value))
         finally:
             self.notifier.ready()
@@ -1250,14 +1253,7 @@ class Owner:
         # who holds this state directory's lock, for a daemon that meets this one's tree on its port
         about = (self.state_dir, self.config_path, (srv.host, srv.port), (api.host, api.port))
         await asyncio.to_thread(instance_lock.write_about, *about)
-        d = self.settings.diagnostics
-        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
-        gpm = await asyncio.to_thread(self.observer.gpm_check)
-        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
-        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
-        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
-        for check in self.selfcheck:
-            self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
+        await self.refresh_selfcheck()
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
@@ -1319,8 +1315,26 @@ class Owner:
         self.move(State.RESTARTING, f"{why}; launching in {delay:g} s")
         self.wait_then(Pending("launch", rung, self.clock.monotonic() + delay))
 
+    async def refresh_selfcheck(self) -> None:
+        """The self-check (tools, ptrace, GPM, the busy signal), at start, after a reload and hourly
+        (issue 38): a tool installed or a permission granted since clears without a daemon restart.
+        Logged in full the first time, then only what changed."""
+        d = self.settings.diagnostics
+        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
+        gpm = await asyncio.to_thread(self.observer.gpm_check)
+        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
+        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
+        before = {c.name: c.ok for c in self.selfcheck}
+        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
+        self.selfcheck_at = self.clock.monotonic()
+        for check in self.selfcheck:
+            if before.get(check.name) != check.ok:
+                self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
+
     async def tick(self) -> None:
         """One poll. The pending timer and a restart cut short come first; each step is one call."""
+        if self.clock.monotonic() - self.selfcheck_at >= SELFCHECK_EVERY_S:
+            await self.refresh_selfcheck()
         self.take_xids()
         if await self.resume_cut_short() or await self.fire_pending():
             return

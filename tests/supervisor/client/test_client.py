@@ -327,6 +327,7 @@ def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: p
                 ToolCheck(name="py-spy", ok=False, detail="not found on PATH"),
                 ToolCheck(name="gdb", ok=True),
                 ToolCheck(name="cuda-gdb", ok=False, detail="not found (optional: also names a stuck GPU kernel)"),
+                ToolCheck(name="gpm", ok=False, detail="GPU 0: not supported", kind="capability", instead="power"),
             ),
             "write_errors": WriteErrorsView(journal=3),
             "loop_errors": 2,
@@ -340,6 +341,8 @@ def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: p
     assert "why: 22 running, no decode tokens for 12 s" in out
     assert rows["self-check"] == "FAILED py-spy: not found on PATH (bundles will lack these stacks)"
     assert rows["optional"] == "cuda-gdb not installed"  # not a failure off a GPU host
+    # what an A100 or MIG host cannot do is no failure, and says what stands in for it (issue 38)
+    assert rows["unavailable"] == "gpm not available here: GPU 0: not supported; the daemon uses power instead"
     assert rows["write errors"].startswith("journal 3") and rows["loop errors"].startswith("2 caught")
     assert "STALLED: no token for 12.0 s" in rows["serving"] and "tok/s" not in rows["serving"]
     assert rows["last stop"].startswith("at 2026-12-01T00:00:00+00:00: GPU held")
