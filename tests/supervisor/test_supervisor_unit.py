@@ -396,7 +396,7 @@ async def test_an_incidents_lines_name_it_and_the_relaunch_does_not(rig) -> None
 
 
 async def test_the_self_check_runs_again_hourly_and_clears_when_fixed(rig, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    sup, clock, control, observer = rig
+    sup, clock, _, _ = rig
     later = tmp_path / "bin" / "py-spy"
     sup.settings = sup.settings.model_copy(
         update={"diagnostics": sup.settings.diagnostics.model_copy(update={"py_spy_path": str(later)})}
