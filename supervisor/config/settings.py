@@ -203,12 +203,31 @@ class DiagnosticsSettings(_Section):
     flight_recorder_wait_s: Annotated[float, Field(gt=0, le=60)] = 5.0
 
 
+_HOST_NAME = re.compile(r"\*|[A-Za-z0-9_.-]+|\[?[0-9A-Fa-f:.]+\]?")
+
+
 class ApiSettings(_Section):
     host: str = "127.0.0.1"
     port: Port = 8900
     token_file: str | None = None
     token_env: str = "SGLANG_SUPERVISOR_TOKEN"
     max_body_bytes: PositiveInt = 64 * 1024
+    # Host names the API answers to beyond the defaults (api/browser.py: loopback names on a loopback
+    # bind; IP literals and this machine's names otherwise); "*" turns the Host check off.
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts_tuple(cls, v: object) -> object:
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not _HOST_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a host name, an IP address or '*' (no scheme, port or path)")
+        return v
 
 
 class LogsSettings(_Section):

@@ -90,6 +90,7 @@ T = TypeVar("T")
 # A successor re-reads the log lines of at most this window (duplicates, never losses); each save
 # is one small fsynced write of state.json.
 LOG_POSITION_SAVE_S = 5.0
+SELFCHECK_EVERY_S = 3600.0  # the self-check runs again hourly: what was fixed meanwhile clears
 
 
 class Owner:
@@ -143,6 +144,7 @@ class Owner:
         self.pending: Pending | None = None
         self.inhand = InHand()
         self.selfcheck: tuple[ToolCheck, ...] = ()
+        self.selfcheck_at = self.clock.monotonic()  # of the last self-check run (startup runs the first)
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
         # Server-log write errors for /status and /metrics alike: each keeper starts its stats file at 0.
         self.log_write_errors = RestartingCount()
@@ -548,7 +550,9 @@ class Owner:
         self.persist()  # from here on a successor daemon can adopt this server
         # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
         shown = Redactor.from_envs([env]).argv(rendered.argv)
-        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown))
+        start = self.server.capture.start_position if self.server.capture is not None else None
+        log_start = None if start is None else {"inode": start.inode, "offset": start.offset}
+        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown), log_start=log_start)
         self.move(State.STARTING, f"launched rung {rung.name}")
 
     def gpu_refused(self, rung_index: int, after_incident: bool, refused: str, *, strict: bool) -> None:
@@ -1063,7 +1067,15 @@ class Owner:
             if early is not None:
                 finish(cmd, early)
                 return
-            self.record("command", only="journal", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
+            self.record(
+                "command",
+                only="journal",
+                kind=cmd.kind,
+                rung=cmd.rung,
+                reason=cmd.reason,
+                source=cmd.source,
+                requested_by=cmd.requested_by or None,
+            )
             await getattr(self, f"handle_{cmd.kind}")(cmd)
         except Exception as err:  # a command must never kill the loop
             finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", self.lifecycle.state.value))
@@ -1178,16 +1190,20 @@ class Owner:
             finish(cmd, CommandResult("invalid", str(err), self.lifecycle.state.value))
         else:
             self.reload(new)
+            await self.refresh_selfcheck()  # new tool paths, or a tool installed since
             finish(cmd, CommandResult("done", "reloaded", self.lifecycle.state.value))
         finally:
             self.notifier.ready()
 
     def target_rung(self, cmd: Command) -> int:
         """The rung asked for; else the one a pending launch waits to launch (the ladder's decision:
-        a start during the backoff skips only the wait); else the current one."""
+        a start during the backoff skips only the wait); out of `failed`, the preferred rung, where the
+        cooldown starts too (issue 38: the two agree); else the current one."""
         idx = self.settings.rung_index(cmd.rung) if cmd.rung else None
         if idx is not None:
             return idx
+        if self.lifecycle.state == State.FAILED:
+            return 0
         if self.pending is not None and self.pending.what != "leave_failed":
             return self.pending.rung
         return self.ladder.current
@@ -1237,14 +1253,7 @@ class Owner:
         # who holds this state directory's lock, for a daemon that meets this one's tree on its port
         about = (self.state_dir, self.config_path, (srv.host, srv.port), (api.host, api.port))
         await asyncio.to_thread(instance_lock.write_about, *about)
-        d = self.settings.diagnostics
-        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
-        gpm = await asyncio.to_thread(self.observer.gpm_check)
-        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
-        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
-        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
-        for check in self.selfcheck:
-            self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
+        await self.refresh_selfcheck()
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
@@ -1306,8 +1315,26 @@ class Owner:
         self.move(State.RESTARTING, f"{why}; launching in {delay:g} s")
         self.wait_then(Pending("launch", rung, self.clock.monotonic() + delay))
 
+    async def refresh_selfcheck(self) -> None:
+        """The self-check (tools, ptrace, GPM, the busy signal), at start, after a reload and hourly
+        (issue 38): a tool installed or a permission granted since clears without a daemon restart.
+        Logged in full the first time, then only what changed."""
+        d = self.settings.diagnostics
+        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
+        gpm = await asyncio.to_thread(self.observer.gpm_check)
+        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
+        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
+        before = {c.name: c.ok for c in self.selfcheck}
+        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
+        self.selfcheck_at = self.clock.monotonic()
+        for check in self.selfcheck:
+            if before.get(check.name) != check.ok:
+                self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
+
     async def tick(self) -> None:
         """One poll. The pending timer and a restart cut short come first; each step is one call."""
+        if self.clock.monotonic() - self.selfcheck_at >= SELFCHECK_EVERY_S:
+            await self.refresh_selfcheck()
         self.take_xids()
         if await self.resume_cut_short() or await self.fire_pending():
             return

@@ -39,7 +39,9 @@ class GroupClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.members = dict(members)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"X-Requested-By": "sglang-supervisor"}  # a POST without a body needs it (api/browser.py)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         # No connection reuse across polls: a member daemon that restarted must be reached afresh.
         self._client = httpx.AsyncClient(
             headers=headers, transport=transport, limits=httpx.Limits(max_keepalive_connections=0)

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from api import group as group_api
 from api.app import create_app, include_protected
+from api.browser import host_policy
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
@@ -129,6 +130,7 @@ async def start_api(
         log_file=server_log_file(settings),
         redact=redact,
         timeline=timeline,
+        hosts=host_policy(settings.api.host, settings.api.allowed_hosts),
     )
     if isinstance(sup.peers, grouping.GroupPeers):  # the member API the group's leader calls (api/group.py)
         app.state.group = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit)

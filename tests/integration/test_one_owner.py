@@ -52,7 +52,7 @@ async def test_a_start_during_the_backoff_launches_now_on_the_decided_rung(daemo
     decided = named(s.paths.state_dir, "ladder_decision")[-1]
     assert decided["action"] == "relaunch" and decided["rung"] == 1
     async with httpx.AsyncClient(timeout=10) as c:
-        res = await c.post(f"{r.api}/start")
+        res = await c.post(f"{r.api}/start", json={})
     assert res.status_code == 202, res.text
     await r.wait_for(lambda _: len(named(s.paths.state_dir, "server_launched")) == 2, 15, "the relaunch, now")
     assert [e["rung"] for e in named(s.paths.state_dir, "server_launched")] == ["base", "no-cuda-graph"]
