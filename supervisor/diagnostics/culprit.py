@@ -189,8 +189,18 @@ def _pick(views: Sequence[ThreadView], proc: ProcEvidence) -> tuple[ThreadView |
     return None, []
 
 
+def _own(views: Sequence[ThreadView], proc: ProcEvidence) -> list[ThreadView]:
+    """The threads that are this process's own: a stack py-spy read for a thread /proc does not list
+    under the pid is another process's (a vfork child shares its parent's memory, so py-spy on the
+    child reads the parent's threads); it stands with the process that owns it."""
+    tasks = {t.tid for sample in proc.samples for t in sample}
+    if not tasks:
+        return list(views)
+    return [v for v in views if v.tid is None or v.tid in tasks]
+
+
 def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
-    views = thread_views(proc)
+    views = _own(thread_views(proc), proc)
     chosen, why = _pick(views, proc)
     if chosen is None:
         return None
@@ -218,8 +228,8 @@ def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
 def _score(c: Culprit, missing: set[int]) -> tuple[int, int]:
     if c.doing.startswith("is stopped"):
         order = 0
-    elif c.pid in missing:
-        order = 1
+    elif c.pid in missing or c.doing.startswith("is in D state"):
+        order = 1  # the rank the others wait for, or a thread the kernel will not wake
     elif c.gil and not c.doing.startswith("runs"):
         order = 2
     elif c.doing.startswith("runs"):
