@@ -12,6 +12,8 @@ its ranks waiting in a collective) and a rank dead of a segfault (SEGFAULT -> ra
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
 import os
 import re
@@ -20,9 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from notifyhook import hook, hook_calls, with_notify
 from serving import SPEC, ready, traffic
 
+from supervisor.client.format import format_answer
+from supervisor.config.alerting import NotifyTarget
 from supervisor.config.settings import BASE_RUNG
 
 pytestmark = pytest.mark.integration
@@ -131,14 +137,17 @@ async def test_every_start_up_hang_names_its_culprit_first(daemon, sim) -> None:
 
 
 @pytest.mark.timeout(240)
-async def test_every_serving_hang_names_its_culprit_first(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+async def test_every_serving_hang_names_its_culprit_first(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Also where a person meets the line: `status` (the CLI's rendering of /status), the page's
+    incidents and an incident notification (an exec hook's summary text and environment)."""
+    out, argv = hook(tmp_path)
     s = sim(
         "ok",
         tp=2,
         fallback=[rung("stall", "serving_stall"), rung("segfault", "rank_dies"), rung("ok", "ok")],
         restart=QUICK,
     )
-    r = await daemon(s)
+    r = await daemon(with_notify(s, NotifyTarget(name="hook", kind="exec", argv=argv)))
     seen = Seen()
     snap = await r.wait_for(ready, 40, "ready")
     base = snap.rung
@@ -175,3 +184,25 @@ async def test_every_serving_hang_names_its_culprit_first(daemon, sim) -> None: 
     assert "died of a segmentation fault at all_reduce (sglang/srt/distributed/" in first, first
     assert doc["culprit"]["text"] == first and doc["culprit"]["pid"] == lost and dead.culprit == first
     assert any(c["rank"] == 0 for c in doc["culprits"][1:])  # the rank left waiting is listed after
+
+    # Where a person reads it: the CLI's status, the page, the incident notification.
+    async with httpx.AsyncClient(timeout=10) as c:
+        status = (await c.get(f"{r.api}/status")).json()
+        page = (await c.get(f"{r.api}/ui")).text
+    assert status["last_incident"]["culprit"] == dead.culprit
+    assert dead.culprit in format_answer("status", status), format_answer("status", status)
+    assert html.escape(stall.culprit, quote=True)[:200] in page, "the page's incidents show the culprit line"
+    calls = await wait_hook(out, lambda cs: sum(1 for x in cs if x["env"].get("SGLANG_SUPERVISOR_CULPRIT")) >= 3)
+    told = {x["env"]["SGLANG_SUPERVISOR_CULPRIT"] for x in calls if x["env"].get("SGLANG_SUPERVISOR_CULPRIT")}
+    assert {stopped.culprit, stall.culprit, dead.culprit} <= told, told
+    summary = next(x["stdin"]["summary"] for x in calls if x["env"].get("SGLANG_SUPERVISOR_CULPRIT") == dead.culprit)
+    assert f"; {dead.culprit} (evidence {dead.bundle})" in summary, summary
+
+
+async def wait_hook(out: Path, enough: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    for _ in range(300):
+        calls = hook_calls(out)
+        if enough(calls):
+            return calls
+        await asyncio.sleep(0.1)
+    return hook_calls(out)
