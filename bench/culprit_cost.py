@@ -1,11 +1,14 @@
 """The culprit first (issue 35): what the Flight Recorder and the culprit ranking add to a hang's capture.
 
-- Flight Recorder: `flight_record` as a hang's capture runs it, before any debugger attaches (so its
-  wall time adds to the capture's): every rank's pipe written, the wait for the dumps, the dumps read
-  by the server's Python with the class-refusing loader and torch's analyzer where torch is. Ranks
+- Flight Recorder as a hang's capture runs it: `flight_dumps` before any debugger attaches (every
+  rank's pipe written, the wait for the dumps: its wall time adds to the capture's), then
+  `flight_read` alongside the tools (the dumps read by the server's Python with the class-refusing
+  loader, torch's analyzer where torch is: it adds only where it outlasts the tools). Ranks
   are stand-ins that do what ProcessGroupNCCL's monitor does with `TORCH_NCCL_DUMP_ON_TIMEOUT=1`:
   read the pipe once a second (torch's cadence) and dump a ring of 2,000 entries; with torch
-  installed, two real gloo ranks dump torch's own ring. A tree with no pipe (the simulator, a server
+  installed, two real gloo ranks dump torch's own ring (they read the pipe every 0.1 s: at a 1 s
+  cadence torch 2.13's `_dump_fr_trace` on gloo did not return, seen here and not pursued). A tree
+  with no pipe (the simulator, a server
   without torch.distributed) costs one directory listing.
 - Culprit ranking: `culprits()` over 8 ranks of 40 threads each (the 38-thread scheduler of the
   H200 LOCK_GIL run), pure.
@@ -25,7 +28,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from bench.common import median, percentile, publish, save_result
@@ -33,7 +35,14 @@ from bench.report import machine, stamp, table
 from probes.types import ThreadInfo
 from supervisor.diagnostics import Evidence, Frame, ProcEvidence, StackThread
 from supervisor.diagnostics.culprit import culprits
-from supervisor.diagnostics.flightrec import DUMP_KEY, ON_TIMEOUT_KEY, PIPE_KEY, flight_record
+from supervisor.diagnostics.flightrec import (
+    DUMP_KEY,
+    ON_TIMEOUT_KEY,
+    PIPE_KEY,
+    flight_dumps,
+    flight_read,
+    flight_record,
+)
 
 # A rank's Flight Recorder as torch keeps it: the pipe read once a second, the ring dumped as a pickle.
 STAND_IN = r"""
@@ -75,7 +84,7 @@ os.mkfifo(pipe)
 fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
 print("ready", flush=True)
 while True:
-    time.sleep(1.0)
+    time.sleep(0.1)
     try:
         data = os.read(fd, 64)
     except BlockingIOError:
@@ -113,8 +122,8 @@ def fr_env(folder: str) -> dict[str, str]:
 
 
 def fr_cost(n: int, reps: int, torch_ranks: bool) -> dict[str, Any]:
-    """Wall time of `flight_record` over `n` ranks (one lagging), per repetition."""
-    wall, waited, statuses = [], [], []
+    """Wall time of `flight_dumps` (before the tools) and `flight_read` (beside them) over `n` ranks."""
+    wall, read_s, statuses = [], [], []
     for _ in range(reps):
         with tempfile.TemporaryDirectory(prefix="fr-bench-") as d:
             env = fr_env(d)
@@ -125,11 +134,13 @@ def fr_cost(n: int, reps: int, torch_ranks: bool) -> dict[str, Any]:
                 argvs = [[sys.executable, "-c", STAND_IN, str(r), str(5000 if r else 5001)] for r in range(n)]
             with ranks(argvs, env) as pids:
                 t0 = time.perf_counter()
-                rep = asyncio.run(flight_record(env, pids, [sys.executable], 5.0))
-                wall.append(time.perf_counter() - t0)
-            waited.append(rep.wait_s)
+                got = asyncio.run(flight_dumps(env, 5.0))
+                t1 = time.perf_counter()
+                rep = asyncio.run(flight_read(got, env, pids, [sys.executable]))
+                wall.append(t1 - t0)
+                read_s.append(time.perf_counter() - t1)
             statuses.append(f"{rep.status}:{rep.verdict.mismatch if rep.verdict else '-'}")
-    return {"ranks": n, "torch": torch_ranks, "wall_s": wall, "wait_s": waited, "status": sorted(set(statuses))}
+    return {"ranks": n, "torch": torch_ranks, "dumps_s": wall, "read_s": read_s, "status": sorted(set(statuses))}
 
 
 def no_pipe_cost(reps: int) -> list[float]:
@@ -151,15 +162,24 @@ def evidence(ranks_n: int, threads: int) -> Evidence:
         main = StackThread(
             pid,
             "MainThread",
-            (Frame("init_attention_backends", "sitecustomize.py", 27), Frame("ModelRunner.__init__", "model_runner.py", 300)),
+            (
+                Frame("init_attention_backends", "sitecustomize.py", 27),
+                Frame("ModelRunner.__init__", "model_runner.py", 300),
+            ),
             "idle+gil",
         )
         helpers = [
-            StackThread(pid + i, name, (Frame("run", f"{name}/loop.py", 10), Frame("wait", "threading.py", 331)), "idle")
-            for i, name in ((i, ("pt_gloo_runloop", "tqdm_monitor", "ZMQbg", "pt_nccl_watchdg")[i % 4]) for i in range(1, threads))
+            StackThread(
+                pid + i, name, (Frame("run", f"{name}/loop.py", 10), Frame("wait", "threading.py", 331)), "idle"
+            )
+            for i, name in (
+                (i, ("pt_gloo_runloop", "tqdm_monitor", "ZMQbg", "pt_nccl_watchdg")[i % 4]) for i in range(1, threads)
+            )
         ]
         sample = tuple(ThreadInfo(t.tid or 0, t.name[:15], "S", "futex_do_wait") for t in (main, *helpers))
-        procs.append(ProcEvidence(pid, "scheduler", r, f"sglang::scheduler_TP{r}", (sample, sample), python=(main, *helpers)))
+        procs.append(
+            ProcEvidence(pid, "scheduler", r, f"sglang::scheduler_TP{r}", (sample, sample), python=(main, *helpers))
+        )
     return Evidence(tuple(procs))
 
 
@@ -183,33 +203,66 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"fr": []}
     none_ms = no_pipe_cost(a.reps * 4)
     results["no_pipe_ms"] = none_ms
-    rows.append(["FR, no rank has a pipe (the simulator; no torch.distributed)", 0, median(none_ms) / 1000, percentile(none_ms, 95) / 1000, "status nothing: no wait"])
+    rows.append(
+        [
+            "FR, no rank has a pipe (the simulator; no torch.distributed)",
+            0,
+            median(none_ms) / 1000,
+            percentile(none_ms, 95) / 1000,
+            "status nothing: no wait",
+        ]
+    )
     for n in (1, 2, 8):
         r = fr_cost(n, a.reps, torch_ranks=False)
         results["fr"].append(r)
-        note = f"{', '.join(r['status'])}; dumps waited {median(r['wait_s']):.2f} s (median)"
-        rows.append([f"FR, {n} stand-in rank(s), pipe read once a second", n, median(r["wall_s"]), percentile(r["wall_s"], 95), note])
+        note = f"{', '.join(r['status'])}; read beside the tools {median(r['read_s']):.2f} s"
+        rows.append(
+            [
+                f"FR, {n} stand-in rank(s), pipe read once a second",
+                n,
+                median(r["dumps_s"]),
+                percentile(r["dumps_s"], 95),
+                note,
+            ]
+        )
     try:
-        import torch  # noqa: F401
+        import torch
 
         r = fr_cost(2, a.reps, torch_ranks=True)
         results["fr"].append(r)
-        note = f"{', '.join(r['status'])}; torch {torch.__version__}, analyzer run"
-        rows.append(["FR, 2 real torch gloo ranks (CPU), one never entering", 2, median(r["wall_s"]), percentile(r["wall_s"], 95), note])
+        note = f"{', '.join(r['status'])}; torch {torch.__version__}; read + analyzer {median(r['read_s']):.2f} s"
+        rows.append(
+            [
+                "FR, 2 real torch gloo ranks (CPU), one never entering",
+                2,
+                median(r["dumps_s"]),
+                percentile(r["dumps_s"], 95),
+                note,
+            ]
+        )
     except ImportError:
         rows.append(["FR, real torch ranks", "-", "-", "-", "torch not installed: not measured"])
     rank_ms = ranking_cost(a.reps * 20)
     results["ranking_ms"] = rank_ms
-    rows.append(["culprit ranking, 8 ranks x 40 threads (pure)", 320, median(rank_ms) / 1000, percentile(rank_ms, 95) / 1000, "added to every hang's summary"])
+    rows.append(
+        [
+            "culprit ranking, 8 ranks x 40 threads (pure)",
+            320,
+            median(rank_ms) / 1000,
+            percentile(rank_ms, 95) / 1000,
+            "added to every hang's summary",
+        ]
+    )
     save_result("culprit_cost", results)
     body = "\n".join(
         [
             "## The culprit first: what FR and the ranking add to a capture (issue 35)",
             "",
             f"Measured {stamp()} on {machine()}. The machine is shared with other test runs, so timings carry "
-            "noise from them. The Flight Recorder runs before any debugger attaches, so its wall time adds to "
-            "the capture's; its wait ends as soon as every written pipe's dump has arrived and stopped growing "
-            "(0.3 s), bounded by `flight_recorder_wait_s` (5 s). torch reads the pipe once a second, so about "
+            "noise from them. The Flight Recorder's pipes and wait run before any debugger attaches, so their "
+            "wall time (the table's seconds) adds to the capture's; reading the dumps runs beside the tools. "
+            "The wait ends as soon as every written pipe's dump has arrived and stopped growing (0.3 s), "
+            "bounded by `flight_recorder_wait_s` (5 s). torch reads the pipe once a second, so about "
             "0.5-1.3 s of it is torch's cadence; the field report's 24 ranks took 3.4 s.",
             "Reproduce: `.venv/bin/python -m bench.culprit_cost` (the torch row needs `pip install torch==2.13.0`).",
             "",

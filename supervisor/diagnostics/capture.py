@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from probes.proctree import read_stat
@@ -32,7 +32,7 @@ from supervisor.diagnostics.capturerecords import (
 )
 from supervisor.diagnostics.classify import classify
 from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids
-from supervisor.diagnostics.flightrec import FrReport, bundle_files, flight_record
+from supervisor.diagnostics.flightrec import FrReport, bundle_files, flight_dumps, flight_read
 from supervisor.diagnostics.grouptext import group_text
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
 from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
@@ -215,6 +215,7 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     env = tools.tool_env(dict(os.environ))
     ras_task = asyncio.create_task(_ask_ras(req))  # before any tool pauses a rank's RAS thread
     fr = await _ask_fr(req)  # every rank's pipe written, and the dumps waited for, before any debugger
+    fr_read = asyncio.create_task(_read_fr(fr, req))  # read and judged while the tools run
     before, rates = await _rates(pids)
     stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
     in_d = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _in_d_before(p, s))
@@ -231,6 +232,7 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     tools_s = time.monotonic() - start - proc_s
     after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
     ras = await ras_task
+    fr = await fr_read
     durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4), "ras_s": ras.duration_s, "fr_s": fr.wait_s}
     return _Collected(before, list(runs), after, durations, stopped, rates, ras, fr)
 
@@ -238,12 +240,19 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
 async def _ask_fr(req: CaptureRequest) -> FrReport:
     if req.trigger != "hung" or not req.flight_recorder:
         return FrReport("off", "only a hang's capture asks the Flight Recorder" if req.flight_recorder else "off")
-    ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
     wait = min(req.flight_recorder_wait_s, max(0.5, req.budget_s / 2))
     try:
-        return await flight_record(req.env, ranks, req.argv, wait)
+        return await flight_dumps(req.env, wait)
     except Exception as err:  # the Flight Recorder must never cost the rest of the evidence
         return FrReport("error", f"{type(err).__name__}: {err}"[:300])
+
+
+async def _read_fr(fr: FrReport, req: CaptureRequest) -> FrReport:
+    ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
+    try:
+        return await flight_read(fr, req.env, ranks, req.argv)
+    except Exception as err:
+        return replace(fr, status="error", reason=f"{type(err).__name__}: {err}"[:300])
 
 
 async def _ask_ras(req: CaptureRequest) -> RasReport:
@@ -319,7 +328,10 @@ async def capture(
     blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop
     if ras.raw:
         blobs["ras.json"] = redactor.text(ras.raw).encode()
-    blobs.update(await asyncio.to_thread(bundle_files, fr))
+    fr_files = await asyncio.to_thread(bundle_files, fr)
+    if "fr-trace.txt" in fr_files:  # torch's analyzer prints frames and names: redacted like any text
+        fr_files["fr-trace.txt"] = redactor.text(fr_files["fr-trace.txt"].decode("utf-8", "replace")).encode()
+    blobs.update(fr_files)
     names = [*blobs, "summary.json", "summary.txt"]
     bundle_id = unique_id(diag_dir, safe_id(req.incident_id))
     records = [

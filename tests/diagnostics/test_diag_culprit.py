@@ -122,8 +122,8 @@ Thread 0x00007f0000000001 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
 
 Current thread 0x00007f0000000002 (most recent call first):
-  File "/venv/lib/python3.11/site-packages/sglang/srt/distributed/device_communicators/custom_all_reduce.py", line 338 in all_reduce
-  File "/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 1002 in event_loop_normal
+  File "/v/site-packages/sglang/srt/distributed/device_communicators/custom_all_reduce.py", line 338 in all_reduce
+  File "/v/site-packages/sglang/srt/managers/scheduler.py", line 1002 in event_loop_normal
 
 [2026-12-02 10:00:00] Subprocess scheduler_1 (pid=4242) crashed with exit code -11.
 """

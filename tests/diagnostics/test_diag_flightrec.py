@@ -157,7 +157,9 @@ async def test_real_torch_ranks_on_the_cpu_one_never_entering_the_collective(tmp
     env = {**fr_env(tmp_path), "TORCH_FR_BUFFER_SIZE": "100", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     store = str(tmp_path / "store")
     ranks = [  # both at once: each waits in init_process_group for the other
-        subprocess.Popen([sys.executable, FR_TORCH_RANK, str(r), "2", store], stdout=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, FR_TORCH_RANK, str(r), "2", store], stdout=subprocess.PIPE, text=True, env=env
+        )
         for r in (0, 1)
     ]
     try:

@@ -121,6 +121,7 @@ async def test_every_start_up_hang_names_its_culprit_first(daemon, sim) -> None:
     s = sim(
         first[1],
         tp=1,
+        env={"TORCH_FR_BUFFER_SIZE": "64"},  # the operator's own Flight Recorder buffer: kept
         fallback=[rung(name, scenario, **more) for name, scenario, more, *_ in rest] + [rung("ok", "ok")],
         restart=QUICK,
     )
@@ -134,6 +135,16 @@ async def test_every_start_up_hang_names_its_culprit_first(daemon, sim) -> None:
         if hang_class is not None:
             assert inc.hang_class == hang_class, inc
         check_first_line(r, inc, thread, frame, doing)
+    # The Flight Recorder: launched with its pipe, dump file and dump-on-timeout beside the
+    # operator's buffer (not overridden), and a tree with no torch.distributed group says so plainly.
+    bundle = Path(r.settings.paths.state_dir) / "diagnostics" / by_rung["deadlock"].bundle
+    env = json.loads((bundle / "env.json").read_text())
+    assert env["TORCH_FR_BUFFER_SIZE"] == "64" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"].endswith("/flightrec/pipe_rank_")
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    fr = json.loads((bundle / "summary.json").read_text())["flight_recorder"]
+    assert fr["status"] == "nothing" and fr["wait_s"] == 0.0, fr
+    assert "NCCL Flight Recorder: nothing" in (bundle / "summary.txt").read_text()
 
 
 @pytest.mark.timeout(240)
