@@ -57,6 +57,7 @@ class CaptureResult(BaseModel):
     bundle_id: str | None
     message: str
     state: str
+    culprit: str | None = None  # the bundle's culprit line, for the leader's group summary (issue 35)
 
 
 class GroupCommandResult(BaseModel):
@@ -99,7 +100,14 @@ async def capture(body: Annotated[CaptureRequest, Body()], handle: Handle) -> An
         bundle_id=result.bundle_id,
         message=result.message,
         state=result.state or handle.snapshot().state,
+        culprit=_culprit(result.summary),
     )
+
+
+def _culprit(summary: object) -> str | None:
+    doc = summary.get("culprit") if isinstance(summary, dict) else None
+    text = doc.get("text") if isinstance(doc, dict) else None
+    return str(text)[:300] if text else None
 
 
 @router.post("/stop", response_model=GroupCommandResult)

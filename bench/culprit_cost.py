@@ -6,8 +6,8 @@
   loader, torch's analyzer where torch is: it adds only where it outlasts the tools). Ranks
   are stand-ins that do what ProcessGroupNCCL's monitor does with `TORCH_NCCL_DUMP_ON_TIMEOUT=1`:
   read the pipe once a second (torch's cadence) and dump a ring of 2,000 entries; with torch
-  installed, two real gloo ranks dump torch's own ring (they read the pipe every 0.1 s: at a 1 s
-  cadence torch 2.13's `_dump_fr_trace` on gloo did not return, seen here and not pursued). A tree
+  installed, two real gloo ranks dump torch's own ring (they have dumped once before the hang:
+  torch 2.13's first dump in a process imports torch._inductor for its symbolizer, seconds here). A tree
   with no pipe (the simulator, a server
   without torch.distributed) costs one directory listing.
 - Culprit ranking: `culprits()` over 8 ranks of 40 threads each (the 38-thread scheduler of the
@@ -80,11 +80,12 @@ dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_
 for _ in range(50):
     dist.all_reduce(torch.ones(64))
 pending = dist.all_reduce(torch.ones(64), async_op=True) if rank == 0 else None
+torch._C._distributed_c10d._dump_fr_trace()  # the first dump imports torch._inductor (its symbolizer)
 os.mkfifo(pipe)
 fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
 print("ready", flush=True)
 while True:
-    time.sleep(0.1)
+    time.sleep(1.0)
     try:
         data = os.read(fd, 64)
     except BlockingIOError:

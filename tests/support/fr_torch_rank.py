@@ -27,6 +27,9 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     dist.all_reduce(torch.ones(8))  # #1: every rank
     pending = dist.all_reduce(torch.ones(8), async_op=True) if rank == 0 else None  # #2: rank 1 never comes
+    # torch's first dump in a process imports torch._inductor for its traceback symbolizer (seconds
+    # on a loaded CPU); a rank that has dumped once answers the pipe at once, as a long-lived one does.
+    torch._C._distributed_c10d._dump_fr_trace()
     os.mkfifo(pipe)
     fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
     print("ready", flush=True)
