@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.errors import error_response
+from supervisor.diagnostics.culprit import NONE_NAMED
 from supervisor.group.report import to_wire
 from supervisor.policy.group import NodeReport
 from supervisor.status.commands import Command, CommandResult
@@ -57,6 +58,7 @@ class CaptureResult(BaseModel):
     bundle_id: str | None
     message: str
     state: str
+    culprit: str | None = None  # the bundle's culprit line, for the leader's group summary (issue 35)
 
 
 class GroupCommandResult(BaseModel):
@@ -99,7 +101,17 @@ async def capture(body: Annotated[CaptureRequest, Body()], handle: Handle) -> An
         bundle_id=result.bundle_id,
         message=result.message,
         state=result.state or handle.snapshot().state,
+        culprit=_culprit(result.summary),
     )
+
+
+def _culprit(summary: object) -> str | None:
+    """The bundle's first line for a hang: its culprit, or that none could be named."""
+    if not isinstance(summary, dict) or summary.get("hang_class") is None:
+        return None
+    doc = summary.get("culprit")
+    text = doc.get("text") if isinstance(doc, dict) else None
+    return str(text)[:300] if text else NONE_NAMED
 
 
 @router.post("/stop", response_model=GroupCommandResult)

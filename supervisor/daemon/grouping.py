@@ -128,8 +128,10 @@ async def capture_members(g: GroupRuntime, incident_id: str, beating: Beating, r
     bundles = {
         str(a.node): (str(a.body.get("bundle_id")) if a.ok and a.body.get("bundle_id") else None) for a in answers
     }
+    # Each node's culprit line beside its bundle: the group's summary names the stuck thread per node.
+    culprits = {str(a.node): str(a.body["culprit"]) for a in answers if a.ok and a.body.get("culprit")}
     level = "info" if all(a.ok for a in answers) else "warning"
-    record("group_evidence", level, id=incident_id, bundles=bundles, nodes=_nodes(answers))
+    record("group_evidence", level, id=incident_id, bundles=bundles, culprits=culprits, nodes=_nodes(answers))
 
 
 async def together(own: Awaitable[T], members: Awaitable[None]) -> T:

@@ -108,6 +108,9 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
         assert f"Group: node {node.rank} of 2" in text
     ev = leader.events("group_evidence")[-1]
     assert ev["id"] == inc["id"] and ev["nodes"][0]["ok"] and ev["bundles"] == {"1": inc["id"]}
+    # The group's summary names each member's culprit, as the member's own summary.txt begins.
+    member_text = (worker.state_dir / "diagnostics" / inc["id"] / "summary.txt").read_text()
+    assert ev["culprits"]["1"] == member_text.splitlines()[0] and ev["culprits"]["1"].startswith("Culprit: "), ev
     assert [e["event"] for e in leader.events() if e["event"] in ("group_stop", "group_launch")][-2:] == [
         "group_stop",
         "group_launch",
