@@ -109,6 +109,7 @@ class Comeback:
         self.outage: OutageClock | None = None
         self.last_outage: OutageView | None = None
         self.residency: ResidencyView | None = None  # measured for the next launch
+        self.verdict_at: float | None = None  # monotonic time of the last incident's verdict
         self.tasks: set[asyncio.Task[None]] = set()
 
     # ---- a launch ----------------------------------------------------------------------------
@@ -212,6 +213,7 @@ class Comeback:
 
     def incident(self, incident_id: str, cause: str, verdict: Verdict | None, now: float) -> None:
         """A verdict: the outage begins (or, before serving again, goes on); the weights are looked at."""
+        self.verdict_at = now
         if self.outage is None:
             self.outage = OutageClock(incident_id, cause, now, detection_of(verdict))
         else:
@@ -229,6 +231,14 @@ class Comeback:
                 self.outage.close_step(now, "stop_release")
             if self.outage.step == "stop_release":
                 self.outage.close_step(now, "backoff")
+
+    def backoff_left(self, backoff_s: float, now: float) -> float:
+        """What is left of the ladder's backoff, counted from the verdict rather than from the verified
+        stop: the evidence and the stop already spaced this attempt from the last one, so a hang's
+        relaunch does not wait a second time for what it spent capturing (issue 36). A crash loop
+        (no evidence, a fast stop) still waits about the whole backoff, doubling to its cap."""
+        at = self.verdict_at
+        return backoff_s if at is None else max(0.0, backoff_s - max(0.0, now - at))
 
     def cancel_outage(self) -> None:
         """Stopped by request: nothing is out of service against anyone's wish."""

@@ -809,10 +809,12 @@ class Owner:
             self.fail(decision.reason, decision.reason)
             return
         self.reason = decision.reason
-        if decision.backoff_s <= 0:
+        now = self.clock.monotonic()
+        wait = self.comeback.backoff_left(decision.backoff_s, now)  # counted from the verdict (issue 36)
+        if wait <= 0:
             await self.launch(decision.rung, after_incident=not manual)
             return
-        self.wait_then(Pending("launch", decision.rung, self.clock.monotonic() + decision.backoff_s, not manual))
+        self.wait_then(Pending("launch", decision.rung, now + wait, not manual))
 
     # ---- stop -------------------------------------------------------------------------------
 
