@@ -93,6 +93,7 @@ class _Launch:
     time_to_ready_s: float | None = None
     adopted: bool = False
     before: GoodLaunch | None = None  # the last good launch of the key when this one began
+    after_fault: bool = False  # the first launch after an incident that named a GPU fault (Xid)
     phases: set[str] = field(default_factory=set)  # the watchdog phases polls saw it in
 
 
@@ -110,6 +111,7 @@ class Comeback:
         self.last_outage: OutageView | None = None
         self.residency: ResidencyView | None = None  # measured for the next launch
         self.verdict_at: float | None = None  # monotonic time of the last incident's verdict
+        self.fault_pending = False  # an incident named a GPU fault: the next launch is not a learned start
         self.tasks: set[asyncio.Task[None]] = set()
 
     # ---- a launch ----------------------------------------------------------------------------
@@ -123,6 +125,7 @@ class Comeback:
         entry = self.book.get(key)
         before = entry.last_good if entry is not None else None
         launch = _Launch(key, wall, Milestones(now), {}, residency=self.residency, before=before)
+        launch.after_fault, self.fault_pending = self.fault_pending, False
         self.current, self.residency, self.window_now = launch, None, None
         if self.outage is not None:
             self.outage.close_step(now, "relaunch")
@@ -169,6 +172,11 @@ class Comeback:
         launch.phases.add(obs.logs.phase)
         entry = self.book.get(launch.key)
         w = window_for(entry.learned if entry else None, obs.logs.phase, wd.startup_stall_s, self.settings.learned)
+        if launch.after_fault and w.window_s < wd.startup_stall_s:
+            # A GPU recovering from a fault (the 119 s warm-up after an Xid on the H200) is not a start
+            # this host learned from: its quiet phases may be far longer than any good start's.
+            why = "the first launch after a GPU fault (Xid): the configured window, not the learned one"
+            w = Window(obs.logs.phase, wd.startup_stall_s, "configured", why, w.learned_quiet_s)
         self.window_now = w
         if w.window_s == wd.startup_stall_s:
             return wd
@@ -199,7 +207,9 @@ class Comeback:
                 compared=list(view.compared),
                 cache=None if view.cache is None else view.cache.model_dump(),
                 residency=None if view.residency is None else view.residency.model_dump(),
+                after_gpu_fault=launch.after_fault,
             )
+        if not launch.adopted and not launch.after_fault:  # a start after a GPU fault teaches nothing
             good = GoodLaunch(launch.milestones.offsets(), time_to_ready_s or 0.0, launch.started_wall)
             learned = learn(entry.learned if entry else None, passed(launch))
             self.book.put(BookEntry(launch.key, learned, good))
@@ -231,6 +241,10 @@ class Comeback:
                 self.outage.close_step(now, "stop_release")
             if self.outage.step == "stop_release":
                 self.outage.close_step(now, "backoff")
+
+    def gpu_fault(self) -> None:
+        """The incident named a GPU fault (Xid): the next launch waits the configured start-up window."""
+        self.fault_pending = True
 
     def backoff_left(self, backoff_s: float, now: float) -> float:
         """What is left of the ladder's backoff, counted from the verdict rather than from the verified

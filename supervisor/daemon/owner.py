@@ -643,6 +643,8 @@ class Owner:
         self.xids, detail, named = xids.explain(
             self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
         )
+        if named:  # the relaunch after a GPU fault keeps the configured start-up window (issue 36)
+            self.comeback.gpu_fault()
         self.record(
             "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
         )
