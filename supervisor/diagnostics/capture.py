@@ -105,8 +105,8 @@ async def _capture_one(
             run.outcomes.append(ToolOutcome(pid, "cuda-gdb", "skipped", 0.0, detail=why))
         elif exe is None:
             run.outcomes.append(missing_tool(pid, "gdb", "gdb (or cuda-gdb)"))
-        elif (why := gdb_adds_nothing(run, kind, spy_named, task_ids(pid))) is not None:
-            run.outcomes.append(ToolOutcome(pid, kind, "skipped", 0.0, detail=why))
+        elif (redundant := gdb_adds_nothing(run, kind, spy_named, task_ids(pid))) is not None:
+            run.outcomes.append(ToolOutcome(pid, kind, "skipped", 0.0, detail=redundant))
         else:
             # cuda-gdb is there for the GPU kernels; the host frames py-spy --native already named.
             argv = tools.gdb_argv(exe, pid, kind, shared_symbols=not (kind == "cuda-gdb" and native_named))
