@@ -116,11 +116,12 @@ class Comeback:
 
     # ---- a launch ----------------------------------------------------------------------------
 
-    def launching(
+    async def launching(
         self, argv: Sequence[str], rung: str, server_env: Mapping[str, str], now: float, wall: float
     ) -> dict[str, str]:
         """A launch of `argv` on `rung` is about to be spawned: the variables the server's environment
-        gets (the kernel caches the operator left unset), one call from the owner's launch."""
+        gets (the kernel caches the operator left unset), one call from the owner's launch. The caches'
+        set-aside and prune walk directories: in a thread, so /status answers meanwhile."""
         key = key_for(argv, rung, self.host)
         entry = self.book.get(key)
         before = entry.last_good if entry is not None else None
@@ -131,7 +132,8 @@ class Comeback:
             self.outage.close_step(now, "relaunch")
         c = self.settings.caches
         try:
-            prepared = kernelcache.prepare(
+            prepared = await asyncio.to_thread(
+                kernelcache.prepare,
                 self.settings.cache_dir,
                 key.fingerprint,
                 server_env,

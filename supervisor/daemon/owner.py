@@ -533,7 +533,7 @@ class Owner:
         self.persist()
         launched_wall = self.clock.wall()
         self.fresh_server(launched_wall)
-        env.update(self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
+        env.update(await self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
         request = launching.SpawnRequest(
             rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
             rung.name, launched_wall,

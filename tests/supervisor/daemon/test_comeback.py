@@ -44,18 +44,18 @@ async def test_the_first_launch_after_a_gpu_fault_waits_the_configured_window_an
     key = key_for(argv, "base", "h")
     c.book.put(BookEntry(key, Learned(starts=2, quiet_s={"allocating_kv": 0.5}), None))  # a known model
 
-    c.launching(argv, "base", {}, 0.0, 1000.0)
+    await c.launching(argv, "base", {}, 0.0, 1000.0)
     o = obs(10.0, phase="allocating_kv")
     assert c.window(o, new_history(0.0), wd).startup_stall_s == 20.0  # the floor: learned
     assert c.window_now is not None and c.window_now.source == "floor"
 
     c.gpu_fault()  # an incident named an Xid
-    c.launching(argv, "base", {}, 100.0, 1100.0)
+    await c.launching(argv, "base", {}, 100.0, 1100.0)
     got = c.window(obs(110.0, phase="allocating_kv"), new_history(100.0), wd)
     assert got.startup_stall_s == 180.0 and c.window_now is not None and c.window_now.source == "configured"
     assert "GPU fault" in c.window_now.why
     c.ready(150.0, 50.0)
     assert c.book.get(key) is not None and c.book.get(key).learned.starts == 2  # type: ignore[union-attr]
 
-    c.launching(argv, "base", {}, 200.0, 1200.0)  # the one after it is a learned start again
+    await c.launching(argv, "base", {}, 200.0, 1200.0)  # the one after it is a learned start again
     assert c.window(obs(210.0, phase="allocating_kv"), new_history(200.0), wd).startup_stall_s == 20.0
