@@ -95,8 +95,13 @@ async def test_timeline_outage_and_caches_across_a_restart(daemon, sim, tmp_path
     assert len(outages) == 1 and outages[0]["parts"] == out.parts
     async with httpx.AsyncClient(timeout=10) as c:
         text = (await c.get(f"{r.api}/metrics")).text
+        page = (await c.get(f"{r.api}/ui")).text  # the page a person reads, from the running daemon
     assert 'sglang_supervisor_outage_seconds_count{part="total"} 1.0' in text
     assert 'sglang_supervisor_launch_phase_seconds_count{phase="spawn"} 2.0' in text
+    for part in ("detection", "evidence", "stop_release", "backoff", "relaunch", "daemon"):
+        assert f'sglang_supervisor_outage_seconds_count{{part="{part}"}} 1.0' in text, part
+    assert "<h2>Launch and outage</h2>" in page and "kernel cache hit" in page
+    assert "last outage (manual)" in page and "<td>graph_capture</td>" in page
     book = json.loads((Path(s.paths.state_dir) / "launches.json").read_text())
     (entry,) = book["entries"].values()
     assert entry["starts"] == 2 and entry["rung"] == "base"
