@@ -18,9 +18,9 @@ import contextlib
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-from probes.types import LogLine, Observation
+from probes.types import LogLine, Observation, Phase
 from supervisor.config.settings import Settings, WatchdogSettings
 from supervisor.daemon import kernelcache, residency
 from supervisor.daemon.launchtimeline import (
@@ -63,9 +63,16 @@ _PHASE_OF = {
 }
 
 
+# Every start-up phase, in SGLang's order (probes/types.py). A start that reached ready went through
+# each its rung has, seen at a poll or not; one its rung lacks (no draft model) never needs a window.
+_START_PHASES = tuple(p for p in get_args(Phase) if p != "serving")
+
+
 def passed(launch: _Launch) -> dict[str, float]:
-    """The longest quiet interval of every phase the launch went through (0 for one never polled in)."""
-    out = {p: 0.0 for p in launch.phases}
+    """The longest quiet interval of every phase the launch went through (0 for one never polled in:
+    it was passed between two polls, as `loading_draft` of a small draft model always is)."""
+    out = {p: 0.0 for p in _START_PHASES}
+    out.update({p: 0.0 for p in launch.phases if p != "serving"})
     out.update({_PHASE_OF[m]: 0.0 for m in launch.milestones.seen if m in _PHASE_OF})
     out.update(launch.longest)
     return out

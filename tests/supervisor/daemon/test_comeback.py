@@ -59,3 +59,21 @@ async def test_the_first_launch_after_a_gpu_fault_waits_the_configured_window_an
 
     await c.launching(argv, "base", {}, 200.0, 1200.0)  # the one after it is a learned start again
     assert c.window(obs(210.0, phase="allocating_kv"), new_history(200.0), wd).startup_stall_s == 20.0
+
+
+async def test_a_good_start_teaches_every_start_up_phase_even_one_passed_between_two_polls(tmp_path: Path) -> None:
+    """As on the device lane: the draft model loaded between two polls of a good start, then a start
+    hung in `loading_draft` got the configured 180 s; every phase a ready start went through is learned."""
+    c = comeback(tmp_path)
+    wd = c.settings.watchdog.model_copy(update={"startup_stall_s": 180.0})
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/m"]
+    await c.launching(argv, "base", {}, 0.0, 1000.0)
+    c.window(obs(1.0, phase="loading_weights"), new_history(0.0), wd)  # the only phase a poll saw
+    c.ready(5.0, 5.0)
+    entry = c.book.get(key_for(argv, "base", "h"))
+    assert entry is not None and entry.learned.starts == 1
+    assert {"spawning", "initializing", "loading_draft", "allocating_kv", "capturing_graphs", "warming_up"} <= set(
+        entry.learned.quiet_s
+    )
+    await c.launching(argv, "base", {}, 10.0, 1010.0)
+    assert c.window(obs(11.0, phase="loading_draft"), new_history(10.0), wd).startup_stall_s == 20.0  # the floor
