@@ -535,7 +535,7 @@ class Owner:
         self.persist()
         launched_wall = self.clock.wall()
         self.fresh_server(launched_wall)
-        env.update(self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
+        env.update(await self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
         request = launching.SpawnRequest(
             rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
             rung.name, launched_wall,
@@ -647,6 +647,8 @@ class Owner:
         self.xids, detail, named = xids.explain(
             self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
         )
+        if named:  # the relaunch after a GPU fault keeps the configured start-up window (issue 36)
+            self.comeback.gpu_fault()
         self.record(
             "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
         )
@@ -813,10 +815,12 @@ class Owner:
             self.fail(decision.reason, decision.reason)
             return
         self.reason = decision.reason
-        if decision.backoff_s <= 0:
+        now = self.clock.monotonic()
+        wait = self.comeback.backoff_left(decision.backoff_s, now)  # counted from the verdict (issue 36)
+        if wait <= 0:
             await self.launch(decision.rung, after_incident=not manual)
             return
-        self.wait_then(Pending("launch", decision.rung, self.clock.monotonic() + decision.backoff_s, not manual))
+        self.wait_then(Pending("launch", decision.rung, now + wait, not manual))
 
     # ---- stop -------------------------------------------------------------------------------
 

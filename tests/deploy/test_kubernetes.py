@@ -179,6 +179,24 @@ def test_config_token_state_and_shm_are_mounted_where_the_daemon_looks() -> None
     assert set(secret["stringData"]) == {token_file.name}
 
 
+def test_the_kernel_caches_live_on_the_state_claim_and_fit_it() -> None:
+    """Issue 36: a recreated pod reuses its compiled kernels, so `[paths] cache_dir` is on the per-pod
+    claim (never the container's /tmp or an emptyDir), and the claim holds `[caches] max_gb` beside the
+    diagnostics' bound."""
+    lws = one("LeaderWorkerSet")
+    config = config_toml()
+    claims = lws["spec"]["leaderWorkerTemplate"]["volumeClaimTemplates"]
+    (claim,) = [c for c in claims if c["metadata"]["name"] == "state"]
+    size = claim["spec"]["resources"]["requests"]["storage"]
+    assert size.endswith("Gi")
+    cache_dir = Path(config["paths"]["cache_dir"])
+    for role, template in pod_templates(lws).items():
+        state_mount = Path(_mounts(template)["state"])
+        assert cache_dir.is_relative_to(state_mount), (role, cache_dir, state_mount)
+    need_gb = float(config["caches"]["max_gb"]) + float(config["diagnostics"]["max_mb"]) / 1024
+    assert float(size[:-2]) >= need_gb + 10, (size, need_gb)  # 10 GiB for the server's logs and state
+
+
 def test_probes_ask_the_daemon_api_livez_and_readyz() -> None:
     api_port = config_toml()["api"]["port"]
     for role, template in pod_templates(one("LeaderWorkerSet")).items():

@@ -148,6 +148,19 @@ def test_state_directory_is_the_default_state_dir(unit: Unit) -> None:
     assert Settings().paths.state_dir == "/var/lib/" + one(unit, "Service", "StateDirectory")
 
 
+def test_the_kernel_caches_default_to_the_units_persistent_state_directory(unit: Unit) -> None:
+    """Issue 36: the compiled kernels outlive a restart and a reboot. `[paths] cache_dir` defaults inside
+    the state directory, which the unit keeps under /var/lib (StateDirectory=, persistent), writable
+    under ProtectSystem=full, and not a private /tmp (PrivateTmp is absent, tested above)."""
+    s = Settings()
+    state = Path("/var/lib") / one(unit, "Service", "StateDirectory")
+    assert s.cache_dir == state / "cache" and s.cache_dir.is_relative_to(state)
+    assert not any(s.cache_dir.is_relative_to(p) for p in (Path("/tmp"), Path("/run"), Path("/dev/shm")))
+    assert one(unit, "Service", "ProtectSystem") == "full"  # /usr, /boot, /etc read-only: /var/lib stays writable
+    assert "ReadOnlyPaths" not in unit["Service"] and "InaccessiblePaths" not in unit["Service"]
+    assert "[paths] cache_dir" in UNIT.read_text()  # the unit's comments tell the operator where they live
+
+
 def test_ptrace_is_granted_and_bounded(unit: Unit) -> None:
     ambient = " ".join(unit["Service"]["AmbientCapabilities"]).split()
     bounding = " ".join(unit["Service"]["CapabilityBoundingSet"]).split()
