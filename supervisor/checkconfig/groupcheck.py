@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from supervisor.common.configerror import ConfigError
 from supervisor.config.settings import GroupSettings, Settings
+from supervisor.group.credentials import load_keys
 
 Level = Literal["error", "warning"]
 
@@ -40,6 +42,11 @@ def group_findings(settings: Settings) -> list[tuple[Level, str, str]]:
             out.append(("warning", f"server.args.{key}", f"not set: SGLang runs one node unless given --{key} {want}"))
         elif str(got) != str(want):
             out.append(("error", f"server.args.{key}", f"{got!r} disagrees with [group] ({want})"))
+    try:
+        load_keys(g)
+    except ConfigError as err:
+        key = "group.key_file" if g.key_file and not g.secret_file else "group.secret_file"
+        out.append(("error", key, str(err)))
     if "dist-init-addr" not in args:
         out.append(("warning", "server.args.dist-init-addr", "not set: every node needs the rendezvous host:port"))
     return out

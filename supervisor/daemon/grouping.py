@@ -14,6 +14,7 @@ touches the server's processes: the members' daemons do, each its own.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -23,9 +24,11 @@ from supervisor.common.exitcodes import EXIT_GROUP_RESTART
 from supervisor.config.settings import Settings
 from supervisor.daemon.peers import Asked, Beating, Judged, Record
 from supervisor.group.client import Answer, GroupClient
+from supervisor.group.credentials import load_keys
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
+from supervisor.group.signing import NonceBook, RequestCheck
 from supervisor.group.view import group_view
 from supervisor.policy.group import NodeReport, OwnVerdict, combine
 from supervisor.policy.recovery import exits_for_group
@@ -37,12 +40,16 @@ T = TypeVar("T")
 _HELD_STATES = frozenset({"hung", "diagnosing"})
 
 
-def make_runtime(settings: Settings, token: str | None, monotonic: Callable[[], float]) -> GroupRuntime | None:
+def make_runtime(
+    settings: Settings, monotonic: Callable[[], float], wall: Callable[[], float] = time.time
+) -> GroupRuntime | None:
+    """The group's runtime; ConfigError (named) when the group has no credentials."""
     g = settings.group
     if g is None:
         return None
+    keys = load_keys(g)
     if not g.is_leader:
-        return GroupRuntime(g, None)
+        return GroupRuntime(g, None, keys)
     d, rs = settings.diagnostics, settings.restart
     timeouts = Timeouts(
         report_s=g.request_timeout_s,
@@ -52,7 +59,14 @@ def make_runtime(settings: Settings, token: str | None, monotonic: Callable[[], 
         launch_s=max(g.request_timeout_s, 30.0),
     )
     members = {i + 1: a for i, a in enumerate(g.members)}
-    return GroupRuntime(g, GroupLeader(g, GroupClient(members, token), timeouts, monotonic))
+    client = GroupClient(members, keys, wall=wall, max_skew_s=g.max_skew_s)
+    return GroupRuntime(g, GroupLeader(g, client, timeouts, monotonic), keys)
+
+
+def request_check(g: GroupRuntime, monotonic: Callable[[], float]) -> RequestCheck:
+    """The member API's check of the leader's requests (api/groupgate.py)."""
+    s = g.settings
+    return RequestCheck(g.keys.own, g.node, s.max_skew_s, NonceBook(s.max_skew_s, monotonic))
 
 
 def report(

@@ -74,6 +74,8 @@ class GroupLeader:
         if a.ok:
             try:
                 report = from_wire(a.body)
+                if report.node != a.node:  # a report speaks only for the node whose key signed it
+                    raise ValueError(f"a report for node {report.node} signed by node {a.node}")
             except ValueError as err:
                 a = Answer(a.node, a.address, False, a.status, error=str(err))
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from supervisor.config.settings import GroupSettings
+from supervisor.group.credentials import GroupKeys
 from supervisor.group.leader import GroupLeader
 from supervisor.policy.group import GroupVerdict
 from supervisor.status.causes import Cause
@@ -18,6 +19,7 @@ from supervisor.status.causes import Cause
 class GroupRuntime:
     settings: GroupSettings
     leader: GroupLeader | None  # node 0 only
+    keys: GroupKeys  # what this node signs and checks with (supervisor/group/signing.py)
     held_cause: Cause | None = None  # a member's own incident, held for the leader
     held_reason: str = ""
     captured: str | None = None  # the group incident this node last captured a bundle for

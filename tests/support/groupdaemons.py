@@ -24,6 +24,14 @@ from supervisor.config.render import dump_toml
 from supervisor.config.settings import Settings, settings_from_mapping
 
 TOKEN = "group-test-token-7c1e"
+SECRET = "group-test-secret-0b9d4e2a6f"  # [group] secret_file: the daemons' own credential
+
+
+def secret_file(tmp_path: Path, secret: str = SECRET) -> Path:
+    path = tmp_path / "group-secret"
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
 
 
 @dataclass
@@ -60,6 +68,15 @@ class Node:
 
     def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
         return httpx.post(self.api + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=timeout)
+
+    def signed(self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
+        """A request as the group's leader makes it: signed with this node's key, no bearer token."""
+        from supervisor.group.signing import node_key, sign_request
+
+        raw = json.dumps(body).encode() if body is not None else b""
+        s = sign_request(node_key(SECRET.encode(), self.rank), self.rank, method, path, raw, time.time())
+        headers = {**s.headers(), "content-type": "application/json"}
+        return httpx.request(method, self.api + path, content=raw, headers=headers, timeout=timeout)
 
     def status(self) -> dict[str, Any] | None:
         try:
@@ -127,6 +144,7 @@ def group_of(
     kw["restart"] = {"retries_per_rung": 1, **kw.get("restart", {})}
     api_ports = [free_port() for _ in range(nnodes)]
     rendezvous = free_port()
+    secret = secret_file(tmp_path)
     nodes: list[Node] = []
     for rank in range(nnodes):
         base = tmp_path / f"node{rank}"
@@ -147,6 +165,7 @@ def group_of(
             "members": [f"127.0.0.1:{p}" for p in api_ports[1:]],
             "request_timeout_s": 1.0,
             "unreachable_s": 2.0,
+            "secret_file": str(secret),
             **(group or {}),
         }
         settings = settings_from_mapping(data)

@@ -6,10 +6,13 @@ from typing import Any
 
 from supervisor.config.settings import GroupSettings
 from supervisor.daemon.grouping import judge, report
+from supervisor.group.credentials import GroupKeys
 from supervisor.group.runtime import GroupRuntime
 from supervisor.policy.group import MemberView, NodeReport
 from supervisor.policy.watchdog import Verdict
 from supervisor.status.snapshot import ProcessView, StatusSnapshot
+
+KEYS = GroupKeys(0, b"s" * 16, b"k" * 32)
 
 READY = Verdict("ready", reason="healthy", phase="serving")
 DIED = Verdict("incident", "rank_died", "child process(es) [7] exited", phase="serving")
@@ -32,7 +35,7 @@ class FakeLeader:
 
 
 def leader_with(*views: MemberView) -> GroupRuntime:
-    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None)
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None, KEYS)
     g.leader = FakeLeader(views)  # type: ignore[assignment]
     return g
 
@@ -43,7 +46,7 @@ def member(state: str = "ready", *, cause: str | None = None, reachable: bool = 
 
 
 def test_a_worker_holds_its_incident_and_acts_on_nothing() -> None:
-    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None)
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None, KEYS)
     rec = Recorder()
     out = judge(g, DIED, "ready", rec)
     assert out.verdict is None and "held for the group's leader" in out.hold
@@ -71,7 +74,7 @@ def test_degraded_is_recorded_once_and_recovery_once() -> None:
 
 
 def test_the_report_hides_a_cause_once_the_node_left_hung() -> None:
-    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None)
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None, KEYS)
     g.held_cause, g.held_reason = "rank_died", "x"
     procs = (
         ProcessView(pid=9, role="scheduler", rank=1, title="sglang::scheduler_TP1", status="stopped", rss_bytes=1),
