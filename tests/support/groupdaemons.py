@@ -41,6 +41,7 @@ class Node:
     config: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    token: str | None = TOKEN  # the operator's API token (None: no token, an open loopback API)
     markers: set[str] = field(default_factory=set)
 
     @property
@@ -56,7 +57,7 @@ class Node:
         return self.settings.state_dir
 
     def start(self) -> None:
-        env = {**os.environ, "SGLANG_SUPERVISOR_TOKEN": TOKEN}
+        env = {**os.environ, "SGLANG_SUPERVISOR_TOKEN": self.token or ""}
         cmd = [sys.executable, "-m", "supervisor", "run", "--config", str(self.config), "--log-json"]
         out = self.log.open("ab")
         self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
@@ -69,7 +70,9 @@ class Node:
     def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
         return httpx.post(self.api + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=timeout)
 
-    def signed(self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
+    def signed(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> httpx.Response:
         """A request as the group's leader makes it: signed with this node's key, no bearer token."""
         from supervisor.group.signing import node_key, sign_request
 
