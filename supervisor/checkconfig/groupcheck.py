@@ -8,6 +8,7 @@ from typing import Literal
 from supervisor.common.configerror import ConfigError
 from supervisor.config.settings import GroupSettings, Settings
 from supervisor.group.credentials import load_keys
+from supervisor.group.signing import node_key
 
 Level = Literal["error", "warning"]
 
@@ -50,3 +51,16 @@ def group_findings(settings: Settings) -> list[tuple[Level, str, str]]:
     if "dist-init-addr" not in args:
         out.append(("warning", "server.args.dist-init-addr", "not set: every node needs the rendezvous host:port"))
     return out
+
+
+def node_key_hex(settings: Settings, node: int) -> str:
+    """Node `node`'s key from the group secret (`sglang-supervisor group-key`); ConfigError if none."""
+    g = settings.group
+    if g is None:
+        raise ConfigError("the config has no [group]")
+    if not 0 <= node < g.nnodes:
+        raise ConfigError(f"--node {node}: the group's nodes are 0..{g.nnodes - 1}")
+    keys = load_keys(g)
+    if keys.secret is None:
+        raise ConfigError("[group] has key_file, not secret_file: only the group secret derives other nodes' keys")
+    return node_key(keys.secret, node).hex()

@@ -176,11 +176,26 @@ def test_a_member_answering_1_5_gb_leaves_the_leaders_memory_bounded(group_with_
 
 def test_anonymous_group_stop_on_a_tokenless_loopback_daemon_is_refused(tmp_path: Path) -> None:
     leader, worker = group_of(tmp_path)
+    # The worker holds only its own key (what `group-key` prints from the leader's config), not the secret.
+    out = subprocess.run(
+        [sys.executable, "-m", "supervisor", "group-key", "--config", str(leader.config), "--node", "1"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip()  # fmt: skip
+    key = tmp_path / "node1.key"
+    key.write_text(out + "\n")
+    key.chmod(0o600)
+    g = worker.settings.group
+    assert g is not None
+    worker.settings = worker.settings.model_copy(
+        update={"group": g.model_copy(update={"secret_file": None, "key_file": str(key)})}
+    )
+    worker.config.write_text(dump_toml(worker.settings))
     for n in (leader, worker):
         n.token = None  # no [api] token at all: the operator's API is open on loopback
         n.start()
     try:
         worker.wait(ready, 90, "the worker ready")
+        leader.wait(lambda s: s["group"]["nodes"][1]["state"] == "ready", 30, "the leader reading node 1 (key_file)")
         assert worker.get("/status", auth=False).status_code == 200  # open, as configured
         r = worker.post("/group/stop", {})  # no group signature (and the bearer it sends means nothing here)
         assert r.status_code == 401 and "group request refused" in r.text, r.text

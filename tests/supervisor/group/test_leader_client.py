@@ -14,7 +14,7 @@ from supervisor.group.credentials import GroupKeys
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import to_wire
 from supervisor.group.runtime import GroupRuntime
-from supervisor.group.signing import NONCE, NODE, RequestCheck, NonceBook, node_key, sign_answer
+from supervisor.group.signing import NONCE, NonceBook, RequestCheck, node_key, sign_answer
 from supervisor.policy.group import NodeReport
 
 GROUP = GroupSettings(nnodes=3, node_rank=0, members=("h1:8900", "h2:8900"))
