@@ -18,11 +18,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import group
+from api.group import GROUP_SIGNER
 from api.errors import http_exception_handler, send_error, validation_exception_handler
 from api.middleware import InternalErrors
-from supervisor.group.signing import RequestCheck, sign_answer
+from supervisor.group.signing import RequestCheck, Signed, sign_answer
 
 PREFIX = "/group"
+MEMBER_PATHS = frozenset({"/group/report", "/group/capture", "/group/stop", "/group/launch"})
+LEADER_PATHS = frozenset({"/group/join"})
 
 
 def group_app(handle: group.GroupHandle) -> FastAPI:
@@ -51,7 +54,9 @@ class GroupGate:
         *,
         wall: Callable[[], float],
         max_body_bytes: int,
+        paths: frozenset[str],
     ) -> None:
+        self.paths = paths  # the routes this daemon's role answers (a member's, or the leader's join)
         self.app = app
         self.members_app = members_app
         self.check = check
@@ -82,9 +87,13 @@ class GroupGate:
         if isinstance(signed, str):
             await send_error(send, 401, "unauthorized", f"group request refused: {signed}")
             return
-        await self._answer(scope, bytes(body), signed.nonce, send)
+        if path not in self.paths:
+            await send_error(send, 404, "not_found", f"{path}: not a route of this node's role in the group")
+            return
+        await self._answer({**scope, GROUP_SIGNER: signed.node}, bytes(body), signed, send)
 
-    async def _answer(self, scope: Scope, body: bytes, nonce: str, send: Send) -> None:
+    async def _answer(self, scope: Scope, body: bytes, signed: Signed, send: Send) -> None:
+        nonce = signed.nonce
         sent = False
 
         async def replay() -> Message:
@@ -111,9 +120,8 @@ class GroupGate:
             chunks = [data]
         data = b"".join(chunks)
         status = int(start["status"])
-        s = sign_answer(
-            self.check.key, self.check.node, scope["method"], scope["path"], nonce, status, data, self._wall()
-        )
+        key = self.check.key_for(signed.node)
+        s = sign_answer(key, signed.node, scope["method"], scope["path"], nonce, status, data, self._wall())
         headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(data)).encode()))
         headers.extend((k.encode(), v.encode()) for k, v in s.headers().items())

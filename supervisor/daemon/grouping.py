@@ -22,15 +22,17 @@ from typing import TypeVar
 from probes.types import Observation
 from supervisor.common.exitcodes import EXIT_GROUP_RESTART
 from supervisor.config.settings import Settings
-from supervisor.daemon.peers import Asked, Beating, Judged, Record
+from supervisor.daemon.peers import Asked, Beating, Clearance, Judged, Record
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.credentials import load_keys
+from supervisor.group.fingerprint import fingerprint
+from supervisor.group.joining import JoinAnswer, answer_join, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.signing import NonceBook, RequestCheck
 from supervisor.group.view import group_view
-from supervisor.policy.group import NodeReport, OwnVerdict, combine
+from supervisor.policy.group import GroupVerdict, NodeReport, OwnVerdict, combine
 from supervisor.policy.recovery import exits_for_group
 from supervisor.policy.watchdog import History, Verdict
 from supervisor.status.commands import Command, CommandResult
@@ -49,7 +51,11 @@ def make_runtime(
         return None
     keys = load_keys(g)
     if not g.is_leader:
-        return GroupRuntime(g, None, keys)
+        assert g.leader is not None  # the settings model requires it of a worker
+        ask = GroupClient({0: g.leader}, keys, wall=wall, max_skew_s=g.max_skew_s, as_node=g.node_rank)
+        worker = GroupRuntime(g, None, keys, to_leader=ask)
+        worker.fingerprint = fingerprint(settings)
+        return worker
     d, rs = settings.diagnostics, settings.restart
     timeouts = Timeouts(
         report_s=g.request_timeout_s,
@@ -60,13 +66,18 @@ def make_runtime(
     )
     members = {i + 1: a for i, a in enumerate(g.members)}
     client = GroupClient(members, keys, wall=wall, max_skew_s=g.max_skew_s)
-    return GroupRuntime(g, GroupLeader(g, client, timeouts, monotonic), keys)
+    runtime = GroupRuntime(g, GroupLeader(g, client, timeouts, monotonic), keys, saved_at=settings.state_dir / "group.json")
+    runtime.load_saved()
+    runtime.fingerprint = fingerprint(settings)
+    return runtime
 
 
 def request_check(g: GroupRuntime, monotonic: Callable[[], float]) -> RequestCheck:
-    """The member API's check of the leader's requests (api/groupgate.py)."""
+    """The group API's check (api/groupgate.py): a member takes the leader's requests (signed
+    with its own key), the leader its members' joins (each signed with the joining node's)."""
     s = g.settings
-    return RequestCheck(g.keys.own, g.node, s.max_skew_s, NonceBook(s.max_skew_s, monotonic))
+    signers = frozenset(range(1, s.nnodes)) if g.is_leader else frozenset({g.node})
+    return RequestCheck(g.keys.key, signers, s.max_skew_s, NonceBook(s.max_skew_s, monotonic))
 
 
 def report(
@@ -87,6 +98,8 @@ def report(
         lost_ranks=lost,
         at=wall,
         incident=g.captured,
+        instance=g.instance,
+        fingerprint=g.fingerprint,
     )
 
 
@@ -102,6 +115,8 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     assert g.leader is not None
     own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
     gv = combine(own, g.leader.views(), g.settings.unreachable_s)
+    if not gv.is_incident:
+        gv = _mismatched(g, gv, own_state, record)
     before, g.verdict = g.verdict, gv
     if gv.status != before.status or gv.reason != before.reason:
         if gv.status == "degraded":
@@ -125,6 +140,79 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     if gv.status == "degraded" and v.status == "ready":
         return Judged(Verdict("degraded", reason=f"group: {gv.reason}", phase=v.phase))
     return Judged(v)
+
+
+def _mismatched(g: GroupRuntime, gv: GroupVerdict, own_state: str, record: Record) -> GroupVerdict:
+    """Members on another rung are relaunched on the group's (`group_mismatch`, not a ladder step);
+    members whose config differs are named. Either makes the group `degraded`, named."""
+    assert g.leader is not None
+    if own_state not in ("starting", "ready", "degraded"):
+        return gv
+    found = mismatches(g.leader.views(), g.own_rung, g.fingerprint)
+    named = {m.node: m.reason for m in found if m.node not in g.fixing}
+    for m in found:
+        if m.node in g.fixing:
+            continue
+        if g.mismatched.get(m.node) != m.reason:
+            record("group_mismatch", "warning", node=m.node, reason=m.reason, relaunch=m.relaunch)
+        if m.relaunch is not None:
+            g.fixing.add(m.node)
+            g.tasks.add(asyncio.ensure_future(_relaunch(g, m.node, m.relaunch, record)))
+    g.mismatched = named
+    if not named:
+        return gv
+    nodes = tuple(sorted({*gv.degraded, *named}))
+    reason = "; ".join(x for x in (gv.reason if gv.status == "degraded" else "", *named.values()) if x)
+    return GroupVerdict("degraded", reason=reason, degraded=nodes)
+
+
+async def _relaunch(g: GroupRuntime, node: int, rung: str, record: Record) -> None:
+    assert g.leader is not None
+    try:
+        stop, launch = await g.leader.relaunch_one(node, rung)
+        answers = [a for a in (stop, launch) if a is not None]
+        ok = all(a.ok for a in answers)
+        record("group_launch", "info" if ok else "warning", rung=rung, nodes=_nodes(answers), mismatch=True)
+    except Exception as err:  # the poller and the loop outlive a failed relaunch; the next report retries
+        record("group_launch", "warning", rung=rung, nodes=[{"node": node, "ok": False, "error": repr(err)[:300]}])
+    finally:
+        g.fixing.discard(node)
+        g.mismatched.pop(node, None)
+
+
+async def clearance(g: GroupRuntime, rung: str, beating: Beating) -> Clearance:
+    """A worker asks its leader before it launches: which rung, or wait (issue 34)."""
+    if g.is_leader or g.to_leader is None:
+        return Clearance(rung)
+    body = {"node": g.node, "instance": g.instance, "fingerprint": g.fingerprint, "rung": rung}
+    answers: tuple[Answer, ...] = await beating(
+        g.to_leader.ask_all("POST", "/group/join", timeout=g.settings.request_timeout_s, body=body)
+    )
+    a = answers[0]
+    if a.status == 409:
+        return Clearance(None, f"refused by the group's leader: {str(a.body.get('detail', ''))[:600]}")
+    if not a.ok:
+        return Clearance(None, f"the group's leader ({a.address}) cannot be asked ({a.error}); not launching without it")
+    verdict, given = a.body.get("verdict"), a.body.get("rung")
+    if verdict == "launch" and isinstance(given, str) and given:
+        return Clearance(given, str(a.body.get("reason", ""))[:300])
+    return Clearance(None, f"waiting for the group's leader: {str(a.body.get('reason', ''))[:300]}")
+
+
+def answer_join_request(
+    g: GroupRuntime, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record
+) -> JoinAnswer:
+    """The leader's answer to a member's join (`POST /group/join`); journalled when it changes."""
+    if g.leader is None:
+        return JoinAnswer("refused", reason=f"node {g.node} is not the group's leader (node 0)")
+    ans = answer_join(node, instance, theirs, g.fingerprint, g.leader.views(), g.own_state, g.own_rung)
+    if not check and g.joins.get(node) != ans:
+        g.joins[node] = ans
+        if ans.verdict == "refused":
+            record("group_join_refused", "warning", node=node, reason=ans.reason, differs=list(ans.differs))
+        else:
+            record("group_join", node=node, verdict=ans.verdict, rung=ans.rung, reason=ans.reason)
+    return ans
 
 
 def _nodes(answers: Iterable[Answer]) -> list[dict[str, object]]:
@@ -170,7 +258,7 @@ async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> Non
     """Every member stops and verifies its tree; the leader's next launch launches them again."""
     if g.leader is None:
         return
-    g.members_stopped = True
+    g.mark_members_stopped(True)
     answers: tuple[Answer, ...] = await beating(g.leader.stop_all())
     record("group_stop", "info" if all(a.ok for a in answers) else "warning", nodes=_nodes(answers))
 
@@ -179,7 +267,7 @@ async def launch_members(g: GroupRuntime, rung: str, beating: Beating, record: R
     """The members the leader stopped launch the rung it launches: the ladder moves for the group."""
     if g.leader is None or not g.members_stopped:
         return
-    g.members_stopped = False
+    g.mark_members_stopped(False)
     answers: tuple[Answer, ...] = await beating(g.leader.launch_all(rung))
     record("group_launch", "info" if all(a.ok for a in answers) else "warning", rung=rung, nodes=_nodes(answers))
 
@@ -191,6 +279,12 @@ class GroupEndpoint:
     snapshot: Callable[[], StatusSnapshot]
     group_report: Callable[[], NodeReport]
     submit_command: Callable[[Command], Awaitable[CommandResult]]
+    join_request: Callable[[int, str, Mapping[str, str], bool], JoinAnswer] | None = None
+
+    def join(self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool) -> JoinAnswer:
+        if self.join_request is None:
+            return JoinAnswer("refused", reason="this node is not the group's leader")
+        return self.join_request(node, instance, fingerprint, check)
 
     async def submit(self, command: Command) -> CommandResult:
         return await self.submit_command(command)
@@ -214,6 +308,8 @@ class GroupPeers:
 
     def fit(self, settings: Settings) -> Settings:
         g = settings.group
+        if g is not None:  # a reload may change the ladder or the args: the next report says so
+            self.runtime.fingerprint = fingerprint(settings)
         if g is None or g.is_leader:
             return settings
         rs = settings.restart  # a promotion back up is the leader's, for the group
@@ -264,7 +360,18 @@ class GroupPeers:
         if self.runtime.leader is not None:
             await launch_members(self.runtime, rung, beating, record)
 
+    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+        if by_group:  # the leader itself asked for this launch
+            return Clearance(rung)
+        return await clearance(self.runtime, rung, beating)
+
+    def join(
+        self, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record
+    ) -> JoinAnswer:
+        return answer_join_request(self.runtime, node, instance, theirs, check, record)
+
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
+        self.runtime.own_state, self.runtime.own_rung = snap.state, snap.rung
         return snap.model_copy(update={"group": group_view(self.runtime, snap)})
 
     def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:

@@ -44,6 +44,14 @@ class Asked:
     cause: str | None  # the incident this node holds for the leader, if any
 
 
+@dataclass(frozen=True)
+class Clearance:
+    """Whether this node may launch now, and which rung: only a group's leader decides a rung."""
+
+    rung: str | None  # the rung to launch; None: hold (not launched, tried again later)
+    why: str = ""
+
+
 class Peers(Protocol):
     def fit(self, settings: Settings) -> Settings:
         """The settings as this node applies them."""
@@ -75,6 +83,10 @@ class Peers(Protocol):
 
     async def launch(self, rung: str, beating: Beating, record: Record) -> None:
         """The members stopped with this node launch `rung` too."""
+        ...
+
+    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+        """Before a launch: a group's member asks its leader (unless the leader asked for it)."""
         ...
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot: ...
@@ -130,6 +142,9 @@ class NoPeers:
 
     async def launch(self, rung: str, beating: Beating, record: Record) -> None:
         return None
+
+    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+        return Clearance(rung)
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
         return snap

@@ -53,9 +53,11 @@ class GroupClient:
         max_skew_s: float = 30.0,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
+        as_node: int | None = None,
     ) -> None:
         self.members = dict(members)
         self.keys = keys
+        self._as_node = as_node  # a worker asking its leader signs as itself, with its own key
         self._wall = wall
         self._max_skew_s = max_skew_s
         self._max_bytes = max_answer_bytes
@@ -67,8 +69,9 @@ class GroupClient:
 
     async def _exchange(self, node: int, method: str, path: str, body: bytes, timeout: float) -> tuple[int, bytes, str]:
         """(status, body, why refused): the member's answer, read bounded and checked."""
-        key = self.keys.key(node)
-        signed = sign_request(key, node, method, path, body, self._wall())
+        signer = node if self._as_node is None else self._as_node
+        key = self.keys.key(signer)
+        signed = sign_request(key, signer, method, path, body, self._wall())
         headers = {**signed.headers(), "content-type": "application/json"}
         url = base_url(self.members[node]) + path
         async with self._client.stream(method, url, content=body, headers=headers, timeout=timeout) as resp:
@@ -77,15 +80,7 @@ class GroupClient:
                 raise _TooLarge(f"answer of {int(declared)} bytes, over {self._max_bytes}")
             data = await self._bounded(resp)
             why = check_answer(
-                key,
-                node,
-                method,
-                path,
-                signed.nonce,
-                resp.status_code,
-                data,
-                resp.headers,
-                self._wall(),
+                key, signer, method, path, signed.nonce, resp.status_code, data, resp.headers, self._wall(),
                 self._max_skew_s,
             )
             return resp.status_code, data, why
@@ -130,6 +125,12 @@ class GroupClient:
             detail = str(doc.get("detail") or doc.get("error") or "")[:300]
             return Answer(node, address, False, status, doc, f"HTTP {status} {detail}", elapsed)
         return Answer(node, address, True, status, doc, elapsed_s=elapsed)
+
+    async def ask(
+        self, node: int, method: str, path: str, *, timeout: float, body: Mapping[str, Any] | None = None
+    ) -> Answer:
+        """One request to one member."""
+        return await self._one(node, method, path, body, timeout)
 
     async def ask_all(
         self, method: str, path: str, *, timeout: float, body: Mapping[str, Any] | None = None

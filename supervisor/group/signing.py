@@ -151,10 +151,13 @@ class NonceBook:
 
 @dataclass
 class RequestCheck:
-    """A member's check of the leader's requests: signed with this node's key, fresh, not replayed."""
+    """A daemon's check of the requests it takes: signed as one of `signers` with that node's key,
+    fresh, not replayed. A member takes the leader's requests, signed with the member's own key
+    (only the leader and the member hold it); the leader takes its members' joins, each signed
+    with the joining node's key."""
 
-    key: bytes
-    node: int
+    key_for: Callable[[int], bytes]
+    signers: frozenset[int]
     max_skew_s: float
     nonces: NonceBook
 
@@ -162,9 +165,10 @@ class RequestCheck:
         s = read_signed(headers)
         if isinstance(s, str):
             return s
-        if s.node != self.node:
-            return f"signed for node {s.node}; this is node {self.node}"
-        if not hmac.compare_digest(s.signature, sign(self.key, "request", method, path, s.node, s.at, s.nonce, body)):
+        if s.node not in self.signers:
+            return f"signed as node {s.node}; this daemon takes requests signed as node(s) {sorted(self.signers)}"
+        key = self.key_for(s.node)
+        if not hmac.compare_digest(s.signature, sign(key, "request", method, path, s.node, s.at, s.nonce, body)):
             return "signature does not verify (not this group's key)"
         stale = _fresh(s.at, wall, self.max_skew_s)
         if stale:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
 from api.app import create_app
-from api.groupgate import GroupGate, group_app
+from api.groupgate import LEADER_PATHS, MEMBER_PATHS, GroupGate, group_app
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
@@ -133,10 +133,15 @@ async def start_api(
     )
     served: ASGIApp = app
     if isinstance(sup.peers, grouping.GroupPeers):  # the member API the group's leader calls (api/group.py)
-        endpoint = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit)
+        peers = sup.peers
+        leads = peers.runtime.is_leader
+        join = (lambda n, i, f, c: peers.join(n, i, f, c, sup.record)) if leads else None
+        endpoint = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit, join)
         # Signed by the group's keys, outside the bearer-token app (api/groupgate.py).
-        check = grouping.request_check(sup.peers.runtime, time.monotonic)
-        served = GroupGate(app, group_app(endpoint), check, wall=time.time, max_body_bytes=settings.api.max_body_bytes)
+        check = grouping.request_check(peers.runtime, time.monotonic)
+        paths = LEADER_PATHS if leads else MEMBER_PATHS
+        limit = settings.api.max_body_bytes
+        served = GroupGate(app, group_app(endpoint), check, wall=time.time, max_body_bytes=limit, paths=paths)
     config = uvicorn.Config(
         served,
         log_config=None,

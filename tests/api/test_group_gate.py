@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from api.groupgate import GroupGate, group_app
+from api.groupgate import MEMBER_PATHS, GroupGate, group_app
 from supervisor.group.signing import NONCE, NonceBook, RequestCheck, check_answer, node_key, sign_request
 from tests.api.test_group_routes import FakeDaemon
 
@@ -23,8 +23,10 @@ async def main_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def
 
 
 def gate(fake: FakeDaemon, wall: float | None = None) -> httpx.AsyncClient:
-    check = RequestCheck(KEY, 1, 30.0, NonceBook(30.0, time.monotonic))
-    app = GroupGate(main_app, group_app(fake), check, wall=lambda: wall or time.time(), max_body_bytes=65536)
+    check = RequestCheck(lambda n: node_key(SECRET, n), frozenset({1}), 30.0, NonceBook(30.0, time.monotonic))
+    app = GroupGate(
+        main_app, group_app(fake), check, wall=lambda: wall or time.time(), max_body_bytes=65536, paths=MEMBER_PATHS
+    )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
@@ -70,7 +72,10 @@ async def test_replayed_stale_foreign_and_tampered_requests_are_refused() -> Non
         assert (await c.post("/group/launch", content=body, headers=other)).status_code == 401
         _, node2 = signed("POST", "/group/launch", body, key=node_key(SECRET, 2), node=2)
         r = await c.post("/group/launch", content=body, headers=node2)
-        assert r.status_code == 401 and "node 2" in r.text
+        assert r.status_code == 401 and "signed as node 2" in r.text
+        _, join = signed("POST", "/group/join", b"{}")
+        r = await c.post("/group/join", content=b"{}", headers=join)
+        assert r.status_code == 404  # a member answers the leader's routes only
         _, tampered = signed("POST", "/group/launch", body)
         r = await c.post("/group/launch", content=json.dumps({"rung": "safe"}).encode(), headers=tampered)
         assert r.status_code == 401 and "does not verify" in r.text

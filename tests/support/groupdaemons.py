@@ -139,6 +139,9 @@ def group_of(
     env: dict[int, dict[str, str]] | None = None,
     group: dict[str, Any] | None = None,
     args: dict[str, Any] | None = None,
+    node_args: dict[int, dict[str, Any]] | None = None,
+    node_group: dict[int, dict[str, Any]] | None = None,
+    node_kw: dict[int, dict[str, Any]] | None = None,
     **kw: Any,
 ) -> list[Node]:
     """`nnodes` configs of one group: node 0 leads, every node runs the simulator as its node."""
@@ -156,8 +159,16 @@ def group_of(
             base,
             (scenarios or {}).get(rank, "ok"),
             env=(env or {}).get(rank),
-            args={"nnodes": nnodes, "node-rank": rank, "dist-init-addr": f"127.0.0.1:{rendezvous}", **(args or {})},
-            **kw,
+            **{**kw, **(node_kw or {}).get(rank, {})},
+            # One model path for every node (as on shared storage): the rungs' command lines agree.
+            args={
+                "model-path": str(tmp_path / "model"),
+                "nnodes": nnodes,
+                "node-rank": rank,
+                "dist-init-addr": f"127.0.0.1:{rendezvous}",
+                **(args or {}),
+                **((node_args or {}).get(rank, {})),
+            },
         )
         data = s.model_dump()
         data["api"]["port"] = api_ports[rank]
@@ -170,6 +181,7 @@ def group_of(
             "unreachable_s": 2.0,
             "secret_file": str(secret),
             **(group or {}),
+            **(node_group or {}).get(rank, {}),
         }
         settings = settings_from_mapping(data)
         cfg = base / "config.toml"

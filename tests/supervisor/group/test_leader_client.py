@@ -69,7 +69,7 @@ async def test_every_member_is_asked_at_once_signed_with_its_own_key_and_no_toke
 
     async def handler(req: httpx.Request) -> httpx.Response:
         n = node_of(req)
-        check = RequestCheck(node_key(SECRET, n), n, 30.0, NonceBook(30.0, time.monotonic))
+        check = RequestCheck(lambda k: node_key(SECRET, k), frozenset({n}), 30.0, NonceBook(30.0, time.monotonic))
         verdict = check(req.method, req.url.path, req.content, req.headers, time.time())
         assert not isinstance(verdict, str), verdict  # signed with member n's key
         seen.append((req.url.host, req.headers.get("authorization", "")))
