@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import group
-from api.group import GROUP_SIGNER
 from api.errors import http_exception_handler, send_error, validation_exception_handler
+from api.group import GROUP_SIGNER
 from api.middleware import InternalErrors
 from supervisor.group.signing import RequestCheck, Signed, sign_answer
 

@@ -75,7 +75,14 @@ def _check_config(args: argparse.Namespace) -> int:
             print(f"config refused:\n{err}", file=sys.stderr)
         return 1
     check = check_rungs_json if args.json else check_rungs
-    return check(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
+    code = check(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
+    if args.group:  # the running leader's answer to this node's config (docs/MULTINODE.md)
+        from supervisor.checkconfig.groupcheck import ask_leader
+
+        agrees, line = ask_leader(settings)
+        print(line, file=sys.stdout if agrees else sys.stderr)
+        code = code or (0 if agrees else 1)
+    return code
 
 
 def _group_key(args: argparse.Namespace) -> int:
@@ -147,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--no-sglang", action="store_true", help="skip checking rung arguments with SGLang's parser")
     chk.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
     chk.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    chk.add_argument(
+        "--group", action="store_true", help="also ask the group's running leader whether this node's config may join"
+    )
     chk.set_defaults(func=_check_config)
 
     gk = sub.add_parser(

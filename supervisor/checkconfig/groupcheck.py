@@ -64,3 +64,21 @@ def node_key_hex(settings: Settings, node: int) -> str:
     if keys.secret is None:
         raise ConfigError("[group] has key_file, not secret_file: only the group secret derives other nodes' keys")
     return node_key(keys.secret, node).hex()
+
+
+def ask_leader(settings: Settings, timeout_s: float = 5.0) -> tuple[bool, str]:
+    """`check-config --group`: the running leader's answer to this node's join, before it starts
+    (nothing recorded there). (agrees, the line to print)."""
+    import asyncio
+
+    from supervisor.daemon.grouping import join_check
+
+    g = settings.group
+    if g is None:
+        return False, "group: the config has no [group]"
+    if g.is_leader:
+        return True, "group: this is the leader (node 0): it decides; check-config --group on each worker asks it"
+    try:
+        return asyncio.run(join_check(settings, timeout_s))
+    except ConfigError as err:
+        return False, f"group: {err}"

@@ -14,6 +14,7 @@ touches the server's processes: the members' daemons do, each its own.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -66,7 +67,9 @@ def make_runtime(
     )
     members = {i + 1: a for i, a in enumerate(g.members)}
     client = GroupClient(members, keys, wall=wall, max_skew_s=g.max_skew_s)
-    runtime = GroupRuntime(g, GroupLeader(g, client, timeouts, monotonic), keys, saved_at=settings.state_dir / "group.json")
+    runtime = GroupRuntime(
+        g, GroupLeader(g, client, timeouts, monotonic), keys, saved_at=settings.state_dir / "group.json"
+    )
     runtime.load_saved()
     runtime.fingerprint = fingerprint(settings)
     return runtime
@@ -118,7 +121,8 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     if not gv.is_incident:
         gv = _mismatched(g, gv, own_state, record)
     before, g.verdict = g.verdict, gv
-    if gv.status != before.status or gv.reason != before.reason:
+    # On change only: which nodes are named, not how long they have been (the reason counts seconds).
+    if gv.status != before.status or gv.degraded != before.degraded:
         if gv.status == "degraded":
             record("group_degraded", "warning", reason=gv.reason, nodes=list(gv.degraded))
         elif gv.status == "ok" and before.status == "degraded":
@@ -192,7 +196,9 @@ async def clearance(g: GroupRuntime, rung: str, beating: Beating) -> Clearance:
     if a.status == 409:
         return Clearance(None, f"refused by the group's leader: {str(a.body.get('detail', ''))[:600]}")
     if not a.ok:
-        return Clearance(None, f"the group's leader ({a.address}) cannot be asked ({a.error}); not launching without it")
+        return Clearance(
+            None, f"the group's leader ({a.address}) cannot be asked ({a.error}); not launching without it"
+        )
     verdict, given = a.body.get("verdict"), a.body.get("rung")
     if verdict == "launch" and isinstance(given, str) and given:
         return Clearance(given, str(a.body.get("reason", ""))[:300])
@@ -213,6 +219,29 @@ def answer_join_request(
         else:
             record("group_join", node=node, verdict=ans.verdict, rung=ans.rung, reason=ans.reason)
     return ans
+
+
+async def join_check(settings: Settings, timeout_s: float) -> tuple[bool, str]:
+    """Ask the running leader whether this node's config may join (check-config --group)."""
+    g = settings.group
+    assert g is not None and g.leader is not None
+    keys = load_keys(g)
+    client = GroupClient({0: g.leader}, keys, max_skew_s=g.max_skew_s, as_node=g.node_rank)
+    body = {
+        "node": g.node_rank,
+        "instance": os.urandom(16).hex(),
+        "fingerprint": fingerprint(settings),
+        "check": True,
+    }
+    try:
+        a = await client.ask(0, "POST", "/group/join", timeout=timeout_s, body=body)
+    finally:
+        await client.close()
+    if a.status == 409:
+        return False, f"group: refused by the leader at {g.leader}: {a.body.get('detail', '')}"
+    if not a.ok:
+        return False, f"group: the leader at {g.leader} cannot be asked: {a.error}"
+    return True, f"group: the leader at {g.leader} agrees ({a.body.get('verdict')}: {a.body.get('reason', '')})"
 
 
 def _nodes(answers: Iterable[Answer]) -> list[dict[str, object]]:
@@ -365,9 +394,7 @@ class GroupPeers:
             return Clearance(rung)
         return await clearance(self.runtime, rung, beating)
 
-    def join(
-        self, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record
-    ) -> JoinAnswer:
+    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record) -> JoinAnswer:
         return answer_join_request(self.runtime, node, instance, theirs, check, record)
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:

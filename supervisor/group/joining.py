@@ -62,9 +62,7 @@ class Mismatch:
     relaunch: str | None  # the group's rung to relaunch that node on; None: named only (its config differs)
 
 
-def mismatches(
-    members: Sequence[MemberView], own_rung: str | None, mine: Mapping[str, str]
-) -> tuple[Mismatch, ...]:
+def mismatches(members: Sequence[MemberView], own_rung: str | None, mine: Mapping[str, str]) -> tuple[Mismatch, ...]:
     """Members whose running server is not the group's: another rung (relaunched on the group's),
     or the same rung from another config (named; relaunching would run the same other command)."""
     out: list[Mismatch] = []

@@ -105,7 +105,9 @@ class GroupLeader:
         self.forget_report(node)
         if not stop.ok:
             return stop, None
-        launch = await self.client.ask(node, "POST", "/group/launch", timeout=self.timeouts.launch_s, body={"rung": rung})
+        launch = await self.client.ask(
+            node, "POST", "/group/launch", timeout=self.timeouts.launch_s, body={"rung": rung}
+        )
         self.forget_report(node)
         return stop, launch
 

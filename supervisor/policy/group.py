@@ -54,7 +54,8 @@ class NodeReport:
     at: float  # wall clock of the report
     incident: str | None = None  # the group incident the node last captured for
     instance: str = ""  # the reporting daemon's random id for its life (a second daemon claiming its rank differs)
-    fingerprint: Mapping[str, str] = field(default_factory=dict)  # its group-relevant config (supervisor/group/fingerprint.py)
+    # its group-relevant config (supervisor/group/fingerprint.py)
+    fingerprint: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
