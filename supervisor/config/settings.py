@@ -243,6 +243,10 @@ class GroupSettings(_Section):
     secret_file: str | None = None
     key_file: str | None = None
     max_skew_s: PositiveFloat = 30.0  # a signed request or answer older or newer than this is refused
+    # A stall explained by a node that cannot be asked (away, late, partitioned) waits this long for
+    # it before the group's incident goes ahead (naming it, on the same rung: no ladder step).
+    absent_wait_s: PositiveFloat = 600.0
+    absent_alert_s: PositiveFloat = 300.0  # a member away this long: `group_node_absent` (warning), once
 
     @field_validator("members", mode="before")
     @classmethod

@@ -127,6 +127,16 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
             record("group_degraded", "warning", reason=gv.reason, nodes=list(gv.degraded))
         elif gv.status == "ok" and before.status == "degraded":
             record("group_recovered", reason=gv.reason)
+    _alert_absent(g, record)
+    same_rung = False
+    if gv.is_incident:
+        waiting = _waits_for_absent(g, gv, v, own_state, record)
+        if waiting is not None:
+            return waiting
+        same_rung = g.waiting_for is not None  # it waited for that node: the servers are not the cause
+        g.waiting_since = g.waiting_for = None
+    else:
+        g.waiting_since = g.waiting_for = None
     if gv.is_incident:
         if gv.node not in (None, 0) or not v.is_incident:
             record("group_incident", "warning", cause=gv.cause, node=gv.node, rank=gv.rank, reason=gv.reason)
@@ -139,11 +149,63 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
                 phase=v.phase,
                 moved=v.moved,
                 figures=v.figures,
-            )
+            ),
+            same_rung=same_rung,
         )
     if gv.status == "degraded" and v.status == "ready":
         return Judged(Verdict("degraded", reason=f"group: {gv.reason}", phase=v.phase))
     return Judged(v)
+
+
+def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str, record: Record) -> Judged | None:
+    """Absence is not failure (issue 34): a stall explained by a node whose daemon cannot be asked
+    (away, late, partitioned) waits for it, `degraded` or `starting` and named, up to
+    `absent_wait_s`; then the incident goes ahead, naming the node, on the same rung."""
+    assert g.leader is not None
+    node = gv.node
+    views = {m.node: m for m in g.leader.views()}
+    m = views.get(node) if node not in (None, 0) else None
+    if m is None:
+        return None
+    r = m.report
+    # A node still coming up (it started late) is judged by its own watchdog: it holds its own
+    # stall if it has one. The leader's start-up stall waits for it as for a node away.
+    late = (
+        m.reachable and r is not None and r.state == "starting" and r.cause is None
+        and gv.cause in ("startup_stall", "startup_timeout")
+    )  # fmt: skip
+    if m.reachable and not late:
+        return None
+    now = g.leader.now()
+    if g.waiting_for != node or g.waiting_since is None:
+        g.waiting_for, g.waiting_since = node, now
+        record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason)
+    waited = max(now - g.waiting_since, 0.0 if late else m.unreachable_s)
+    limit = g.settings.absent_wait_s
+    if waited >= limit:
+        return None
+    what = "still starting" if late else (m.error or "unreachable")
+    why = (
+        f"group: waiting for node {node} ({what}) {waited:.0f} s of absent_wait_s {limit:g}: "
+        f"a node away or late is not a server fault ({gv.reason})"
+    )
+    if own_state in ("ready", "degraded"):
+        return Judged(Verdict("degraded", reason=why, phase=v.phase))
+    return Judged(Verdict("starting", reason=why, phase=v.phase))
+
+
+def _alert_absent(g: GroupRuntime, record: Record) -> None:
+    """A member away past `absent_alert_s` is journalled once (`group_node_absent`), until it answers."""
+    assert g.leader is not None
+    for m in g.leader.views():
+        if m.reachable:
+            g.absent_named.discard(m.node)
+        elif m.unreachable_s >= g.settings.absent_alert_s and m.node not in g.absent_named:
+            g.absent_named.add(m.node)
+            record(
+                "group_node_absent", "warning", node=m.node, address=m.address,
+                unreachable_s=round(m.unreachable_s, 1), error=m.error,
+            )  # fmt: skip
 
 
 def _mismatched(g: GroupRuntime, gv: GroupVerdict, own_state: str, record: Record) -> GroupVerdict:

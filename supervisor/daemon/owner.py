@@ -1018,6 +1018,10 @@ class Owner:
         judged = self.peers.judge(verdict, self.lifecycle.state.value, self.record)
         if judged.hold:
             self.move(State.HUNG, judged.hold)
+        elif judged.verdict is not None and judged.same_rung and judged.verdict.is_incident:
+            # A group incident of a node that was away, not of the servers: the rung is retried.
+            assert judged.verdict.cause is not None
+            await self.incident(judged.verdict.cause, judged.verdict, obs, forced_rung=self.ladder.current)
         elif judged.verdict is not None:
             await self.act_on(judged.verdict, obs)
 

@@ -35,6 +35,7 @@ Beating = Callable[[Awaitable[Any]], Awaitable[Any]]
 class Judged:
     verdict: Verdict | None  # what the owner acts on; None: nothing (a worker holds an incident)
     hold: str = ""  # a worker's reason to move to `hung` and wait for the leader
+    same_rung: bool = False  # an incident the servers did not cause (a node away): relaunch, no ladder step
 
 
 @dataclass(frozen=True)

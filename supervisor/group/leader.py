@@ -52,6 +52,9 @@ class GroupLeader:
         self._task: asyncio.Task[None] | None = None
         self.polls = 0
 
+    def now(self) -> float:
+        return self._monotonic()
+
     def views(self) -> tuple[MemberView, ...]:
         return tuple(self._views[n] for n in sorted(self._views))
 

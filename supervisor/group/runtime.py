@@ -41,6 +41,9 @@ class GroupRuntime:
     joins: dict[int, JoinAnswer] = field(default_factory=dict)  # the leader's last answer to each node
     mismatched: dict[int, str] = field(default_factory=dict)  # nodes named for another rung or config
     fixing: set[int] = field(default_factory=set)  # nodes the leader is relaunching on the group's rung
+    waiting_since: float | None = None  # the leader holds a stall for an absent node since (monotonic)
+    waiting_for: int | None = None
+    absent_named: set[int] = field(default_factory=set)  # members journalled as away past absent_alert_s
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # those relaunches, held until done
 
     def mark_members_stopped(self, stopped: bool) -> None:

@@ -41,6 +41,8 @@ EventName = Literal[
     "group_launch",
     "group_launch_held",
     "group_mismatch",
+    "group_node_absent",
+    "group_waiting",
     "group_member_incident",
     "group_recovered",
     "group_started",

@@ -180,6 +180,9 @@ def group_of(
             "request_timeout_s": 1.0,
             "unreachable_s": 2.0,
             "secret_file": str(secret),
+            # The tests' windows are seconds: a node away is waited for 6 s, not production's 600.
+            "absent_wait_s": 6.0,
+            "absent_alert_s": 4.0,
             **(group or {}),
             **(node_group or {}).get(rank, {}),
         }
