@@ -168,10 +168,11 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     if m is None:
         return None
     r = m.report
-    # A node still coming up (it started late) is judged by its own watchdog: it holds its own
-    # stall if it has one. The leader's start-up stall waits for it as for a node away.
+    # A node still coming up (it started late, or waits for this leader's word) is judged by its
+    # own watchdog: it holds its own stall if it has one. The leader's start-up stall waits for it
+    # as for a node away.
     late = (
-        m.reachable and r is not None and r.state == "starting" and r.cause is None
+        m.reachable and r is not None and r.state in ("starting", "stopped", "restarting") and r.cause is None
         and gv.cause in ("startup_stall", "startup_timeout")
     )  # fmt: skip
     if m.reachable and not late:
@@ -180,11 +181,11 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     if g.waiting_for != node or g.waiting_since is None:
         g.waiting_for, g.waiting_since = node, now
         record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason)
-    waited = max(now - g.waiting_since, 0.0 if late else m.unreachable_s)
+    waited = now - g.waiting_since
     limit = g.settings.absent_wait_s
     if waited >= limit:
         return None
-    what = "still starting" if late else (m.error or "unreachable")
+    what = f"its server {r.state}" if late and r is not None else (m.error or "unreachable")
     why = (
         f"group: waiting for node {node} ({what}) {waited:.0f} s of absent_wait_s {limit:g}: "
         f"a node away or late is not a server fault ({gv.reason})"
@@ -273,7 +274,7 @@ def answer_join_request(
     """The leader's answer to a member's join (`POST /group/join`); journalled when it changes."""
     if g.leader is None:
         return JoinAnswer("refused", reason=f"node {g.node} is not the group's leader (node 0)")
-    ans = answer_join(node, instance, theirs, g.fingerprint, g.leader.views(), g.own_state, g.own_rung)
+    ans = answer_join(node, instance, theirs, g.fingerprint, g.leader.views(), g.own_state, g.own_rung, check=check)
     if not check and g.joins.get(node) != ans:
         g.joins[node] = ans
         if ans.verdict == "refused":

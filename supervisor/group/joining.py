@@ -37,13 +37,19 @@ def answer_join(
     members: Sequence[MemberView],
     own_state: str,
     own_rung: str | None,
+    *,
+    check: bool = False,
 ) -> JoinAnswer:
+    """`check`: only asked (check-config --group, maybe beside the node's running daemon): the
+    config is compared, the node_rank's daemon is not."""
     differs = tuple(differing(mine, theirs))
     if differs:
         why = f"node {node}'s group config differs from the leader's: " + "; ".join(differs)
         return JoinAnswer("refused", reason=why, differs=differs)
     for m in members:
         r = m.report
+        if check:
+            break
         if m.node == node and m.reachable and r is not None and r.instance and r.instance != instance:
             why = (
                 f"node_rank {node} is already the daemon at {m.address} (pid {r.pid}); "

@@ -161,3 +161,43 @@ def test_lws_recreation_starts_every_node_on_the_rung_decided_before_the_exit(tm
     assert st["restarts_last_hour"] >= 1  # the hourly budget counts the recreation's relaunch
     wst = worker.wait(ready, 30, "the recreated worker ready")
     assert wst["rung"] == "second"
+
+
+def test_a_node_away_at_start_is_waited_for_then_retried_on_the_same_rung(tmp_path, made) -> None:  # type: ignore[no-untyped-def]
+    """Absence is not failure: node 1's daemon is not there; node 0 waits at the rendezvous, the
+    leader waits absent_wait_s (6 s here) naming it, then one startup_stall naming node 1 that
+    relaunches the same rung: the ladder does not move although retries_per_rung is 0."""
+    leader, worker = group_of(
+        tmp_path,
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
+        restart={"retries_per_rung": 0},
+    )
+    made.extend((leader, worker))
+    leader.start()
+    st = leader.wait(lambda s: "waiting for node 1" in (s["reason"] or ""), 60, "the leader waiting for node 1")
+    assert st["incidents"] == 0 and leader.events("group_waiting")
+    st = leader.wait(lambda s: s["incidents"] >= 1, 60, "the named stall after the wait")
+    inc = st["last_incident"]
+    assert inc["cause"] == "startup_stall" and "node 1" in inc["detail"], inc
+    decision = (
+        leader.wait(lambda s: bool(leader.events("ladder_decision")), 30, "the decision")
+        and leader.events("ladder_decision")[-1]
+    )
+    assert decision["rung"] == 0  # the same rung: a node away is not a server fault
+    assert leader.events("group_node_absent")  # the alert after absent_alert_s
+    worker.start()
+    st = leader.wait(group_ready, 90, "the group ready once node 1 is there")
+    assert st["rung"] == "base"
+
+
+@pytest.mark.parametrize(("late", "late_s"), [("worker", 15), ("worker", 60), ("leader", 15)])
+def test_a_late_start_in_either_order_costs_no_incident(tmp_path, made, late: str, late_s: float) -> None:  # type: ignore[no-untyped-def]
+    leader, worker = group_of(tmp_path, group={"absent_wait_s": 120.0})
+    made.extend((leader, worker))
+    first, second = (leader, worker) if late == "worker" else (worker, leader)
+    first.start()
+    time.sleep(late_s)
+    second.start()
+    st = leader.wait(group_ready, 120, "the group ready")
+    assert st["incidents"] == 0 and st["restarts"] == 0, (st["last_incident"] or {}).get("detail")
+    assert worker.status()["incidents"] == 0  # type: ignore[index]
