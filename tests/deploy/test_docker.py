@@ -98,6 +98,7 @@ def test_what_it_copies_exists_and_the_dockerignore_lets_it_through() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(360)  # pip fetches setuptools>=77 into an isolated build env: minutes on a loaded machine
 def test_the_copied_sources_build_the_package_with_its_entry_point(tmp_path: Path) -> None:
     """Lay out the build context as the COPY lines do, and build the wheel pip would install."""
     for srcs, dest in copies():
