@@ -16,8 +16,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
-from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized
+from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized, session_reads, who
+from api.browser import simple_post
 from api.pool import ApiPool
+from api.session import SessionStore
 from api.streams import FollowSlots
 from supervisor.status.commands import SupervisorHandle
 from supervisor.status.journal import Journal
@@ -43,6 +45,7 @@ class ApiContext:
     pool: ApiPool = field(default_factory=ApiPool)  # the API's file reads, off the loop's executor
     follows: FollowSlots = field(default_factory=FollowSlots)  # open follow streams, capped
     scrapes: ScrapeCache = field(default_factory=lambda: ScrapeCache())  # /metrics, rendered once per window
+    sessions: SessionStore | None = None  # the page's login sessions (api/session.py)
 
     @property
     def server_log(self) -> Path:
@@ -93,8 +96,25 @@ def require_token(
     that are no route; this check holds a route shut wherever that middleware is not in front.
     Both use `auth.authorized`, so they cannot disagree.
     """
-    if ctx.token is not None and not authorized(request.scope, ctx.token.encode("utf-8")):
+    if ctx.token is None or session_reads(request.scope, ctx.sessions):
+        return
+    if not authorized(request.scope, ctx.token.encode("utf-8")):
         raise HTTPException(401, UNAUTHORIZED_DETAIL, headers={"WWW-Authenticate": CHALLENGE})
+
+
+def requester(request: Request, ctx: Context) -> str:
+    """Who asked (journalled with each command): the bearer, a page session or anonymous, and from where."""
+    return who(request.scope, ctx.sessions, ctx.token)
+
+
+Requester = Annotated[str, Depends(requester)]
+
+
+def non_simple(request: Request) -> None:
+    """A state-changing route: refuse a POST that a web page could send (api/browser.py), 415."""
+    why = simple_post(request.scope)
+    if why is not None:
+        raise HTTPException(415, why)
 
 
 async def no_unknown_query(request: Request) -> None:

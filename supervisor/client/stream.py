@@ -25,7 +25,7 @@ from supervisor.client.wait import (
     Settled,
     Verb,
     settled,
-    state_exit,
+    status_exit,
 )
 from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from supervisor.common.waiting import WaitTimeout, wait_for
@@ -79,7 +79,7 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                 if r.status_code == 401:
                     print(format_error(401, data), file=err)
                     return EXIT_AUTH
-                code = state_exit(data.get("state")) if isinstance(data, dict) else EXIT_ERROR
+                code = status_exit(data) if isinstance(data, dict) else EXIT_ERROR
                 frame = json.dumps(data) if as_json else format_status(data)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 code = EXIT_UNREACHABLE
@@ -116,6 +116,8 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
                 r.read()
                 print(format_error(r.status_code, _json(r)), file=sys.stderr)
                 return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
+            if r.headers.get("x-launch"):  # logs --previous: which launch this is
+                print(f"the launch before this one: {r.headers['x-launch']}", file=sys.stderr)
             tty = sys.stdout.isatty()  # the server's escapes must not reach a terminal (client/terminal.py)
             try:
                 for line in r.iter_lines():

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,11 @@ from pathlib import Path
 import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp
 
-from api import group as group_api
-from api.app import create_app, include_protected
+from api.app import create_app
+from api.browser import host_policy
+from api.groupgate import LEADER_PATHS, MEMBER_PATHS, GroupGate, group_app
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
@@ -129,12 +132,21 @@ async def start_api(
         log_file=server_log_file(settings),
         redact=redact,
         timeline=timeline,
+        hosts=host_policy(settings.api.host, settings.api.allowed_hosts),
     )
+    served: ASGIApp = app
     if isinstance(sup.peers, grouping.GroupPeers):  # the member API the group's leader calls (api/group.py)
-        app.state.group = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit)
-        include_protected(app, group_api.router)
+        peers = sup.peers
+        leads = peers.runtime.is_leader
+        join = (lambda n, i, f, c: peers.join(n, i, f, c, sup.record)) if leads else None
+        endpoint = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit, join)
+        # Signed by the group's keys, outside the bearer-token app (api/groupgate.py).
+        check = grouping.request_check(peers.runtime, time.monotonic)
+        paths = LEADER_PATHS if leads else MEMBER_PATHS
+        limit = settings.api.max_body_bytes
+        served = GroupGate(app, group_app(endpoint), check, wall=time.time, max_body_bytes=limit, paths=paths)
     config = uvicorn.Config(
-        app,
+        served,
         log_config=None,
         access_log=False,
         lifespan="off",
@@ -169,7 +181,7 @@ def make_owner(
     log.info("containment", subreaper=subreaper, cgroup=why)
     scope = DeviceScope.for_server(settings.server.env, env)
     log.info("gpu_scope", gpus=scope.describe(), source=settings.gpu.describe())
-    runtime = grouping.make_runtime(settings, load_token(settings.api, env), clock.monotonic)
+    runtime = grouping.make_runtime(settings, clock.monotonic)
     peers: Peers = grouping.GroupPeers(runtime) if runtime is not None else NoPeers()
     watcher = XidWatcher(open_nvml(settings.gpu))  # its own NVML handle: waits block in its thread
     sup = Owner(
