@@ -66,8 +66,12 @@ def test_sigusr2_and_sighup_right_after_start_are_handled_not_fatal(sim, tmp_pat
         # there would make every stop wait out the grace period).
         for pid in (st["pid"], proc.pid):
             assert sig_blocked(pid) & HELD == 0, pid
-        ev = events(state_dir)
-        assert "daemon_handoff" in ev or ev.count("daemon_started") >= 2, ev
+        # The handoff waits for the new code's preflight (supervisor/root/preflight.py): seconds.
+        deadline = time.monotonic() + 60
+        while "daemon_handoff" not in (ev := events(state_dir)) and ev.count("daemon_started") < 2:
+            assert time.monotonic() < deadline, ev
+            time.sleep(0.1)
+        st = wait_status(api, lambda x: x["state"] == "ready", 60, proc)
         # Re-executed in place: the same pid holds the state directory's lock.
         assert (Path(state_dir) / "daemon.lock").read_text().split()[0] == str(proc.pid)
         # A handoff now, once serving: same daemon pid, the server adopted (not relaunched).
