@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Body, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.errors import error_response
+from supervisor.diagnostics.culprit import NONE_NAMED
+from supervisor.group.joining import JoinAnswer
 from supervisor.group.report import to_wire
 from supervisor.policy.group import NodeReport
 from supervisor.status.commands import Command, CommandResult
@@ -23,6 +27,7 @@ from supervisor.status.snapshot import StatusSnapshot
 
 INCIDENT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"  # a directory name: no "/", no ".." at the start
 STOP_POLL_S = 0.2
+GROUP_SIGNER = "group_signer"  # the scope key api/groupgate.py sets: which node's key signed the request
 
 
 class GroupHandle(Protocol):
@@ -33,6 +38,8 @@ class GroupHandle(Protocol):
     def group_report(self) -> NodeReport: ...
 
     async def submit(self, command: Command) -> CommandResult: ...
+
+    def join(self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool) -> JoinAnswer: ...
 
 
 class _Request(BaseModel):
@@ -51,12 +58,24 @@ class LaunchRequest(_Request):
     rung: str = Field(min_length=1, max_length=128, description="the rung the whole group launches")
 
 
+FingerprintValue = Annotated[str, StringConstraints(max_length=256)]
+
+
+class JoinRequest(_Request):
+    node: int = Field(ge=1, le=4096, description="the joining node's node_rank (its key signed the request)")
+    instance: str = Field(pattern=r"^[0-9a-f]{32}$", description="the joining daemon's id for its life")
+    fingerprint: dict[Annotated[str, StringConstraints(max_length=128)], FingerprintValue] = Field(max_length=512)
+    rung: str | None = Field(default=None, max_length=128, description="the rung it would launch")
+    check: bool = Field(default=False, description="only ask (check-config --group): nothing is recorded")
+
+
 class CaptureResult(BaseModel):
     node: int
     incident: str
     bundle_id: str | None
     message: str
     state: str
+    culprit: str | None = None  # the bundle's culprit line, for the leader's group summary (issue 35)
 
 
 class GroupCommandResult(BaseModel):
@@ -99,7 +118,17 @@ async def capture(body: Annotated[CaptureRequest, Body()], handle: Handle) -> An
         bundle_id=result.bundle_id,
         message=result.message,
         state=result.state or handle.snapshot().state,
+        culprit=_culprit(result.summary),
     )
+
+
+def _culprit(summary: object) -> str | None:
+    """The bundle's first line for a hang: its culprit, or that none could be named."""
+    if not isinstance(summary, dict) or summary.get("hang_class") is None:
+        return None
+    doc = summary.get("culprit")
+    text = doc.get("text") if isinstance(doc, dict) else None
+    return str(text)[:300] if text else NONE_NAMED
 
 
 @router.post("/stop", response_model=GroupCommandResult)
@@ -133,3 +162,17 @@ async def launch(body: Annotated[LaunchRequest, Body()], handle: Handle) -> Any:
         return _refused(result)
     snap = handle.snapshot()
     return GroupCommandResult(node=handle.group_report().node, state=result.state or snap.state, message=result.message)
+
+
+@router.post("/join")
+async def join(body: Annotated[JoinRequest, Body()], request: Request, handle: Handle) -> Any:
+    """The leader's answer to a member about to launch: the group's rung, wait, or refused (409,
+    naming the config keys that differ, or the daemon that already has this node_rank)."""
+    signer = request.scope.get(GROUP_SIGNER)
+    if signer != body.node:
+        return error_response(403, "forbidden", f"signed as node {signer}, joining as node {body.node}")
+    ans = handle.join(body.node, body.instance, body.fingerprint, body.check)
+    doc = {"verdict": ans.verdict, "rung": ans.rung, "reason": ans.reason, "differs": list(ans.differs)}
+    if ans.verdict == "refused":
+        return JSONResponse({"error": "refused", "detail": ans.reason, "differs": list(ans.differs)}, status_code=409)
+    return doc

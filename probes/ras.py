@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_ADDR = "localhost:28028"
 MAX_BYTES = 4 * 1024 * 1024  # a 1000-rank job's STATUS is well under this; more is not NCCL
 NCCL_TIMEOUT_S = 5  # what NCCL gives each leg of its own collective over the RAS network
+ABSENT_INTERVAL_S = 10.0  # between asks while nothing listens (a communicator appears at NCCL init)
 
 RasStatus = Literal[
     "ok",  # a report came back and parsed
@@ -227,32 +228,51 @@ def parse_status(raw: str) -> tuple[str | None, tuple[RasComm, ...]]:
 
 
 class RasProbe:
-    """Polls the RAS service at most every `interval_s` (the detector's input, issue 35), in a thread
-    of its own so that a slow report (NCCL waits on a dead peer) never holds up the daemon's poll:
-    `observe` returns a report finished since the last call (else None) and starts the next query
-    when one is due. Never raises. `interval_s` 0: off."""
+    """Polls the RAS service at most every `interval_s` (the detector's input, issue 35), in a daemon
+    thread of its own per query, so that a slow report (NCCL waits 5 s a leg on a dead peer) never
+    holds up the daemon's poll nor its exit: `observe` only looks whether the last query finished
+    (returning its report once, else None) and starts the next one when due; it never waits.
+    Where nothing listens (no NCCL communicator yet, RAS off, NCCL < 2.24) the next ask waits
+    `absent_interval_s` instead: a server without NCCL costs one refused connect per that long.
+    Never raises. `interval_s` 0: off."""
 
-    def __init__(self, address: str, *, interval_s: float, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, address: str, *, interval_s: float, timeout_s: float = 5.0, absent_interval_s: float = ABSENT_INTERVAL_S
+    ) -> None:
         self.address, self.interval_s, self.timeout_s = address, interval_s, timeout_s
+        self.absent_interval_s = max(interval_s, absent_interval_s)
         self._started: float | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: Future[RasReport] | None = None
+        self._pending: _Query | None = None
+        self._last_status: RasStatus | None = None
+        self.queries = 0  # how many queries were started (a figure for tests and benches)
 
     def observe(self, now: float) -> RasReport | None:
         if self.interval_s <= 0:
             return None
         done: RasReport | None = None
-        if self._pending is not None and self._pending.done():
-            done = self._pending.result()
-            self._pending = None
-        if self._pending is None and (self._started is None or now - self._started >= self.interval_s):
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ras-probe")
+        if self._pending is not None and self._pending.report is not None:
+            done, self._pending = self._pending.report, None
+            self._last_status = done.status
+        every = self.absent_interval_s if self._last_status == "absent" else self.interval_s
+        if self._pending is None and (self._started is None or now - self._started >= every):
             self._started = now
-            self._pending = self._pool.submit(query_ras, self.address, self.timeout_s)
+            self._pending = _Query(self.address, self.timeout_s)
+            self.queries += 1
         return done
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._pending = None  # a query under way finishes on its own thread, within its timeout
+
+
+class _Query:
+    """One RAS query on a daemon thread; `report` is set (once, atomically) when it finished."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.report: RasReport | None = None
+        threading.Thread(target=self._run, args=(address, timeout_s), name="ras-probe", daemon=True).start()
+
+    def _run(self, address: str, timeout_s: float) -> None:
+        try:
+            self.report = query_ras(address, timeout_s)
+        except Exception as err:  # query_ras never raises; a bug in it must not kill the detector
+            self.report = RasReport("error", address, f"{type(err).__name__}: {err}"[:300])

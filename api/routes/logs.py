@@ -3,7 +3,6 @@ keeps the answer open and sends each new line (`sglang-supervisor logs -f`)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
@@ -14,7 +13,7 @@ from api.deps import Context
 from api.errors import error_response
 from api.follow import tail_lines
 from api.launchlog import NoPreviousLaunch, previous_launch
-from api.streams import FOLLOW_POLL_S, follow_lines, start_following
+from api.streams import FOLLOW_POLL_S, FollowResponse, follow_lines, start_following, too_many_follows
 
 MAX_LOG_LINES = 10_000
 
@@ -48,7 +47,7 @@ async def logs(
         if follow:
             return error_response(400, "bad_request", "a previous launch has ended: follow=true does not apply")
         try:
-            prev = await asyncio.to_thread(previous_launch, ctx.journal, log_file, lines)
+            prev = await ctx.pool.run(previous_launch, ctx.journal, log_file, lines)
         except NoPreviousLaunch as why:
             return error_response(404, "not_found", f"no previous launch to show: {why}")
         text = b"".join(render_line(line, ctx.redact) for line in prev.lines)
@@ -58,17 +57,25 @@ async def logs(
             media_type="text/plain; charset=utf-8",
             headers={"X-Content-Type-Options": "nosniff", "X-Launch": about},
         )
-    follower = await start_following(log_file) if follow else None
-    tail = await asyncio.to_thread(tail_lines, log_file, lines)
+    if follow and not ctx.follows.take():
+        return too_many_follows(ctx.follows)
+    try:
+        follower = await start_following(log_file, ctx.pool) if follow else None
+        tail = await ctx.pool.run(tail_lines, log_file, lines)  # bounded in bytes (api/follow.py)
+    except BaseException:
+        if follow:
+            ctx.follows.give_back()
+        raise
 
     async def body() -> AsyncIterator[bytes]:
-        stream = follow_lines(follower, FOLLOW_POLL_S) if follower is not None else None
+        stream = follow_lines(follower, FOLLOW_POLL_S, ctx.pool) if follower is not None else None
         for line in tail:
             yield render_line(line, ctx.redact)
         if stream is not None:
             async for line in stream:
                 yield render_line(line, ctx.redact)
 
-    return StreamingResponse(
-        body(), media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
-    )
+    headers = {"X-Content-Type-Options": "nosniff"}
+    if follow:
+        return FollowResponse(ctx.follows, body(), media_type="text/plain; charset=utf-8", headers=headers)
+    return StreamingResponse(body(), media_type="text/plain; charset=utf-8", headers=headers)

@@ -19,6 +19,7 @@ from typing import Any, Optional, TextIO
 import httpx
 
 from supervisor.client.format import format_answer, format_error, format_event, format_status
+from supervisor.client.terminal import sanitize
 from supervisor.client.wait import (
     Before,
     Settled,
@@ -82,8 +83,10 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                 frame = json.dumps(data) if as_json else format_status(data)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 code = EXIT_UNREACHABLE
-                frame = json.dumps({"error": "unreachable", "detail": str(e)}) if as_json else (
-                    f"cannot reach the daemon at {conn.url} ({e or type(e).__name__}); trying again"
+                frame = (
+                    json.dumps({"error": "unreachable", "detail": str(e)})
+                    if as_json
+                    else (f"cannot reach the daemon at {conn.url} ({e or type(e).__name__}); trying again")
                 )
             if tty:
                 out.write("\033[H\033[J")  # a screen of its own, as watch(1) does
@@ -115,9 +118,11 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
                 return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
             if r.headers.get("x-launch"):  # logs --previous: which launch this is
                 print(f"the launch before this one: {r.headers['x-launch']}", file=sys.stderr)
+            tty = sys.stdout.isatty()  # the server's escapes must not reach a terminal (client/terminal.py)
             try:
                 for line in r.iter_lines():
-                    print(_line(command, line, as_json), flush=True)
+                    shown = _line(command, line, as_json)
+                    print(sanitize(shown) if tty else shown, flush=True)
             except (httpx.RemoteProtocolError, httpx.ReadError):
                 print("error: the daemon closed the stream (it stopped or is restarting)", file=sys.stderr)
                 return EXIT_UNREACHABLE

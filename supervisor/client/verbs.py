@@ -220,15 +220,13 @@ def _default_timeout(command: str) -> float:
 
 def _token(token_file: str | None, env: Mapping[str, str]) -> str | None:
     if token_file:
-        try:
-            token = Path(token_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as err:
-            raise UsageError(
-                f"cannot read --token-file {token_file}: {getattr(err, 'strerror', None) or err}"
-            ) from None
-        if not token:
-            raise UsageError(f"--token-file {token_file} is empty")
-        return token
+        from supervisor.common.apitoken import read_token_file
+        from supervisor.common.configerror import ConfigError
+
+        try:  # the daemon's own rules: a regular file, ours, readable by nobody else
+            return read_token_file(Path(token_file), f"--token-file {token_file}")
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
     return env.get(TOKEN_ENV, "").strip() or None
 
 

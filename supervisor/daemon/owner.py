@@ -486,8 +486,16 @@ class Owner:
 
     # ---- launch -----------------------------------------------------------------------------
 
-    async def launch(self, rung_index: int, *, after_incident: bool) -> None:
+    async def launch(self, rung_index: int, *, after_incident: bool, by_group: bool = False) -> None:
         rung = self.settings.ladder[rung_index]
+        # A group's member launches only the rung its leader gives (by_group: the leader asked).
+        cleared = await self.peers.clearance(rung.name, by_group, self.beating)
+        given = self.settings.rung_index(cleared.rung) if cleared.rung is not None else None
+        if given is None:
+            why = cleared.why or f"the group's leader gave rung {cleared.rung!r}, which this node's ladder lacks"
+            self.hold_for_group(rung_index, after_incident, why)
+            return
+        rung_index, rung = given, self.settings.ladder[given]
         await self.peers.launch(rung.name, self.beating, self.record)  # the members it stopped launch it too
         rendered = render_rung(self.settings.server, rung)
         if (blocked := self.xids.blocked_reason()) is not None and self.lifecycle.state != State.STOPPED:
@@ -540,7 +548,7 @@ class Owner:
         self.persist()
         launched_wall = self.clock.wall()
         self.fresh_server(launched_wall)
-        env.update(self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
+        env.update(await self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
         request = launching.SpawnRequest(
             rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
             rung.name, launched_wall,
@@ -559,6 +567,17 @@ class Owner:
         log_start = None if start is None else {"inode": start.inode, "offset": start.offset}
         self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown), log_start=log_start)
         self.move(State.STARTING, f"launched rung {rung.name}")
+
+    def hold_for_group(self, rung_index: int, after_incident: bool, why: str) -> None:
+        """A member not cleared by its leader does not launch: it waits, asks again each poll, and
+        journals `group_launch_held` when the reason changes (not on every ask)."""
+        if why != self.reason:
+            self.record("group_launch_held", "warning", rung=self.settings.ladder[rung_index].name, reason=why)
+        if self.lifecycle.state != State.RESTARTING:
+            self.move(State.RESTARTING, why)
+        self.reason = why
+        delay = max(0.5, self.settings.watchdog.poll_interval_s)
+        self.wait_then(Pending("launch", rung_index, self.clock.monotonic() + delay, after_incident))
 
     def gpu_refused(self, rung_index: int, after_incident: bool, refused: str, *, strict: bool) -> None:
         """Processes outside the server hold GPU memory ([slate] gpu_strangers, policy/gpufit.py):
@@ -652,6 +671,8 @@ class Owner:
         self.xids, detail, named = xids.explain(
             self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
         )
+        if named:  # the relaunch after a GPU fault keeps the configured start-up window (issue 36)
+            self.comeback.gpu_fault()
         self.record(
             "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
         )
@@ -772,10 +793,8 @@ class Owner:
     async def recover(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
         """Stop the server (and a group's members with it), ask the ladder, then relaunch now (no
         backoff) or set the pending timer."""
-        if self.peers.exits_for_group(self.record):  # LWS recreates the group
-            self.leaving = "group_restart"
-            self.persist()
-            return
+        if self.decided_for_recreation(incident, forced_rung=forced_rung, manual=manual):
+            return  # LWS recreates the group, on the rung just decided and saved
         if self.lifecycle.state != State.RESTARTING:
             self.move(State.RESTARTING, f"stopping after {incident.cause}")
         rs = self.settings.restart  # a hung tree's graceful exit cannot come: a short grace (issue 36)
@@ -818,10 +837,54 @@ class Owner:
             self.fail(decision.reason, decision.reason)
             return
         self.reason = decision.reason
-        if decision.backoff_s <= 0:
+        now = self.clock.monotonic()
+        wait = self.comeback.backoff_left(decision.backoff_s, now)  # counted from the verdict (issue 36)
+        if wait <= 0:
             await self.launch(decision.rung, after_incident=not manual)
             return
-        self.wait_then(Pending("launch", decision.rung, self.clock.monotonic() + decision.backoff_s, not manual))
+        self.wait_then(Pending("launch", decision.rung, now + wait, not manual))
+
+    def decided_for_recreation(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> bool:
+        """`[group] restart = "lws"` on the leader: the ladder decides now (as after a verified
+        stop) and the decision is saved to state.json before the exit, so the recreated group
+        starts on the decided rung and the hourly budget counts (issue 34). Out of rungs, or a
+        launch blocked: no exit (a recreation would run into the same end); the normal path stops
+        and fails the group here. True when the daemon leaves for the recreation."""
+        g = self.settings.group
+        if g is None or not recovery.exits_for_group(g.is_leader, g.restart):
+            return False
+        now_wall = self.clock.wall()
+        outcome = recovery.after_incident(
+            self.settings.ladder,
+            self.ladder,
+            incident,
+            recovery.AfterStop(released=True, xid_blocked=self.xids.blocked_reason()),
+            self.settings.restart,
+            manual=manual,
+            forced_rung=forced_rung,
+            now_wall=now_wall,
+            rand=self.rand() if not manual and forced_rung is None else 0.0,
+            speculative=self.speculative(),
+        )
+        if isinstance(outcome, recovery.Failed) or outcome.decision.action != "relaunch":
+            return False
+        decision = outcome.decision
+        self.ladder = outcome.ladder
+        self.metrics.restart(incident.cause)
+        name = self.settings.ladder[decision.rung].name
+        self.inhand.decided = Decided(name, decision.reason, now_wall + decision.backoff_s)
+        self.record(
+            "ladder_decision",
+            action=decision.action,
+            rung=decision.rung,
+            reason=decision.reason,
+            backoff_s=round(decision.backoff_s, 3),
+        )
+        self.persist()  # before the exit: the recreated leader resumes this decision
+        self.peers.exits_for_group(self.record)
+        self.leaving = "group_restart"
+        self.persist()
+        return True
 
     # ---- stop -------------------------------------------------------------------------------
 
@@ -968,6 +1031,10 @@ class Owner:
         judged = self.peers.judge(verdict, self.lifecycle.state.value, self.record)
         if judged.hold:
             self.move(State.HUNG, judged.hold)
+        elif judged.verdict is not None and judged.same_rung and judged.verdict.is_incident:
+            # A group incident of a node that was away, not of the servers: the rung is retried.
+            assert judged.verdict.cause is not None
+            await self.incident(judged.verdict.cause, judged.verdict, obs, forced_rung=self.ladder.current)
         elif judged.verdict is not None:
             await self.act_on(judged.verdict, obs)
 
@@ -1119,9 +1186,10 @@ class Owner:
 
     async def handle_start(self, cmd: Command) -> None:
         target = self.target_rung(cmd)
+        by_group = cmd.source == "group"  # the group's leader launches this node: no need to ask it
         if self.pending is not None and self.pending.what != "leave_failed":  # skip the wait, keep the rung
             finish(cmd, CommandResult("accepted", "relaunching now", self.lifecycle.state.value))
-            await self.launch(target, after_incident=False)
+            await self.launch(target, after_incident=False, by_group=by_group)
             return
         finish(cmd, CommandResult("accepted", "starting", self.lifecycle.state.value))
         self.xids, note = xids.unblock(self.xids)
@@ -1130,7 +1198,7 @@ class Owner:
         if self.lifecycle.state == State.FAILED:
             await self.leave_failed("failed_left", "start requested", target)
         else:
-            await self.launch(target, after_incident=False)
+            await self.launch(target, after_incident=False, by_group=by_group)
 
     async def handle_restart(self, cmd: Command) -> None:
         hint = f"manual restart to {cmd.rung or self.current_rung_name()}"

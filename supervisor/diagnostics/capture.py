@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from probes.proctree import read_stat
@@ -32,7 +32,7 @@ from supervisor.diagnostics.capturerecords import (
 )
 from supervisor.diagnostics.classify import classify
 from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids
-from supervisor.diagnostics.flightrec import FrReport, bundle_files, flight_record
+from supervisor.diagnostics.flightrec import FrReport, bundle_files, flight_dumps, flight_read
 from supervisor.diagnostics.grouptext import group_text
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
 from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
@@ -40,7 +40,16 @@ from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ra
 from supervisor.diagnostics.sglangdump import sglang_files, with_sglang_dumps
 from supervisor.diagnostics.spread import sample_spread, spread_text
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
-from supervisor.diagnostics.toolrun import ProcRun, Resume, gil_look, missing_tool, read_pystack, run_one
+from supervisor.diagnostics.toolrun import (
+    ProcRun,
+    Resume,
+    gdb_adds_nothing,
+    gil_look,
+    missing_tool,
+    read_pystack,
+    run_one,
+    task_ids,
+)
 
 CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
 RAS_TIMEOUT_S = 8.0  # NCCL's own collective legs get 5 s; a dead peer costs one leg
@@ -54,12 +63,18 @@ async def _capture_one(
     resume: Resume | None,
     deadline: float,
     stopped: bool = False,
+    in_d: bool = False,
 ) -> ProcRun:
     """py-spy, then py-spy --native, then gdb: in turn, as two tracers cannot attach at once. A
-    stopped process (state T) is read by pystack instead of py-spy, which cannot read it."""
+    stopped process (state T) is read by pystack instead of py-spy, which cannot read it. A process
+    whose main thread is in D state cannot be stopped by a tracer until the kernel wakes it (py-spy's
+    pause and gdb's attach would wait out their timeouts and read nothing): py-spy reads it without
+    pausing it, which is consistent for a thread that sits in the kernel, and the pausing tools are
+    skipped, saying why."""
     run = ProcRun(info)
     pid = info.pid
     native_named = False  # py-spy --native (or pystack --native) gave host frames with their names
+    spy_named = False  # py-spy --native itself did (a live process it reads)
     if req.py_spy and stopped and paths.pystack is not None:
         why = "the process is stopped (state T): py-spy cannot read it; pystack reads it instead"
         run.outcomes.append(ToolOutcome(pid, "py-spy", "skipped", 0.0, detail=why))
@@ -68,10 +83,12 @@ async def _capture_one(
         if paths.py_spy is None:
             run.outcomes.append(missing_tool(pid, "py-spy", "py-spy"))
         else:
-            argv = tools.py_spy_argv(paths.py_spy, pid, native=False, nonblocking=req.nonblocking)
+            argv = tools.py_spy_argv(paths.py_spy, pid, native=False, nonblocking=req.nonblocking or in_d)
             res = await run_one(run, "py-spy", argv, req.py_spy_timeout_s, env, resume, deadline)
             run.python = tools.parse_py_spy(res.stdout)
-            if req.native and req.nonblocking:
+            if req.native and in_d:
+                run.outcomes.append(ToolOutcome(pid, "py-spy-native", "skipped", 0.0, detail=_IN_D))
+            elif req.native and req.nonblocking:
                 why = (
                     "py-spy cannot read native frames without pausing the process, and a server that is "
                     "not hung is not paused unasked (diagnose --native pauses each process briefly)"
@@ -83,18 +100,22 @@ async def _capture_one(
                 native_threads = tools.parse_py_spy(res.stdout)
                 if native_threads:
                     run.python = native_threads
-                    native_named = True
+                    native_named = spy_named = True
         if not run.python and paths.pystack is not None and os.path.exists(f"/proc/{pid}"):
             native_named = await read_pystack(run, req, paths.pystack, env, resume, deadline)
         if req.trigger == "hung" and info.role in ("scheduler", "pending") and paths.pystack is not None:
             await gil_look(run, req, paths.pystack, env, deadline)  # the culprit may hold the GIL asleep
-    if req.gdb:
+    if req.gdb and in_d:
+        run.outcomes.append(ToolOutcome(pid, "gdb", "skipped", 0.0, detail=_IN_D))
+    elif req.gdb:
         exe, kind = paths.debugger(_holds_gpu(info, req))
         if exe is None and kind == "cuda-gdb":
             why = "only cuda-gdb is installed, and this process holds no GPU memory: py-spy covers it"
             run.outcomes.append(ToolOutcome(pid, "cuda-gdb", "skipped", 0.0, detail=why))
         elif exe is None:
             run.outcomes.append(missing_tool(pid, "gdb", "gdb (or cuda-gdb)"))
+        elif (redundant := gdb_adds_nothing(run, kind, spy_named, task_ids(pid))) is not None:
+            run.outcomes.append(ToolOutcome(pid, kind, "skipped", 0.0, detail=redundant))
         else:
             # cuda-gdb is there for the GPU kernels; the host frames py-spy --native already named.
             argv = tools.gdb_argv(exe, pid, kind, shared_symbols=not (kind == "cuda-gdb" and native_named))
@@ -173,6 +194,14 @@ def _cpu_times(pids: Sequence[int]) -> dict[int, float]:
     return {pid: st.cpu_time_s for pid in pids if (st := read_stat(pid)) is not None}
 
 
+_IN_D = "the main thread is in D state: a tracer's stop waits until the kernel wakes it, so nothing pauses it"
+
+
+def _in_d_before(info: ProcInfo, snap: ProcSnapshot) -> bool:
+    """The main thread in D state (uninterruptible: a hung mount, a driver call) before we came."""
+    return any(t.tid == info.pid and t.state == "D" for t in snap.threads)
+
+
 def _stopped_before(info: ProcInfo, snap: ProcSnapshot) -> bool:
     """Stopped by a signal before we came: every thread in T (a tracer's stop reads `t`)."""
     if snap.threads:
@@ -198,19 +227,24 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     env = tools.tool_env(dict(os.environ))
     ras_task = asyncio.create_task(_ask_ras(req))  # before any tool pauses a rank's RAS thread
     fr = await _ask_fr(req)  # every rank's pipe written, and the dumps waited for, before any debugger
+    fr_read = asyncio.create_task(_read_fr(fr, req))  # read and judged while the tools run
     before, rates = await _rates(pids)
     stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
+    in_d = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _in_d_before(p, s))
     proc_s = time.monotonic() - start
     deadline = time.monotonic() + req.budget_s
     runs = await asyncio.gather(
         *(
-            _capture_one(p, req, paths, env, None if p.pid in stopped else resume, deadline, p.pid in stopped)
+            _capture_one(
+                p, req, paths, env, None if p.pid in stopped else resume, deadline, p.pid in stopped, p.pid in in_d
+            )
             for p in req.processes
         )
     )
     tools_s = time.monotonic() - start - proc_s
     after = await asyncio.to_thread(lambda: [sample_threads(pid) for pid in pids])
     ras = await ras_task
+    fr = await fr_read
     durations = {"proc_s": round(proc_s, 4), "tools_s": round(tools_s, 4), "ras_s": ras.duration_s, "fr_s": fr.wait_s}
     return _Collected(before, list(runs), after, durations, stopped, rates, ras, fr)
 
@@ -218,12 +252,19 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
 async def _ask_fr(req: CaptureRequest) -> FrReport:
     if req.trigger != "hung" or not req.flight_recorder:
         return FrReport("off", "only a hang's capture asks the Flight Recorder" if req.flight_recorder else "off")
-    ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
     wait = min(req.flight_recorder_wait_s, max(0.5, req.budget_s / 2))
     try:
-        return await flight_record(req.env, ranks, req.argv, wait)
+        return await flight_dumps(req.env, wait)
     except Exception as err:  # the Flight Recorder must never cost the rest of the evidence
         return FrReport("error", f"{type(err).__name__}: {err}"[:300])
+
+
+async def _read_fr(fr: FrReport, req: CaptureRequest) -> FrReport:
+    ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
+    try:
+        return await flight_read(fr, req.env, ranks, req.argv)
+    except Exception as err:
+        return replace(fr, status="error", reason=f"{type(err).__name__}: {err}"[:300])
 
 
 async def _ask_ras(req: CaptureRequest) -> RasReport:
@@ -299,7 +340,10 @@ async def capture(
     blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop
     if ras.raw:
         blobs["ras.json"] = redactor.text(ras.raw).encode()
-    blobs.update(await asyncio.to_thread(bundle_files, fr))
+    fr_files = await asyncio.to_thread(bundle_files, fr)
+    if "fr-trace.txt" in fr_files:  # torch's analyzer prints frames and names: redacted like any text
+        fr_files["fr-trace.txt"] = redactor.text(fr_files["fr-trace.txt"].decode("utf-8", "replace")).encode()
+    blobs.update(fr_files)
     names = [*blobs, "summary.json", "summary.txt"]
     bundle_id = unique_id(diag_dir, safe_id(req.incident_id))
     records = [

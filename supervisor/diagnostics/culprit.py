@@ -122,20 +122,19 @@ def _py(f: Frame) -> str:
 
 
 def frames_of(v: ThreadView) -> tuple[str, ...]:
-    """Innermost meaningful frames: the Python site (and the caller when the site is stdlib sync
-    code), then the native frame it waits in, named with its library."""
-    out: list[str] = []
-    if v.site is not None:
-        out.append(_py(v.site))
-        if v.caller is not None:
-            out.append(_py(v.caller))
+    """Innermost meaningful frames: the Python site (its caller instead when the site is stdlib sync
+    code: `selectors.py`, `threading.py`, `queue.py`; the stdlib call is in `doing`), then the
+    native frame it waits in, named with its library, then the Python frames that called it."""
+    meaningful = v.caller if v.caller is not None else v.site
+    out: list[str] = [_py(meaningful)] if meaningful is not None else []
     native = [f for f in _frames(v) if not f.is_python and not f.file.startswith("<")]
     named = [f for f in native if f.function == v.label] or native[:1]
     for f in named[:1]:
         out.append(f"{f.function} ({f.file})" if f.file else f.function)
     if v.python is not None:
-        rest = [_py(f) for f in v.python.frames if f.is_python and _py(f) not in out]
-        out += rest[: max(0, MAX_FRAMES - len(out))]
+        py = [f for f in v.python.frames if f.is_python]
+        after = py[py.index(meaningful) + 1 :] if meaningful in py else py
+        out += [_py(f) for f in after][: max(0, MAX_FRAMES - len(out))]
     return tuple(dict.fromkeys(out))[:MAX_FRAMES]
 
 
@@ -146,7 +145,9 @@ def _doing(v: ThreadView) -> str:
     native = any(not f.is_python for f in _frames(v))
     if v.label and v.label == v.wchan and not native and holds_gil(v):
         return f"blocks in native code (kernel wait {v.wchan})"  # no native stack was taken
-    if not v.label or (v.site is not None and v.label == v.site.function.rsplit(".", 1)[-1]):
+    if v.site is not None and v.caller is not None:
+        return f"{verb} in {v.label or v.site.function.rsplit('.', 1)[-1]}"  # "at" names the caller
+    if not v.label or (v.site is not None and v.label in (v.site.function, v.site.function.rsplit(".", 1)[-1])):
         return verb  # the frame after "at" names it
     return f"{verb} in {v.label}"
 
@@ -189,8 +190,18 @@ def _pick(views: Sequence[ThreadView], proc: ProcEvidence) -> tuple[ThreadView |
     return None, []
 
 
+def _own(views: Sequence[ThreadView], proc: ProcEvidence) -> list[ThreadView]:
+    """The threads that are this process's own: a stack py-spy read for a thread /proc does not list
+    under the pid is another process's (a vfork child shares its parent's memory, so py-spy on the
+    child reads the parent's threads); it stands with the process that owns it."""
+    tasks = {t.tid for sample in proc.samples for t in sample}
+    if not tasks:
+        return list(views)
+    return [v for v in views if v.tid is None or v.tid in tasks]
+
+
 def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
-    views = thread_views(proc)
+    views = _own(thread_views(proc), proc)
     chosen, why = _pick(views, proc)
     if chosen is None:
         return None
@@ -218,8 +229,8 @@ def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
 def _score(c: Culprit, missing: set[int]) -> tuple[int, int]:
     if c.doing.startswith("is stopped"):
         order = 0
-    elif c.pid in missing:
-        order = 1
+    elif c.pid in missing or c.doing.startswith("is in D state"):
+        order = 1  # the rank the others wait for, or a thread the kernel will not wake
     elif c.gil and not c.doing.startswith("runs"):
         order = 2
     elif c.doing.startswith("runs"):

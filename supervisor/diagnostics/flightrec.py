@@ -28,7 +28,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -374,10 +374,10 @@ def server_python(pids: Sequence[int], argv: Sequence[str]) -> str | None:
     return None
 
 
-async def flight_record(
-    env: Mapping[str, str], rank_pids: Sequence[int], argv: Sequence[str], wait_s: float
-) -> FrReport:
-    """Steps 2-4 at a capture: write the pipes, wait for the dumps, read and judge them."""
+async def flight_dumps(env: Mapping[str, str], wait_s: float) -> FrReport:
+    """Step 2 at a capture, before any debugger attaches: write the pipes, wait for the dumps. An
+    `ok` report here has its dumps but no verdict yet: `flight_read` reads them, which needs no
+    rank to run, so it goes alongside the tools instead of before them."""
     got = paths_from(env)
     if got is None:
         return FrReport("off", f"{PIPE_KEY} is not in the server's environment ([diagnostics] flight_recorder off)")
@@ -395,13 +395,30 @@ async def flight_record(
     if not dumps:
         why = f"{len(written)} pipe(s) written, no dump within {wait_s:g} s (a rank stopped, or torch too old)"
         return FrReport("no_dumps", why, pipes, {}, waited)
+    return FrReport("ok", "", pipes, dumps, waited)
+
+
+async def flight_read(
+    report: FrReport, env: Mapping[str, str], rank_pids: Sequence[int], argv: Sequence[str]
+) -> FrReport:
+    """Steps 3-4: the dumps read by the server's Python and judged (a report without dumps as it is)."""
+    if report.status != "ok" or not report.dumps or report.verdict is not None:
+        return report
     python = server_python(rank_pids, argv)
     if python is None:
-        return FrReport("error", "the server's Python could not be found to read the dumps", pipes, dumps, waited)
-    read, trace, err = await analyze(python, dumps, env)
+        return replace(report, status="error", reason="the server's Python could not be found to read the dumps")
+    read, trace, err = await analyze(python, report.dumps, env)
     if err:
-        return FrReport("error", err, pipes, dumps, waited)
-    return FrReport("ok", "", pipes, dumps, waited, judge(read, written), trace, read)
+        return replace(report, status="error", reason=err)
+    written = [p.rank for p in report.pipes if p.outcome == "written"]
+    return replace(report, verdict=judge(read, written), analyzer=trace, read=read)
+
+
+async def flight_record(
+    env: Mapping[str, str], rank_pids: Sequence[int], argv: Sequence[str], wait_s: float
+) -> FrReport:
+    """Steps 2-4 in one: write the pipes, wait for the dumps, read and judge them."""
+    return await flight_read(await flight_dumps(env, wait_s), env, rank_pids, argv)
 
 
 def bundle_files(report: FrReport) -> dict[str, bytes]:

@@ -9,12 +9,18 @@
 - `init_attention_backends`: nvidia-resiliency-ext's LOCK_GIL fault where REAL_SGLANG.md put it on
   the H200: libc `sleep` called through `ctypes.PyDLL`, which keeps the GIL, so no other thread of
   the process runs Python; the thread sleeps in `clock_nanosleep`. 0 % CPU.
+- `stuck_in_kernel`: a thread the kernel will not wake (D state), as a read from a hung network
+  mount leaves one: glibc's `posix_spawn` keeps the calling thread in `kernel_clone` (an
+  uninterruptible vfork wait, state D) until its child execs, and the child first opens a FIFO that
+  no one will ever write. The GIL stays held (CPython does not release it around posix_spawn).
 - `gpu_sleep`: its GPU_SLEEP fault: a kernel that never ends, and the host thread spins in
   `Event.synchronize` on it at one core (the simulated GPU reads busy with almost no SM work).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 from typing import NoReturn
@@ -91,3 +97,17 @@ def gpu_sleep(gpu_file: str | None) -> NoReturn:
     done.record(SpinningKernel(gpu_file))
     done.synchronize()
     raise AssertionError("a never-ending kernel finished")
+
+
+def stuck_in_kernel() -> NoReturn:
+    folder = tempfile.mkdtemp(prefix="sim-dstate-")
+    path = os.path.join(folder, "never-written")
+    os.mkfifo(path)
+    held = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # keeps the FIFO alive once its name is gone
+    os.unlink(path)
+    os.rmdir(folder)  # nothing is left on disk when the tree is killed
+    # The child's open of the FIFO for reading waits for a writer that never comes; its signals are
+    # blocked until the exec it never reaches, so only SIGKILL ends it (and, with it, this D state).
+    never = [(os.POSIX_SPAWN_OPEN, 3, f"/proc/self/fd/{held}", os.O_RDONLY, 0)]
+    os.posix_spawn("/bin/true", ["/bin/true"], {}, file_actions=never)
+    raise AssertionError("a thread left D state")

@@ -34,6 +34,7 @@ class Scenario(str, enum.Enum):
     # nvidia-resiliency-ext's fault catalogue (issue 35): LOCK_GIL and GPU_SLEEP after the weights load.
     LOCK_GIL_AFTER_LOAD = "lock_gil_after_load"  # native sleep holding the GIL (ctypes.PyDLL): idle, nothing runs
     GPU_SLEEP_AFTER_LOAD = "gpu_sleep_after_load"  # a kernel that never ends; the host spins in synchronize
+    IO_WAIT_AFTER_LOAD = "io_wait_after_load"  # the scheduler's main thread in D state in the kernel: io_wait
 
 
 #: Faults that begin a while after the server is ready (SGLANG_SIM_FAULT_AFTER_S).

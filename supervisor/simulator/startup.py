@@ -175,6 +175,9 @@ class Startup:
         if self.scenario is Scenario.GPU_SLEEP_AFTER_LOAD:
             self._onset()
             hangs.gpu_sleep(self.ctx.settings.gpu_file)
+        if self.scenario is Scenario.IO_WAIT_AFTER_LOAD:
+            self._onset()
+            hangs.stuck_in_kernel()
         time.sleep(0.25 * self.pace)
         self.log.info(f"Memory pool end. avail mem={facts.avail_after_kv:.2f} GB")
 

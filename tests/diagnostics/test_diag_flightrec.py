@@ -4,6 +4,7 @@ with real FIFOs, real rank processes and the analyzer run as a child with a real
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from supervisor.diagnostics.flightrec import (
 )
 
 FR_RANK = str(Path(__file__).parents[1] / "support" / "fr_rank.py")
+FR_TORCH_RANK = str(Path(__file__).parents[1] / "support" / "fr_torch_rank.py")
 
 
 def test_launch_env_sets_what_the_operator_did_not(tmp_path: Path) -> None:
@@ -146,21 +148,40 @@ async def test_a_hostile_dump_is_refused_not_run(tmp_path: Path) -> None:
     assert isinstance(errors, list) and errors and "refused class" in str(errors[0])
 
 
-async def test_real_torch_ranks_on_the_cpu_dump_through_the_pipe(tmp_path: Path) -> None:
-    """With torch installed: real gloo ranks. torch's pipe is read by ProcessGroupNCCL's heartbeat
-    monitor only, so on the CPU the check is that gloo's ring records and dumps through torch's API."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (CI: pip install torch from the cpu index)")
-    c10d = torch._C._distributed_c10d
-    dumper = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_fr_trace", None)
-    if dumper is None:
-        pytest.skip(f"torch {torch.__version__} has no CPU Flight Recorder dump API (_dump_fr_trace)")
-    import torch.distributed as dist
-
-    os.environ.update({"TORCH_FR_BUFFER_SIZE": "100", "TORCH_NCCL_TRACE_BUFFER_SIZE": "100"})
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+async def test_real_torch_ranks_on_the_cpu_one_never_entering_the_collective(tmp_path: Path) -> None:
+    """Two real gloo ranks (torch 2.13 CPU: `pip install torch==2.13.0`); rank 1 never enters the
+    second all_reduce. The daemon's path as at a hang: pipes written, dumps (torch's own pickles)
+    waited for, read by the rank's Python with the class-refusing loader, torch's analyzer run, and
+    the verdict names rank 1 as the rank the other waits for."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0: a CPU wheel)")
+    env = {**fr_env(tmp_path), "TORCH_FR_BUFFER_SIZE": "100", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    store = str(tmp_path / "store")
+    ranks = [  # both at once: each waits in init_process_group for the other
+        subprocess.Popen(
+            [sys.executable, FR_TORCH_RANK, str(r), "2", store], stdout=subprocess.PIPE, text=True, env=env
+        )
+        for r in (0, 1)
+    ]
     try:
-        dist.all_reduce(torch.ones(4))
-        raw = dumper()
+        for p in ranks:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        # A generous bound on a loaded machine: the wait ends as soon as both dumps are in.
+        report = await flight_record(env, [p.pid for p in ranks], [sys.executable], wait_s=30.0)
     finally:
-        dist.destroy_process_group()
-    assert raw, "gloo's Flight Recorder recorded nothing"
+        for p in ranks:
+            p.kill()
+            p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+    assert report.status == "ok", report
+    assert sorted(report.dumps) == [0, 1], report
+    v = report.verdict
+    assert v is not None and v.mismatch == "lagging_ranks" and v.lagging_ranks == (1,), v
+    assert v.collective == "gloo:all_reduce" and v.seq == 2, v
+    assert "rank(s) 1 stopped before it (at #1)" in v.text, v.text
+    read = {d.rank: d for d in report.read}
+    # torch's ring as torch wrote it (gloo records no completion: every entry reads "scheduled").
+    assert [e.seq for e in read[0].entries] == [1, 2] and [e.seq for e in read[1].entries] == [1]
+    files = bundle_files(report)
+    assert files["fr-dump-rank0.pickle"].startswith(b"\x80")  # the pickle kept as torch wrote it
+    assert report.analyzer, "torch's fr_trace analyzer printed nothing"

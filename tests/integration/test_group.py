@@ -51,9 +51,10 @@ def test_group_starts_and_the_leader_shows_every_node(nodes_of) -> None:  # type
     assert leader.get("/livez", auth=False).status_code == 200
     wst = worker.wait(ready, 10, "the worker ready")
     assert wst["group"]["role"] == "worker" and wst["group"]["leader"] == leader.address
-    # The member API takes the same bearer token as every route.
+    # The member API answers the group's signatures only: no token, not even the operator's, gets in.
     assert worker.get("/group/report", auth=False).status_code == 401
-    rep = worker.get("/group/report").json()
+    assert worker.get("/group/report").status_code == 401
+    rep = worker.signed("GET", "/group/report").json()
     assert rep["node"] == 1 and rep["state"] == "ready" and rep["cause"] is None
     assert any(r["role"] == "scheduler" for r in rep["ranks"])
     # The CLI's status shows the group.
@@ -108,6 +109,9 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
         assert f"Group: node {node.rank} of 2" in text
     ev = leader.events("group_evidence")[-1]
     assert ev["id"] == inc["id"] and ev["nodes"][0]["ok"] and ev["bundles"] == {"1": inc["id"]}
+    # The group's summary names each member's culprit, as the member's own summary.txt begins.
+    member_text = (worker.state_dir / "diagnostics" / inc["id"] / "summary.txt").read_text()
+    assert ev["culprits"]["1"] == member_text.splitlines()[0] and ev["culprits"]["1"].startswith("Culprit: "), ev
     assert [e["event"] for e in leader.events() if e["event"] in ("group_stop", "group_launch")][-2:] == [
         "group_stop",
         "group_launch",

@@ -162,6 +162,7 @@ def test_missing_or_wrong_token_exit_4(daemon: Daemon, tmp_path: Path, capsys: p
     assert "SGLANG_SUPERVISOR_TOKEN" in capsys.readouterr().err
     wrong = tmp_path / "wrong"
     wrong.write_text("nope")
+    wrong.chmod(0o600)
     assert run(["restart", "--url", daemon.url, "--token-file", str(wrong)]) == 4
     assert run(["status", "--url", daemon.url, "--json"], {"SGLANG_SUPERVISOR_TOKEN": "x"}) == 4
     assert json.loads(capsys.readouterr().out)["error"] == "unauthorized"
@@ -189,10 +190,18 @@ def test_timeout_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["status", "--token-file", str(tmp_path / "absent")]) == 2
-    assert "cannot read --token-file" in capsys.readouterr().err
+    assert "--token-file" in (err := capsys.readouterr().err) and "cannot read it" in err
     empty = tmp_path / "empty"
     empty.write_text("\n")
+    empty.chmod(0o600)
     assert run(["status", "--token-file", str(empty)]) == 2
+    # The daemon's rules for a token file hold for the client too: group or world bits are refused.
+    shared = tmp_path / "shared"
+    shared.write_text("t0ken\n")
+    shared.chmod(0o640)
+    capsys.readouterr()
+    assert run(["status", "--url", "http://127.0.0.1:1", "--token-file", str(shared)]) == 2
+    assert "readable or writable by group or others (mode 0640)" in capsys.readouterr().err
     assert run(["status", "--url", "ftp://127.0.0.1:1"]) == 2
     with pytest.raises(SystemExit) as exc:
         parse(["restart", "--bogus"])

@@ -1,0 +1,157 @@
+"""The culprit, pure (issue 35): per rank the thread that stopped progress, in the shapes the capture
+produces (py-spy threads with their status, /proc samples), and the rank named first across ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from probes.types import ThreadInfo
+from supervisor.diagnostics import Evidence, Frame, ProcEvidence, StackThread
+from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids, rank_culprit
+
+PID = 100
+
+
+def py(tid: int, name: str, *frames: tuple[str, str, int], status: str = "idle") -> StackThread:
+    return StackThread(tid, name, tuple(Frame(f, file, line) for f, file, line in frames), status)
+
+
+def sample(*threads: tuple[int, str, str, str]) -> tuple[ThreadInfo, ...]:
+    return tuple(ThreadInfo(*t) for t in threads)
+
+
+def proc(samples: tuple[ThreadInfo, ...], *threads: StackThread, pid: int = PID, rank: int = 0) -> ProcEvidence:
+    return ProcEvidence(pid, "scheduler", rank, f"sglang::scheduler_TP{rank}", (samples, samples), python=threads)
+
+
+TQDM = py(PID + 1, "tqdm_monitor", ("TMonitor.run", "tqdm/_monitor.py", 60), ("wait", "threading.py", 331))
+GLOO = py(PID + 2, "pt_gloo_runloop", ("run", "gloo/loop.py", 12))
+HELPERS = ((PID + 1, "python", "S", "futex_do_wait"), (PID + 2, "pt_gloo_runloop", "S", "futex_do_wait"))
+
+
+def test_the_gil_holder_asleep_in_native_code_is_the_culprit_and_helpers_fold() -> None:
+    main = py(
+        PID,
+        "MainThread",
+        ("init_attention_backends", "sitecustomize.py", 27),
+        ("ModelRunner.__init__", "sglang/srt/model_executor/model_runner.py", 300),
+        status="idle+gil",
+    )
+    c = rank_culprit(proc(sample((PID, "python", "S", "hrtimer_nanosleep"), *HELPERS), main, TQDM, GLOO), 31.0)
+    assert c is not None
+    assert c.thread == "MainThread" and c.gil and c.held_s == 31.0
+    assert c.frames[0] == "init_attention_backends (sitecustomize.py:27)"
+    assert "holds the GIL" in c.evidence[0]
+    assert c.helpers == 2 and dict(c.helper_kinds) == {"tqdm": 1, "gloo": 1}
+    line = c.line()
+    assert line.startswith(f"Culprit: scheduler TP0 pid {PID} thread 'MainThread' tid {PID} ")
+    assert "at init_attention_backends (sitecustomize.py:27), holding the GIL, no progress for 31 s" in line
+
+
+def test_a_main_thread_that_only_joins_points_at_the_thread_it_waits_for() -> None:
+    main = py(PID, "MainThread", ("join", "threading.py", 1112), ("deadlock_forever", "hangs.py", 50))
+    worker = py(PID + 3, "weight-sync", ("_sync_weights_to_graph_pool", "hangs.py", 31))
+    s = sample((PID, "python", "S", "futex_do_wait"), (PID + 3, "python", "S", "futex_do_wait"), *HELPERS)
+    c = rank_culprit(proc(s, main, worker, TQDM, GLOO), None)
+    assert c is not None and c.thread == "weight-sync"
+    assert c.frames[0] == "_sync_weights_to_graph_pool (hangs.py:31)"
+    assert "the main thread only joins it" in c.evidence[0]
+
+
+def test_a_wait_in_stdlib_names_its_caller_and_the_call() -> None:
+    main = py(
+        PID,
+        "MainThread",
+        ("_PollLikeSelector.select", "selectors.py", 415),
+        ("ServingLoop._receive", "decode_loop.py", 127),
+        ("run", "decode_loop.py", 110),
+    )
+    c = rank_culprit(proc(sample((PID, "python", "S", "do_sys_poll")), main), 5.0)
+    assert c is not None
+    assert c.frames[:2] == ("ServingLoop._receive (decode_loop.py:127)", "run (decode_loop.py:110)")
+    assert c.doing == "waits in select", c
+
+
+def test_a_thread_in_d_state_ranks_before_an_idle_rank() -> None:
+    idle = proc(sample((PID, "python", "S", "futex_do_wait")), py(PID, "MainThread", ("loop", "s.py", 1)), rank=0)
+    d_main = py(PID + 10, "MainThread", ("stuck_in_kernel", "hangs.py", 112))
+    stuck = proc(sample((PID + 10, "python", "D", "kernel_clone")), d_main, pid=PID + 10, rank=1)
+    named = culprits(Evidence((idle, stuck)), 4.0)
+    assert [c.rank for c in named] == [1, 0]
+    assert named[0].doing == "is in D state in kernel_clone"
+
+
+def test_a_stack_read_through_a_vfork_childs_shared_memory_stays_with_its_owner() -> None:
+    """py-spy on a vfork child reads its parent's threads: the child has no thread of that tid."""
+    shadow = py(PID, "MainThread", ("stuck_in_kernel", "hangs.py", 112), status="active")
+    child = proc(sample((PID + 5, "python", "S", "wait_for_partner")), shadow, pid=PID + 5)
+    c = rank_culprit(child, None)
+    assert c is not None and c.tid == PID + 5 and c.frames == () and c.doing.startswith("waits")
+
+
+def test_a_stopped_rank_comes_first_then_a_spinner() -> None:
+    spin = py(PID, "custom-all-reduce", ("_wait_for_peer_flag", "hangs.py", 64), status="active+gil")
+    spinner = proc(sample((PID, "python", "R", "0")), spin, rank=0)
+    frozen = ProcEvidence(
+        PID + 20,
+        "scheduler",
+        1,
+        samples=(sample((PID + 20, "python", "T", "do_signal_stop")),) * 2,
+        python=(py(PID + 20, "MainThread", ("_decode", "decode_loop.py", 244)),),
+        stopped=True,
+    )
+    named = culprits(Evidence((spinner, frozen)), 9.0)
+    assert [c.rank for c in named] == [1, 0]
+    assert named[0].doing.startswith("is stopped") and named[0].frames[0] == "_decode (decode_loop.py:244)"
+    assert named[1].doing == "runs" and named[1].gil
+
+
+def test_the_rank_that_never_joined_comes_before_the_waiting_ones() -> None:
+    wait = py(PID, "MainThread", ("all_reduce", "parallel_state.py", 521))
+    a = proc(sample((PID, "python", "S", "futex_do_wait")), wait, rank=0)
+    late = py(PID + 30, "MainThread", ("load_weights", "loader.py", 80))
+    b = proc(sample((PID + 30, "python", "S", "futex_do_wait")), late, pid=PID + 30, rank=1)
+    named = culprits(Evidence((a, b)), None, missing_pids=[PID + 30])
+    assert named[0].rank == 1 and "never joined the collective" in named[0].evidence[0]
+
+
+FAULT = """\
+Fatal Python error: Segmentation fault
+
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/v/site-packages/sglang/srt/distributed/device_communicators/custom_all_reduce.py", line 338 in all_reduce
+  File "/v/site-packages/sglang/srt/managers/scheduler.py", line 1002 in event_loop_normal
+
+[2026-12-02 10:00:00] Subprocess scheduler_1 (pid=4242) crashed with exit code -11.
+"""
+
+
+def test_a_rank_dead_of_a_segfault_is_named_from_its_last_words() -> None:
+    c = died_culprit(FAULT.splitlines(), [4242], 3.0)
+    assert c is not None and c.rank == 1 and c.pid == 4242 and c.thread == "0x00007f0000000002"
+    assert c.frames[0] == "all_reduce (sglang/srt/distributed/device_communicators/custom_all_reduce.py:338)"
+    assert c.doing == "died of a segmentation fault" and "exit with code -11" in c.evidence[1]
+    assert c.line().startswith("Culprit: scheduler TP1 pid 4242 (exited) thread '0x00007f0000000002' died of")
+
+
+@pytest.mark.parametrize(
+    ("tail", "lost", "pid"),
+    [
+        ([], [4242], None),  # no last words: nothing to name a dead rank by
+        (["no fatal error here"], [4242], None),
+        (FAULT.splitlines(), [], 4242),  # the verdict lost no pid: SGLang's own "crashed" line names it
+    ],
+)
+def test_a_dead_rank_needs_its_last_words(tail: list[str], lost: list[int], pid: int | None) -> None:
+    got = died_culprit(tail, lost, None)
+    assert (got.pid if got is not None else None) == pid
+
+
+def test_verdict_figures_read_safely() -> None:
+    assert held_from({"figures": {"since_progress_s": 12.345}}) == 12.3
+    assert held_from({"figures": {"since_progress_s": True}}) is None
+    assert held_from({"figures": "garbage"}) is None
+    assert lost_pids({"figures": {"lost_pid": 42}}) == [42] and lost_pids({}) == []
