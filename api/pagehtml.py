@@ -17,6 +17,7 @@ from api.pageforms import action_bar
 from api.pagelaunch import launch_section
 from supervisor.status.snapshot import StatusSnapshot
 from supervisor.status.timeline import TimelinePoint
+from supervisor.status.wording import restarts_text
 
 # Each state its colour; hung and failed are red (failed the darker), as an operator expects.
 STATE_COLOURS = {
@@ -189,8 +190,8 @@ def _ladder(s: StatusSnapshot) -> str:
 def _server(s: StatusSnapshot) -> str:
     sv = s.serving
     rows: list[tuple[str, str]] = [
-        ("restarts", f"{s.restarts} ({s.restarts_last_hour} in the last hour)"),
-        ("incidents", str(s.incidents)),
+        ("restarts", e(restarts_text(s.restarts, s.restarts_last_hour))),
+        ("incidents", f"{s.incidents} since the daemon started (the table below: the bundles kept)"),
     ]
     if s.time_to_ready_s is not None:
         rows.append(("time to ready", f"{s.time_to_ready_s:.1f} s"))
@@ -217,6 +218,17 @@ def _server(s: StatusSnapshot) -> str:
         if not c.ok and c.kind == "capability":  # what this GPU cannot do: said, not red
             instead = f"; uses {e(c.instead)} instead" if c.instead else ""
             rows.append((f"{e(c.name)}", f"<span class='muted'>not available here: {e(c.detail)}{instead}</span>"))
+    for n in s.notifications:
+        if n.failed or n.dropped:
+            rows.append(
+                (
+                    f"notify {e(n.target)}",
+                    f"<span class='err'>{n.failed} failed, {n.dropped} dropped ({n.ok} ok); last: "
+                    f"{e(n.last_error)} at {e(n.last_failed_at)}</span>",
+                )
+            )
+        elif n.ok:
+            rows.append((f"notify {e(n.target)}", f"{n.ok} delivered, last at {e(n.last_ok_at)}"))
     w = s.write_errors
     if s.loop_errors or w.journal or w.server_log or w.state or w.bundle:
         rows.append(

@@ -53,7 +53,8 @@ class NotifyEvent:
             return f"{where}: FAILED, not serving: {self.reason or 'the ladder is spent'}"
         if self.kind == "recovered":
             after = f" after {self.incident_id}" if self.incident_id else ""
-            return f"{where}: recovered{after}, serving on rung {self.rung or '?'}"
+            cause = f" ({self.cause}{', ' + self.hang_class if self.hang_class else ''})" if self.cause else ""
+            return f"{where}: recovered{after}{cause}, serving on rung {self.rung or '?'}"
         if self.kind == "launch_blocked":
             return f"{where}: not launching rung {self.rung or '?'}, still waiting: {self.reason}"
         return f"{where}: stayed stopped after the daemon restarted: {self.reason or 'stopped by request'}"
@@ -66,6 +67,8 @@ class Tracker:
     instance: str
     open_incident: str | None = None  # the incident (or "failed") not yet followed by ready
     rung: str = ""
+    open_cause: str | None = None  # the cause a `recovered` names (issue 38: it was null)
+    open_hang_class: str | None = None
 
     def feed(self, record: dict[str, object]) -> NotifyEvent | None:
         name = record.get("event")
@@ -75,6 +78,9 @@ class Tracker:
             self.rung = rung
         if name == "incident" and record.get("cause") != "manual":
             inc = _text(record.get("id")) or None
+            if self.open_incident is None or self.open_incident in ("failed", "blocked"):
+                self.open_cause = _text(record.get("cause")) or None  # the first incident of the episode
+                self.open_hang_class = _text(record.get("hang_class")) or None
             self.open_incident = inc or self.open_incident or "incident"
             return NotifyEvent(
                 kind="incident",
@@ -92,8 +98,18 @@ class Tracker:
             return self._opening("failed", "failed", at, rung, record)
         if name == "server_ready" and self.open_incident is not None:
             ended = self._incident_or_none()
-            self.open_incident = None
-            return NotifyEvent(kind="recovered", at=at, instance=self.instance, rung=rung, incident_id=ended)
+            cause = self.open_cause or (self.open_incident if self.open_incident in ("failed", "blocked") else None)
+            hang_class = self.open_hang_class
+            self.open_incident = self.open_cause = self.open_hang_class = None
+            return NotifyEvent(
+                kind="recovered",
+                at=at,
+                instance=self.instance,
+                rung=rung,
+                incident_id=ended,
+                cause=cause,
+                hang_class=hang_class,
+            )
         if name == "launch_blocked":
             return self._opening("launch_blocked", "blocked", at, rung, record)
         if name == "stayed_stopped":

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from supervisor.checkconfig.check import check_settings
 from supervisor.checkconfig.groupcheck import group_doc, group_line
+from supervisor.checkconfig.notifycheck import notify_doc, notify_lines
 from supervisor.checkconfig.windowcheck import all_windows, window_lines
 from supervisor.common.redact import Redactor
 from supervisor.config.render import RenderedCommand, render_ladder
@@ -107,6 +108,8 @@ def check_rungs(
         out.write("\n".join(window_lines(windows[r.rung])) + "\n")
     out.write(f"gpu: {settings.gpu.describe()}\n")
     out.write(f"slate: {settings.slate.describe()}\n")
+    for line in notify_lines(settings):
+        out.write(line + "\n")
     findings = check_settings(settings, os.environ if env is None else env)
     for f in findings:
         out.write(f.line() + "\n")
@@ -144,6 +147,7 @@ def check_rungs_json(
         "gpu": {"source": settings.gpu.source, "file": settings.gpu.file, "detail": settings.gpu.describe()},
         "slate": {**settings.slate.model_dump(), "detail": settings.slate.describe()},
         "findings": [{"level": f.level, "key": f.key, "message": f.message} for f in findings],
+        "notify": [notify_doc(t) for t in settings.notify],
     }
     if settings.group is not None:
         doc["group"] = group_doc(settings.group)

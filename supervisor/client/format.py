@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor.client.groupformat import group_rows
+from supervisor.status.wording import restarts_text
 
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
 
@@ -161,7 +162,8 @@ def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     if s.get("state") in ("ready", "degraded") and isinstance(index, int) and index > 0 and ladder:
         rows.append(("fallback", _fallback_text(s, ladder)))
     rows += _ready_rows(s)
-    rows.append(("restarts", f"{s.get('restarts', 0)} ({s.get('restarts_last_hour', 0)} in the last hour)"))
+    rows.append(("restarts", restarts_text(s.get("restarts", 0), s.get("restarts_last_hour", 0))))
+    rows.append(("incidents", f"{s.get('incidents', 0)} since the daemon started (bundles: sglang-supervisor bundles)"))
     if s.get("last_progress_s") is not None:  # start-up progress: the daemon leaves it out while serving
         moved = ", ".join(s.get("channels_moved") or ())
         since = _age(s.get("last_progress_s"))
@@ -218,6 +220,11 @@ def _problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     for c in absent:
         instead = f"; the daemon uses {c['instead']} instead" if c.get("instead") else ""
         rows.append(("unavailable", f"{c.get('name')} not available here: {c.get('detail')}{instead}"))
+    for n in s.get("notifications") or ():
+        if isinstance(n, Mapping) and (n.get("failed") or n.get("dropped")):
+            text = f"{n.get('target')}: {n.get('failed', 0)} failed, {n.get('dropped', 0)} dropped, {n.get('ok', 0)} ok"
+            text += f" since the daemon started; last: {n.get('last_error')} at {n.get('last_failed_at')}"
+            rows.append(("notify FAILING", text + " (events --event notification)"))
     w = s.get("write_errors") or {}
     failed = {k: v for k, v in w.items() if isinstance(v, int) and v > 0} if isinstance(w, Mapping) else {}
     if failed:
@@ -290,3 +297,4 @@ def _fallback_text(s: Mapping[str, Any], ladder: Sequence[str]) -> str:
         text += f"; last failure {inc['cause']}" + (f"/{inc['hang_class']}" if inc.get("hang_class") else "")
         text += f" on {inc.get('rung')} at {inc.get('at')}"
     return text + f"; `sglang-supervisor promote` tries {ladder[0]} now"
+

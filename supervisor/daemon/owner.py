@@ -83,6 +83,7 @@ from supervisor.status.causes import HUNG_CAUSES, Cause
 from supervisor.status.commands import Command, CommandResult, finish
 from supervisor.status.eventnames import AnyEventName, EventName, journal_name
 from supervisor.status.journal import Journal
+from supervisor.status.notifytally import NotifyTally
 from supervisor.status.snapshot import IncidentView, LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 
 log = structlog.get_logger(__name__)
@@ -126,6 +127,8 @@ class Owner:
         self.state_dir = settings.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.state_dir / "events.jsonl")
+        self.notify_tally = NotifyTally()  # notification outcomes for `status` and the page
+        self.journal.listeners.append(self.notify_tally.feed)
         self.log = log  # rebound per launch or adoption: rung and pid on every line (`record`)
         self.lifecycle = Lifecycle(State.STOPPED, clock.monotonic())
         self.reason = "not started"
@@ -444,6 +447,8 @@ class Owner:
         self._snapshot = self.peers.publish(self._snapshot)  # a group's part of /status
         self._snapshot = self.comeback.publish(self._snapshot)  # launch_timeline, stall_window, outages
         self.count_write_errors()
+        if self.notify_tally.views():
+            self._snapshot = self._snapshot.model_copy(update={"notifications": self.notify_tally.views()})
         for listener in self.publish_listeners:
             with contextlib.suppress(Exception):  # a view's bug must not cost a poll
                 listener(self._snapshot)

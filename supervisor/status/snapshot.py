@@ -175,6 +175,18 @@ class GroupView(_Frozen):
     nodes: tuple[GroupNodeView, ...] = ()
 
 
+class NotifyView(_Frozen):
+    """`/status` `notifications`: one `[[notify]]` target's deliveries since the daemon started."""
+
+    target: str
+    ok: int = 0
+    failed: int = 0  # after its retries
+    dropped: int = 0  # its queue overflowed
+    last_error: str = ""
+    last_failed_at: str | None = None
+    last_ok_at: str | None = None
+
+
 class StatusSnapshot(_Frozen):
     state: str  # State value
     phase: Phase | None = None  # while starting
@@ -218,3 +230,4 @@ class StatusSnapshot(_Frozen):
     stall_window: StallWindowView | None = None
     outage: OutageView | None = None
     last_outage: OutageView | None = None
+    notifications: tuple[NotifyView, ...] = ()  # per [[notify]] target that delivered or failed (issue 38)

@@ -82,6 +82,7 @@ async def check_story(r: Any, s: Settings, got: Any, hung: Any, failing: Any, ou
         }
         assert first["rung"] == "base" and first["version"] == 1 and inc.id in second["summary"]
         assert second["incident"]["id"] == inc.id and second["rung"] == "no-cuda-graph"
+        assert second["incident"]["cause"] == "startup_stall"  # what it recovered from, not null (issue 38)
         # Slack: a message with text; PagerDuty: trigger then resolve on one dedup key
         slack = got.bodies("/slack")
         assert len(slack) == 2 and "startup_stall" in slack[0]["text"] and inc.bundle in slack[0]["text"]

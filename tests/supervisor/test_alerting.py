@@ -45,6 +45,8 @@ def test_incident_then_ready_is_a_recovery_naming_the_incident() -> None:
     assert "idle_deadlock" in inc.summary and "gpu7:30000" in inc.summary and "I1" in inc.summary
     rec = t.feed({"event": "server_ready", "ts": "t", "rung": "no-graph"})
     assert rec is not None and rec.kind == "recovered" and rec.incident_id == "I1" and rec.rung == "no-graph"
+    # the recovery names what it recovered from (issue 38: "cause": null)
+    assert (rec.cause, rec.hang_class) == (INC["cause"], "idle_deadlock") and str(INC["cause"]) in rec.summary
     assert t.feed({"event": "server_ready", "ts": "t", "rung": "no-graph"}) is None, "one recovery per incident"
 
 
@@ -69,6 +71,10 @@ def test_failed_once_then_recovered_and_stayed_stopped() -> None:
             {"event": "stayed_stopped", "reason": "stopped by request"},
         ]
     ) == ["failed", None, "recovered", "stayed_stopped"]
+    t = Tracker("h:1")
+    t.feed({"event": "state_changed", "old": "restarting", "new": "failed", "reason": "ladder exhausted"})
+    rec = t.feed({"event": "server_ready", "rung": "base"})
+    assert rec is not None and rec.cause == "failed"  # a recovery out of failed says so, not null
 
 
 def test_pagerduty_triggers_and_resolves_one_alert_per_server() -> None:

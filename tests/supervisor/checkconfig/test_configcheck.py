@@ -195,3 +195,30 @@ def test_a_simulated_gpu_without_its_file_is_refused_or_warned(check: Check, tmp
     assert doc["gpu"] == {"source": "simulator", "file": str(missing), "detail": doc["gpu"]["detail"]}
     assert [f["key"] for f in doc["findings"]] == ["gpu.file"]
     assert str(missing) in doc["findings"][0]["message"] and code == 0
+
+
+def test_the_notify_targets_are_listed_without_their_secrets(check: Check, tmp_path: Path) -> None:
+    url_file = tmp_path / "slack-url"
+    url_file.write_text("https://hooks.slack.com/services/T0/B0/s3cr3t\n")
+    url_file.chmod(0o600)
+    notify = (
+        f'[[notify]]\nname = "slack"\nformat = "slack"\nurl_file = "{url_file}"\nevents = ["incident", "failed"]\n'
+        '[[notify]]\nname = "team"\nurl = "https://alerts.example.com:8443/in/sglang"\nretries = 1\n'
+        f'[[notify]]\nname = "pager-hook"\nkind = "exec"\nargv = ["{sys.executable}", "--team", "gpu"]\n'
+    )
+    code, out, _ = check(base(notify))
+    assert code == 0, out
+    lines = [x for x in out.splitlines() if x.startswith("notify ")]
+    assert lines[0] == (
+        f"notify slack: webhook slack to the URL in {url_file}; events incident, failed; retries 3, timeout 10 s"
+    )
+    assert lines[1].startswith("notify team: webhook json to https://alerts.example.com:8443/...; events incident, ")
+    assert lines[2].startswith(f"notify pager-hook: exec {sys.executable} (2 arguments)")
+    assert "s3cr3t" not in out and "/in/sglang" not in out
+    code, out, _ = check(base())
+    assert "notify: no [[notify]] target" in out
+    code, out, _ = check(base(notify), "--json")
+    import json
+
+    doc = json.loads(out)
+    assert [t["name"] for t in doc["notify"]] == ["slack", "team", "pager-hook"]

@@ -90,7 +90,7 @@ def test_status_table(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> Non
     assert rows["state"].startswith("ready")
     assert rows["rung"].startswith("base (#0 of 3")
     assert rows["pid"] == "4242"
-    assert rows["restarts"] == "2 (1 in the last hour)"
+    assert rows["restarts"] == "2 since the daemon started; 1 in the last hour (the budget's window)"
     assert rows["last progress"] == "1.5 s ago"
     assert rows["last incident"].startswith("startup_stall / idle_deadlock at 2025-01-01T00:00:00Z on base")
     assert "health ok 12 ms" in rows["serving"] and "spec accept 3.10" in rows["serving"]
