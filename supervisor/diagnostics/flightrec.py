@@ -26,6 +26,8 @@ import errno
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -313,10 +315,32 @@ class FrReport:
 
 
 async def analyze(python: str, dumps: Mapping[int, str], env: Mapping[str, str]) -> tuple[tuple[FrDump, ...], str, str]:
-    """(dumps as read, torch's fr_trace text, error) with the server's Python: frdump.py reads the
-    pickles with a class-refusing unpickler; torch's analyzer runs where the server's torch has it."""
+    """(dumps as read, torch's fr_trace text, error) with the server's Python. The dumps are first
+    copied into a folder only the daemon can write (the server cannot swap a file between the two
+    reads); frdump.py reads the copies with a class-refusing unpickler; torch's analyzer, which
+    unpickles with pickle's full loader, runs on those copies only when every one of them read as
+    plain data (a pickle that loads with every class refused can run no code), and where the
+    server's torch has it."""
+    with tempfile.TemporaryDirectory(prefix="sglang-supervisor-fr-") as private:
+        copies = await asyncio.to_thread(_copy_dumps, dumps, private)
+        return await _analyze(python, copies, env, private)
+
+
+def _copy_dumps(dumps: Mapping[int, str], folder: str) -> list[str]:
+    out = []
+    for rank in sorted(dumps):
+        dest = os.path.join(folder, f"{DUMP_STEM}{rank}")
+        with contextlib.suppress(OSError), open(dumps[rank], "rb") as src, open(dest, "wb") as dst:
+            dst.write(src.read(MAX_DUMP_BYTES + 1))
+        if os.path.exists(dest):
+            out.append(dest)
+    return out
+
+
+async def _analyze(
+    python: str, files: Sequence[str], env: Mapping[str, str], folder: str
+) -> tuple[tuple[FrDump, ...], str, str]:
     script = str(Path(__file__).with_name("frdump.py"))
-    files = [dumps[r] for r in sorted(dumps)]
     out, err = await _run([python, "-I", script, *files], {"PATH": env.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"})
     if err:
         return (), "", f"frdump with {python}: {err}"
@@ -324,14 +348,13 @@ async def analyze(python: str, dumps: Mapping[int, str], env: Mapping[str, str])
         read = parse_dumps(out)
     except ValueError as e:
         return (), "", f"frdump with {python} printed no report: {e}"
-    folder = os.path.dirname(files[0]) if files else "."
-    prefix = os.path.basename(files[0]).rstrip("0123456789") if files else DUMP_STEM
+    unsafe = [f"rank {d.rank}: {d.error}" for d in read if d.error]
+    if unsafe or len(read) != len(files):
+        return read, f"torch's analyzer not run: not every dump read as plain data ({'; '.join(unsafe)[:300]})", ""
     fr_env = {k: v for k, v in env.items() if k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME")}
     fr_env["CUDA_VISIBLE_DEVICES"] = ""  # the analyzer needs no GPU
-    text, fr_err = await _run(
-        [python, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", prefix, "--allow-incomplete-ranks"],
-        fr_env,
-    )
+    argv = [python, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", DUMP_STEM]
+    text, fr_err = await _run([*argv, "--allow-incomplete-ranks"], fr_env)
     return read, (text or fr_err)[-65536:], ""
 
 
@@ -362,15 +385,21 @@ async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
     return text, ""
 
 
-def server_python(pids: Sequence[int], argv: Sequence[str]) -> str | None:
-    """The interpreter the server's ranks run (`/proc/<pid>/exe`), else argv[0] when it is a Python."""
+def server_python(pids: Sequence[int], argv: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
+    """The interpreter the server runs, as the server named it: the command's argv[0] when it is a
+    Python (resolved on the server's PATH), else a rank's `/proc/<pid>/exe`. argv[0] first, because
+    a virtual environment's `bin/python` is a symlink: `/proc/<pid>/exe` names the base interpreter,
+    which runs without the environment's packages (no torch for the analyzer)."""
+    if argv and "python" in os.path.basename(argv[0]):
+        path = (env or {}).get("PATH") or os.environ.get("PATH")
+        found = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=path)
+        if found and os.access(found, os.X_OK):
+            return os.path.abspath(found)
     for pid in pids:
         with contextlib.suppress(OSError):
             exe = os.readlink(f"/proc/{pid}/exe")
             if "python" in os.path.basename(exe) and os.access(exe, os.X_OK):
                 return exe
-    if argv and "python" in os.path.basename(argv[0]):
-        return argv[0]
     return None
 
 
@@ -404,7 +433,7 @@ async def flight_read(
     """Steps 3-4: the dumps read by the server's Python and judged (a report without dumps as it is)."""
     if report.status != "ok" or not report.dumps or report.verdict is not None:
         return report
-    python = server_python(rank_pids, argv)
+    python = server_python(rank_pids, argv, env)
     if python is None:
         return replace(report, status="error", reason="the server's Python could not be found to read the dumps")
     read, trace, err = await analyze(python, report.dumps, env)
