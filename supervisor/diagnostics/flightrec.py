@@ -314,7 +314,9 @@ class FrReport:
         return out
 
 
-async def analyze(python: str, dumps: Mapping[int, str], env: Mapping[str, str]) -> tuple[tuple[FrDump, ...], str, str]:
+async def analyze(
+    python: str, dumps: Mapping[int, str], env: Mapping[str, str], trace_s: float = ANALYZER_TIMEOUT_S
+) -> tuple[tuple[FrDump, ...], str, str]:
     """(dumps as read, torch's fr_trace text, error) with the server's Python. The dumps are first
     copied into a folder only the daemon can write (the server cannot swap a file between the two
     reads); frdump.py reads the copies with a class-refusing unpickler; torch's analyzer, which
@@ -323,7 +325,7 @@ async def analyze(python: str, dumps: Mapping[int, str], env: Mapping[str, str])
     server's torch has it."""
     with tempfile.TemporaryDirectory(prefix="sglang-supervisor-fr-") as private:
         copies = await asyncio.to_thread(_copy_dumps, dumps, private)
-        return await _analyze(python, copies, env, private)
+        return await _analyze(python, copies, env, private, trace_s)
 
 
 def _copy_dumps(dumps: Mapping[int, str], folder: str) -> list[str]:
@@ -338,7 +340,7 @@ def _copy_dumps(dumps: Mapping[int, str], folder: str) -> list[str]:
 
 
 async def _analyze(
-    python: str, files: Sequence[str], env: Mapping[str, str], folder: str
+    python: str, files: Sequence[str], env: Mapping[str, str], folder: str, trace_s: float
 ) -> tuple[tuple[FrDump, ...], str, str]:
     script = str(Path(__file__).with_name("frdump.py"))
     out, err = await _run([python, "-I", script, *files], {"PATH": env.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"})
@@ -354,11 +356,13 @@ async def _analyze(
     fr_env = {k: v for k, v in env.items() if k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME")}
     fr_env["CUDA_VISIBLE_DEVICES"] = ""  # the analyzer needs no GPU
     argv = [python, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", DUMP_STEM]
-    text, fr_err = await _run([*argv, "--allow-incomplete-ranks"], fr_env)
+    text, fr_err = await _run([*argv, "--allow-incomplete-ranks"], fr_env, trace_s)
+    if not text and fr_err.startswith("took over"):
+        fr_err = f"torch's analyzer did not finish within {trace_s:g} s (importing torch is most of it); not waited for"
     return read, (text or fr_err)[-65536:], ""
 
 
-async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
+async def _run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float = ANALYZER_TIMEOUT_S) -> tuple[str, str]:
     """(stdout, error) of one bounded child; the error is "" on exit 0."""
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -372,12 +376,12 @@ async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
     except OSError as e:
         return "", f"cannot run {argv[0]}: {e.strerror or e}"
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), ANALYZER_TIMEOUT_S)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)  # our own child's session, never the server's
         await proc.wait()
-        return "", f"took over {ANALYZER_TIMEOUT_S:g} s"
+        return "", f"took over {timeout_s:g} s"
     text = out.decode("utf-8", "replace")
     if proc.returncode != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()[-2:]
@@ -428,7 +432,11 @@ async def flight_dumps(env: Mapping[str, str], wait_s: float) -> FrReport:
 
 
 async def flight_read(
-    report: FrReport, env: Mapping[str, str], rank_pids: Sequence[int], argv: Sequence[str]
+    report: FrReport,
+    env: Mapping[str, str],
+    rank_pids: Sequence[int],
+    argv: Sequence[str],
+    trace_s: float = ANALYZER_TIMEOUT_S,
 ) -> FrReport:
     """Steps 3-4: the dumps read by the server's Python and judged (a report without dumps as it is)."""
     if report.status != "ok" or not report.dumps or report.verdict is not None:
@@ -436,7 +444,7 @@ async def flight_read(
     python = server_python(rank_pids, argv, env)
     if python is None:
         return replace(report, status="error", reason="the server's Python could not be found to read the dumps")
-    read, trace, err = await analyze(python, report.dumps, env)
+    read, trace, err = await analyze(python, report.dumps, env, trace_s)
     if err:
         return replace(report, status="error", reason=err)
     written = [p.rank for p in report.pipes if p.outcome == "written"]
