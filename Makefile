@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration suite venv clean layers
+.PHONY: demo test lint typecheck unit integration suite venv clean layers smoke
 
 # Parallel pytest workers (pytest-xdist). The integration tests mostly wait on real windows (stall
 # windows, backoffs, grace periods), so six of them overlap well even on 2 cores; see
@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# --no-keep: the demo's temporary directory (logs, bundles, journal) is deleted at the end, so
+# nothing is left in /tmp; `make demo ARGS=--keep` keeps it (the last flag wins).
 demo: $(STAMP)
-	$(VENV)/bin/sglang-supervisor demo --until-recovered --duration 300 $(ARGS)
+	$(VENV)/bin/sglang-supervisor demo --until-recovered --duration 300 --no-keep $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check supervisor api probes tests bench
@@ -50,5 +52,10 @@ suite: $(STAMP)
 
 test: lint typecheck suite
 
+# The release smoke: build the sdist and wheel, install the wheel into a fresh venv, run it
+# (tests/release/smoke.sh says what; .ci/run calls it after `make test`).
+smoke: $(STAMP)
+	PY=$(abspath $(PY)) tests/release/smoke.sh
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

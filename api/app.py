@@ -17,11 +17,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import page
 from api.auth import BearerAuth
-from api.deps import ApiContext, no_unknown_query, require_token
+from api.browser import BrowserGuard, HostPolicy
+from api.deps import ApiContext, bearer_scheme, no_unknown_query, require_token
 from api.errors import http_exception_handler, validation_exception_handler
 from api.middleware import BodyLimit, InternalErrors
 from api.responses import UNAUTHORIZED
 from api.routes import commands, diagnostics, events, logs, probes, status
+from api.session import SessionStore
 from supervisor.common.redact import Redactor
 from supervisor.status.commands import SupervisorHandle
 from supervisor.status.journal import Journal
@@ -44,11 +46,13 @@ def create_app(
     log_file: Path | None = None,
     timeline: Timeline | None = None,
     redact: Callable[[str], str] | None = None,
+    hosts: HostPolicy | None = None,
 ) -> FastAPI:
     """The API app over `handle` (None: none attached yet; tests override `get_supervisor`).
 
     `liveness` returns the age in seconds of the supervisor loop's last heartbeat; `log_file` is
     the server's output for `GET /logs` (no such route without it), shown through `redact`.
+    `hosts`: the names it answers to (api/browser.py; None: any Host, for an app without a socket).
     """
     app = FastAPI(
         title="sglang-supervisor",
@@ -73,12 +77,16 @@ def create_app(
         log_file=log_file,
         timeline=timeline,
         token=token,
+        sessions=SessionStore(token),
     )
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
-    # Added innermost first: InternalErrors wraps BearerAuth wraps BodyLimit wraps the routes.
+    # Added innermost first: InternalErrors wraps BearerAuth wraps BrowserGuard wraps BodyLimit wraps
+    # the routes: a request without the token learns nothing but 401; one that has it (or comes to the
+    # page, or to a daemon without a token) is then checked for Host, Origin and a simple body.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    app.add_middleware(BearerAuth, token=token)
+    app.add_middleware(BrowserGuard, policy=hosts)
+    app.add_middleware(BearerAuth, token=token, sessions=app.state.context.sessions)
     app.add_middleware(InternalErrors)
 
     include_protected(app, status.router)
@@ -88,7 +96,12 @@ def create_app(
     app.include_router(probes.router)  # open: /livez, /readyz, /metrics
     if log_file is not None:
         include_protected(app, logs.router)
-    include_protected(app, page.router)  # the status page: same auth as /status
+    # The status page checks its own way in (a login form without credentials, api/page.py); with a
+    # token the schema still declares the bearer scheme on it.
+    if token is None:
+        app.include_router(page.router)
+    else:
+        app.include_router(page.router, dependencies=[Security(bearer_scheme)], responses=dict(page.LOGIN_FORM))
     return app
 
 

@@ -13,7 +13,14 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.session import SessionStore
+
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
+# The page checks its own way in: without credentials /ui answers the login form (api/page.py).
+PAGE_ROUTES = frozenset(
+    {("GET", "/ui"), ("HEAD", "/ui"), ("POST", "/ui/login"), ("POST", "/ui/logout"), ("POST", "/ui/action")}
+)
+READ_METHODS = frozenset({"GET", "HEAD"})
 UNAUTHORIZED_DETAIL = "missing or invalid bearer token"
 CHALLENGE = 'Bearer realm="sglang-supervisor"'  # the WWW-Authenticate header of a 401
 
@@ -21,19 +28,28 @@ CHALLENGE = 'Bearer realm="sglang-supervisor"'  # the WWW-Authenticate header of
 class BearerAuth:
     """ASGI middleware: every HTTP request but the open probes needs `Authorization: Bearer <token>`."""
 
-    def __init__(self, app: ASGIApp, token: str | None, open_paths: Collection[str] = OPEN_PATHS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str | None,
+        open_paths: Collection[str] = OPEN_PATHS,
+        sessions: SessionStore | None = None,
+    ) -> None:
         self.app = app
         self._token = token.encode("utf-8") if token is not None else None
         self._open = frozenset(open_paths)
+        self._sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._token is None or scope["type"] == "lifespan":
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "http" and scope["path"] in self._open:
+        if scope["type"] == "http" and (
+            scope["path"] in self._open or (scope.get("method", ""), scope["path"]) in PAGE_ROUTES
+        ):
             await self.app(scope, receive, send)
             return
-        if authorized(scope, self._token):
+        if authorized(scope, self._token) or session_reads(scope, self._sessions):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -51,6 +67,26 @@ def authorized(scope: Scope, token: bytes) -> bool:
         if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token):
             return True
     return False
+
+
+def session_reads(scope: Scope, sessions: SessionStore | None) -> bool:
+    """Whether the page's session cookie admits this request: reads only (the links on the page);
+    changes need the bearer token or the page's own forms with their CSRF token."""
+    if sessions is None or scope.get("method", "GET").upper() not in READ_METHODS:
+        return False
+    return sessions.from_scope(scope) is not None
+
+
+def who(scope: Scope, sessions: SessionStore | None, token: str | None) -> str:
+    """Who asked, for the journal: `bearer`, `page session <name>` or `anonymous`, and the client."""
+    client = scope.get("client")
+    at = f" from {client[0]}" if client else ""
+    if token is not None and authorized(scope, token.encode("utf-8")):
+        return f"bearer token{at}"
+    session = sessions.from_scope(scope) if sessions is not None else None
+    if session is not None:
+        return f"page session {session.name}{at}"
+    return f"anonymous{at}"
 
 
 async def _unauthorized(send: Send) -> None:

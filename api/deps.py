@@ -7,7 +7,7 @@ other way, so a test swaps either through `app.dependency_overrides[get_supervis
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
-from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized
+from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized, session_reads, who
+from api.browser import simple_post
+from api.pool import ApiPool
+from api.session import SessionStore
+from api.streams import FollowSlots
 from supervisor.status.commands import SupervisorHandle
 from supervisor.status.journal import Journal
 from supervisor.status.timeline import Timeline
@@ -38,11 +42,31 @@ class ApiContext:
     log_file: Path | None = None  # the server's output for GET /logs; None: no /logs route
     timeline: Timeline | None = None
     token: str | None = None
+    pool: ApiPool = field(default_factory=ApiPool)  # the API's file reads, off the loop's executor
+    follows: FollowSlots = field(default_factory=FollowSlots)  # open follow streams, capped
+    scrapes: ScrapeCache = field(default_factory=lambda: ScrapeCache())  # /metrics, rendered once per window
+    sessions: SessionStore | None = None  # the page's login sessions (api/session.py)
 
     @property
     def server_log(self) -> Path:
         """The server log the status page tails (the state directory's logs/server.log by default)."""
         return self.log_file if self.log_file is not None else self.diag_dir.parent / "logs" / "server.log"
+
+
+class ScrapeCache:
+    """`/metrics` rendered at most once per `window_s`: a render costs ~13 ms of the loop, and 260
+    connections pipelining scrapes kept the loop rendering (issue 33). Prometheus scrapes every few
+    seconds at most, so a scrape sees values at most `window_s` old."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._at: float | None = None
+        self._body = b""
+
+    def get(self, render: Callable[[], bytes], now: float) -> bytes:
+        if self._at is None or now - self._at >= self.window_s or now < self._at:
+            self._body, self._at = render(), now
+        return self._body
 
 
 def get_supervisor(request: Request) -> SupervisorHandle:
@@ -72,8 +96,25 @@ def require_token(
     that are no route; this check holds a route shut wherever that middleware is not in front.
     Both use `auth.authorized`, so they cannot disagree.
     """
-    if ctx.token is not None and not authorized(request.scope, ctx.token.encode("utf-8")):
+    if ctx.token is None or session_reads(request.scope, ctx.sessions):
+        return
+    if not authorized(request.scope, ctx.token.encode("utf-8")):
         raise HTTPException(401, UNAUTHORIZED_DETAIL, headers={"WWW-Authenticate": CHALLENGE})
+
+
+def requester(request: Request, ctx: Context) -> str:
+    """Who asked (journalled with each command): the bearer, a page session or anonymous, and from where."""
+    return who(request.scope, ctx.sessions, ctx.token)
+
+
+Requester = Annotated[str, Depends(requester)]
+
+
+def non_simple(request: Request) -> None:
+    """A state-changing route: refuse a POST that a web page could send (api/browser.py), 415."""
+    why = simple_post(request.scope)
+    if why is not None:
+        raise HTTPException(415, why)
 
 
 async def no_unknown_query(request: Request) -> None:

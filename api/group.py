@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Body, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.errors import error_response
 from supervisor.diagnostics.culprit import NONE_NAMED
+from supervisor.group.joining import JoinAnswer
 from supervisor.group.report import to_wire
 from supervisor.policy.group import NodeReport
 from supervisor.status.commands import Command, CommandResult
@@ -24,6 +27,7 @@ from supervisor.status.snapshot import StatusSnapshot
 
 INCIDENT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"  # a directory name: no "/", no ".." at the start
 STOP_POLL_S = 0.2
+GROUP_SIGNER = "group_signer"  # the scope key api/groupgate.py sets: which node's key signed the request
 
 
 class GroupHandle(Protocol):
@@ -34,6 +38,8 @@ class GroupHandle(Protocol):
     def group_report(self) -> NodeReport: ...
 
     async def submit(self, command: Command) -> CommandResult: ...
+
+    def join(self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool) -> JoinAnswer: ...
 
 
 class _Request(BaseModel):
@@ -50,6 +56,17 @@ class StopGroupRequest(_Request):
 
 class LaunchRequest(_Request):
     rung: str = Field(min_length=1, max_length=128, description="the rung the whole group launches")
+
+
+FingerprintValue = Annotated[str, StringConstraints(max_length=256)]
+
+
+class JoinRequest(_Request):
+    node: int = Field(ge=1, le=4096, description="the joining node's node_rank (its key signed the request)")
+    instance: str = Field(pattern=r"^[0-9a-f]{32}$", description="the joining daemon's id for its life")
+    fingerprint: dict[Annotated[str, StringConstraints(max_length=128)], FingerprintValue] = Field(max_length=512)
+    rung: str | None = Field(default=None, max_length=128, description="the rung it would launch")
+    check: bool = Field(default=False, description="only ask (check-config --group): nothing is recorded")
 
 
 class CaptureResult(BaseModel):
@@ -145,3 +162,17 @@ async def launch(body: Annotated[LaunchRequest, Body()], handle: Handle) -> Any:
         return _refused(result)
     snap = handle.snapshot()
     return GroupCommandResult(node=handle.group_report().node, state=result.state or snap.state, message=result.message)
+
+
+@router.post("/join")
+async def join(body: Annotated[JoinRequest, Body()], request: Request, handle: Handle) -> Any:
+    """The leader's answer to a member about to launch: the group's rung, wait, or refused (409,
+    naming the config keys that differ, or the daemon that already has this node_rank)."""
+    signer = request.scope.get(GROUP_SIGNER)
+    if signer != body.node:
+        return error_response(403, "forbidden", f"signed as node {signer}, joining as node {body.node}")
+    ans = handle.join(body.node, body.instance, body.fingerprint, body.check)
+    doc = {"verdict": ans.verdict, "rung": ans.rung, "reason": ans.reason, "differs": list(ans.differs)}
+    if ans.verdict == "refused":
+        return JSONResponse({"error": "refused", "detail": ans.reason, "differs": list(ans.differs)}, status_code=409)
+    return doc

@@ -32,9 +32,16 @@ class StopRequest(_Request):
     reason: str = Field(default="", max_length=1000, description="recorded in the journal and the state's reason")
 
 
+class PromoteRequest(_Request):
+    reason: str = Field(default="", max_length=1000, description="recorded in the incident and journal")
+
+
 class StartRequest(_Request):
     rung: str | None = Field(
-        default=None, min_length=1, max_length=128, description="start on this rung (default: the current one)"
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="start on this rung (default: the current one; out of failed the preferred one)",
     )
 
 

@@ -1,29 +1,42 @@
-"""`GET /ui`: a read-only status page for a person, served by the daemon (same bearer auth as
-/status). Server-rendered HTML, no script, no CDN; it reloads itself every few seconds."""
+"""`GET /ui`: the status page for a person, served by the daemon. Server-rendered HTML, no script,
+no CDN; it reloads itself every few seconds.
+
+With a token configured, `GET /ui` without credentials answers a login form; `POST /ui/login`
+(form field `token`) sets the session cookie (api/session.py), `POST /ui/logout` ends it. A script
+keeps sending the bearer header. The page's actions (restart, stop, start, diagnose) are forms to
+`POST /ui/action`: each asks for a confirmation first, carries the session's CSRF token, and the
+command is journalled with who asked.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
 
-from fastapi import APIRouter
-from starlette.responses import HTMLResponse
+from fastapi import APIRouter, Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from api import bundles
+from api.auth import CHALLENGE, authorized, who
 from api.deps import ApiContext, Context, Supervisor
+from api.pageforms import ACTIONS, confirm_page, done_page, login_page
 from api.pagehtml import PageData, render
-from supervisor.status.commands import SupervisorHandle
+from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, set_cookie_header
+from supervisor.status.commands import Command, SupervisorHandle
 
 LOG_TAIL_LINES = 60
 LOG_TAIL_BYTES = 64 * 1024  # read from the end of the log file: a line flood cannot slow the page
 MAX_BUNDLES = 10
+STATE_CHANGES = 16  # the "Recent states" strip
 # A page with server log lines in it: nothing may load or run, whatever a line contains.
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # not no-referrer: that makes a browser send `Origin: null` on the forms
 }
 
 router = APIRouter(tags=["status"])
@@ -45,7 +58,7 @@ def tail_lines(path: Path, n: int, max_bytes: int = LOG_TAIL_BYTES) -> list[str]
     return [ln[:500] for ln in lines if ln.strip()][-n:]
 
 
-def _gather(handle: SupervisorHandle, ctx: ApiContext) -> PageData:
+def _gather(handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: bool = False) -> PageData:
     listed = bundles.list_bundles(ctx.diag_dir)[:MAX_BUNDLES]
     lines = [ctx.redact(line) for line in tail_lines(ctx.server_log, LOG_TAIL_LINES)]
     return PageData(
@@ -53,11 +66,105 @@ def _gather(handle: SupervisorHandle, ctx: ApiContext) -> PageData:
         bundles=[(b.id, b.summary) for b in listed],
         log_lines=lines,
         timeline=ctx.timeline.points() if ctx.timeline is not None else (),
+        transitions=ctx.journal.read(STATE_CHANGES, lambda r: r.get("event") == "state_changed"),
+        csrf=csrf,
+        session=session,
     )
 
 
+class Viewer:
+    """Who is looking: a bearer (script), a page session, or anyone when no token is configured."""
+
+    def __init__(self, request: Request, ctx: ApiContext) -> None:
+        self.session: Session | None = ctx.sessions.from_scope(request.scope) if ctx.sessions else None
+        bearer = ctx.token is not None and authorized(request.scope, ctx.token.encode("utf-8"))
+        self.allowed = ctx.token is None or bearer or self.session is not None
+        self.csrf = ctx.sessions.csrf_for(self.session) if ctx.sessions is not None else ""
+
+
+def _html(body: str, status: int = 200) -> HTMLResponse:
+    headers = {**HEADERS, "WWW-Authenticate": CHALLENGE} if status == 401 else HEADERS
+    return HTMLResponse(body, status_code=status, headers=headers)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The urlencoded form (BodyLimit has capped it); the first value of each field."""
+    text = (await request.body()).decode("utf-8", "replace")
+    return {k: v[0] for k, v in parse_qs(text, keep_blank_values=True).items()}
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto", "") == "https"
+
+
+LOGIN_FORM: dict[int | str, dict[str, Any]] = {
+    401: {"description": "the login form (a token is configured)", "content": {"text/html": {}}}
+}
+
+
 @router.get("/ui", response_class=HTMLResponse, responses={200: {"content": {"text/html": {}}}})
-async def status_page(handle: Supervisor, ctx: Context) -> HTMLResponse:
-    """The status page: state, ladder, incidents with their bundles, the log tail, the start-up timeline."""
-    data = await asyncio.to_thread(_gather, handle, ctx)
-    return HTMLResponse(render(data), headers=HEADERS)
+async def status_page(request: Request, handle: Supervisor, ctx: Context) -> HTMLResponse:
+    """The status page: state, ladder, incidents with their bundles, the log tail, the start-up
+    timeline; without credentials (a token configured), the login form."""
+    viewer = Viewer(request, ctx)
+    if not viewer.allowed:
+        return _html(login_page(""), 401)
+    data = await asyncio.to_thread(_gather, handle, ctx, viewer.csrf, viewer.session is not None)
+    return _html(render(data))
+
+
+@router.post("/ui/login", include_in_schema=False, response_class=HTMLResponse, status_code=303)
+async def login(request: Request, ctx: Context) -> Response:
+    """Form field `token`: the API token. Right: a session cookie and back to /ui; wrong: the form again."""
+    if ctx.sessions is None or not ctx.sessions.needs_login:
+        return RedirectResponse("/ui", status_code=303)
+    form = await _form(request)
+    client = request.client.host if request.client else "?"
+    made = ctx.sessions.login(form.get("token", ""), client)
+    if made is None:
+        await asyncio.to_thread(ctx.journal.append, "page_login_refused", client=client)
+        return _html(login_page("that is not the token of this daemon"), 401)
+    value, session = made
+    await asyncio.to_thread(ctx.journal.append, "page_login", session=session.name, client=client)
+    out = RedirectResponse("/ui", status_code=303)
+    out.headers["Set-Cookie"] = set_cookie_header(value, ctx.sessions.ttl_s, _secure(request))
+    out.headers["Cache-Control"] = "no-store"
+    return out
+
+
+@router.post("/ui/logout", include_in_schema=False, response_class=HTMLResponse, status_code=303)
+async def logout(request: Request, ctx: Context) -> Response:
+    """End this browser's session (form field `csrf`), whatever its expiry."""
+    form = await _form(request)
+    viewer = Viewer(request, ctx)
+    if ctx.sessions is not None and viewer.session is not None:
+        if not ctx.sessions.csrf_ok(viewer.session, form.get("csrf", "")):
+            return _html(login_page("the form was stale; log out again from the page"), 403)
+        ctx.sessions.logout(cookie(request.scope, SESSION_COOKIE))
+        await asyncio.to_thread(ctx.journal.append, "page_logout", session=viewer.session.name)
+    out = RedirectResponse("/ui", status_code=303)
+    out.headers["Set-Cookie"] = clear_cookie_header()
+    return out
+
+
+@router.post("/ui/action", include_in_schema=False, response_class=HTMLResponse)
+async def action(request: Request, handle: Supervisor, ctx: Context) -> Response:
+    """A page button: `action` (restart, stop, start, diagnose) and `csrf`; the first post answers a
+    confirmation page, the second (`confirm=yes`) submits the command, journalled with who asked."""
+    viewer = Viewer(request, ctx)
+    if not viewer.allowed:
+        return _html(login_page("log in first"), 401)
+    form = await _form(request)
+    if ctx.sessions is None or not ctx.sessions.csrf_ok(viewer.session, form.get("csrf", "")):
+        return _html(done_page("refused: the form's CSRF token is missing or stale; reload the page"), 403)
+    kind = form.get("action", "")
+    if kind not in ACTIONS:
+        return _html(done_page(f"refused: no action {kind[:40]!r}; the page offers {', '.join(ACTIONS)}"), 400)
+    if form.get("confirm") != "yes":
+        return _html(confirm_page(kind, viewer.csrf, handle.snapshot()))
+    by = who(request.scope, ctx.sessions, ctx.token)
+    reason = f"from the status page ({by})"
+    result = await handle.submit(Command(kind=kind, reason=reason if kind != "diagnose" else "", requested_by=by))  # type: ignore[arg-type]
+    ok = result.outcome in ("accepted", "done")
+    text = f"{kind}: {result.outcome}" + (f" ({result.message})" if result.message else "")
+    return _html(done_page(text), 200 if ok else 409)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from api.pageforms import action_bar
 from api.pagelaunch import launch_section
 from supervisor.status.snapshot import StatusSnapshot
 from supervisor.status.timeline import TimelinePoint
@@ -27,6 +29,7 @@ STATE_COLOURS = {
     "failed": "#82071e",
     "stopped": "#6e7781",
 }
+FALLBACK_COLOUR = "#d4a72c"  # amber: serving, but not on the preferred rung
 CHANNELS = ("log", "progress", "phase", "cpu", "io", "rss", "gpu_mem", "port")
 REFRESH_S = 5
 
@@ -42,6 +45,11 @@ table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px
 .cur{font-weight:700} .tag{font-size:11px;padding:0 6px;border-radius:8px;background:#ddf4ff;color:#0969da}
 .good{background:#dafbe1;color:#1a7f37} pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:360px;
  font-size:12px;margin:0;white-space:pre-wrap;word-break:break-all} .muted{color:#57606a} .err{color:#cf222e}
+#logbox{display:flex;flex-direction:column-reverse;overflow:auto;max-height:360px;background:#f6f8fa}
+#logbox pre{max-height:none;overflow:visible} #log .newest{background:#fff8c5}
+#fallback{background:#fff8c5;border-left:4px solid #d4a72c;padding:4px 8px;margin:8px 16px 0}
+#states{display:flex;flex-wrap:wrap;gap:4px} .st{color:#fff;padding:1px 8px;border-radius:8px;font-size:12px}
+#actions{margin-left:auto} #actions button{font:inherit;font-size:12px}
 """
 
 
@@ -51,35 +59,100 @@ class PageData:
     bundles: Sequence[tuple[str, dict[str, Any] | None]]  # (id, summary), newest first
     log_lines: Sequence[str]
     timeline: Sequence[TimelinePoint]
+    # The journal's last state changes, oldest first: a state that lasted a millisecond (hung, before
+    # the capture starts) is still seen here on the next refresh.
+    transitions: Sequence[dict[str, Any]] = ()
+    csrf: str = ""  # the page's forms carry it (api/session.py); empty: no action buttons
+    session: bool = False  # viewed through a login session: offer "log out"
 
 
 def e(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def on_fallback(s: StatusSnapshot) -> bool:
+    """Serving, but on a rung below the preferred one: its own condition, amber (issue 38)."""
+    return s.state in ("ready", "degraded") and (s.rung_index or 0) > 0
+
+
 def render(d: PageData) -> str:
     s = d.snapshot
-    colour = STATE_COLOURS.get(s.state, "#6e7781")
+    fallback = on_fallback(s)
+    colour = FALLBACK_COLOUR if fallback else STATE_COLOURS.get(s.state, "#6e7781")
+    badge = f"{e(s.state)} (fallback)" if fallback else e(s.state)
+    actions = action_bar(d.csrf, d.session) if d.csrf else ""
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<meta http-equiv='refresh' content='{REFRESH_S}'>",
         f"<title>{e(s.state)} - sglang-supervisor</title><style>{CSS}</style></head><body>",
-        f"<header><div id='state' data-state='{e(s.state)}' style='background:{colour}'>{e(s.state)}</div>",
-        f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s)}</div></div></header><main>",
+        f"<header><div id='state' data-state='{e(s.state)}' data-fallback='{str(fallback).lower()}' "
+        f"style='background:{colour}'>{badge}</div>",
+        f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s)}</div></div>{actions}</header>",
+        _fallback(s) if fallback else "",
+        "<main>",
         _section("Ladder", _ladder(s)),
         _section("Server", _server(s)),
+        _section("Recent states", _states(d.transitions), wide=True),
         _section("Start-up timeline", _timeline(d.timeline), wide=True),
         _section("Launch and outage", launch_section(s), wide=True),
         _section("Incidents and evidence", _incidents(s, d.bundles), wide=True),
-        _section(
-            "Server log (last lines)",
-            f"<pre id='log'>{e(chr(10).join(d.log_lines)) or 'no output yet'}</pre>",
-            wide=True,
-        ),
+        _section("Server log (newest last)", _log(d.log_lines), wide=True),
         f"</main><footer class='muted' style='padding:8px 16px'>sglang-supervisor {e(s.version)}; refreshes every "
         f"{REFRESH_S} s; JSON: /status, /events, /diagnostics</footer></body></html>",
     ]
     return "".join(parts)
+
+
+def _states(transitions: Sequence[dict[str, Any]]) -> str:
+    """Each state entered, coloured, with when and for how long (to the next change), newest last."""
+    if not transitions:
+        return "<p class='muted'>no state change journalled yet</p>"
+    stamps = [_ts(t.get("ts")) for t in transitions]
+    cells = []
+    for i, t in enumerate(transitions):
+        state = str(t.get("new") or "")
+        held = ""
+        if i + 1 < len(transitions) and stamps[i] is not None and stamps[i + 1] is not None:
+            dt = max(0.0, stamps[i + 1] - stamps[i])  # type: ignore[operator]
+            held = f"{dt * 1000:.0f} ms" if dt < 1 else f"{dt:.0f} s"
+        when = str(t.get("ts") or "")[11:19]
+        cells.append(
+            f"<span class='st' data-state='{e(state)}' title='{e(t.get('reason'))}' "
+            f"style='background:{STATE_COLOURS.get(state, '#6e7781')}'>{e(state)}"
+            f"<small> {e(when)}{' &middot; ' + held if held else ''}</small></span>"
+        )
+    return f"<div id='states'>{''.join(cells)}</div>"
+
+
+def _ts(value: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _log(lines: Sequence[str]) -> str:
+    """The log tail in a box that a browser opens scrolled to its end (column-reverse), whatever the
+    refresh does to the scroll position; the newest line is highlighted."""
+    if not lines:
+        return "<div id='logbox'><pre id='log'>no output yet</pre></div>"
+    body = "\n".join(e(ln) for ln in lines[:-1])
+    newest = f"<span class='newest' id='log-newest'>{e(lines[-1])}</span>"
+    return f"<div id='logbox'><pre id='log'>{body}{chr(10) if body else ''}{newest}</pre></div>"
+
+
+def _fallback(s: StatusSnapshot) -> str:
+    preferred = s.ladder[0] if s.ladder else "the preferred rung"
+    why = ""
+    if s.last_incident is not None:
+        i = s.last_incident
+        why = f"; the last failure: {e(i.cause)}{' (' + e(i.hang_class) + ')' if i.hang_class else ''} at {e(i.at)}"
+    since = f" since {e(s.started_at)}" if s.started_at else ""
+    return (
+        f"<div id='fallback'><b>serving on fallback rung {e(s.rung)}</b>{since}, not on the preferred "
+        f"{e(preferred)}{why}. <span class='muted'>promote: try the preferred rung again "
+        "(sglang-supervisor promote)</span></div>"
+    )
 
 
 def _section(title: str, body: str, *, wide: bool = False) -> str:
@@ -137,9 +210,13 @@ def _server(s: StatusSnapshot) -> str:
         rows.append(("GPUs", f"{len(s.gpu.devices)}, {used:.1f} GiB used, {s.gpu.tree_mem_bytes / 2**30:.1f} GiB ours"))
     else:
         rows.append(("GPUs", f"unavailable: {e(s.gpu.reason)}"))
-    bad = [c for c in s.selfcheck if not c.ok and c.name != "cuda-gdb"]
+    bad = [c for c in s.selfcheck if not c.ok and c.name != "cuda-gdb" and c.kind != "capability"]
     for c in bad:
         rows.append((f"{e(c.name)}", f"<span class='err'>missing: {e(c.detail)}</span>"))
+    for c in s.selfcheck:
+        if not c.ok and c.kind == "capability":  # what this GPU cannot do: said, not red
+            instead = f"; uses {e(c.instead)} instead" if c.instead else ""
+            rows.append((f"{e(c.name)}", f"<span class='muted'>not available here: {e(c.detail)}{instead}</span>"))
     w = s.write_errors
     if s.loop_errors or w.journal or w.server_log or w.state or w.bundle:
         rows.append(

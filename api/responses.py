@@ -24,6 +24,9 @@ CONFLICT: Responses = {
     409: _error("conflicts with what is under way; `state` says what"),
     429: _error("the supervisor is busy with the same work; retry later"),
 }
+SIMPLE_POST: Responses = {
+    415: _error("a POST without a JSON body or an Authorization / X-Requested-By header (a web page could send it)")
+}
 NOT_FOUND: Responses = {404: _error("no such bundle or file")}
 NO_RUNG: Responses = {404: _error("no such rung; `rungs` lists the ladder")}
 # By reference, not `model`: FastAPI would file a model under the route's own media type (text/html

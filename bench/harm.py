@@ -14,12 +14,16 @@ and its count of harms, the acts the daemon must never commit; 0 is the target (
 - f. judge a compiling or loading start as hung: long quiet phases that progress.
 - g. restart a healthy server when its own probes are slow: `/health` slow but under the timeout,
   and the daemon's own loop held up (SIGSTOP of the daemon).
+- h. judge a slow start of a known model as hung (learned windows, issue 36): two good starts of a
+  model and rung, then the same model slower (pace 3x and 5x, a quiet load or a compile 3x the
+  learned one), under the windows that judge bench/outage.py's deadlock on a known model in 3.5 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -46,6 +50,7 @@ from bench.common import (
     workdir,
 )
 from bench.report import table
+from supervisor.config.fast import LearnedSettings
 from supervisor.config.gpu import GpuSettings
 from supervisor.config.settings import Settings
 from supervisor.status.causes import HUNG_CAUSES
@@ -362,6 +367,58 @@ def late_daemon() -> Outcome:
     return Outcome(n, f"daemon stopped {held:g} s; {n} incident(s) or restart(s) after it resumed")
 
 
+# ---- h. learned windows (issue 36) ---------------------------------------------------------------------
+
+# The outage benchmark's windows (bench/outage.py), which judge its deadlock on a known model in 3.5 s:
+# `startup_stall_s` 20 s is the ceiling, a learned window 5 x the longest quiet of a good start, floor 3 s.
+LEARNED_CEILING_S = 20.0
+LEARNED = LearnedSettings(multiple=5.0, floor_s=3.0)
+GOOD_STARTS = 2
+
+
+def known_then_slow(scenario: str, good: dict[str, str], slow: dict[str, str], what: str) -> Callable[[], Outcome]:
+    """Two good starts of one model and rung (the learned book), then a start of the same model and
+    rung, slower but progressing: it must come up without a hang verdict. The trial also proves that
+    a learned window (not the configured ceiling) was in force during the slow start, else it would
+    prove nothing."""
+
+    def trial() -> Outcome:
+        wd = workdir(f"harm-learned-{scenario}")
+        watchdog = {"startup_stall_s": LEARNED_CEILING_S, "cpu_only_stall_s": 5 * LEARNED_CEILING_S}
+
+        def settings(env: dict[str, str]) -> Settings:
+            pace = float(env.pop("PACE", W.pace))
+            w = dataclasses.replace(W, pace=pace)
+            s = sim_settings(wd, scenario, w=w, tp=1, env=env, watchdog=watchdog)
+            return s.model_copy(update={"learned": LEARNED})
+
+        for _ in range(GOOD_STARTS):
+            with Daemon(settings(dict(good)), wd) as d:
+                d.wait(ready, 120, "a good start")
+        seen: list[dict[str, Any]] = []
+
+        def watch(st: dict[str, Any]) -> bool:
+            if st.get("state") == "starting" and isinstance(st.get("stall_window"), dict):
+                seen.append(st["stall_window"])
+            return settled(st)
+
+        with Daemon(settings(dict(slow)), wd) as d:
+            st = d.wait(watch, 300, "the slow start ready")
+            stalls = hang_incidents(d.events())
+        never_ready(st, stalls)
+        learned = [w for w in seen if w.get("source") in ("learned", "floor")]
+        if not learned:
+            raise RuntimeError(f"no learned window was in force during the slow start: {seen[-1:] or 'none seen'}")
+        tightest = min(learned, key=lambda w: float(w["window_s"]))
+        return Outcome(
+            len(stalls),
+            f"{what}; learned windows in force down to {float(tightest['window_s']):g} s ({tightest['phase']}, "
+            f"{tightest['source']}); {len(stalls)} hang incident(s); ended {st.get('state')}",
+        )
+
+    return trial
+
+
 # ---- the table -------------------------------------------------------------------------------------------
 
 
@@ -391,6 +448,20 @@ def rows() -> list[list[Row]]:
             Row("g. restart a healthy server for slow probes", "slow /health", slow_health),
             Row("g. restart a healthy server for slow probes", "daemon loop held up", late_daemon),
         ],
+        [
+            # Learned windows (issue 36): a start of a known model, slower than every good start but
+            # progressing, under the windows that judge the outage benchmark's deadlock in 3.5 s.
+            Row("h. judge a slow start of a known model as hung", "3x slower start (pace 3x)", known_then_slow(
+                "ok", {}, {"PACE": str(3 * W.pace)}, f"pace {3 * W.pace:g} after {GOOD_STARTS} starts at {W.pace:g}")),
+            Row("h. judge a slow start of a known model as hung", "5x slower start (pace 5x)", known_then_slow(
+                "ok", {}, {"PACE": str(5 * W.pace)}, f"pace {5 * W.pace:g} after {GOOD_STARTS} starts at {W.pace:g}")),
+            Row("h. judge a slow start of a known model as hung", "quiet_load 3x the learned", known_then_slow(
+                "quiet_load", {"SGLANG_SIM_QUIET_S": "2"}, {"SGLANG_SIM_QUIET_S": "6"},
+                "6 s without a log line after starts with 2 s")),
+            Row("h. judge a slow start of a known model as hung", "long_compile 3x the learned", known_then_slow(
+                "long_compile", {"SGLANG_SIM_COMPILE_S": "3"}, {"SGLANG_SIM_COMPILE_S": "9"},
+                "a silent 9 s compile after starts with 3 s")),
+        ],
         [Row("e. judge a starved start as hung", f"{k}x cores of CPU hogs", starved(k)) for k in OVERSUBSCRIPTION],
     ]  # fmt: skip
 
@@ -400,7 +471,7 @@ def starving(group: Sequence[Row]) -> bool:
     return any(r.act.startswith("e.") for r in group)
 
 
-def render(done: Sequence[Row], trials: int, *, rerendered: bool = False) -> str:
+def render(done: Sequence[Row], trials: int, *, rerendered: bool = False, only: str = "") -> str:
     body = []
     for r in done:
         note = "; ".join(r.notes)[:220] or "-"
@@ -413,9 +484,20 @@ def render(done: Sequence[Row], trials: int, *, rerendered: bool = False) -> str
         "its own deleted, a launch that fits refused, a starved or slow start judged hung, a healthy server "
         "restarted. Target: 0 in every row; `-` (ERROR): the scenario could not be run."
         + (" Rendered again (`--render`) from the results the last run saved." if rerendered else "")
+        + (
+            f" Rows h: `startup_stall_s` {LEARNED_CEILING_S:g} s as the ceiling, learned windows {LEARNED.multiple:g} x"
+            f" the longest quiet interval of a phase on {GOOD_STARTS} good starts, floor {LEARNED.floor_s:g} s"
+            " (bench/outage.py's, which judge its deadlock on a known model in 3.5 s); the note names the"
+            " tightest learned window that was in force during the slow start."
+            if any(r.act.startswith("h.") for r in done)
+            else ""
+        )
     )
-    text = header("Harm: what the daemon must never do", "harm", intro)
-    text = text.replace("bench.run_all --only harm", "bench.harm")
+    title = "Harm: what the daemon must never do"
+    if only:  # a run of some rows alone keeps its own section: the full table above is not rewritten
+        title = f"Harm, rows {', '.join(only)} alone"
+    text = header(title, "harm", intro)
+    text = text.replace("bench.run_all --only harm", f"bench.harm --only {only}" if only else "bench.harm")
     return text + "\n" + table(["act", "scenario", "trials", "harms", "note"], body) + "\n"
 
 
@@ -462,12 +544,12 @@ def main(argv: list[str] | None = None) -> int:
         for r in chosen:
             print(f"harm {r.act} [{r.scenario}]: {r.doc()}", flush=True)
     done.sort(key=lambda r: r.act[0])  # the table in the issue's order; the starved rows ran last
-    save_result("harm", [r.doc() for r in done])
-    text = render(done, trials)
-    if args.no_write or args.only:
+    save_result(f"harm-{args.only}" if args.only else "harm", [r.doc() for r in done])
+    text = render(done, trials, only=args.only)
+    if args.no_write:
         print(text, flush=True)
     else:
-        publish("harm", text)
+        publish(f"harm-{args.only}" if args.only else "harm", text)
     return 0 if all(r.trials and r.harms == 0 and not r.errors for r in done) else 1
 
 

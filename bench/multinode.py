@@ -64,6 +64,9 @@ def group_daemons(wd: Path, nnodes: int = 2) -> list[Daemon]:
 
     api = [free_port() for _ in range(nnodes)]
     store = free_port()
+    secret = wd / "group-secret"  # the daemons sign to each other ([group] secret_file)
+    secret.write_text(os.urandom(24).hex() + "\n")
+    secret.chmod(0o600)
     out = []
     for rank in range(nnodes):
         nd = wd / f"node{rank}"
@@ -83,6 +86,7 @@ def group_daemons(wd: Path, nnodes: int = 2) -> list[Daemon]:
             "members": [f"127.0.0.1:{p}" for p in api[1:]],
             "request_timeout_s": 1.0,
             "unreachable_s": 2.0,
+            "secret_file": str(secret),
         }
         out.append(Daemon(settings_from_mapping(data), nd))
     return out

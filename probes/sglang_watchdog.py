@@ -62,16 +62,18 @@ class SGLangWatchdogParser:
                 self._open.append(text)
                 return
             self._open = None
-        m = _DUMP.search(body)
+        # Substring checks first: `_FIRED`'s search costs ~8 ms on a 4 KiB line without the words
+        # (a 300 MB line is 4,800 of them, and the loop stood still for 30 s; issue 33).
+        m = _DUMP.search(body) if "Pyspy dump for PID" in body else None
         if m:
             self._open = [text]
             self._dumps = [*self._dumps[-(MAX_DUMPS - 1) :], (int(m.group("pid")), self._open)]
             return
-        m = _FAILED.search(body)
+        m = _FAILED.search(body) if "Pyspy failed" in body else None
         if m:
             self._failures = [*self._failures[-(MAX_DUMPS - 1) :], f"{m.group('cmd')}: {m.group('err').strip()}"]
             return
-        m = _FIRED.search(body)
+        m = _FIRED.search(body) if " watchdog timeout (" in body else None
         if m and (self._fire is None or self._fire.soft):
             self._fire = SGLangWatchdogFire(
                 at=line.at,

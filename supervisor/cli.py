@@ -23,6 +23,8 @@ def _run(args: argparse.Namespace) -> int:
     from supervisor.logs import setup as logsetup
     from supervisor.root.serve import serve
 
+    if args.preflight:
+        return _preflight(args.config)
     logsetup.configure(json=args.log_json, level=args.log_level)
     try:
         settings = load_settings(args.config)
@@ -41,6 +43,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
         return EXIT_CONFIG
     return reexec() if code == EXIT_HANDOFF else code
+
+
+def _preflight(config: str) -> int:
+    """`run --preflight`: validate what a start would, start nothing (the SIGUSR2 handoff asks)."""
+    from supervisor.root.preflight import check
+
+    try:
+        check(config, os.environ)
+    except ConfigError as err:
+        print(f"sglang-supervisor: config refused:\n{err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"sglang-supervisor {__version__}: {config} would start")
+    return 0
 
 
 def reexec() -> int:
@@ -75,7 +90,25 @@ def _check_config(args: argparse.Namespace) -> int:
             print(f"config refused:\n{err}", file=sys.stderr)
         return 1
     check = check_rungs_json if args.json else check_rungs
-    return check(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
+    code = check(settings, validate=not args.no_sglang, out=sys.stdout, strict=args.strict)
+    if args.group:  # the running leader's answer to this node's config (docs/MULTINODE.md)
+        from supervisor.checkconfig.groupcheck import ask_leader
+
+        agrees, line = ask_leader(settings)
+        print(line, file=sys.stdout if agrees else sys.stderr)
+        code = code or (0 if agrees else 1)
+    return code
+
+
+def _group_key(args: argparse.Namespace) -> int:
+    from supervisor.checkconfig.groupcheck import node_key_hex
+
+    try:
+        print(node_key_hex(load_settings(args.config), args.node))
+    except ConfigError as err:
+        print(f"sglang-supervisor: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -113,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON log lines (default: console format on a terminal and under systemd, where each line "
         "also carries its syslog priority for journalctl -p; JSON otherwise)",
     )
+    run.add_argument(
+        "--preflight",
+        action="store_true",
+        help="validate the config, the API token and the notification secrets as a start would, start "
+        "nothing, exit 0 or 2 (what a SIGUSR2 handoff runs before the old daemon lets go)",
+    )
     run.set_defaults(func=_run)
 
     demo = sub.add_parser("demo", help="watch the built-in SGLang simulator deadlock, get diagnosed and fall back")
@@ -136,7 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--no-sglang", action="store_true", help="skip checking rung arguments with SGLang's parser")
     chk.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
     chk.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    chk.add_argument(
+        "--group", action="store_true", help="also ask the group's running leader whether this node's config may join"
+    )
     chk.set_defaults(func=_check_config)
+
+    gk = sub.add_parser(
+        "group-key",
+        help="print node N's group key (a worker's [group] key_file) from the leader's secret_file",
+    )
+    gk.add_argument("--config", required=True, help="a config whose [group] secret_file holds the group secret")
+    gk.add_argument("--node", required=True, type=int, help="the node_rank whose key to print (1..nnodes-1)")
+    gk.set_defaults(func=_group_key)
 
     add_client_commands(sub)
 

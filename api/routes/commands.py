@@ -1,4 +1,4 @@
-"""The commands: `POST /restart`, `/diagnose`, `/stop`, `/start`, `/reload`.
+"""The commands: `POST /restart`, `/diagnose`, `/stop`, `/start`, `/reload`, `/promote`.
 
 Each route checks what it can from the snapshot (an unknown rung), puts one `Command` on the
 supervisor's queue and turns its `CommandResult` into an answer; it never touches a process.
@@ -8,27 +8,31 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Depends
 from starlette.responses import JSONResponse
 
-from api.deps import Supervisor
+from api.deps import Requester, Supervisor, non_simple
 from api.errors import error_response
 from api.models import (
     CommandAccepted,
     DiagnoseRequest,
     DiagnoseResult,
+    PromoteRequest,
     RestartAccepted,
     RestartRequest,
     StartRequest,
     StopRequest,
 )
-from api.responses import BAD_REQUEST, CONFLICT, NO_RUNG
+from api.responses import BAD_REQUEST, CONFLICT, NO_RUNG, SIMPLE_POST
 from supervisor.status.commands import Command, CommandResult, SupervisorHandle
 from supervisor.status.snapshot import StatusSnapshot
 
 BUSY_RETRY_AFTER_S = 5
 
-router = APIRouter(tags=["commands"], responses={**BAD_REQUEST, **CONFLICT})
+# Every command changes something: none may come from a web page (api/browser.py).
+router = APIRouter(
+    tags=["commands"], responses={**BAD_REQUEST, **CONFLICT, **SIMPLE_POST}, dependencies=[Depends(non_simple)]
+)
 
 
 def refusal(result: CommandResult, snapshot: StatusSnapshot) -> JSONResponse | None:
@@ -72,13 +76,13 @@ async def _accepted(handle: SupervisorHandle, command: Command) -> Any:
 
 
 @router.post("/restart", status_code=202, response_model=RestartAccepted, responses=NO_RUNG)
-async def restart(handle: Supervisor, body: Annotated[RestartRequest | None, Body()] = None) -> Any:
+async def restart(handle: Supervisor, by: Requester, body: Annotated[RestartRequest | None, Body()] = None) -> Any:
     """Restart the server (stop, verify release, relaunch), optionally on a given rung."""
     req = body or RestartRequest()
     ladder = handle.snapshot().ladder
     if req.rung is not None and ladder and req.rung not in ladder:
         return unknown_rung(req.rung, ladder)
-    command = Command(kind="restart", rung=req.rung, reason=req.reason, diagnose=req.diagnose)
+    command = Command(kind="restart", rung=req.rung, reason=req.reason, diagnose=req.diagnose, requested_by=by)
     result, refused = await _submit(handle, command)
     ladder = handle.snapshot().ladder
     if result.outcome == "invalid" and req.rung is not None and req.rung not in ladder:
@@ -90,10 +94,10 @@ async def restart(handle: Supervisor, body: Annotated[RestartRequest | None, Bod
 
 
 @router.post("/diagnose", response_model=DiagnoseResult)
-async def diagnose(handle: Supervisor, body: Annotated[DiagnoseRequest | None, Body()] = None) -> Any:
+async def diagnose(handle: Supervisor, by: Requester, body: Annotated[DiagnoseRequest | None, Body()] = None) -> Any:
     """Capture evidence now; answers when the bundle is written."""
     req = body or DiagnoseRequest()
-    result, refused = await _submit(handle, Command(kind="diagnose", native=req.native, gdb=req.gdb))
+    result, refused = await _submit(handle, Command(kind="diagnose", native=req.native, gdb=req.gdb, requested_by=by))
     if refused is not None:
         return refused
     hung = (result.summary or {}).get("trigger") == "hung"
@@ -105,22 +109,46 @@ async def diagnose(handle: Supervisor, body: Annotated[DiagnoseRequest | None, B
 
 
 @router.post("/stop", status_code=202, response_model=CommandAccepted)
-async def stop(handle: Supervisor, body: Annotated[StopRequest | None, Body()] = None) -> Any:
+async def stop(handle: Supervisor, by: Requester, body: Annotated[StopRequest | None, Body()] = None) -> Any:
     """Stop the server tree and stay stopped until `POST /start`; already stopped is a 202 too."""
-    return await _accepted(handle, Command(kind="stop", reason=(body or StopRequest()).reason))
+    return await _accepted(handle, Command(kind="stop", reason=(body or StopRequest()).reason, requested_by=by))
 
 
 @router.post("/start", status_code=202, response_model=CommandAccepted, responses=NO_RUNG)
-async def start(handle: Supervisor, body: Annotated[StartRequest | None, Body()] = None) -> Any:
+async def start(handle: Supervisor, by: Requester, body: Annotated[StartRequest | None, Body()] = None) -> Any:
     """Start the server after a stop, or out of `failed`."""
     rung = (body or StartRequest()).rung
     ladder = handle.snapshot().ladder
     if rung is not None and ladder and rung not in ladder:
         return unknown_rung(rung, ladder)
-    return await _accepted(handle, Command(kind="start", rung=rung))
+    return await _accepted(handle, Command(kind="start", rung=rung, requested_by=by))
 
 
 @router.post("/reload", response_model=CommandAccepted)
-async def reload(handle: Supervisor) -> Any:
+async def reload(handle: Supervisor, by: Requester) -> Any:
     """Re-read the config file, as SIGHUP does; a config that does not validate is a 400 and the old one stays."""
-    return await _accepted(handle, Command(kind="reload", source="api"))
+    return await _accepted(handle, Command(kind="reload", source="api", requested_by=by))
+
+
+@router.post("/promote", status_code=202, response_model=RestartAccepted)
+async def promote(handle: Supervisor, by: Requester, body: Annotated[PromoteRequest | None, Body()] = None) -> Any:
+    """Try the preferred rung (rung 0) now: a manual restart onto it, which never counts against the
+    rung the server is on; 409 when the server already serves on it."""
+    snap = handle.snapshot()
+    if not snap.ladder:
+        return error_response(503, "failed", "the ladder is not loaded yet", state=snap.state)
+    preferred = snap.ladder[0]
+    if snap.state in ("ready", "degraded", "starting") and (snap.rung_index or 0) == 0:
+        return error_response(409, "conflict", f"already on the preferred rung {preferred}", state=snap.state)
+    why = (body or PromoteRequest()).reason or f"promote: try the preferred rung {preferred} now"
+    command = Command(kind="restart", rung=preferred, reason=why, requested_by=by)
+    result, refused = await _submit(handle, command)
+    if refused is not None:
+        return refused
+    memory = ""
+    inc = snap.last_incident
+    if inc is not None and inc.rung == preferred:
+        memory = f"; {preferred} last failed with {inc.cause}" + (f"/{inc.hang_class}" if inc.hang_class else "")
+        memory += f" at {inc.at} (bundle {inc.bundle or 'none'})"
+    message = f"promoting from {snap.rung} to {preferred}{memory}"
+    return RestartAccepted(incident_id=result.incident_id, state=result.state or snap.state, message=message)

@@ -5,7 +5,6 @@ Every read goes through `api.bundles` (descriptors, no links) in a worker thread
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -23,12 +22,12 @@ router = APIRouter(tags=["diagnostics"])
 @router.get("/diagnostics", response_model=BundleList)
 async def diagnostics(ctx: Context) -> BundleList:
     """Diagnostic bundles, newest first, with their summaries."""
-    return BundleList(bundles=await asyncio.to_thread(bundles.list_bundles, ctx.diag_dir))
+    return BundleList(bundles=await ctx.pool.run(bundles.list_bundles, ctx.diag_dir))
 
 
 @router.get("/diagnostics/{bundle_id}", response_model=BundleDetail, responses=NOT_FOUND)
 async def diagnostic(bundle_id: str, ctx: Context) -> Any:
-    detail = await asyncio.to_thread(bundles.bundle_detail, ctx.diag_dir, bundle_id)
+    detail = await ctx.pool.run(bundles.bundle_detail, ctx.diag_dir, bundle_id)
     if detail is None:
         return error_response(404, "not_found", "no such bundle")
     return detail
@@ -46,7 +45,7 @@ async def diagnostic(bundle_id: str, ctx: Context) -> Any:
     },
 )
 async def diagnostic_file(bundle_id: str, name: str, ctx: Context) -> Response:
-    fd = await asyncio.to_thread(bundles.open_bundle_file, ctx.diag_dir, bundle_id, name)
+    fd = await ctx.pool.run(bundles.open_bundle_file, ctx.diag_dir, bundle_id, name)
     if fd is None:
         return error_response(404, "not_found", "no such file in that bundle")
     return StreamingResponse(

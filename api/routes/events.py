@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from datetime import datetime, timezone
 from typing import Annotated, Any
@@ -56,7 +55,6 @@ async def events(
     unknown = streams.unknown_event_response(names)
     if unknown is not None:
         return unknown
-    follower = await streams.start_following(ctx.journal.path) if follow else None
 
     def match(record: dict[str, object]) -> bool:
         if names and record.get("event") not in names:
@@ -66,7 +64,15 @@ async def events(
         at = journal_time(str(record.get("ts", "")))
         return at is not None and at >= start
 
-    found = await asyncio.to_thread(ctx.journal.read, limit, match if names or start else None)
+    if follow and not ctx.follows.take():
+        return streams.too_many_follows(ctx.follows)
+    try:
+        follower = await streams.start_following(ctx.journal.path, ctx.pool) if follow else None
+        found = await ctx.pool.run(ctx.journal.read, limit, match if names or start else None)
+    except BaseException:
+        if follow:
+            ctx.follows.give_back()
+        raise
     if follower is not None:
-        return streams.follow_events(follower, found, match, streams.FOLLOW_POLL_S)
+        return streams.follow_events(follower, found, match, streams.FOLLOW_POLL_S, ctx.pool, ctx.follows)
     return EventList(events=found)

@@ -3,16 +3,17 @@ keeps the answer open and sends each new line (`sglang-supervisor logs -f`)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from starlette.responses import Response, StreamingResponse
 
 from api.deps import Context
+from api.errors import error_response
 from api.follow import tail_lines
-from api.streams import FOLLOW_POLL_S, follow_lines, start_following
+from api.launchlog import NoPreviousLaunch, previous_launch
+from api.streams import FOLLOW_POLL_S, FollowResponse, follow_lines, start_following, too_many_follows
 
 MAX_LOG_LINES = 10_000
 
@@ -36,20 +37,45 @@ async def logs(
     lines: Annotated[int, Query(ge=0, le=MAX_LOG_LINES, description="how many of the last lines")] = 100,
     # Not in the schema: an OpenAPI client (or fuzzer) cannot consume an answer that never ends.
     follow: Annotated[bool, Query(include_in_schema=False)] = False,
+    launch: Annotated[
+        Literal["previous"] | None, Query(description="previous: the output of the launch before this one")
+    ] = None,
 ) -> Response:
     """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted."""
     log_file = ctx.server_log
-    follower = await start_following(log_file) if follow else None
-    tail = await asyncio.to_thread(tail_lines, log_file, lines)
+    if launch == "previous":
+        if follow:
+            return error_response(400, "bad_request", "a previous launch has ended: follow=true does not apply")
+        try:
+            prev = await ctx.pool.run(previous_launch, ctx.journal, log_file, lines)
+        except NoPreviousLaunch as why:
+            return error_response(404, "not_found", f"no previous launch to show: {why}")
+        text = b"".join(render_line(line, ctx.redact) for line in prev.lines)
+        about = f"rung={prev.rung}; pid={prev.pid}; launched={prev.at}"
+        return Response(
+            text,
+            media_type="text/plain; charset=utf-8",
+            headers={"X-Content-Type-Options": "nosniff", "X-Launch": about},
+        )
+    if follow and not ctx.follows.take():
+        return too_many_follows(ctx.follows)
+    try:
+        follower = await start_following(log_file, ctx.pool) if follow else None
+        tail = await ctx.pool.run(tail_lines, log_file, lines)  # bounded in bytes (api/follow.py)
+    except BaseException:
+        if follow:
+            ctx.follows.give_back()
+        raise
 
     async def body() -> AsyncIterator[bytes]:
-        stream = follow_lines(follower, FOLLOW_POLL_S) if follower is not None else None
+        stream = follow_lines(follower, FOLLOW_POLL_S, ctx.pool) if follower is not None else None
         for line in tail:
             yield render_line(line, ctx.redact)
         if stream is not None:
             async for line in stream:
                 yield render_line(line, ctx.redact)
 
-    return StreamingResponse(
-        body(), media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"}
-    )
+    headers = {"X-Content-Type-Options": "nosniff"}
+    if follow:
+        return FollowResponse(ctx.follows, body(), media_type="text/plain; charset=utf-8", headers=headers)
+    return StreamingResponse(body(), media_type="text/plain; charset=utf-8", headers=headers)

@@ -6,6 +6,7 @@ daemon); `/readyz` is `api.readiness.is_ready` of the snapshot.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -30,7 +31,8 @@ router = APIRouter(tags=["probes"])
     openapi_extra=OPEN_OPERATION,
 )
 async def metrics(ctx: Context) -> Response:
-    return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+    body = ctx.scrapes.get(lambda: generate_latest(ctx.registry), asyncio.get_running_loop().time())
+    return Response(body, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
 @router.get(

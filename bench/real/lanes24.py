@@ -83,6 +83,11 @@ def lane_xid(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
         if res["xid_chain"].get("bundle"):
             res["bundle_digest"] = _digest(res["xid_chain"]["bundle"])
         res["load"] = load.stop()
+        # issue 36 (stage i36xid): the relaunch's timeline after the Xid, phase by phase, against the
+        # first start's (the warm-up request's phase is `warmup`), its kernel cache and the outage
+        keep = ("launch_timeline", "outage", "kernel_cache", "weights_residency")
+        res["journal36"] = [e for e in d.events() if e.get("event") in keep]
+        res["launch_timeline"] = d.status().get("launch_timeline")
     return res
 
 

@@ -192,6 +192,10 @@ def lane_mn2(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     env = daemon_env(real)
     nodes: list[Node] = []
     ports: list[int] = []
+    secret = work / "group-secret"  # the daemons sign to each other ([group] secret_file)
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_text(os.urandom(24).hex() + "\n")
+    secret.chmod(0o600)
     res: dict[str, Any] = {"lane": "mn2", "simulated": os.environ.get("REAL_SIMULATE") == "1", "gpus": gpus}
     t0 = time.time()
     try:
@@ -211,6 +215,7 @@ def lane_mn2(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
                 "members": [f"127.0.0.1:{api[1]}"],
                 "request_timeout_s": 3.0,
                 "unreachable_s": 10.0,
+                "secret_file": str(secret),
             }
             nodes.append(Node(rank, work / f"node{rank}", cfg, env))
             ports.append(int(cfg["server"]["port"]))

@@ -3,10 +3,12 @@ what happened, with every secret (the URL, the routing key) cut out of any error
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from secrets import token_hex
 
 import httpx
 
@@ -17,6 +19,7 @@ from supervisor.common.toolproc import run_tool
 from supervisor.config.alerting import PAGERDUTY_URL, NotifyTarget
 
 REDACTED = "<redacted>"
+HOOK_MARKER = "SGLANG_SUPERVISOR_HOOK_RUN"  # one value per hook run: what proves a process is its
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,15 @@ def body_for(target: NotifyTarget, ev: NotifyEvent, secrets: Secrets) -> dict[st
 
 
 async def post(client: httpx.AsyncClient, target: NotifyTarget, ev: NotifyEvent, secrets: Secrets) -> Attempt:
+    """One POST, bounded as a whole by `timeout_s`: httpx's timeout bounds each read, so a receiver
+    trickling its headers a byte at a time never tripped it (issue 33)."""
+    try:
+        return await asyncio.wait_for(_post(client, target, ev, secrets), target.timeout_s)
+    except asyncio.TimeoutError:
+        return Attempt(False, True, error=f"timed out after {target.timeout_s:g} s (the whole attempt)")
+
+
+async def _post(client: httpx.AsyncClient, target: NotifyTarget, ev: NotifyEvent, secrets: Secrets) -> Attempt:
     assert secrets.url is not None
     try:
         # Streamed and never read: a receiver answering with a huge body costs nothing.
@@ -100,9 +112,16 @@ async def post(client: httpx.AsyncClient, target: NotifyTarget, ev: NotifyEvent,
 
 
 async def run_hook(target: NotifyTarget, ev: NotifyEvent, base_env: Mapping[str, str]) -> Attempt:
-    env = {**base_env, **shapes.hook_env(ev)}
+    """The hook in a process group of its own, with a marker in its environment: at the timeout the
+    group is killed, and so is every process of ours still carrying the marker (a `setsid` child
+    leaves the group, not its environment)."""
+    marker = token_hex(8)
+    env = {**base_env, **shapes.hook_env(ev), HOOK_MARKER: marker}
     data = (json.dumps(shapes.generic(ev)) + "\n").encode()
-    res = await run_tool(target.argv, target.timeout_s, env=env, cap_bytes=8192, stdin=data, own_session=False)
+    mark = (HOOK_MARKER, marker)
+    res = await run_tool(
+        target.argv, target.timeout_s, env=env, cap_bytes=8192, stdin=data, own_session=False, marker=mark
+    )
     if res.missing:
         return Attempt(False, False, error=res.stderr[:300])
     if res.timed_out:

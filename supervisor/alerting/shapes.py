@@ -34,13 +34,41 @@ def generic(ev: NotifyEvent) -> dict[str, Any]:
     }
 
 
+def slack_escape(text: str) -> str:
+    """Text as Slack mrkdwn shows it literally: `&`, `<`, `>` escaped (so `<!channel>`, `<@U1>` and
+    `<https://evil|click>` in a reason are shown, not acted on), backticks turned to quotes (a value
+    cannot leave its code span), control characters dropped, at most SLACK_MAX characters."""
+    text = "".join(c for c in text if c >= " " or c == "\n")
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")
+    return text[:SLACK_MAX]
+
+
+def plain(text: str, limit: int) -> str:
+    """One line of plain text at most `limit` characters (PagerDuty's summary is 1,024)."""
+    flat = " ".join("".join(c if c >= " " else " " for c in text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+SLACK_MAX = 3000  # Slack's limit for a section block's text
+PD_SUMMARY_MAX = 1024
+PD_FIELD_MAX = 2048  # each string in custom_details: a reason can be anything a peer or the server wrote
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, str):
+        return plain(value, PD_FIELD_MAX)
+    if isinstance(value, dict):
+        return {k: _bounded(v) for k, v in value.items()}
+    return value
+
+
 _SLACK_ICON = {"incident": ":warning:", "failed": ":red_circle:", "recovered": ":white_check_mark:"}
 
 
 def slack(ev: NotifyEvent) -> dict[str, Any]:
-    text = f"{_SLACK_ICON.get(ev.kind, ':information_source:')} {ev.summary}"
+    text = f"{_SLACK_ICON.get(ev.kind, ':information_source:')} {slack_escape(ev.summary)}"
     fields = [
-        f"*{k}*: `{v}`"
+        f"*{k}*: `{slack_escape(v)}`"
         for k, v in (
             ("incident", ev.incident_id),
             ("cause", ev.cause),
@@ -67,13 +95,13 @@ def pagerduty(ev: NotifyEvent, routing_key: str) -> dict[str, Any]:
     }
     if ev.kind != "recovered":
         body["payload"] = {
-            "summary": ev.summary[:1024],
-            "source": ev.instance,
+            "summary": plain(ev.summary, PD_SUMMARY_MAX),
+            "source": plain(ev.instance, 255),
             "severity": "critical" if ev.kind == "failed" else "error",
             "component": "sglang",
-            "group": ev.rung or "sglang",
-            "class": ev.cause or ev.kind,
-            "custom_details": generic(ev),
+            "group": plain(ev.rung or "sglang", 255),
+            "class": plain(ev.cause or ev.kind, 255),
+            "custom_details": _bounded(generic(ev)),
         }
     return body
 

@@ -157,6 +157,9 @@ def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         rung += f"; last good {s['last_good_rung']}"
     pid = str(s.get("pid") or "-") + (" (adopted from an earlier daemon)" if s.get("adopted") else "")
     rows += [("rung", rung), ("pid", pid)]
+    index = s.get("rung_index")
+    if s.get("state") in ("ready", "degraded") and isinstance(index, int) and index > 0 and ladder:
+        rows.append(("fallback", _fallback_text(s, ladder)))
     rows += _ready_rows(s)
     rows.append(("restarts", f"{s.get('restarts', 0)} ({s.get('restarts_last_hour', 0)} in the last hour)"))
     if s.get("last_progress_s") is not None:  # start-up progress: the daemon leaves it out while serving
@@ -204,13 +207,17 @@ def _problems(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with the daemon itself: missing evidence tools, failed writes, caught errors."""
     rows = []
     unusable = [c for c in s.get("selfcheck") or () if isinstance(c, Mapping) and not c.get("ok")]
+    absent = [c for c in unusable if c.get("kind") == "capability"]  # what this GPU cannot do: no fault
     optional = [c for c in unusable if "(optional" in str(c.get("detail"))]  # cuda-gdb off a GPU host
-    bad = [c for c in unusable if c not in optional]
+    bad = [c for c in unusable if c not in optional and c not in absent]
     if bad:
         text = "; ".join(f"{c.get('name')}: {c.get('detail') or 'not usable'}" for c in bad)
         rows.append(("self-check", f"FAILED {text} (bundles will lack these stacks)"))
     if optional:
         rows.append(("optional", ", ".join(f"{c.get('name')} not installed" for c in optional)))
+    for c in absent:
+        instead = f"; the daemon uses {c['instead']} instead" if c.get("instead") else ""
+        rows.append(("unavailable", f"{c.get('name')} not available here: {c.get('detail')}{instead}"))
     w = s.get("write_errors") or {}
     failed = {k: v for k, v in w.items() if isinstance(v, int) and v > 0} if isinstance(w, Mapping) else {}
     if failed:
@@ -270,3 +277,16 @@ def format_status(s: Any) -> str:
     rows = _rows(s)
     width = max(len(k) for k, _ in rows) + 2
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
+
+
+def _fallback_text(s: Mapping[str, Any], ladder: Sequence[str]) -> str:
+    """Serving on a fallback rung, said as its own condition (issue 38): why the preferred rung is
+    not in use and what tries it again."""
+    text = f"serving on fallback rung {s.get('rung')}, not the preferred {ladder[0]}"
+    if s.get("started_at"):
+        text += f", since {s['started_at']}"
+    inc = s.get("last_incident")
+    if isinstance(inc, Mapping) and inc.get("cause"):
+        text += f"; last failure {inc['cause']}" + (f"/{inc['hang_class']}" if inc.get("hang_class") else "")
+        text += f" on {inc.get('rung')} at {inc.get('at')}"
+    return text + f"; `sglang-supervisor promote` tries {ladder[0]} now"

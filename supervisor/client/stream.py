@@ -19,12 +19,13 @@ from typing import Any, Optional, TextIO
 import httpx
 
 from supervisor.client.format import format_answer, format_error, format_event, format_status
+from supervisor.client.terminal import sanitize
 from supervisor.client.wait import (
     Before,
     Settled,
     Verb,
     settled,
-    state_exit,
+    status_exit,
 )
 from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from supervisor.common.waiting import WaitTimeout, wait_for
@@ -78,12 +79,14 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                 if r.status_code == 401:
                     print(format_error(401, data), file=err)
                     return EXIT_AUTH
-                code = state_exit(data.get("state")) if isinstance(data, dict) else EXIT_ERROR
+                code = status_exit(data) if isinstance(data, dict) else EXIT_ERROR
                 frame = json.dumps(data) if as_json else format_status(data)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 code = EXIT_UNREACHABLE
-                frame = json.dumps({"error": "unreachable", "detail": str(e)}) if as_json else (
-                    f"cannot reach the daemon at {conn.url} ({e or type(e).__name__}); trying again"
+                frame = (
+                    json.dumps({"error": "unreachable", "detail": str(e)})
+                    if as_json
+                    else (f"cannot reach the daemon at {conn.url} ({e or type(e).__name__}); trying again")
                 )
             if tty:
                 out.write("\033[H\033[J")  # a screen of its own, as watch(1) does
@@ -113,9 +116,13 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
                 r.read()
                 print(format_error(r.status_code, _json(r)), file=sys.stderr)
                 return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
+            if r.headers.get("x-launch"):  # logs --previous: which launch this is
+                print(f"the launch before this one: {r.headers['x-launch']}", file=sys.stderr)
+            tty = sys.stdout.isatty()  # the server's escapes must not reach a terminal (client/terminal.py)
             try:
                 for line in r.iter_lines():
-                    print(_line(command, line, as_json), flush=True)
+                    shown = _line(command, line, as_json)
+                    print(sanitize(shown) if tty else shown, flush=True)
             except (httpx.RemoteProtocolError, httpx.ReadError):
                 print("error: the daemon closed the stream (it stopped or is restarting)", file=sys.stderr)
                 return EXIT_UNREACHABLE

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,11 +25,11 @@ import httpx
 from supervisor.client import stream as clientstream
 from supervisor.client.format import TOKEN_ENV, format_answer, format_bundle, format_error
 from supervisor.client.locate import CONFIG_ENV, ClientConfigError, api_settings, choose_config
-from supervisor.client.wait import DEFAULT_WAIT_S, state_exit
+from supervisor.client.wait import DEFAULT_WAIT_S, status_exit
 from supervisor.common.exitcodes import EXIT_AUTH, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 DEFAULT_URL = "http://127.0.0.1:8900"
-COMMANDS = ("status", "restart", "stop", "start", "diagnose", "reload", "events", "bundles", "logs")
+COMMANDS = ("status", "restart", "stop", "start", "promote", "diagnose", "reload", "events", "bundles", "logs")
 DEFAULT_TIMEOUT_S = 15.0
 # A capture runs py-spy over every process and gdb over a hung tree: minutes, not seconds.
 DIAGNOSE_TIMEOUT_S = 600.0
@@ -48,10 +48,11 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "restart": "restart the server now (stop, verify release, relaunch)",
         "stop": "stop the server and keep it stopped",
         "start": "start the server after a stop or out of failed",
+        "promote": "try the preferred rung now (from a fallback rung); the current rung is not charged",
         "diagnose": "capture evidence now (py-spy, optionally gdb) and print the bundle",
         "reload": "re-read the daemon's config file (as SIGHUP or systemctl reload does)",
         "events": "show the event journal, oldest first (filter by --event and --since; --follow for new ones)",
-        "bundles": "list diagnostic bundles, newest first, or show one bundle's summary",
+        "bundles": "list diagnostic bundles, newest first, show one bundle's summary, or `get ID [FILE]` to download",
         "logs": "show the server's own output (stdout and stderr), secrets redacted; -f follows it",
     }
     for name in COMMANDS:
@@ -81,8 +82,10 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             p.add_argument("--reason", default="", help="recorded with the incident")
             p.add_argument("--diagnose", action="store_true", help="capture evidence before stopping")
         if name == "start":
-            p.add_argument("--rung", help="start on this rung (default: the current one)")
-        if name == "stop":
+            p.add_argument(
+                "--rung", help="start on this rung (default: the current one; out of failed the preferred one)"
+            )
+        if name in ("stop", "promote"):
             p.add_argument("--reason", default="", help="recorded in the journal")
         if name in ("stop", "start", "restart"):
             what = "stopped and its port and GPUs verified free" if name == "stop" else "a new server serves"
@@ -100,13 +103,26 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         if name == "events":
             p.add_argument("--limit", type=int, default=100, help="the last N events (1-1000, default 100)")
             p.add_argument("--event", action="append", help="only this event name (repeatable)")
-            p.add_argument("--since", help="only events at or after this ISO-8601 time (UTC unless it says)")
+            p.add_argument(
+                "--since",
+                help="only events at or after this time: ISO-8601 (UTC unless it says) or a span back from now "
+                "(30m, 1h, 2d)",
+            )
             p.add_argument("-f", "--follow", action="store_true", help="then keep printing new events until Ctrl-C")
         if name == "logs":
             p.add_argument("-n", "--lines", type=int, default=100, help="the last N lines (0-10000, default 100)")
             p.add_argument("-f", "--follow", action="store_true", help="then keep printing new lines until Ctrl-C")
+            p.add_argument(
+                "-p", "--previous", action="store_true", help="the output of the launch before this one (a crash's)"
+            )
         if name == "bundles":
-            p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list")
+            p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list ('get': download)")
+            p.add_argument("get_args", nargs="*", metavar="ID [FILE]", help="with get: the bundle, and one file of it")
+            p.add_argument(
+                "-o",
+                "--output",
+                help="get: where to write (default: ./ID/ for a whole bundle, ./FILE for one file; '-': stdout)",
+            )
         p.set_defaults(client_command=name)
 
 
@@ -117,10 +133,15 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         return EXIT_USAGE
     environ = os.environ if env is None else env
     url = getattr(args, "url", None) or DEFAULT_URL
+    where = "--url"
     try:
-        url, token = _address(args, environ)
+        url, token, where = _address(args, environ)
         timeout = args.timeout if args.timeout is not None else _default_timeout(command)
         conn = clientstream.Conn(url, token, timeout, _send)
+        if command == "bundles" and getattr(args, "id", None) == "get":
+            return _get_bundle(url, args.get_args, args.output, token, timeout)
+        if command == "bundles" and getattr(args, "get_args", None):
+            raise UsageError(f"bundles {args.id} {' '.join(args.get_args)}: did you mean bundles get ID [FILE]?")
         if command == "bundles" and getattr(args, "id", None):
             return _show_bundle(url, args.id, token, timeout, as_json=args.json)
         if command == "status" and args.watch is not None:
@@ -137,13 +158,19 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except (httpx.TimeoutException, httpx.TransportError) as err:
-        print(f"error: cannot reach the daemon at {url}: {_transport_reason(err)}", file=sys.stderr)
+        print(f"error: cannot reach the daemon at {url} ({where}): {_transport_reason(err)}", file=sys.stderr)
+        print(
+            "next: is the daemon running (systemctl status sglang-supervisor)? Point the client at it with "
+            "--url http://HOST:PORT or --config FILE (its [api] table)",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
     return report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr)
 
 
-def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None]:
-    """(base URL, token): explicit flags first, then the daemon's config ([api] only), then the defaults."""
+def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None, str]:
+    """(base URL, token, where the URL came from): explicit flags first, then the daemon's config
+    ([api] only), then the defaults, said as such (never a silent fallback)."""
     url: str | None = getattr(args, "url", None)
     token_file: str | None = getattr(args, "token_file", None)
     token: str | None = None
@@ -167,7 +194,15 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
         token = _token(token_file, env)
     elif token is None:
         token = _token(None, env)
-    return url or DEFAULT_URL, token
+    if getattr(args, "url", None):
+        where = "from --url"
+    elif choice.path is not None:
+        where = f"from [api] of {choice.path}"
+    else:
+        where = (
+            f"the default: no --url, no --config, ${CONFIG_ENV} unset and no /etc/sglang-supervisor/config.toml"
+        )
+    return url or DEFAULT_URL, token, where
 
 
 def _connect_host(host: str) -> str:
@@ -185,21 +220,22 @@ def _default_timeout(command: str) -> float:
 
 def _token(token_file: str | None, env: Mapping[str, str]) -> str | None:
     if token_file:
-        try:
-            token = Path(token_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as err:
-            raise UsageError(
-                f"cannot read --token-file {token_file}: {getattr(err, 'strerror', None) or err}"
-            ) from None
-        if not token:
-            raise UsageError(f"--token-file {token_file} is empty")
-        return token
+        from supervisor.common.apitoken import read_token_file
+        from supervisor.common.configerror import ConfigError
+
+        try:  # the daemon's own rules: a regular file, ours, readable by nobody else
+            return read_token_file(Path(token_file), f"--token-file {token_file}")
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
     return env.get(TOKEN_ENV, "").strip() or None
 
 
 def _stream_params(command: str, args: argparse.Namespace) -> list[tuple[str, str]]:
     if command == "logs":
-        return [("lines", str(args.lines))] + ([("follow", "true")] if args.follow else [])
+        if args.previous and args.follow:
+            raise UsageError("logs --previous --follow: the previous launch has ended; leave out --follow")
+        previous = [("launch", "previous")] if args.previous else []
+        return [("lines", str(args.lines)), *previous] + ([("follow", "true")] if args.follow else [])
     return _request_for(command, args)[3] + [("follow", "true")]
 
 
@@ -225,17 +261,30 @@ def _request_for(
         return "GET", "/diagnostics", None, []
     if command == "stop" and args.reason:
         return "POST", "/stop", {"reason": args.reason}, []
+    if command == "promote":
+        return "POST", "/promote", {"reason": args.reason} if args.reason else {}, []
     if command == "start" and args.rung:
         return "POST", "/start", {"rung": args.rung}, []
     return "POST", f"/{command}", None, []
 
 
-def _since(text: str) -> str:
-    """An ISO time as the API takes it (with an offset); a time without one is UTC."""
+_RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _since(text: str, now: datetime | None = None) -> str:
+    """An ISO time as the API takes it (with an offset); a time without one is UTC; `30m`, `1h`,
+    `2d`, `90s` are that long before now."""
+    t = text.strip().lower()
+    if len(t) >= 2 and t[-1] in _RELATIVE and t[:-1].replace(".", "", 1).isdigit():
+        at = (now or datetime.now(timezone.utc)) - timedelta(seconds=float(t[:-1]) * _RELATIVE[t[-1]])
+        return at.isoformat()
     try:
         at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"--since {text!r}: not an ISO-8601 time, e.g. 2026-11-30T12:00:00Z") from None
+        raise UsageError(
+            f"--since {text!r}: not a time; give an ISO-8601 time (2026-11-30T12:00:00Z) or a span back from now "
+            "(90s, 30m, 1h, 2d)"
+        ) from None
     return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)).isoformat()
 
 
@@ -248,7 +297,8 @@ def _send(
     timeout: float,
     params: list[tuple[str, str]] | None = None,
 ) -> httpx.Response:
-    headers = {"Accept": "application/json"}
+    # A non-simple header: the daemon refuses a state-changing request a web page could send (api/browser.py).
+    headers = {"Accept": "application/json", "X-Requested-By": "sglang-supervisor"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:
@@ -273,6 +323,71 @@ def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *,
     return EXIT_OK
 
 
+def _ours(response: httpx.Response, data: Any) -> bool:
+    """Whether the answer has this daemon's shape: a JSON object, with `error` when it is one."""
+    if not isinstance(data, (dict, list)):
+        return False
+    return response.status_code < 400 or (isinstance(data, dict) and "error" in data)
+
+
+def _foreign(response: httpx.Response) -> str:
+    """What answered instead of the daemon, and what to do: SGLang itself (its /get_model_info
+    answers) is the usual mistake, a port away from the daemon's."""
+    url = response.request.url
+    base = f"{url.scheme}://{url.netloc.decode()}"
+    head = f"HTTP {response.status_code} from {url} is not a sglang-supervisor answer"
+    fix = "point the client at the daemon's [api] port (default 8900) with --url or --config"
+    try:
+        info = httpx.get(f"{base}/get_model_info", timeout=3.0, trust_env=False)
+        model = info.json().get("model_path") if info.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        model = None
+    if model:
+        return f"{head}: {base} is SGLang's own server (model {model}), not its supervisor; {fix}"
+    return f"{head}: is something else listening at {base}? {fix}"
+
+
+def _get_bundle(url: str, words: list[str], output: str | None, token: str | None, timeout: float) -> int:
+    """`bundles get ID [FILE]`: one file (to ./FILE, or stdout with `-o -`), or every file of the
+    bundle into ./ID/ (or `-o DIR`); what exists already is not overwritten."""
+    if not words or len(words) > 2:
+        raise UsageError(
+            "bundles get ID [FILE]: name the bundle (see `sglang-supervisor bundles`) and optionally a file"
+        )
+    bundle_id, name = words[0], (words[1] if len(words) == 2 else None)
+    detail = _send(url, "GET", f"/diagnostics/{bundle_id}", None, token, timeout)
+    if detail.status_code != 200:
+        return report("bundles", detail, as_json=False, out=sys.stdout, err=sys.stderr)
+    files = [str(f) for f in (detail.json().get("files") or ())]
+    if name is not None and name not in files:
+        print(f"error: bundle {bundle_id} has no file {name!r}; it has: {', '.join(files) or 'none'}", file=sys.stderr)
+        return EXIT_ERROR
+    if name is not None and output == "-":
+        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/{name}", None, token, timeout)
+        if answer.status_code != 200:
+            return report("bundles", answer, as_json=False, out=sys.stdout, err=sys.stderr)
+        sys.stdout.buffer.write(answer.content)
+        sys.stdout.flush()
+        return EXIT_OK
+    if name is not None:
+        targets = [(name, Path(output) if output else Path(name))]
+    else:
+        where = Path(output) if output else Path(bundle_id)
+        targets = [(f, where / f) for f in files]
+    for _, dest in targets:
+        if dest.exists():
+            print(f"error: {dest} exists; not overwritten (choose another place with -o)", file=sys.stderr)
+            return EXIT_ERROR
+    for f, dest in targets:
+        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/{f}", None, token, timeout)
+        if answer.status_code != 200:
+            return report("bundles", answer, as_json=False, out=sys.stdout, err=sys.stderr)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(answer.content)
+        print(f"{dest} ({len(answer.content)} bytes)")
+    return EXIT_OK
+
+
 def _transport_reason(err: Exception) -> str:
     if isinstance(err, httpx.TimeoutException):
         return "no answer in time (raise --timeout)"
@@ -284,15 +399,14 @@ def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO
     try:
         data: Any = response.json()
     except ValueError:
-        print(
-            f"error: HTTP {response.status_code} from {response.request.url} is not a sglang-supervisor answer",
-            file=err,
-        )
+        data = None
+    if not _ours(response, data):
+        print(f"error: {_foreign(response)}", file=err)
         return EXIT_AUTH if response.status_code == 401 else EXIT_ERROR
     http = _exit_code(response.status_code)
     code = http
     if http == EXIT_OK and command == "status" and isinstance(data, dict):
-        code = state_exit(data.get("state"))  # by state, as `systemctl is-active`
+        code = status_exit(data)  # by state, as `systemctl is-active`; 10 on a fallback rung
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=False), file=out)
         return code

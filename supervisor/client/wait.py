@@ -21,6 +21,7 @@ from supervisor.common.exitcodes import (
     EXIT_DEGRADED,
     EXIT_ERROR,
     EXIT_FAILED,
+    EXIT_FALLBACK,
     EXIT_OK,
     EXIT_RECOVERING,
     EXIT_STARTING,
@@ -45,6 +46,16 @@ Verb = Literal["stop", "start", "restart"]
 
 def state_exit(state: object) -> int:
     return STATE_EXIT.get(str(state), EXIT_ERROR)
+
+
+def status_exit(status: Mapping[str, Any]) -> int:
+    """`status`'s exit code: by state, and ready on a fallback rung its own condition (10), so a
+    check that wants the preferred configuration sees that it failed (issue 38)."""
+    code = state_exit(status.get("state"))
+    index = status.get("rung_index")
+    if code == EXIT_OK and isinstance(index, int) and index > 0:
+        return EXIT_FALLBACK
+    return code
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ read it the same way; the file holding it must be private to its owner, like an 
 from __future__ import annotations
 
 import ipaddress
+import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,19 +28,26 @@ class TokenSettings(Protocol):
 def load_token(settings: TokenSettings, env: Mapping[str, str]) -> str | None:
     """The token from `[api] token_file`, else from the environment variable `token_env`, else None."""
     if settings.token_file:
-        return _read_token_file(Path(settings.token_file))
+        return read_token_file(Path(settings.token_file))
     value = env.get(settings.token_env, "").strip()
     return value or None
 
 
-def _read_token_file(path: Path) -> str:
-    where = f"[api] token_file {str(path)!r}"
+def read_token_file(path: Path, where: str | None = None) -> str:
+    """The token in `path`, which must be a regular file private to this process's user (owned by
+    it, no group or other bits): a 0600 file of another user is someone else's to rewrite."""
+    where = where or f"[api] token_file {str(path)!r}"
     try:
         st = path.stat()
     except OSError as err:
         raise ConfigError(f"{where}: cannot read it: {err.strerror or err}") from None
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{where}: not a regular file")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(
+            f"{where}: owned by uid {st.st_uid}, not by this process's user (uid {os.geteuid()}); "
+            f"`chown {os.geteuid()} {path}` if it is yours"
+        )
     if st.st_mode & 0o077:
         raise ConfigError(
             f"{where}: readable or writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "

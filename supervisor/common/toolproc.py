@@ -52,6 +52,32 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def _kill_marked(var: str, value: str, proc_root: str = "/proc") -> int:
+    """SIGKILL every process of this user whose environment holds `var=value` (a hook's marker:
+    a `setsid` grandchild left the hook's group but kept its environment); how many were found."""
+    needle = f"{var}={value}".encode()
+    uid, me, found = os.getuid(), os.getpid(), 0
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return 0
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat(f"{proc_root}/{name}").st_uid != uid:
+                continue
+            with open(f"{proc_root}/{name}/environ", "rb") as f:
+                env = f.read(1 << 20)
+        except OSError:
+            continue
+        if needle + b"\0" in env or env.endswith(needle):
+            found += 1
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(name), signal.SIGKILL)
+    return found
+
+
 def _text(buf: bytearray) -> str:
     return bytes(buf).decode("utf-8", errors="replace")
 
@@ -64,12 +90,15 @@ async def run_tool(
     cap_bytes: int = DEFAULT_CAP_BYTES,
     stdin: bytes | None = None,
     own_session: bool = True,
+    marker: tuple[str, str] | None = None,
 ) -> RunResult:
     """Run `argv` to completion or `timeout_s`; on timeout kill it and keep what it had printed.
 
     `own_session=False`: a process group of its own inside the daemon's session, for what may run
     while the server is stopped (a notification hook): the stop takes any child of the daemon in
     another session for an orphan of the server tree (`cgroup.adopted_orphans`).
+    `marker`: an environment variable and value that only this run's processes carry (it must be in
+    `env`); at the timeout every process of this user holding it is killed too, wherever its group.
     """
     start = time.monotonic()
     group: dict[str, object] = {"start_new_session": True}
@@ -112,6 +141,8 @@ async def run_tool(
             await asyncio.wait_for(asyncio.shield(proc.wait()), _TERM_GRACE_S)
         # Our own tool's group; the tracee it attached to is detached by the kernel.
         _signal_group(proc.pid, signal.SIGKILL)
+        if marker is not None:
+            await asyncio.to_thread(_kill_marked, *marker)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.wait(), _KILL_GRACE_S)
         with contextlib.suppress(asyncio.TimeoutError):

@@ -203,12 +203,31 @@ class DiagnosticsSettings(_Section):
     flight_recorder_wait_s: Annotated[float, Field(gt=0, le=60)] = 5.0
 
 
+_HOST_NAME = re.compile(r"\*|[A-Za-z0-9_.-]+|\[?[0-9A-Fa-f:.]+\]?")
+
+
 class ApiSettings(_Section):
     host: str = "127.0.0.1"
     port: Port = 8900
     token_file: str | None = None
     token_env: str = "SGLANG_SUPERVISOR_TOKEN"
     max_body_bytes: PositiveInt = 64 * 1024
+    # Host names the API answers to beyond the defaults (api/browser.py: loopback names on a loopback
+    # bind; IP literals and this machine's names otherwise); "*" turns the Host check off.
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts_tuple(cls, v: object) -> object:
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not _HOST_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a host name, an IP address or '*' (no scheme, port or path)")
+        return v
 
 
 class LogsSettings(_Section):
@@ -238,6 +257,15 @@ class GroupSettings(_Section):
     restart: Literal["daemon", "lws"] = "daemon"
     request_timeout_s: PositiveFloat = 3.0  # one request to a member's API
     unreachable_s: PositiveFloat = 10.0  # a member unanswered this long is named in `degraded`
+    # Peer identity (supervisor/group/signing.py): the group secret (mode 0600; every node's key is
+    # derived from it), or on a worker only its own key (`sglang-supervisor group-key`).
+    secret_file: str | None = None
+    key_file: str | None = None
+    max_skew_s: PositiveFloat = 30.0  # a signed request or answer older or newer than this is refused
+    # A stall explained by a node that cannot be asked (away, late, partitioned) waits this long for
+    # it before the group's incident goes ahead (naming it, on the same rung: no ladder step).
+    absent_wait_s: PositiveFloat = 600.0
+    absent_alert_s: PositiveFloat = 300.0  # a member away this long: `group_node_absent` (warning), once
 
     @field_validator("members", mode="before")
     @classmethod
@@ -269,6 +297,8 @@ class GroupSettings(_Section):
             )
         if self.node_rank > 0 and self.leader is None:
             raise ValueError("a worker (node_rank >= 1) needs leader = node 0's daemon API address, host:port")
+        if self.node_rank == 0 and self.key_file is not None:
+            raise ValueError("the leader (node_rank 0) needs secret_file (it signs for every node), not key_file")
         if self.members and len(self.members) != self.nnodes - 1:
             n = len(self.members)
             raise ValueError(f"members lists {n} addresses; nnodes {self.nnodes} means {self.nnodes - 1}")

@@ -18,9 +18,9 @@ import contextlib
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-from probes.types import LogLine, Observation
+from probes.types import LogLine, Observation, Phase
 from supervisor.config.settings import Settings, WatchdogSettings
 from supervisor.daemon import kernelcache, residency
 from supervisor.daemon.launchtimeline import (
@@ -63,9 +63,16 @@ _PHASE_OF = {
 }
 
 
+# Every start-up phase, in SGLang's order (probes/types.py). A start that reached ready went through
+# each its rung has, seen at a poll or not; one its rung lacks (no draft model) never needs a window.
+_START_PHASES = tuple(p for p in get_args(Phase) if p != "serving")
+
+
 def passed(launch: _Launch) -> dict[str, float]:
-    """The longest quiet interval of every phase the launch went through (0 for one never polled in)."""
-    out = {p: 0.0 for p in launch.phases}
+    """The longest quiet interval of every phase the launch went through (0 for one never polled in:
+    it was passed between two polls, as `loading_draft` of a small draft model always is)."""
+    out = {p: 0.0 for p in _START_PHASES}
+    out.update({p: 0.0 for p in launch.phases if p != "serving"})
     out.update({_PHASE_OF[m]: 0.0 for m in launch.milestones.seen if m in _PHASE_OF})
     out.update(launch.longest)
     return out
@@ -93,6 +100,7 @@ class _Launch:
     time_to_ready_s: float | None = None
     adopted: bool = False
     before: GoodLaunch | None = None  # the last good launch of the key when this one began
+    after_fault: bool = False  # the first launch after an incident that named a GPU fault (Xid)
     phases: set[str] = field(default_factory=set)  # the watchdog phases polls saw it in
 
 
@@ -109,25 +117,30 @@ class Comeback:
         self.outage: OutageClock | None = None
         self.last_outage: OutageView | None = None
         self.residency: ResidencyView | None = None  # measured for the next launch
+        self.verdict_at: float | None = None  # monotonic time of the last incident's verdict
+        self.fault_pending = False  # an incident named a GPU fault: the next launch is not a learned start
         self.tasks: set[asyncio.Task[None]] = set()
 
     # ---- a launch ----------------------------------------------------------------------------
 
-    def launching(
+    async def launching(
         self, argv: Sequence[str], rung: str, server_env: Mapping[str, str], now: float, wall: float
     ) -> dict[str, str]:
         """A launch of `argv` on `rung` is about to be spawned: the variables the server's environment
-        gets (the kernel caches the operator left unset), one call from the owner's launch."""
+        gets (the kernel caches the operator left unset), one call from the owner's launch. The caches'
+        set-aside and prune walk directories: in a thread, so /status answers meanwhile."""
         key = key_for(argv, rung, self.host)
         entry = self.book.get(key)
         before = entry.last_good if entry is not None else None
         launch = _Launch(key, wall, Milestones(now), {}, residency=self.residency, before=before)
+        launch.after_fault, self.fault_pending = self.fault_pending, False
         self.current, self.residency, self.window_now = launch, None, None
         if self.outage is not None:
             self.outage.close_step(now, "relaunch")
         c = self.settings.caches
         try:
-            prepared = kernelcache.prepare(
+            prepared = await asyncio.to_thread(
+                kernelcache.prepare,
                 self.settings.cache_dir,
                 key.fingerprint,
                 server_env,
@@ -168,6 +181,11 @@ class Comeback:
         launch.phases.add(obs.logs.phase)
         entry = self.book.get(launch.key)
         w = window_for(entry.learned if entry else None, obs.logs.phase, wd.startup_stall_s, self.settings.learned)
+        if launch.after_fault and w.window_s < wd.startup_stall_s:
+            # A GPU recovering from a fault (the 119 s warm-up after an Xid on the H200) is not a start
+            # this host learned from: its quiet phases may be far longer than any good start's.
+            why = "the first launch after a GPU fault (Xid): the configured window, not the learned one"
+            w = Window(obs.logs.phase, wd.startup_stall_s, "configured", why, w.learned_quiet_s)
         self.window_now = w
         if w.window_s == wd.startup_stall_s:
             return wd
@@ -198,7 +216,9 @@ class Comeback:
                 compared=list(view.compared),
                 cache=None if view.cache is None else view.cache.model_dump(),
                 residency=None if view.residency is None else view.residency.model_dump(),
+                after_gpu_fault=launch.after_fault,
             )
+        if not launch.adopted and not launch.after_fault:  # a start after a GPU fault teaches nothing
             good = GoodLaunch(launch.milestones.offsets(), time_to_ready_s or 0.0, launch.started_wall)
             learned = learn(entry.learned if entry else None, passed(launch))
             self.book.put(BookEntry(launch.key, learned, good))
@@ -212,6 +232,7 @@ class Comeback:
 
     def incident(self, incident_id: str, cause: str, verdict: Verdict | None, now: float) -> None:
         """A verdict: the outage begins (or, before serving again, goes on); the weights are looked at."""
+        self.verdict_at = now
         if self.outage is None:
             self.outage = OutageClock(incident_id, cause, now, detection_of(verdict))
         else:
@@ -229,6 +250,18 @@ class Comeback:
                 self.outage.close_step(now, "stop_release")
             if self.outage.step == "stop_release":
                 self.outage.close_step(now, "backoff")
+
+    def gpu_fault(self) -> None:
+        """The incident named a GPU fault (Xid): the next launch waits the configured start-up window."""
+        self.fault_pending = True
+
+    def backoff_left(self, backoff_s: float, now: float) -> float:
+        """What is left of the ladder's backoff, counted from the verdict rather than from the verified
+        stop: the evidence and the stop already spaced this attempt from the last one, so a hang's
+        relaunch does not wait a second time for what it spent capturing (issue 36). A crash loop
+        (no evidence, a fast stop) still waits about the whole backoff, doubling to its cap."""
+        at = self.verdict_at
+        return backoff_s if at is None else max(0.0, backoff_s - max(0.0, now - at))
 
     def cancel_outage(self) -> None:
         """Stopped by request: nothing is out of service against anyone's wish."""

@@ -14,6 +14,8 @@ touches the server's processes: the members' daemons do, each its own.
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -21,13 +23,17 @@ from typing import TypeVar
 from probes.types import Observation
 from supervisor.common.exitcodes import EXIT_GROUP_RESTART
 from supervisor.config.settings import Settings
-from supervisor.daemon.peers import Asked, Beating, Judged, Record
+from supervisor.daemon.peers import Asked, Beating, Clearance, Judged, Record
 from supervisor.group.client import Answer, GroupClient
+from supervisor.group.credentials import load_keys
+from supervisor.group.fingerprint import fingerprint
+from supervisor.group.joining import JoinAnswer, answer_join, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
+from supervisor.group.signing import NonceBook, RequestCheck
 from supervisor.group.view import group_view
-from supervisor.policy.group import NodeReport, OwnVerdict, combine
+from supervisor.policy.group import GroupVerdict, NodeReport, OwnVerdict, combine
 from supervisor.policy.recovery import exits_for_group
 from supervisor.policy.watchdog import History, Verdict
 from supervisor.status.commands import Command, CommandResult
@@ -37,12 +43,20 @@ T = TypeVar("T")
 _HELD_STATES = frozenset({"hung", "diagnosing"})
 
 
-def make_runtime(settings: Settings, token: str | None, monotonic: Callable[[], float]) -> GroupRuntime | None:
+def make_runtime(
+    settings: Settings, monotonic: Callable[[], float], wall: Callable[[], float] = time.time
+) -> GroupRuntime | None:
+    """The group's runtime; ConfigError (named) when the group has no credentials."""
     g = settings.group
     if g is None:
         return None
+    keys = load_keys(g)
     if not g.is_leader:
-        return GroupRuntime(g, None)
+        assert g.leader is not None  # the settings model requires it of a worker
+        ask = GroupClient({0: g.leader}, keys, wall=wall, max_skew_s=g.max_skew_s, as_node=g.node_rank)
+        worker = GroupRuntime(g, None, keys, to_leader=ask)
+        worker.fingerprint = fingerprint(settings)
+        return worker
     d, rs = settings.diagnostics, settings.restart
     timeouts = Timeouts(
         report_s=g.request_timeout_s,
@@ -52,7 +66,21 @@ def make_runtime(settings: Settings, token: str | None, monotonic: Callable[[], 
         launch_s=max(g.request_timeout_s, 30.0),
     )
     members = {i + 1: a for i, a in enumerate(g.members)}
-    return GroupRuntime(g, GroupLeader(g, GroupClient(members, token), timeouts, monotonic))
+    client = GroupClient(members, keys, wall=wall, max_skew_s=g.max_skew_s)
+    runtime = GroupRuntime(
+        g, GroupLeader(g, client, timeouts, monotonic), keys, saved_at=settings.state_dir / "group.json"
+    )
+    runtime.load_saved()
+    runtime.fingerprint = fingerprint(settings)
+    return runtime
+
+
+def request_check(g: GroupRuntime, monotonic: Callable[[], float]) -> RequestCheck:
+    """The group API's check (api/groupgate.py): a member takes the leader's requests (signed
+    with its own key), the leader its members' joins (each signed with the joining node's)."""
+    s = g.settings
+    signers = frozenset(range(1, s.nnodes)) if g.is_leader else frozenset({g.node})
+    return RequestCheck(g.keys.key, signers, s.max_skew_s, NonceBook(s.max_skew_s, monotonic))
 
 
 def report(
@@ -73,6 +101,8 @@ def report(
         lost_ranks=lost,
         at=wall,
         incident=g.captured,
+        instance=g.instance,
+        fingerprint=g.fingerprint,
     )
 
 
@@ -88,12 +118,25 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     assert g.leader is not None
     own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
     gv = combine(own, g.leader.views(), g.settings.unreachable_s)
+    if not gv.is_incident:
+        gv = _mismatched(g, gv, own_state, record)
     before, g.verdict = g.verdict, gv
-    if gv.status != before.status or gv.reason != before.reason:
+    # On change only: which nodes are named, not how long they have been (the reason counts seconds).
+    if gv.status != before.status or gv.degraded != before.degraded:
         if gv.status == "degraded":
             record("group_degraded", "warning", reason=gv.reason, nodes=list(gv.degraded))
         elif gv.status == "ok" and before.status == "degraded":
             record("group_recovered", reason=gv.reason)
+    _alert_absent(g, record)
+    same_rung = False
+    if gv.is_incident:
+        waiting = _waits_for_absent(g, gv, v, own_state, record)
+        if waiting is not None:
+            return waiting
+        same_rung = g.waiting_for is not None  # it waited for that node: the servers are not the cause
+        g.waiting_since = g.waiting_for = None
+    else:
+        g.waiting_since = g.waiting_for = None
     if gv.is_incident:
         if gv.node not in (None, 0) or not v.is_incident:
             record("group_incident", "warning", cause=gv.cause, node=gv.node, rank=gv.rank, reason=gv.reason)
@@ -106,11 +149,162 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
                 phase=v.phase,
                 moved=v.moved,
                 figures=v.figures,
-            )
+            ),
+            same_rung=same_rung,
         )
     if gv.status == "degraded" and v.status == "ready":
         return Judged(Verdict("degraded", reason=f"group: {gv.reason}", phase=v.phase))
     return Judged(v)
+
+
+def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str, record: Record) -> Judged | None:
+    """Absence is not failure (issue 34): a stall explained by a node whose daemon cannot be asked
+    (away, late, partitioned) waits for it, `degraded` or `starting` and named, up to
+    `absent_wait_s`; then the incident goes ahead, naming the node, on the same rung."""
+    assert g.leader is not None
+    node = gv.node
+    views = {m.node: m for m in g.leader.views()}
+    m = views.get(node) if node not in (None, 0) else None
+    if m is None:
+        return None
+    r = m.report
+    # A node still coming up (it started late, or waits for this leader's word) is judged by its
+    # own watchdog: it holds its own stall if it has one. The leader's start-up stall waits for it
+    # as for a node away.
+    late = (
+        m.reachable and r is not None and r.state in ("starting", "stopped", "restarting") and r.cause is None
+        and gv.cause in ("startup_stall", "startup_timeout")
+    )  # fmt: skip
+    if m.reachable and not late:
+        return None
+    now = g.leader.now()
+    if g.waiting_for != node or g.waiting_since is None:
+        g.waiting_for, g.waiting_since = node, now
+        record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason)
+    waited = now - g.waiting_since
+    limit = g.settings.absent_wait_s
+    if waited >= limit:
+        return None
+    what = f"its server {r.state}" if late and r is not None else (m.error or "unreachable")
+    why = (
+        f"group: waiting for node {node} ({what}) {waited:.0f} s of absent_wait_s {limit:g}: "
+        f"a node away or late is not a server fault ({gv.reason})"
+    )
+    if own_state in ("ready", "degraded"):
+        return Judged(Verdict("degraded", reason=why, phase=v.phase))
+    return Judged(Verdict("starting", reason=why, phase=v.phase))
+
+
+def _alert_absent(g: GroupRuntime, record: Record) -> None:
+    """A member away past `absent_alert_s` is journalled once (`group_node_absent`), until it answers."""
+    assert g.leader is not None
+    for m in g.leader.views():
+        if m.reachable:
+            g.absent_named.discard(m.node)
+        elif m.unreachable_s >= g.settings.absent_alert_s and m.node not in g.absent_named:
+            g.absent_named.add(m.node)
+            record(
+                "group_node_absent", "warning", node=m.node, address=m.address,
+                unreachable_s=round(m.unreachable_s, 1), error=m.error,
+            )  # fmt: skip
+
+
+def _mismatched(g: GroupRuntime, gv: GroupVerdict, own_state: str, record: Record) -> GroupVerdict:
+    """Members on another rung are relaunched on the group's (`group_mismatch`, not a ladder step);
+    members whose config differs are named. Either makes the group `degraded`, named."""
+    assert g.leader is not None
+    if own_state not in ("starting", "ready", "degraded"):
+        return gv
+    found = mismatches(g.leader.views(), g.own_rung, g.fingerprint)
+    named = {m.node: m.reason for m in found if m.node not in g.fixing}
+    for m in found:
+        if m.node in g.fixing:
+            continue
+        if g.mismatched.get(m.node) != m.reason:
+            record("group_mismatch", "warning", node=m.node, reason=m.reason, relaunch=m.relaunch)
+        if m.relaunch is not None:
+            g.fixing.add(m.node)
+            g.tasks.add(asyncio.ensure_future(_relaunch(g, m.node, m.relaunch, record)))
+    g.mismatched = named
+    if not named:
+        return gv
+    nodes = tuple(sorted({*gv.degraded, *named}))
+    reason = "; ".join(x for x in (gv.reason if gv.status == "degraded" else "", *named.values()) if x)
+    return GroupVerdict("degraded", reason=reason, degraded=nodes)
+
+
+async def _relaunch(g: GroupRuntime, node: int, rung: str, record: Record) -> None:
+    assert g.leader is not None
+    try:
+        stop, launch = await g.leader.relaunch_one(node, rung)
+        answers = [a for a in (stop, launch) if a is not None]
+        ok = all(a.ok for a in answers)
+        record("group_launch", "info" if ok else "warning", rung=rung, nodes=_nodes(answers), mismatch=True)
+    except Exception as err:  # the poller and the loop outlive a failed relaunch; the next report retries
+        record("group_launch", "warning", rung=rung, nodes=[{"node": node, "ok": False, "error": repr(err)[:300]}])
+    finally:
+        g.fixing.discard(node)
+        g.mismatched.pop(node, None)
+
+
+async def clearance(g: GroupRuntime, rung: str, beating: Beating) -> Clearance:
+    """A worker asks its leader before it launches: which rung, or wait (issue 34)."""
+    if g.is_leader or g.to_leader is None:
+        return Clearance(rung)
+    body = {"node": g.node, "instance": g.instance, "fingerprint": g.fingerprint, "rung": rung}
+    answers: tuple[Answer, ...] = await beating(
+        g.to_leader.ask_all("POST", "/group/join", timeout=g.settings.request_timeout_s, body=body)
+    )
+    a = answers[0]
+    if a.status == 409:
+        return Clearance(None, f"refused by the group's leader: {str(a.body.get('detail', ''))[:600]}")
+    if not a.ok:
+        return Clearance(
+            None, f"the group's leader ({a.address}) cannot be asked ({a.error}); not launching without it"
+        )
+    verdict, given = a.body.get("verdict"), a.body.get("rung")
+    if verdict == "launch" and isinstance(given, str) and given:
+        return Clearance(given, str(a.body.get("reason", ""))[:300])
+    return Clearance(None, f"waiting for the group's leader: {str(a.body.get('reason', ''))[:300]}")
+
+
+def answer_join_request(
+    g: GroupRuntime, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record
+) -> JoinAnswer:
+    """The leader's answer to a member's join (`POST /group/join`); journalled when it changes."""
+    if g.leader is None:
+        return JoinAnswer("refused", reason=f"node {g.node} is not the group's leader (node 0)")
+    ans = answer_join(node, instance, theirs, g.fingerprint, g.leader.views(), g.own_state, g.own_rung, check=check)
+    if not check and g.joins.get(node) != ans:
+        g.joins[node] = ans
+        if ans.verdict == "refused":
+            record("group_join_refused", "warning", node=node, reason=ans.reason, differs=list(ans.differs))
+        else:
+            record("group_join", node=node, verdict=ans.verdict, rung=ans.rung, reason=ans.reason)
+    return ans
+
+
+async def join_check(settings: Settings, timeout_s: float) -> tuple[bool, str]:
+    """Ask the running leader whether this node's config may join (check-config --group)."""
+    g = settings.group
+    assert g is not None and g.leader is not None
+    keys = load_keys(g)
+    client = GroupClient({0: g.leader}, keys, max_skew_s=g.max_skew_s, as_node=g.node_rank)
+    body = {
+        "node": g.node_rank,
+        "instance": os.urandom(16).hex(),
+        "fingerprint": fingerprint(settings),
+        "check": True,
+    }
+    try:
+        a = await client.ask(0, "POST", "/group/join", timeout=timeout_s, body=body)
+    finally:
+        await client.close()
+    if a.status == 409:
+        return False, f"group: refused by the leader at {g.leader}: {a.body.get('detail', '')}"
+    if not a.ok:
+        return False, f"group: the leader at {g.leader} cannot be asked: {a.error}"
+    return True, f"group: the leader at {g.leader} agrees ({a.body.get('verdict')}: {a.body.get('reason', '')})"
 
 
 def _nodes(answers: Iterable[Answer]) -> list[dict[str, object]]:
@@ -158,7 +352,7 @@ async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> Non
     """Every member stops and verifies its tree; the leader's next launch launches them again."""
     if g.leader is None:
         return
-    g.members_stopped = True
+    g.mark_members_stopped(True)
     answers: tuple[Answer, ...] = await beating(g.leader.stop_all())
     record("group_stop", "info" if all(a.ok for a in answers) else "warning", nodes=_nodes(answers))
 
@@ -167,7 +361,7 @@ async def launch_members(g: GroupRuntime, rung: str, beating: Beating, record: R
     """The members the leader stopped launch the rung it launches: the ladder moves for the group."""
     if g.leader is None or not g.members_stopped:
         return
-    g.members_stopped = False
+    g.mark_members_stopped(False)
     answers: tuple[Answer, ...] = await beating(g.leader.launch_all(rung))
     record("group_launch", "info" if all(a.ok for a in answers) else "warning", rung=rung, nodes=_nodes(answers))
 
@@ -179,6 +373,12 @@ class GroupEndpoint:
     snapshot: Callable[[], StatusSnapshot]
     group_report: Callable[[], NodeReport]
     submit_command: Callable[[Command], Awaitable[CommandResult]]
+    join_request: Callable[[int, str, Mapping[str, str], bool], JoinAnswer] | None = None
+
+    def join(self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool) -> JoinAnswer:
+        if self.join_request is None:
+            return JoinAnswer("refused", reason="this node is not the group's leader")
+        return self.join_request(node, instance, fingerprint, check)
 
     async def submit(self, command: Command) -> CommandResult:
         return await self.submit_command(command)
@@ -202,6 +402,8 @@ class GroupPeers:
 
     def fit(self, settings: Settings) -> Settings:
         g = settings.group
+        if g is not None:  # a reload may change the ladder or the args: the next report says so
+            self.runtime.fingerprint = fingerprint(settings)
         if g is None or g.is_leader:
             return settings
         rs = settings.restart  # a promotion back up is the leader's, for the group
@@ -252,7 +454,16 @@ class GroupPeers:
         if self.runtime.leader is not None:
             await launch_members(self.runtime, rung, beating, record)
 
+    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+        if by_group:  # the leader itself asked for this launch
+            return Clearance(rung)
+        return await clearance(self.runtime, rung, beating)
+
+    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record) -> JoinAnswer:
+        return answer_join_request(self.runtime, node, instance, theirs, check, record)
+
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
+        self.runtime.own_state, self.runtime.own_rung = snap.state, snap.rung
         return snap.model_copy(update={"group": group_view(self.runtime, snap)})
 
     def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:

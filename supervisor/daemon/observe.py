@@ -107,8 +107,8 @@ class Observer:
     def gpm_check(self) -> ToolCheck:
         """The self-check's line for GPM (blocking: NVML). Without it the busy-hang rule has py-spy only."""
         ok, detail = self.gpm.support(self.gpu.snapshot_all())
-        fallback = "" if ok else " (busy hangs at start-up are judged from py-spy looks alone)"
-        return ToolCheck(name="gpm", ok=ok, detail=detail + fallback)
+        instead = "" if ok else "power draw against idle where NVML reads it, else py-spy looks (see busy-signal)"
+        return ToolCheck(name="gpm", ok=ok, detail=detail, kind="capability", instead=instead)
 
     def gpu_source_checks(self) -> tuple[ToolCheck, ...]:
         """The self-check's line saying the GPU is the simulator's (none with the real NVML), so an

@@ -90,6 +90,7 @@ T = TypeVar("T")
 # A successor re-reads the log lines of at most this window (duplicates, never losses); each save
 # is one small fsynced write of state.json.
 LOG_POSITION_SAVE_S = 5.0
+SELFCHECK_EVERY_S = 3600.0  # the self-check runs again hourly: what was fixed meanwhile clears
 
 
 class Owner:
@@ -143,6 +144,7 @@ class Owner:
         self.pending: Pending | None = None
         self.inhand = InHand()
         self.selfcheck: tuple[ToolCheck, ...] = ()
+        self.selfcheck_at = self.clock.monotonic()  # of the last self-check run (startup runs the first)
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
         # Server-log write errors for /status and /metrics alike: each keeper starts its stats file at 0.
         self.log_write_errors = RestartingCount()
@@ -479,8 +481,16 @@ class Owner:
 
     # ---- launch -----------------------------------------------------------------------------
 
-    async def launch(self, rung_index: int, *, after_incident: bool) -> None:
+    async def launch(self, rung_index: int, *, after_incident: bool, by_group: bool = False) -> None:
         rung = self.settings.ladder[rung_index]
+        # A group's member launches only the rung its leader gives (by_group: the leader asked).
+        cleared = await self.peers.clearance(rung.name, by_group, self.beating)
+        given = self.settings.rung_index(cleared.rung) if cleared.rung is not None else None
+        if given is None:
+            why = cleared.why or f"the group's leader gave rung {cleared.rung!r}, which this node's ladder lacks"
+            self.hold_for_group(rung_index, after_incident, why)
+            return
+        rung_index, rung = given, self.settings.ladder[given]
         await self.peers.launch(rung.name, self.beating, self.record)  # the members it stopped launch it too
         rendered = render_rung(self.settings.server, rung)
         if (blocked := self.xids.blocked_reason()) is not None and self.lifecycle.state != State.STOPPED:
@@ -533,7 +543,7 @@ class Owner:
         self.persist()
         launched_wall = self.clock.wall()
         self.fresh_server(launched_wall)
-        env.update(self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
+        env.update(await self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
         request = launching.SpawnRequest(
             rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
             rung.name, launched_wall,
@@ -548,8 +558,21 @@ class Owner:
         self.persist()  # from here on a successor daemon can adopt this server
         # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
         shown = Redactor.from_envs([env]).argv(rendered.argv)
-        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown))
+        start = self.server.capture.start_position if self.server.capture is not None else None
+        log_start = None if start is None else {"inode": start.inode, "offset": start.offset}
+        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown), log_start=log_start)
         self.move(State.STARTING, f"launched rung {rung.name}")
+
+    def hold_for_group(self, rung_index: int, after_incident: bool, why: str) -> None:
+        """A member not cleared by its leader does not launch: it waits, asks again each poll, and
+        journals `group_launch_held` when the reason changes (not on every ask)."""
+        if why != self.reason:
+            self.record("group_launch_held", "warning", rung=self.settings.ladder[rung_index].name, reason=why)
+        if self.lifecycle.state != State.RESTARTING:
+            self.move(State.RESTARTING, why)
+        self.reason = why
+        delay = max(0.5, self.settings.watchdog.poll_interval_s)
+        self.wait_then(Pending("launch", rung_index, self.clock.monotonic() + delay, after_incident))
 
     def gpu_refused(self, rung_index: int, after_incident: bool, refused: str, *, strict: bool) -> None:
         """Processes outside the server hold GPU memory ([slate] gpu_strangers, policy/gpufit.py):
@@ -643,6 +666,8 @@ class Owner:
         self.xids, detail, named = xids.explain(
             self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
         )
+        if named:  # the relaunch after a GPU fault keeps the configured start-up window (issue 36)
+            self.comeback.gpu_fault()
         self.record(
             "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
         )
@@ -763,10 +788,8 @@ class Owner:
     async def recover(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
         """Stop the server (and a group's members with it), ask the ladder, then relaunch now (no
         backoff) or set the pending timer."""
-        if self.peers.exits_for_group(self.record):  # LWS recreates the group
-            self.leaving = "group_restart"
-            self.persist()
-            return
+        if self.decided_for_recreation(incident, forced_rung=forced_rung, manual=manual):
+            return  # LWS recreates the group, on the rung just decided and saved
         if self.lifecycle.state != State.RESTARTING:
             self.move(State.RESTARTING, f"stopping after {incident.cause}")
         rs = self.settings.restart  # a hung tree's graceful exit cannot come: a short grace (issue 36)
@@ -809,10 +832,54 @@ class Owner:
             self.fail(decision.reason, decision.reason)
             return
         self.reason = decision.reason
-        if decision.backoff_s <= 0:
+        now = self.clock.monotonic()
+        wait = self.comeback.backoff_left(decision.backoff_s, now)  # counted from the verdict (issue 36)
+        if wait <= 0:
             await self.launch(decision.rung, after_incident=not manual)
             return
-        self.wait_then(Pending("launch", decision.rung, self.clock.monotonic() + decision.backoff_s, not manual))
+        self.wait_then(Pending("launch", decision.rung, now + wait, not manual))
+
+    def decided_for_recreation(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> bool:
+        """`[group] restart = "lws"` on the leader: the ladder decides now (as after a verified
+        stop) and the decision is saved to state.json before the exit, so the recreated group
+        starts on the decided rung and the hourly budget counts (issue 34). Out of rungs, or a
+        launch blocked: no exit (a recreation would run into the same end); the normal path stops
+        and fails the group here. True when the daemon leaves for the recreation."""
+        g = self.settings.group
+        if g is None or not recovery.exits_for_group(g.is_leader, g.restart):
+            return False
+        now_wall = self.clock.wall()
+        outcome = recovery.after_incident(
+            self.settings.ladder,
+            self.ladder,
+            incident,
+            recovery.AfterStop(released=True, xid_blocked=self.xids.blocked_reason()),
+            self.settings.restart,
+            manual=manual,
+            forced_rung=forced_rung,
+            now_wall=now_wall,
+            rand=self.rand() if not manual and forced_rung is None else 0.0,
+            speculative=self.speculative(),
+        )
+        if isinstance(outcome, recovery.Failed) or outcome.decision.action != "relaunch":
+            return False
+        decision = outcome.decision
+        self.ladder = outcome.ladder
+        self.metrics.restart(incident.cause)
+        name = self.settings.ladder[decision.rung].name
+        self.inhand.decided = Decided(name, decision.reason, now_wall + decision.backoff_s)
+        self.record(
+            "ladder_decision",
+            action=decision.action,
+            rung=decision.rung,
+            reason=decision.reason,
+            backoff_s=round(decision.backoff_s, 3),
+        )
+        self.persist()  # before the exit: the recreated leader resumes this decision
+        self.peers.exits_for_group(self.record)
+        self.leaving = "group_restart"
+        self.persist()
+        return True
 
     # ---- stop -------------------------------------------------------------------------------
 
@@ -959,6 +1026,10 @@ class Owner:
         judged = self.peers.judge(verdict, self.lifecycle.state.value, self.record)
         if judged.hold:
             self.move(State.HUNG, judged.hold)
+        elif judged.verdict is not None and judged.same_rung and judged.verdict.is_incident:
+            # A group incident of a node that was away, not of the servers: the rung is retried.
+            assert judged.verdict.cause is not None
+            await self.incident(judged.verdict.cause, judged.verdict, obs, forced_rung=self.ladder.current)
         elif judged.verdict is not None:
             await self.act_on(judged.verdict, obs)
 
@@ -1063,7 +1134,15 @@ class Owner:
             if early is not None:
                 finish(cmd, early)
                 return
-            self.record("command", only="journal", kind=cmd.kind, rung=cmd.rung, reason=cmd.reason, source=cmd.source)
+            self.record(
+                "command",
+                only="journal",
+                kind=cmd.kind,
+                rung=cmd.rung,
+                reason=cmd.reason,
+                source=cmd.source,
+                requested_by=cmd.requested_by or None,
+            )
             await getattr(self, f"handle_{cmd.kind}")(cmd)
         except Exception as err:  # a command must never kill the loop
             finish(cmd, CommandResult("failed", f"{cmd.kind} failed: {err!r}", self.lifecycle.state.value))
@@ -1102,9 +1181,10 @@ class Owner:
 
     async def handle_start(self, cmd: Command) -> None:
         target = self.target_rung(cmd)
+        by_group = cmd.source == "group"  # the group's leader launches this node: no need to ask it
         if self.pending is not None and self.pending.what != "leave_failed":  # skip the wait, keep the rung
             finish(cmd, CommandResult("accepted", "relaunching now", self.lifecycle.state.value))
-            await self.launch(target, after_incident=False)
+            await self.launch(target, after_incident=False, by_group=by_group)
             return
         finish(cmd, CommandResult("accepted", "starting", self.lifecycle.state.value))
         self.xids, note = xids.unblock(self.xids)
@@ -1113,7 +1193,7 @@ class Owner:
         if self.lifecycle.state == State.FAILED:
             await self.leave_failed("failed_left", "start requested", target)
         else:
-            await self.launch(target, after_incident=False)
+            await self.launch(target, after_incident=False, by_group=by_group)
 
     async def handle_restart(self, cmd: Command) -> None:
         hint = f"manual restart to {cmd.rung or self.current_rung_name()}"
@@ -1178,16 +1258,20 @@ class Owner:
             finish(cmd, CommandResult("invalid", str(err), self.lifecycle.state.value))
         else:
             self.reload(new)
+            await self.refresh_selfcheck()  # new tool paths, or a tool installed since
             finish(cmd, CommandResult("done", "reloaded", self.lifecycle.state.value))
         finally:
             self.notifier.ready()
 
     def target_rung(self, cmd: Command) -> int:
         """The rung asked for; else the one a pending launch waits to launch (the ladder's decision:
-        a start during the backoff skips only the wait); else the current one."""
+        a start during the backoff skips only the wait); out of `failed`, the preferred rung, where the
+        cooldown starts too (issue 38: the two agree); else the current one."""
         idx = self.settings.rung_index(cmd.rung) if cmd.rung else None
         if idx is not None:
             return idx
+        if self.lifecycle.state == State.FAILED:
+            return 0
         if self.pending is not None and self.pending.what != "leave_failed":
             return self.pending.rung
         return self.ladder.current
@@ -1237,14 +1321,7 @@ class Owner:
         # who holds this state directory's lock, for a daemon that meets this one's tree on its port
         about = (self.state_dir, self.config_path, (srv.host, srv.port), (api.host, api.port))
         await asyncio.to_thread(instance_lock.write_about, *about)
-        d = self.settings.diagnostics
-        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
-        gpm = await asyncio.to_thread(self.observer.gpm_check)
-        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
-        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
-        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
-        for check in self.selfcheck:
-            self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
+        await self.refresh_selfcheck()
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
@@ -1306,8 +1383,26 @@ class Owner:
         self.move(State.RESTARTING, f"{why}; launching in {delay:g} s")
         self.wait_then(Pending("launch", rung, self.clock.monotonic() + delay))
 
+    async def refresh_selfcheck(self) -> None:
+        """The self-check (tools, ptrace, GPM, the busy signal), at start, after a reload and hourly
+        (issue 38): a tool installed or a permission granted since clears without a daemon restart.
+        Logged in full the first time, then only what changed."""
+        d = self.settings.diagnostics
+        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
+        gpm = await asyncio.to_thread(self.observer.gpm_check)
+        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
+        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
+        before = {c.name: c.ok for c in self.selfcheck}
+        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
+        self.selfcheck_at = self.clock.monotonic()
+        for check in self.selfcheck:
+            if before.get(check.name) != check.ok:
+                self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
+
     async def tick(self) -> None:
         """One poll. The pending timer and a restart cut short come first; each step is one call."""
+        if self.clock.monotonic() - self.selfcheck_at >= SELFCHECK_EVERY_S:
+            await self.refresh_selfcheck()
         self.take_xids()
         if await self.resume_cut_short() or await self.fire_pending():
             return

@@ -35,6 +35,7 @@ Beating = Callable[[Awaitable[Any]], Awaitable[Any]]
 class Judged:
     verdict: Verdict | None  # what the owner acts on; None: nothing (a worker holds an incident)
     hold: str = ""  # a worker's reason to move to `hung` and wait for the leader
+    same_rung: bool = False  # an incident the servers did not cause (a node away): relaunch, no ladder step
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class Asked:
     """The group's leader asked this node for a bundle under its incident id (`POST /group/capture`)."""
 
     cause: str | None  # the incident this node holds for the leader, if any
+
+
+@dataclass(frozen=True)
+class Clearance:
+    """Whether this node may launch now, and which rung: only a group's leader decides a rung."""
+
+    rung: str | None  # the rung to launch; None: hold (not launched, tried again later)
+    why: str = ""
 
 
 class Peers(Protocol):
@@ -75,6 +84,10 @@ class Peers(Protocol):
 
     async def launch(self, rung: str, beating: Beating, record: Record) -> None:
         """The members stopped with this node launch `rung` too."""
+        ...
+
+    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+        """Before a launch: a group's member asks its leader (unless the leader asked for it)."""
         ...
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot: ...
@@ -130,6 +143,9 @@ class NoPeers:
 
     async def launch(self, rung: str, beating: Beating, record: Record) -> None:
         return None
+
+    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+        return Clearance(rung)
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
         return snap

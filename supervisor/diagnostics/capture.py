@@ -40,7 +40,16 @@ from supervisor.diagnostics.rasview import collective_doc, findings, ras_doc, ra
 from supervisor.diagnostics.sglangdump import sglang_files, with_sglang_dumps
 from supervisor.diagnostics.spread import sample_spread, spread_text
 from supervisor.diagnostics.summary import ProcRecord, build_summary, gpu_doc, render_text
-from supervisor.diagnostics.toolrun import ProcRun, Resume, gil_look, missing_tool, read_pystack, run_one
+from supervisor.diagnostics.toolrun import (
+    ProcRun,
+    Resume,
+    gdb_adds_nothing,
+    gil_look,
+    missing_tool,
+    read_pystack,
+    run_one,
+    task_ids,
+)
 
 CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
 # torch's own FR analyzer runs beside the tools for at most this long: importing torch took 6-11 s on
@@ -69,6 +78,7 @@ async def _capture_one(
     run = ProcRun(info)
     pid = info.pid
     native_named = False  # py-spy --native (or pystack --native) gave host frames with their names
+    spy_named = False  # py-spy --native itself did (a live process it reads)
     if req.py_spy and stopped and paths.pystack is not None:
         why = "the process is stopped (state T): py-spy cannot read it; pystack reads it instead"
         run.outcomes.append(ToolOutcome(pid, "py-spy", "skipped", 0.0, detail=why))
@@ -94,7 +104,7 @@ async def _capture_one(
                 native_threads = tools.parse_py_spy(res.stdout)
                 if native_threads:
                     run.python = native_threads
-                    native_named = True
+                    native_named = spy_named = True
         if not run.python and paths.pystack is not None and os.path.exists(f"/proc/{pid}"):
             native_named = await read_pystack(run, req, paths.pystack, env, resume, deadline)
         if req.trigger == "hung" and info.role in ("scheduler", "pending") and paths.pystack is not None:
@@ -108,6 +118,8 @@ async def _capture_one(
             run.outcomes.append(ToolOutcome(pid, "cuda-gdb", "skipped", 0.0, detail=why))
         elif exe is None:
             run.outcomes.append(missing_tool(pid, "gdb", "gdb (or cuda-gdb)"))
+        elif (redundant := gdb_adds_nothing(run, kind, spy_named, task_ids(pid))) is not None:
+            run.outcomes.append(ToolOutcome(pid, kind, "skipped", 0.0, detail=redundant))
         else:
             # cuda-gdb is there for the GPU kernels; the host frames py-spy --native already named.
             argv = tools.gdb_argv(exe, pid, kind, shared_symbols=not (kind == "cuda-gdb" and native_named))

@@ -129,7 +129,9 @@ def busy_signal_check(gpu: GpuObservation, gpm_ok: bool, gpm_detail: str, idle_p
     """Which signal tells a busy GPU's work from a spin, per GPU (issue 35): GPM where it reads; else
     power draw against idle and the power limit where NVML gives both; else py-spy looks alone."""
     if gpu.status != "ok":
-        return ToolCheck(name="busy-signal", ok=False, detail=f"no NVML ({gpu.reason}): py-spy looks alone")
+        return ToolCheck(
+            name="busy-signal", ok=False, detail=f"no NVML ({gpu.reason})", kind="capability", instead="py-spy looks"
+        )
     with_gpm = {int(i) for i in _GPM_OK.findall(gpm_detail)} if gpm_ok else set()
     parts: list[str] = []
     for d in gpu.devices:
@@ -141,4 +143,7 @@ def busy_signal_check(gpu: GpuObservation, gpm_ok: bool, gpm_detail: str, idle_p
         else:
             parts.append(f"GPU {d.index}: py-spy looks only (no GPM, no power reading or limit)")
     ok = bool(parts) and not any("py-spy looks only" in p for p in parts)
-    return ToolCheck(name="busy-signal", ok=ok, detail="; ".join(parts)[:400] or "no GPU")
+    instead = "" if ok else "py-spy looks where a GPU has neither GPM nor a power reading"
+    return ToolCheck(
+        name="busy-signal", ok=ok, detail="; ".join(parts)[:400] or "no GPU", kind="capability", instead=instead
+    )

@@ -127,6 +127,34 @@ async def gil_look(
     run.python = tuple(replace(t, status=f"{t.status}+gil") if t.tid == holder else t for t in run.python)
 
 
+def task_ids(pid: int, proc_root: str = "/proc") -> frozenset[int]:
+    """The process's threads as the kernel lists them (empty when it cannot be read)."""
+    try:
+        return frozenset(int(t) for t in os.listdir(f"{proc_root}/{pid}/task") if t.isdigit())
+    except OSError:
+        return frozenset()
+
+
+def gdb_adds_nothing(run: ProcRun, kind: ToolName, spy_named: bool, tasks: frozenset[int]) -> str | None:
+    """Why a plain gdb backtrace would add nothing to this process's evidence, or None when it would.
+
+    It adds nothing where `py-spy --native` named the native frames of every thread the kernel lists
+    for the process: each thread's native stack is then already in the bundle, beside its Python
+    frames. A thread py-spy does not list (no Python thread state: NCCL's, CUDA's, a tokenizer's
+    Rust pool) has no stack but gdb's, so gdb runs; so does cuda-gdb, for the GPU's kernels. Skipping
+    it where it is redundant is most of the daemon's share of an outage on a loaded host (issue 36):
+    gdb reads every library's symbols for 2-3 s a process."""
+    if kind != "gdb" or not spy_named or not tasks:
+        return None
+    listed = {t.tid for t in run.python if t.tid is not None}
+    if not tasks <= listed:
+        return None
+    return (
+        f"py-spy --native named the native frames of all {len(tasks)} thread(s) the kernel lists: "
+        "a gdb backtrace would repeat them"
+    )
+
+
 def missing_tool(pid: int, tool: ToolName, what: str) -> ToolOutcome:
     return ToolOutcome(pid, tool, "missing", 0.0, detail=f"{what} not found (install it, or set [diagnostics] path)")
 

@@ -52,6 +52,9 @@ class GroupLeader:
         self._task: asyncio.Task[None] | None = None
         self.polls = 0
 
+    def now(self) -> float:
+        return self._monotonic()
+
     def views(self) -> tuple[MemberView, ...]:
         return tuple(self._views[n] for n in sorted(self._views))
 
@@ -74,6 +77,8 @@ class GroupLeader:
         if a.ok:
             try:
                 report = from_wire(a.body)
+                if report.node != a.node:  # a report speaks only for the node whose key signed it
+                    raise ValueError(f"a report for node {report.node} signed by node {a.node}")
             except ValueError as err:
                 a = Answer(a.node, a.address, False, a.status, error=str(err))
             else:
@@ -88,6 +93,26 @@ class GroupLeader:
         self._views = {
             n: MemberView(n, v.address, v.reachable, None, v.unreachable_s, v.error) for n, v in self._views.items()
         }
+
+    def forget_report(self, node: int) -> None:
+        """One member relaunched: what it said before describes its old server."""
+        v = self._views.get(node)
+        if v is not None:
+            self._views[node] = MemberView(node, v.address, v.reachable, None, v.unreachable_s, v.error)
+
+    async def relaunch_one(self, node: int, rung: str) -> tuple[Answer, Answer | None]:
+        """Stop and verify one member's server, then launch it on `rung` (a node on another rung)."""
+        stop = await self.client.ask(
+            node, "POST", "/group/stop", timeout=self.timeouts.stop_s, body={"timeout_s": self.timeouts.stop_s}
+        )
+        self.forget_report(node)
+        if not stop.ok:
+            return stop, None
+        launch = await self.client.ask(
+            node, "POST", "/group/launch", timeout=self.timeouts.launch_s, body={"rung": rung}
+        )
+        self.forget_report(node)
+        return stop, launch
 
     def start(self, interval: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
         async def loop() -> None:

@@ -30,6 +30,8 @@ def build_report(
     lost_ranks: Iterable[int],
     at: float,
     incident: str | None,
+    instance: str = "",
+    fingerprint: Mapping[str, str] | None = None,
 ) -> NodeReport:
     ranks = tuple(RankView(p.pid, p.role, p.rank, p.status) for p in snap.processes if p.role in _RANK_ROLES)
     return NodeReport(
@@ -45,6 +47,8 @@ def build_report(
         last_progress_s=snap.last_progress_s,
         at=at,
         incident=incident,
+        instance=instance,
+        fingerprint=dict(fingerprint or {}),
     )
 
 

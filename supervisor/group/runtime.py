@@ -6,9 +6,16 @@ stops its server and exits with it, and LeaderWorkerSet recreates the group.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from supervisor.config.settings import GroupSettings
+from supervisor.group.client import GroupClient
+from supervisor.group.credentials import GroupKeys
+from supervisor.group.joining import JoinAnswer
 from supervisor.group.leader import GroupLeader
 from supervisor.policy.group import GroupVerdict
 from supervisor.status.causes import Cause
@@ -18,12 +25,49 @@ from supervisor.status.causes import Cause
 class GroupRuntime:
     settings: GroupSettings
     leader: GroupLeader | None  # node 0 only
+    keys: GroupKeys  # what this node signs and checks with (supervisor/group/signing.py)
     held_cause: Cause | None = None  # a member's own incident, held for the leader
     held_reason: str = ""
     captured: str | None = None  # the group incident this node last captured a bundle for
     verdict: GroupVerdict = field(default_factory=lambda: GroupVerdict("ok", reason="not judged yet"))
     exit_code: int | None = None
     members_stopped: bool = False  # the leader stopped its members: its next launch launches them too
+    saved_at: Path | None = None  # where `members_stopped` outlives the daemon (state_dir/group.json)
+    to_leader: GroupClient | None = None  # a worker's client for its leader (it asks before it launches)
+    instance: str = field(default_factory=lambda: os.urandom(16).hex())  # this daemon's life, in its reports
+    fingerprint: dict[str, str] = field(default_factory=dict)  # this node's group-relevant config
+    own_rung: str | None = None  # what this node runs, as last published
+    own_state: str = "starting"
+    joins: dict[int, JoinAnswer] = field(default_factory=dict)  # the leader's last answer to each node
+    mismatched: dict[int, str] = field(default_factory=dict)  # nodes named for another rung or config
+    fixing: set[int] = field(default_factory=set)  # nodes the leader is relaunching on the group's rung
+    waiting_since: float | None = None  # the leader holds a stall for an absent node since (monotonic)
+    waiting_for: int | None = None
+    absent_named: set[int] = field(default_factory=set)  # members journalled as away past absent_alert_s
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # those relaunches, held until done
+
+    def mark_members_stopped(self, stopped: bool) -> None:
+        """Kept in the state directory: a leader restarted during a group incident's backoff still
+        launches the members its predecessor stopped (issue 34)."""
+        self.members_stopped = stopped
+        if self.saved_at is None:
+            return
+        tmp = self.saved_at.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"members_stopped": stopped}))
+            os.replace(tmp, self.saved_at)
+        except OSError:
+            pass  # a full or read-only state disk: the memory still holds it for this daemon
+
+    def load_saved(self) -> None:
+        if self.saved_at is None:
+            return
+        try:
+            doc = json.loads(self.saved_at.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(doc, dict) and doc.get("members_stopped") is True:
+            self.members_stopped = True
 
     @property
     def node(self) -> int:

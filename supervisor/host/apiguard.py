@@ -9,15 +9,27 @@ therefore held a descriptor per connection until the daemon hit EMFILE and could
 connection that has not finished a request, headers and body, within `header_timeout_s` (counted
 from the accept, or from the end of its previous response) is closed. (Only the headers were bounded
 before: 128 connections trickling a body held every slot and /livez answered 1 time in 38.)
+
+Clients that send and never read were the next attack (issue 33): 260 connections pipelining
+`GET /metrics` without reading held every slot mid-answer (no write had a deadline, so none was
+ever a victim) and /livez failed for 45 s; 40 pipelining `/livez` grew the daemon to 1 GB (uvicorn
+resumes reading after each pipelined request, so input and answers piled up without bound). Now
+nothing more is read while an answer is pending, unprocessed input is capped, an answer left
+unread for WRITE_TIMEOUT_S closes its connection, a stalled reader is a victim at the cap, and the
+probes keep PROBE_SLOTS reserved connections beyond the cap (docs/DECISIONS.md, issue 33).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 # The daemon needs descriptors of its own (the server's pipes, /proc, NVML, the probes' sockets,
@@ -31,10 +43,23 @@ KEEP_ALIVE_S = 5
 ACCEPT_BURST = 64
 
 
+# A client must take its answer: one that leaves an answer unread (the kernel's send buffer full and
+# some of it still in the daemon) for this long is closed; its answer is not worth the daemon's memory.
+WRITE_TIMEOUT_S = 10.0
+SEND_BUFFER = 64 * 1024  # the kernel's send buffer per API connection (it doubles it)
+MAX_BUFFERED_INPUT = 64 * 1024  # unprocessed input (pipelined requests) held per connection
+# Connections beyond the cap for the probes when every other one is busy answering.
+PROBE_SLOTS = 8
+PROBE_PATHS = frozenset({"/livez", "/readyz"})
+
+
 @dataclass
 class GuardStats:
-    refused: int = 0  # connections closed at accept: over the cap
+    refused: int = 0  # connections over the cap (another was closed for it, or it was)
     header_timeouts: int = 0  # connections closed: request (headers and body) not complete in time
+    write_timeouts: int = 0  # connections closed: the client did not read its answer in time
+    reads_paused: int = 0  # times reading was held: an answer pending or too much input waiting
+    probe_slot: int = 0  # connections served on a reserved probe slot
 
 
 def connection_cap(soft_nofile: int | None = None) -> int:
@@ -60,45 +85,117 @@ def raise_nofile_limit() -> tuple[int, int]:
     return soft, hard
 
 
-def guarded_protocol(max_connections: int, header_timeout_s: float, stats: GuardStats) -> type[H11Protocol]:
-    """An h11 protocol class for uvicorn's `Config(http=...)` with the cap and the request deadline.
+def guarded_protocol(
+    max_connections: int,
+    header_timeout_s: float,
+    stats: GuardStats,
+    *,
+    write_timeout_s: float | None = None,
+    max_buffered_input: int | None = None,
+    probe_slots: int | None = None,
+) -> type[H11Protocol]:
+    """An h11 protocol class for uvicorn's `Config(http=...)`: the cap, the request deadline, the
+    write deadline, the bound on pipelined input and the probes' reserved slots.
 
-    The deadline covers the whole request, headers and body: a client that completes its headers and
-    then trickles its body (a byte every few seconds) is closed like one that trickles headers. Over
-    the cap, the connection that has waited longest without a complete request (a trickler, an idle
-    keep-alive) is closed to make room, so a fresh `/livez` or `/status` still gets through a flood;
-    only when every connection is mid-answer is the newcomer refused.
+    The request deadline covers the whole request, headers and body: a client that completes its
+    headers and then trickles its body (a byte every few seconds) is closed like one that trickles
+    headers. Over the cap, the connection that has longest not read its answer is closed to make
+    room, else the one that has waited longest without a complete request (a trickler, an idle
+    keep-alive); only when every connection is busy answering a client that reads does the newcomer take
+    one of `probe_slots` reserved connections, which answer `/livez` and `/readyz` only.
+
+    While an answer is pending nothing more is read from the connection (pipelined requests wait in
+    the kernel's socket buffer, not in the daemon), and never more than `max_buffered_input` bytes
+    of unprocessed input are held. An answer that the client does not read (the transport's buffer
+    stays over its high-water mark) for `write_timeout_s` closes the connection.
     """
+    write_timeout = WRITE_TIMEOUT_S if write_timeout_s is None else write_timeout_s
+    input_cap = MAX_BUFFERED_INPUT if max_buffered_input is None else max_buffered_input
+    reserved = PROBE_SLOTS if probe_slots is None else probe_slots
     receiving: dict[H11Protocol, None] = {}  # accept order: connections without a complete request
+    stalled: dict[H11Protocol, None] = {}  # since when: answers the client does not read
+    probe_only: set[H11Protocol] = set()  # the reserved slots in use
+
+    def evict_one(pool: Callable[[H11Protocol], bool]) -> bool:
+        """Close the longest-stalled connection of `pool` (a client not reading its answer), else the
+        longest-waiting incomplete one. Stalled first: a fresh connection is incomplete for the
+        moment its request takes to arrive, and attackers reconnecting must not close a probe's."""
+        for group in (stalled, receiving):
+            victim = next((c for c in group if pool(c)), None)
+            if victim is not None:
+                receiving.pop(victim, None)
+                stalled.pop(victim, None)
+                victim.transport.abort()
+                return True
+        return False
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _write_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                victim = next(iter(receiving), None)
+            # The next pipelined request waits until this answer is in the kernel (high water 0), and
+            # the kernel holds little of it (SO_SNDBUF): a client that does not read stalls within a
+            # few answers instead of having the daemon generate megabytes of them for it.
+            transport.set_write_buffer_limits(high=0)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            if len(self.connections) - len(probe_only) > max_connections:
                 stats.refused += 1
-                if victim is None:
-                    transport.abort()
-                    return
-                receiving.pop(victim, None)
-                victim.transport.abort()
+                if not evict_one(lambda c: c not in probe_only):
+                    if len(probe_only) >= reserved and not evict_one(lambda c: c in probe_only):
+                        transport.abort()
+                        return
+                    stats.probe_slot += 1
+                    probe_only.add(self)
+                    self.app = probes_only(self.app)
             self._arm_header_deadline()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             if self._request_received():
                 self._cancel_header_deadline()
+            self._bound_input()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing() and not self._request_received():
                 self._arm_header_deadline()
+            self._bound_input()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            stalled[self] = None
+            if self._write_timer is None:
+                self._write_timer = self.loop.call_later(write_timeout, self._write_deadline_passed)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._cancel_write_deadline()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_deadline()
+            self._cancel_write_deadline()
+            probe_only.discard(self)
             super().connection_lost(exc)
+
+        def _buffered_input(self) -> int:
+            buf = getattr(self.conn, "_receive_buffer", None)  # h11's unprocessed bytes
+            return len(buf) if buf is not None else 0
+
+        def _bound_input(self) -> None:
+            """Stop reading while an answer is pending or too much input waits (uvicorn resumes
+            reading directly on the transport after a pipelined request, so its own pause leaks)."""
+            cycle = self.cycle
+            answering = cycle is not None and not cycle.response_complete and not cycle.more_body
+            if (answering or self._buffered_input() > input_cap) and not self.transport.is_closing():
+                if not self.flow.read_paused:
+                    stats.reads_paused += 1
+                self.flow.read_paused = True
+                self.transport.pause_reading()
 
         def _request_received(self) -> bool:
             """Headers and body are in (the route may still be answering)."""
@@ -116,6 +213,12 @@ def guarded_protocol(max_connections: int, header_timeout_s: float, stats: Guard
                 self._header_timer.cancel()
                 self._header_timer = None
 
+        def _cancel_write_deadline(self) -> None:
+            stalled.pop(self, None)
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
         def _header_deadline_passed(self) -> None:
             self._header_timer = None
             receiving.pop(self, None)
@@ -123,7 +226,35 @@ def guarded_protocol(max_connections: int, header_timeout_s: float, stats: Guard
                 stats.header_timeouts += 1
                 self.transport.abort()
 
+        def _write_deadline_passed(self) -> None:
+            self._write_timer = None
+            stalled.pop(self, None)
+            if not self.transport.is_closing() and self.transport.get_write_buffer_size() > 0:
+                stats.write_timeouts += 1
+                self.transport.abort()
+
     return GuardedH11Protocol
+
+
+def probes_only(app: ASGIApp) -> ASGIApp:
+    """The app as a reserved connection serves it: `/livez` and `/readyz`, then close; else 503."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in PROBE_PATHS:
+            body = b'{"error":"busy","detail":"the API is at its connection cap; only /livez and /readyz answer"}'
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close"), (b"retry-after", b"1")]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await app(scope, receive, closing)
+
+    return guarded
 
 
 def uvicorn_options(stats: GuardStats, *, soft_nofile: int | None = None) -> dict[str, Any]:

@@ -150,6 +150,11 @@ class LogCapture:
         return self
 
     @property
+    def start_position(self) -> LogPosition | None:
+        """Where this launch's lines begin (journalled with `server_launched`: `logs --previous`)."""
+        return self._start
+
+    @property
     def position(self) -> LogPosition | None:
         """Just past the last complete line read: what a restarted daemon resumes from."""
         with self._lock:

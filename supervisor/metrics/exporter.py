@@ -79,6 +79,9 @@ class _SnapshotCollector(Collector):
         rung = gauge("rung", "Index in the ladder of the rung now in use (0 = base configuration)")
         rung_info = gauge("rung_info", "1 for the rung now in use, 0 for the other rungs of the ladder", ["rung"])
         up = gauge("server_up", "1 while the server is serving (state ready or degraded), else 0")
+        fallback = gauge(
+            "serving_on_fallback", "1 while the server serves on a fallback rung (not the preferred, rung 0), else 0"
+        )
         ttr = gauge("last_time_to_ready_seconds", "Launch-to-ready time of the current or last server")
         load = gauge("load_progress_ratio", "Start-up progress 0..1 where the log shows it; 1 while serving")
         since = gauge("seconds_since_progress", "Seconds since any progress channel last moved")
@@ -115,6 +118,7 @@ class _SnapshotCollector(Collector):
                 rung_info.add_metric([name], 1.0 if name == s.rung else 0.0)
             serving = s.state in {x.value for x in SERVING}
             up.add_metric([], 1.0 if serving else 0.0)
+            fallback.add_metric([], 1.0 if serving and (s.rung_index or 0) > 0 else 0.0)
             ready_s = s.time_to_ready_s if s.time_to_ready_s is not None else self._last_ready()
             if ready_s is not None:
                 ttr.add_metric([], ready_s)
@@ -147,7 +151,7 @@ class _SnapshotCollector(Collector):
                 total.add_metric(labels, float(d.mem_total_bytes))
                 held.add_metric(labels, float(d.tree_mem_bytes))
         yield from (state, rung, rung_info, up, ttr, load, since, hour, last_inc, spec, running, queued)
-        yield from (gpu_ok, util, used, total, held, build, tools, spec_tokens, inc_info, tokens)
+        yield from (gpu_ok, util, used, total, held, build, tools, spec_tokens, inc_info, tokens, fallback)
         yield from busy_families(s)
         yield from group_families(s)
 

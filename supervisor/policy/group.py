@@ -9,7 +9,8 @@ behaviour (ranks, progress, health at node 0) decides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from probes.types import Phase
@@ -52,6 +53,9 @@ class NodeReport:
     last_progress_s: float | None
     at: float  # wall clock of the report
     incident: str | None = None  # the group incident the node last captured for
+    instance: str = ""  # the reporting daemon's random id for its life (a second daemon claiming its rank differs)
+    # its group-relevant config (supervisor/group/fingerprint.py)
+    fingerprint: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class Command:
     native: bool | None = None  # diagnose: py-spy --native (None: the configured default)
     gdb: bool | None = None  # diagnose: force gdb even on a healthy server
     source: str = "api"  # "api", "signal", "cli", "group" (the group's leader)
+    requested_by: str = ""  # api: the bearer, a page session or anonymous, and the client's address
     incident_id: str | None = None  # diagnose: the group leader's incident id (supervisor/group)
     done: asyncio.Future[CommandResult] | None = field(default=None, compare=False)
 

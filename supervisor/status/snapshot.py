@@ -6,6 +6,8 @@ These are the JSON shapes of `GET /status` (DESIGN.md's contract: `state`, `phas
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
 from probes.types import Phase
@@ -90,6 +92,10 @@ class ToolCheck(_Frozen):
     name: str  # "py-spy", "ptrace", "gdb", "cuda-gdb"
     ok: bool
     detail: str = ""
+    # "capability": what this host's hardware can or cannot do (GPM, the busy signal): not ok is
+    # "not available here", no fault to fix, with `instead` saying what the daemon uses instead.
+    kind: Literal["tool", "capability"] = "tool"
+    instead: str = ""
 
 
 class ProcessView(_Frozen):

@@ -33,7 +33,10 @@ def make_bundle(diag_dir: Path, bundle_id: str, summary: dict[str, object] | Non
 
 
 def client_for(app: FastAPI, token: str | None = None) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    # As the CLI does (api/browser.py): a POST without a JSON body carries a non-simple header.
+    headers = {"X-Requested-By": "tests"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers)
 
 

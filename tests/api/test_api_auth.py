@@ -63,6 +63,14 @@ def test_token_file_empty_or_malformed_is_refused(tmp_path: Path, content: str) 
         load_token(ApiSettings(token_file=str(p)), {})
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_token_file_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    p = _token_file(tmp_path, "abc123", 0o600)
+    os.chown(p, 65534, 65534)  # nobody's: 0600, but nobody can rewrite the daemon's token
+    with pytest.raises(ConfigError, match=r"owned by uid 65534, not by this process's user"):
+        load_token(ApiSettings(token_file=str(p)), {})
+
+
 def test_token_file_missing_or_a_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_token(ApiSettings(token_file=str(tmp_path / "absent")), {})

@@ -274,6 +274,7 @@ async def test_openapi_lists_every_route(client: httpx.AsyncClient, tmp_path: Pa
         "/stop",
         "/start",
         "/reload",
+        "/promote",
         "/diagnostics",
         "/diagnostics/{bundle_id}",
         "/diagnostics/{bundle_id}/{name}",

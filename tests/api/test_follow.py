@@ -45,3 +45,49 @@ def test_a_file_that_appears_later_is_read_from_its_start(tmp_path: Path) -> Non
     log.write_bytes(b'{"event": "x"}\n')
     assert f.read_new() == [b'{"event": "x"}']
     f.close()
+
+
+def test_a_giant_line_is_cut_and_the_tail_reads_a_bounded_number_of_bytes(tmp_path: Path) -> None:
+    from api import follow
+
+    log = tmp_path / "server.log"
+    with open(log, "wb") as w:
+        w.write(b"before\n")
+        w.write(b"x" * (3 * follow.MAX_LINE) + b"\n")
+        w.write(b"after\n")
+    got = tail_lines(log, 10)
+    assert got[0] == b"before" and got[2] == b"after"
+    assert got[1].startswith(b"x" * follow.MAX_LINE) and b"line cut, 196,608 bytes" in got[1]
+    assert len(got[1]) < follow.MAX_LINE + 100
+    # One line bigger than the whole budget: its newest MAX_LINE bytes, said to be cut; nothing older.
+    log.write_bytes(b"old\n" + b"y" * 300_000)
+    got = tail_lines(log, 5, budget=200_000)
+    assert len(got) == 1 and got[0].startswith(b"y" * 1000) and b"line cut, over 200,000 bytes" in got[0]
+
+
+def test_a_follower_cuts_giant_lines_and_skips_ahead_when_far_behind(tmp_path: Path) -> None:
+    from api import follow
+
+    log = tmp_path / "server.log"
+    log.write_bytes(b"")
+    f = Follower(log)
+    with open(log, "ab") as w:
+        w.write(b"z" * (2 * follow.MAX_LINE))
+    assert f.read_new() == []  # unfinished, and only its first MAX_LINE bytes are held
+    with open(log, "ab") as w:
+        w.write(b"zz\nshort\n")
+    cut, short = f.read_new()
+    assert short == b"short" and len(cut) < follow.MAX_LINE + 100 and b"line cut, 131,074 bytes" in cut
+    assert f.cut == 1
+    flood = b"".join(b"line %07d\n" % i for i in range(1_000_000))  # 13 MB: more than MAX_BACKLOG behind
+    with open(log, "ab") as w:
+        w.write(flood)
+    first = f.read_new()
+    assert first[0].startswith(follow.NOTE) and b"skipped" in first[0]
+    assert 0 < f.skipped <= len(flood) - follow.READ_BUDGET + follow.MAX_LINE
+    assert sum(len(x) + 1 for x in first[1:]) <= follow.READ_BUDGET
+    rest: list[bytes] = []
+    while batch := f.read_new():
+        rest += batch
+    assert (first[1:] + rest)[-1] == b"line 0999999", "after the skip it reads on to the end"
+    f.close()

@@ -26,7 +26,9 @@ async def page(app: FastAPI, token: str | None = None) -> httpx.Response:
 
 
 def badge(text: str) -> tuple[str, str]:
-    m = re.search(r"<div id='state' data-state='([a-z]+)' style='background:(#[0-9a-f]{6})'", text)
+    m = re.search(
+        r"<div id='state' data-state='([a-z]+)' data-fallback='[a-z]+' style='background:(#[0-9a-f]{6})'", text
+    )
     assert m is not None, text[:500]
     return m[1], m[2]
 

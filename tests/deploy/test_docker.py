@@ -37,13 +37,14 @@ def copies() -> list[tuple[list[str], str]]:
     return [(list(c.value[:-1]), c.value[-1]) for c in commands() if c.cmd == "COPY"]
 
 
-def test_every_instruction_is_known_and_the_base_is_sglang_0_5_16_by_default() -> None:
+def test_every_instruction_is_known_and_the_base_is_sglang_0_5_16_by_its_full_name() -> None:
     parsed = commands()
     assert parsed and {c.cmd for c in parsed} <= KNOWN, {c.cmd for c in parsed} - KNOWN
     assert parsed[0].cmd == "ARG" and parsed[1].cmd == "FROM"
     name, _, default = parsed[0].value[0].partition("=")
     assert parsed[1].value == (f"${{{name}}}",)
-    assert default == "lmsysorg/sglang:v0.5.16"
+    # A full name (registry/namespace/name:tag): podman and buildah refuse a short name without an alias.
+    assert default == "docker.io/lmsysorg/sglang:v0.5.16"
 
 
 def test_the_entry_point_is_the_daemon_with_the_manifests_config() -> None:
@@ -83,7 +84,7 @@ def test_what_it_copies_exists_and_the_dockerignore_lets_it_through() -> None:
         if line.strip() and not line.startswith("#")
     ]
     sources = [s for srcs, _dest in copies() for s in srcs]
-    assert {"pyproject.toml", "README.md", "supervisor", "api", "probes"} <= set(sources)
+    assert {"pyproject.toml", "README.md", "LICENSE", "supervisor", "api", "probes"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), src
         # The last matching pattern decides (as .dockerignore does): each source must end included.
@@ -124,4 +125,5 @@ def test_the_copied_sources_build_the_package_with_its_entry_point(tmp_path: Pat
         assert "sglang-supervisor = supervisor.entry:main" in zf.read(entry_points).decode()
     assert {"api/app.py", "api/routes/probes.py", "api/readiness.py"} <= names
     assert not any(n.startswith("tests/") for n in names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "the image's package carries its LICENSE"
     assert "api/testing.py" not in names  # test code does not ship

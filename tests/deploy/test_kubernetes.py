@@ -176,7 +176,28 @@ def test_config_token_state_and_shm_are_mounted_where_the_daemon_looks() -> None
         assert mounts["state"] == config["paths"]["state_dir"], role
         assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"] == "/dev/shm", role
     secret = one("Secret", "examples/secret.yaml")
-    assert set(secret["stringData"]) == {token_file.name}
+    # The group secret sits beside the token, in the same private volume.
+    group_secret = Path(config["group"]["secret_file"])
+    assert group_secret.parent == token_file.parent
+    assert set(secret["stringData"]) == {token_file.name, group_secret.name}
+
+
+def test_the_kernel_caches_live_on_the_state_claim_and_fit_it() -> None:
+    """Issue 36: a recreated pod reuses its compiled kernels, so `[paths] cache_dir` is on the per-pod
+    claim (never the container's /tmp or an emptyDir), and the claim holds `[caches] max_gb` beside the
+    diagnostics' bound."""
+    lws = one("LeaderWorkerSet")
+    config = config_toml()
+    claims = lws["spec"]["leaderWorkerTemplate"]["volumeClaimTemplates"]
+    (claim,) = [c for c in claims if c["metadata"]["name"] == "state"]
+    size = claim["spec"]["resources"]["requests"]["storage"]
+    assert size.endswith("Gi")
+    cache_dir = Path(config["paths"]["cache_dir"])
+    for role, template in pod_templates(lws).items():
+        state_mount = Path(_mounts(template)["state"])
+        assert cache_dir.is_relative_to(state_mount), (role, cache_dir, state_mount)
+    need_gb = float(config["caches"]["max_gb"]) + float(config["diagnostics"]["max_mb"]) / 1024
+    assert float(size[:-2]) >= need_gb + 10, (size, need_gb)  # 10 GiB for the server's logs and state
 
 
 def test_probes_ask_the_daemon_api_livez_and_readyz() -> None:
@@ -297,6 +318,13 @@ def _token_file(tmp_path: Path) -> Path:
     return token
 
 
+def _group_secret(tmp_path: Path) -> Path:
+    secret = tmp_path / "group-secret"
+    secret.write_text("k8s-test-group-secret-0123456789\n")
+    secret.chmod(0o400)
+    return secret
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("rank", [0, 1])
 def test_check_config_in_the_pod_accepts_the_config_for_each_node(rank: int, tmp_path: Path) -> None:
@@ -318,7 +346,8 @@ def test_check_config_in_the_pod_accepts_the_config_for_each_node(rank: int, tmp
 @pytest.mark.parametrize("rank", [0, 1])
 def test_check_config_in_the_pod_accepts_the_configmap_text_with_lws_variables(rank: int, tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
-    path.write_text(config_text().replace("/run/secrets/sglang-supervisor/token", str(_token_file(tmp_path))))
+    text = config_text().replace("/run/secrets/sglang-supervisor/token", str(_token_file(tmp_path)))
+    path.write_text(text.replace("/run/secrets/sglang-supervisor/group-secret", str(_group_secret(tmp_path))))
     done = _check_config(path, node_env(rank))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"--node-rank {rank} --dist-init-addr {LEADER_ADDRESS}:20000" in done.stdout

@@ -32,6 +32,13 @@ def take_b_then_a(a: threading.Lock, b: threading.Lock, both_hold: threading.Bar
 
 
 def deadlock_child(ready: mp.synchronize.Event) -> None:
+    import faulthandler  # here, not at the top: the tests name this file's line numbers
+    import os
+
+    if os.environ.get("DEADLOCK_PROG_NATIVE_THREAD") == "1":
+        # A thread with no Python thread state (faulthandler's watchdog is a C thread), as NCCL's and
+        # CUDA's are in a real rank: py-spy does not list it, gdb does.
+        faulthandler.dump_traceback_later(3600)
     a, b = threading.Lock(), threading.Lock()
     both_hold = threading.Barrier(2)
     threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()

@@ -71,15 +71,21 @@ async def test_deadlocked_tree_bundle_names_every_deadlocked_thread(
     assert "Hang class: idle_deadlock" in text
 
     for pid in tree.pids:
-        for name in ("py-spy", "py-spy-native", "gdb"):
+        for name in ("py-spy", "py-spy-native"):
             assert tool(result, pid, name) == "ok", (pid, name, result.tools)
-        for f in (f"pyspy-{pid}.txt", f"pyspy-native-{pid}.txt", f"gdb-{pid}.txt", f"proc-{pid}.txt"):
+        # Every thread of these processes is a Python thread, and py-spy --native named its native
+        # frames: gdb would repeat them, and is skipped with the reason (issue 36, the daemon's share).
+        assert tool(result, pid, "gdb") == "skipped", (pid, result.tools)
+        (why,) = [t.detail for t in result.tools if t.pid == pid and t.tool == "gdb"]
+        assert "named the native frames of all" in why
+        for f in (f"pyspy-{pid}.txt", f"pyspy-native-{pid}.txt", f"proc-{pid}.txt"):
             assert (result.path / f).stat().st_size > 0
+        assert not (result.path / f"gdb-{pid}.txt").exists()
         assert psutil.Process(pid).status() != psutil.STATUS_STOPPED
     for f in ("summary.json", "log-tail.txt", "env.json", "nvml.json", "verdict.json"):
         assert (result.path / f).is_file()
     # Every tool run is followed by a resume of its process.
-    assert sorted(resume.calls) == sorted([(pid,) for pid in tree.pids for _ in range(3)])
+    assert sorted(resume.calls) == sorted([(pid,) for pid in tree.pids for _ in range(2)])
 
     # In parallel: the capture took less than the tools' durations added up.
     tool_sum = sum(t.duration_s for t in result.tools)
@@ -98,6 +104,23 @@ async def test_deadlocked_tree_bundle_names_every_deadlocked_thread(
         tree.children[1]: "scheduler",
     }
     assert doc["phase"] == "allocating_kv" and doc["created_at"].endswith("Z")
+
+
+@needs_gdb
+async def test_gdb_runs_where_a_thread_has_no_python_state(launch: Launcher, resume: ResumeLog, tmp_path: Path) -> None:
+    """A rank with a C thread py-spy cannot list (faulthandler's, as NCCL's and CUDA's in a real rank):
+    its only native stack is gdb's, so gdb runs there; the parent, all Python, is covered by py-spy."""
+    tree = launch("deadlock", 1, env={**os.environ, "DEADLOCK_PROG_NATIVE_THREAD": "1"})
+    req = request(tree.infos(), native=True, gdb=True)
+    result = await capture(req, tmp_path, py_spy_path=PY_SPY, resume=resume, **KEEP)
+    assert result.path is not None and result.hang_class == "idle_deadlock"
+    (child,) = tree.children
+    assert tool(result, child, "gdb") == "ok", result.tools
+    assert psutil.Process(child).num_threads() > len(
+        [x for x in (result.path / f"pyspy-native-{child}.txt").read_text().splitlines() if x.startswith("Thread ")]
+    )
+    assert "faulthandler" in (result.path / f"gdb-{child}.txt").read_text()
+    assert tool(result, tree.parent.pid, "gdb") == "skipped"
 
 
 @needs_gdb

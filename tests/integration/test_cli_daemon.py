@@ -95,3 +95,29 @@ async def test_bundles_logs_and_journal_keep_the_units_modes(daemon, sim, capsys
     logs = list((state / "logs").iterdir())
     assert logs and all(mode(f) == 0o640 for f in logs if f.is_file())
     assert mode(state / "events.jsonl") == 0o640
+
+
+async def test_the_client_pointed_at_sglangs_port_says_so(daemon, sim, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("ok", tp=1))
+    await r.wait_for(lambda x: x.state == "ready", 30, "ready")
+    sglang = f"http://127.0.0.1:{r.settings.server.port}"
+    capsys.readouterr()
+    assert await cli(sglang, "status") == 1
+    err = capsys.readouterr().err
+    assert "HTTP 404" in err and "is SGLang's own server (model" in err and "[api] port (default 8900)" in err
+    assert "Traceback" not in err
+
+
+def test_the_default_address_is_said_to_be_the_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from freeport import free_port
+
+    from supervisor.client import locate, verbs
+
+    monkeypatch.setattr(verbs, "DEFAULT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setattr(locate, "DEFAULT_CONFIG", tmp_path / "absent.toml")
+    args = build_parser().parse_args(["status"])
+    assert run_client(args, {}) == 3
+    err = capsys.readouterr().err
+    assert "(the default: no --url, no --config" in err and "next: is the daemon running" in err

@@ -57,6 +57,12 @@ async def test_an_application_xid_is_named_by_the_incident_and_restarts(daemon, 
     assert watch["status"] == "watching" and watch["gpus"] == [0, 1]
     (inc,) = [e for e in events if e["event"] == "incident"]
     assert inc["xids"][0]["xid"] == 31
+    # The relaunch after the fault is timed, but teaches the learned windows nothing (issue 36): a GPU
+    # recovering from an Xid is not a start of this host, and it waits the configured window.
+    timelines = [e["after_gpu_fault"] for e in events if e["event"] == "launch_timeline"]
+    assert timelines == [False, True], timelines
+    book = json.loads((Path(r.settings.paths.state_dir) / "launches.json").read_text())
+    assert [x["starts"] for x in book["entries"].values()] == [1]
 
 
 async def test_an_xid_that_needs_a_gpu_reset_fails_naming_the_gpu(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

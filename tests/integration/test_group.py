@@ -51,9 +51,10 @@ def test_group_starts_and_the_leader_shows_every_node(nodes_of) -> None:  # type
     assert leader.get("/livez", auth=False).status_code == 200
     wst = worker.wait(ready, 10, "the worker ready")
     assert wst["group"]["role"] == "worker" and wst["group"]["leader"] == leader.address
-    # The member API takes the same bearer token as every route.
+    # The member API answers the group's signatures only: no token, not even the operator's, gets in.
     assert worker.get("/group/report", auth=False).status_code == 401
-    rep = worker.get("/group/report").json()
+    assert worker.get("/group/report").status_code == 401
+    rep = worker.signed("GET", "/group/report").json()
     assert rep["node"] == 1 and rep["state"] == "ready" and rep["cause"] is None
     assert any(r["role"] == "scheduler" for r in rep["ranks"])
     # The CLI's status shows the group.

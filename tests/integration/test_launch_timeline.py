@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import httpx
 import pytest
 
 from supervisor.config.fast import LearnedSettings
+from supervisor.config.render import dump_toml as to_toml
 from supervisor.config.settings import Settings
 from supervisor.status.commands import Command
 
@@ -92,8 +95,13 @@ async def test_timeline_outage_and_caches_across_a_restart(daemon, sim, tmp_path
     assert len(outages) == 1 and outages[0]["parts"] == out.parts
     async with httpx.AsyncClient(timeout=10) as c:
         text = (await c.get(f"{r.api}/metrics")).text
+        page = (await c.get(f"{r.api}/ui")).text  # the page a person reads, from the running daemon
     assert 'sglang_supervisor_outage_seconds_count{part="total"} 1.0' in text
     assert 'sglang_supervisor_launch_phase_seconds_count{phase="spawn"} 2.0' in text
+    for part in ("detection", "evidence", "stop_release", "backoff", "relaunch", "daemon"):
+        assert f'sglang_supervisor_outage_seconds_count{{part="{part}"}} 1.0' in text, part
+    assert "<h2>Launch and outage</h2>" in page and "kernel cache hit" in page
+    assert "last outage (manual)" in page and "<td>graph_capture</td>" in page
     book = json.loads((Path(s.paths.state_dir) / "launches.json").read_text())
     (entry,) = book["entries"].values()
     assert entry["starts"] == 2 and entry["rung"] == "base"
@@ -134,4 +142,72 @@ async def test_a_learned_window_judges_a_deadlock_on_a_known_model_early(daemon,
     assert judged_at - onset < configured / 2, f"judged {judged_at - onset:.1f} s after the onset"
     assert any(v.source in ("learned", "floor") and v.window_s < configured for v in seen), seen
     snap = await r2.wait_for(lambda x: x.last_incident is not None, 30, "the incident")
+    assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"
+
+
+SHIPPED_STALL_S = 180.0  # [watchdog] startup_stall_s as shipped; [learned] as shipped (5 x, floor 20 s)
+
+
+def check_config(s: Settings, path: Path) -> str:
+    path.write_text(to_toml(s))
+    cmd = [sys.executable, "-m", "supervisor", "check-config", "--config", str(path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    return done.stdout + done.stderr
+
+
+async def test_with_the_shipped_windows_a_known_model_is_judged_within_30_s_and_an_unknown_one_waits_180(  # type: ignore[no-untyped-def]
+    daemon, sim, tmp_path: Path
+) -> None:
+    """The issue's target: the seed's post-load deadlock on a model this daemon has started before on
+    this host is judged within 30 s though `startup_stall_s` is 180; a model it never started keeps 180.
+    The simulator runs at its test pace (0.15 x SGLang's pauses); every window here is the shipped one."""
+    wd = {"startup_stall_s": SHIPPED_STALL_S, "cpu_only_stall_s": 5 * SHIPPED_STALL_S, "startup_timeout_s": 3600.0}
+    assert LearnedSettings() == LearnedSettings(multiple=5.0, floor_s=20.0, min_starts=1)
+    good = sim("ok", watchdog=wd)
+    r = await daemon(good)
+    await r.wait_for(lambda x: x.state == "ready", 60, "the good start")
+    assert await r.stop() == 0
+
+    # check-config reads what the good start taught: the known rung's phases and why.
+    out = check_config(good, tmp_path / "good.toml")
+    assert "stall windows: 1 good start(s) on" in out, out
+    assert "allocating_kv: 20 s (floor:" in out, out
+
+    # A model never started here (another --model-path): the configured 180 s, and why.
+    onset_new = tmp_path / "onset-new.json"
+    other = sim(
+        "deadlock_after_load",
+        watchdog=wd,
+        args={"model-path": str(tmp_path / "another-model")},
+        env={"SGLANG_SIM_ONSET_FILE": str(onset_new)},
+    )
+    assert "no good start of this model and rung" in check_config(other, tmp_path / "other.toml")
+    r2 = await daemon(other)
+    await r2.wait_for(lambda x: onset_new.exists(), 60, "the unknown model's deadlock")
+    onset = float(json.loads(onset_new.read_text())["onset_monotonic"])
+    snap = await r2.wait_for(lambda x: time.monotonic() - onset > 25.0, 60, "25 s into the unknown model's deadlock")
+    assert snap.state == "starting", (snap.state, snap.reason)  # 25 s: past the learned floor, not judged
+    w = snap.stall_window
+    assert w is not None and w.source == "configured" and w.window_s == SHIPPED_STALL_S, w
+    assert "no good start" in w.why
+    assert await r2.stop() == 0
+
+    # The known model deadlocks after its load (the fault comes from the environment, as
+    # SGLANG_TEST_STUCK_SCHEDULER_INIT does on real SGLang): judged within 30 s of the onset.
+    onset_known = tmp_path / "onset-known.json"
+    bad = sim("deadlock_after_load", watchdog=wd, env={"SGLANG_SIM_ONSET_FILE": str(onset_known)})
+    r3 = await daemon(bad)
+    seen: list[Any] = []
+
+    def judged(x: Any) -> bool:
+        if x.stall_window is not None:
+            seen.append(x.stall_window)
+        return x.state in ("hung", "diagnosing", "restarting")
+
+    await r3.wait_for(judged, 90, "the stall verdict on the known model")
+    judged_at = time.monotonic()
+    onset = float(json.loads(onset_known.read_text())["onset_monotonic"])
+    assert judged_at - onset < 30.0, f"judged {judged_at - onset:.1f} s after the onset"
+    assert any(v.source == "floor" and v.window_s == 20.0 for v in seen), seen
+    snap = await r3.wait_for(lambda x: x.last_incident is not None, 60, "the incident")
     assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"

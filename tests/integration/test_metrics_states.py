@@ -56,7 +56,7 @@ async def test_gpu_gauges_follow_nvml_after_a_stop(daemon, sim, tmp_path: Path) 
     assert held[key("sglang_supervisor_server_gpu_memory_bytes", **GPU)] == 10 * GB * len(pids)
 
     async with httpx.AsyncClient(timeout=30) as c:
-        assert (await c.post(f"{r.api}/stop")).status_code == 202
+        assert (await c.post(f"{r.api}/stop", json={})).status_code == 202
     write_nvml(nvml, {})  # the driver frees the memory of the dead processes
     await r.wait_for(lambda x: x.state == "stopped", 30, "stopped")
     # A process outside the tree takes memory while the server is stopped: the gauges must see it.

@@ -204,11 +204,11 @@ def test_run_from_toml_a_killed_server_is_told_and_a_reload_moves_the_target(sim
             loose.write_text(f"{url}/loose\n")
             loose.chmod(0o644)
             write(str(loose))
-            r = httpx.post(f"{api}/reload", timeout=30)
+            r = httpx.post(f"{api}/reload", json={}, timeout=30)
             assert r.status_code == 400 and "chmod 600" in r.json()["detail"]
 
             write(private(tmp_path / "second-url", f"{url}/second"))
-            assert httpx.post(f"{api}/reload", timeout=30).status_code == 200
+            assert httpx.post(f"{api}/reload", json={}, timeout=30).status_code == 200
             st = wait_status(api, lambda x: x["state"] == "ready", 10, proc)
             os.kill(st["pid"], signal.SIGKILL)
             deadline = time.monotonic() + 40

@@ -59,7 +59,7 @@ async def test_manual_start_out_of_failed_has_fresh_counters(daemon, sim) -> Non
     await r.wait_for(lambda x: x.state == "failed", 40, "failed")
     before = len(named(s.paths.state_dir, "ladder_decision"))
     async with httpx.AsyncClient() as c:
-        res = await c.post(f"{r.api}/start")
+        res = await c.post(f"{r.api}/start", json={})
     assert res.status_code == 202, res.text
     await r.wait_for(
         lambda _: len(named(s.paths.state_dir, "ladder_decision")) > before, 30, "an incident after the manual start"

@@ -72,3 +72,63 @@ def test_hung_is_red_in_a_real_browser(tmp_path: Path) -> None:
     page = tmp_path / "hung.html"
     page.write_text(render(PageData(snapshot=snap, bundles=(), log_lines=("x",), timeline=())))
     assert_badge(screenshot(page.as_uri(), tmp_path / "hung.png"), "hung")
+
+
+FALLBACK_LADDER = {
+    "env": {"SGLANG_SIM_UNLESS": "disable-cuda-graph"},  # the base rung crashes while loading
+    "restart": {"retries_per_rung": 0},
+    "fallback": [{"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}],
+}
+LOGIN_TOKEN = "page-login-token-" + "k" * 24
+
+
+async def test_log_in_see_the_newest_log_line_and_the_fallback_then_log_out(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from cdp import Chromium
+
+    s = sim("crash_on_load", tp=1, **FALLBACK_LADDER)
+    r = await daemon(s, {**os.environ, s.api.token_env: LOGIN_TOKEN})
+    await r.wait_for(lambda x: x.state == "ready" and x.rung == "no-cuda-graph", 60, "ready on the fallback")
+
+    def drive() -> dict[str, object]:
+        b = Chromium(tmp_path / "profile")
+        try:
+            b.goto(f"{r.api}/ui")
+            seen: dict[str, object] = {"login_form": b.js("!!document.getElementById('token')")}
+            b.js(f"document.getElementById('token').value = {LOGIN_TOKEN!r}")
+            b.submit("document.getElementById('login').click()")
+            seen["state"] = b.js("document.getElementById('state')?.dataset.state")
+            seen["fallback"] = b.js("document.getElementById('state').dataset.fallback")
+            seen["badge"] = b.js("getComputedStyle(document.getElementById('state')).backgroundColor")
+            seen["banner"] = b.js("document.getElementById('fallback').innerText")
+            seen["cookie_to_js"] = b.js("document.cookie")
+            seen["newest"] = b.js("document.getElementById('log-newest').innerText")
+            # the log box overflows and is scrolled to its end: the newest line lies inside the box
+            seen["overflows"] = b.js("(e => e.scrollHeight > e.clientHeight)(document.getElementById('logbox'))")
+            seen["newest_in_view"] = b.js(
+                "(() => { const box = document.getElementById('logbox').getBoundingClientRect();"
+                " const line = document.getElementById('log-newest').getBoundingClientRect();"
+                " return line.top >= box.top - 1 && line.bottom <= box.bottom + 1; })()"
+            )
+            b.submit("document.getElementById('logout').click()")
+            seen["after_logout"] = b.js("!!document.getElementById('token') && !document.getElementById('state')")
+            b.goto(f"{r.api}/status")
+            seen["status_after_logout"] = b.js("document.body.innerText")
+            return seen
+        finally:
+            b.close()
+
+    seen = await asyncio.to_thread(drive)
+    assert seen["login_form"] is True
+    assert (seen["state"], seen["fallback"]) == ("ready", "true")
+    assert seen["badge"] == "rgb(212, 167, 44)"  # amber, not ready's green
+    assert "no-cuda-graph" in str(seen["banner"]) and "base" in str(seen["banner"]) and "exited" in str(seen["banner"])
+    assert seen["cookie_to_js"] == ""  # HttpOnly: no script on the page could read the session
+    log = (r.settings.state_dir / "logs" / "server.log").read_text().splitlines()
+    shown = [ln.rsplit("\r", 1)[-1][:500].strip() for ln in log if ln.strip()]
+    # the server keeps logging its probes: the line shown is among the very last ones written
+    assert str(seen["newest"]).strip() in shown[-8:], (seen["newest"], shown[-8:])
+    assert seen["overflows"] is True and seen["newest_in_view"] is True
+    assert seen["after_logout"] is True
+    assert "unauthorized" in str(seen["status_after_logout"])

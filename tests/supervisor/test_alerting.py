@@ -218,3 +218,20 @@ def test_the_documented_notify_examples_are_valid() -> None:
     for text in (*blocks, uncommented):
         settings = settings_from_mapping(tomllib.loads(text))
         assert {t.name for t in settings.notify} == {"oncall-slack", "pagerduty", "ticket"}
+
+
+def test_slack_text_is_escaped_and_pagerduty_text_is_bounded_plain_text() -> None:
+    from supervisor.alerting.events import NotifyEvent
+
+    forged = "rank died <!channel> see <https://evil.example|the runbook> & `code` \x1b[31m"
+    ev = NotifyEvent(kind="failed", at="2026-12-02T00:00:00Z", instance="h:1", reason=forged, cause="x`y<!here>")
+    body = shapes.slack(ev)
+    text = json.dumps(body)
+    assert "<!channel>" not in text and "<https://" not in text and "<!here>" not in text
+    assert "&lt;!channel&gt;" in body["text"] and "&amp;" in body["text"] and "\x1b" not in body["text"]
+    context = body["blocks"][1]["elements"][0]["text"]
+    assert context.count("`") == 2, "a value cannot leave its code span"
+    pd = shapes.pagerduty(NotifyEvent(kind="failed", at="t", instance="h:1", reason="r\n" * 5000), "rk")
+    summary = pd["payload"]["summary"]
+    assert len(summary) <= shapes.PD_SUMMARY_MAX and "\n" not in summary
+    assert len(pd["payload"]["custom_details"]["reason"]) <= shapes.PD_FIELD_MAX

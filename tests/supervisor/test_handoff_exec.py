@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,33 @@ def test_reexec_runs_the_same_command_line_with_the_signals_held(monkeypatch: py
     finally:
         sigmask.release()
     assert calls == [(sys.executable, [sys.executable, "-m", "supervisor", "run", "--config", "/etc/c.toml"])]
+
+
+def test_preflight_validates_what_a_start_would_and_starts_nothing(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from simconfig import sim_settings
+
+    from supervisor.config.render import dump_toml
+    from supervisor.root.preflight import preflight_argv
+
+    cfg = tmp_path / "c.toml"
+    good = dump_toml(sim_settings(tmp_path, "ok"))
+    cfg.write_text(good)
+    assert cli.main(["run", "--preflight", "--config", str(cfg)]) == 0
+    assert not (tmp_path / "state" / "daemon.lock").exists(), "nothing started"
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o644)
+    cfg.write_text(good.replace("[api]", f'[api]\ntoken_file = "{token}"', 1))
+    assert cli.main(["run", "--preflight", "--config", str(cfg)]) == 2
+    assert "readable or writable by group or others" in capsys.readouterr().err
+    # The handoff runs the command line it will re-execute, plus --preflight.
+    argv = ["/usr/bin/sglang-supervisor", "run", "--config", "/etc/c.toml", "--log-json"]
+    assert preflight_argv(Path("/etc/c.toml"), argv) == [sys.executable, *argv[1:], "--preflight"]
+    assert preflight_argv(Path("/etc/c.toml"), ["pytest", "-q"])[1:] == [
+        "-m",
+        "supervisor",
+        "run",
+        "--preflight",
+        "--config",
+        "/etc/c.toml",
+    ]

@@ -393,3 +393,22 @@ async def test_an_incidents_lines_name_it_and_the_relaunch_does_not(rig) -> None
         assert line["incident"] == incident.id, event
     relaunched = next(x for x in logs if x["event"] == "server_launched")
     assert "incident" not in relaunched and relaunched["rung"] == "no-graph"
+
+
+async def test_the_self_check_runs_again_hourly_and_clears_when_fixed(rig, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sup, clock, _, _ = rig
+    later = tmp_path / "bin" / "py-spy"
+    sup.settings = sup.settings.model_copy(
+        update={"diagnostics": sup.settings.diagnostics.model_copy(update={"py_spy_path": str(later)})}
+    )
+    await sup.startup(True)
+    assert not next(c for c in sup.snapshot().selfcheck if c.name == "py-spy").ok
+    later.parent.mkdir()
+    later.write_text("#!/bin/sh\necho py-spy 0.4.0\n")
+    later.chmod(0o755)
+    await ticks(sup, clock, 3)  # minutes: not yet
+    assert not next(c for c in sup.snapshot().selfcheck if c.name == "py-spy").ok
+    clock.advance(3600)
+    await sup.tick()
+    spy = next(c for c in sup.snapshot().selfcheck if c.name == "py-spy")
+    assert spy.ok and "py-spy 0.4.0" in spy.detail

@@ -24,6 +24,14 @@ from supervisor.config.render import dump_toml
 from supervisor.config.settings import Settings, settings_from_mapping
 
 TOKEN = "group-test-token-7c1e"
+SECRET = "group-test-secret-0b9d4e2a6f"  # [group] secret_file: the daemons' own credential
+
+
+def secret_file(tmp_path: Path, secret: str = SECRET) -> Path:
+    path = tmp_path / "group-secret"
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
 
 
 @dataclass
@@ -33,6 +41,7 @@ class Node:
     config: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    token: str | None = TOKEN  # the operator's API token (None: no token, an open loopback API)
     markers: set[str] = field(default_factory=set)
 
     @property
@@ -48,7 +57,7 @@ class Node:
         return self.settings.state_dir
 
     def start(self) -> None:
-        env = {**os.environ, "SGLANG_SUPERVISOR_TOKEN": TOKEN}
+        env = {**os.environ, "SGLANG_SUPERVISOR_TOKEN": self.token or ""}
         cmd = [sys.executable, "-m", "supervisor", "run", "--config", str(self.config), "--log-json"]
         out = self.log.open("ab")
         self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
@@ -60,6 +69,17 @@ class Node:
 
     def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
         return httpx.post(self.api + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=timeout)
+
+    def signed(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> httpx.Response:
+        """A request as the group's leader makes it: signed with this node's key, no bearer token."""
+        from supervisor.group.signing import node_key, sign_request
+
+        raw = json.dumps(body).encode() if body is not None else b""
+        s = sign_request(node_key(SECRET.encode(), self.rank), self.rank, method, path, raw, time.time())
+        headers = {**s.headers(), "content-type": "application/json"}
+        return httpx.request(method, self.api + path, content=raw, headers=headers, timeout=timeout)
 
     def status(self) -> dict[str, Any] | None:
         try:
@@ -119,6 +139,9 @@ def group_of(
     env: dict[int, dict[str, str]] | None = None,
     group: dict[str, Any] | None = None,
     args: dict[str, Any] | None = None,
+    node_args: dict[int, dict[str, Any]] | None = None,
+    node_group: dict[int, dict[str, Any]] | None = None,
+    node_kw: dict[int, dict[str, Any]] | None = None,
     **kw: Any,
 ) -> list[Node]:
     """`nnodes` configs of one group: node 0 leads, every node runs the simulator as its node."""
@@ -127,6 +150,7 @@ def group_of(
     kw["restart"] = {"retries_per_rung": 1, **kw.get("restart", {})}
     api_ports = [free_port() for _ in range(nnodes)]
     rendezvous = free_port()
+    secret = secret_file(tmp_path)
     nodes: list[Node] = []
     for rank in range(nnodes):
         base = tmp_path / f"node{rank}"
@@ -135,8 +159,16 @@ def group_of(
             base,
             (scenarios or {}).get(rank, "ok"),
             env=(env or {}).get(rank),
-            args={"nnodes": nnodes, "node-rank": rank, "dist-init-addr": f"127.0.0.1:{rendezvous}", **(args or {})},
-            **kw,
+            **{**kw, **(node_kw or {}).get(rank, {})},
+            # One model path for every node (as on shared storage): the rungs' command lines agree.
+            args={
+                "model-path": str(tmp_path / "model"),
+                "nnodes": nnodes,
+                "node-rank": rank,
+                "dist-init-addr": f"127.0.0.1:{rendezvous}",
+                **(args or {}),
+                **((node_args or {}).get(rank, {})),
+            },
         )
         data = s.model_dump()
         data["api"]["port"] = api_ports[rank]
@@ -147,7 +179,12 @@ def group_of(
             "members": [f"127.0.0.1:{p}" for p in api_ports[1:]],
             "request_timeout_s": 1.0,
             "unreachable_s": 2.0,
+            "secret_file": str(secret),
+            # The tests' windows are seconds: a node away is waited for 6 s, not production's 600.
+            "absent_wait_s": 6.0,
+            "absent_alert_s": 4.0,
             **(group or {}),
+            **(node_group or {}).get(rank, {}),
         }
         settings = settings_from_mapping(data)
         cfg = base / "config.toml"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,6 +148,19 @@ def test_state_directory_is_the_default_state_dir(unit: Unit) -> None:
     assert Settings().paths.state_dir == "/var/lib/" + one(unit, "Service", "StateDirectory")
 
 
+def test_the_kernel_caches_default_to_the_units_persistent_state_directory(unit: Unit) -> None:
+    """Issue 36: the compiled kernels outlive a restart and a reboot. `[paths] cache_dir` defaults inside
+    the state directory, which the unit keeps under /var/lib (StateDirectory=, persistent), writable
+    under ProtectSystem=full, and not a private /tmp (PrivateTmp is absent, tested above)."""
+    s = Settings()
+    state = Path("/var/lib") / one(unit, "Service", "StateDirectory")
+    assert s.cache_dir == state / "cache" and s.cache_dir.is_relative_to(state)
+    assert not any(s.cache_dir.is_relative_to(p) for p in (Path("/tmp"), Path("/run"), Path("/dev/shm")))
+    assert one(unit, "Service", "ProtectSystem") == "full"  # /usr, /boot, /etc read-only: /var/lib stays writable
+    assert "ReadOnlyPaths" not in unit["Service"] and "InaccessiblePaths" not in unit["Service"]
+    assert "[paths] cache_dir" in UNIT.read_text()  # the unit's comments tell the operator where they live
+
+
 def test_ptrace_is_granted_and_bounded(unit: Unit) -> None:
     ambient = " ".join(unit["Service"]["AmbientCapabilities"]).split()
     bounding = " ".join(unit["Service"]["CapabilityBoundingSet"]).split()
@@ -169,6 +185,7 @@ def test_open_file_limit_is_raised(unit: Unit) -> None:
         ("ProtectHome", "model and JIT cache paths live under /home and /root"),
         ("PrivateTmp", "torch.compile caches in /tmp would be lost on every restart"),
         ("User", "GPU servers run as root by default; README.md shows the non-root drop-in"),
+        ("ProtectControlGroups", "mounts /sys/fs/cgroup read-only: no cgroup per launch (Delegate=yes instead)"),
     ],
 )
 def test_forbidden_setting_is_absent(unit: Unit, key: str, why: str) -> None:
@@ -179,6 +196,47 @@ def test_a_syscall_filter_if_any_keeps_ptrace(unit: Unit) -> None:
     filters = " ".join(unit["Service"].get("SystemCallFilter", [])).split()
     if filters:
         assert "@debug" in filters or "ptrace" in filters
+
+
+def test_the_cgroup_subtree_is_delegated_to_the_daemon(unit: Unit) -> None:
+    """The containment the README claims (a cgroup per launch below the daemon's) needs the
+    service's subtree writable and the daemon's: Delegate=yes, and no ProtectControlGroups=."""
+    assert one(unit, "Service", "Delegate") == "yes"
+    assert "ProtectControlGroups" not in unit["Service"]
+    # systemd kills only the daemon: the delegated launch cgroups (the server) outlive its exit.
+    assert one(unit, "Service", "KillMode") == "process"
+
+
+def _cgroup2_mount() -> str | None:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split(" ", 1)[0] == "cgroup2":
+            return left.split()[4]
+    return None
+
+
+FIND = "from supervisor.process.cgroup import CgroupRoot; r, why = CgroupRoot.find(); print(r is not None, why)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)")
+def test_protect_control_groups_would_defeat_the_launch_cgroups() -> None:
+    """What ProtectControlGroups=yes does to the service (the cgroup2 mount read-only in its mount
+    namespace), done with unshare: the daemon's own check finds no cgroup it may create, where the
+    same check without it finds one. The unit under a real systemd (PID 1 of a podman container)
+    is tests/release/systemd_smoke.sh's, outside the suite: CI has no container runtime."""
+    mount = _cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup2 mount here")
+    writable = subprocess.run([sys.executable, "-c", FIND], capture_output=True, text=True, timeout=60, check=True)
+    if not writable.stdout.startswith("True"):
+        pytest.skip(f"the cgroup tree is not writable here even without ProtectControlGroups: {writable.stdout}")
+    python = shlex.quote(sys.executable)
+    script = f"mount -o remount,bind,ro {shlex.quote(mount)} && exec {python} -c {shlex.quote(FIND)}"
+    protected = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    if protected.returncode != 0:
+        pytest.skip(f"cannot make a read-only cgroup mount here: {protected.stderr.strip()}")
+    ok, _, why = protected.stdout.strip().partition(" ")
+    assert ok == "False" and "Read-only file system" in why, protected.stdout
 
 
 def test_hardening_is_on(unit: Unit) -> None:

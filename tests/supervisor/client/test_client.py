@@ -162,6 +162,7 @@ def test_missing_or_wrong_token_exit_4(daemon: Daemon, tmp_path: Path, capsys: p
     assert "SGLANG_SUPERVISOR_TOKEN" in capsys.readouterr().err
     wrong = tmp_path / "wrong"
     wrong.write_text("nope")
+    wrong.chmod(0o600)
     assert run(["restart", "--url", daemon.url, "--token-file", str(wrong)]) == 4
     assert run(["status", "--url", daemon.url, "--json"], {"SGLANG_SUPERVISOR_TOKEN": "x"}) == 4
     assert json.loads(capsys.readouterr().out)["error"] == "unauthorized"
@@ -189,10 +190,18 @@ def test_timeout_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["status", "--token-file", str(tmp_path / "absent")]) == 2
-    assert "cannot read --token-file" in capsys.readouterr().err
+    assert "--token-file" in (err := capsys.readouterr().err) and "cannot read it" in err
     empty = tmp_path / "empty"
     empty.write_text("\n")
+    empty.chmod(0o600)
     assert run(["status", "--token-file", str(empty)]) == 2
+    # The daemon's rules for a token file hold for the client too: group or world bits are refused.
+    shared = tmp_path / "shared"
+    shared.write_text("t0ken\n")
+    shared.chmod(0o640)
+    capsys.readouterr()
+    assert run(["status", "--url", "http://127.0.0.1:1", "--token-file", str(shared)]) == 2
+    assert "readable or writable by group or others (mode 0640)" in capsys.readouterr().err
     assert run(["status", "--url", "ftp://127.0.0.1:1"]) == 2
     with pytest.raises(SystemExit) as exc:
         parse(["restart", "--bogus"])
@@ -327,6 +336,7 @@ def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: p
                 ToolCheck(name="py-spy", ok=False, detail="not found on PATH"),
                 ToolCheck(name="gdb", ok=True),
                 ToolCheck(name="cuda-gdb", ok=False, detail="not found (optional: also names a stuck GPU kernel)"),
+                ToolCheck(name="gpm", ok=False, detail="GPU 0: not supported", kind="capability", instead="power"),
             ),
             "write_errors": WriteErrorsView(journal=3),
             "loop_errors": 2,
@@ -340,6 +350,8 @@ def test_status_shows_the_why_and_marks_frozen_figures(daemon: Daemon, capsys: p
     assert "why: 22 running, no decode tokens for 12 s" in out
     assert rows["self-check"] == "FAILED py-spy: not found on PATH (bundles will lack these stacks)"
     assert rows["optional"] == "cuda-gdb not installed"  # not a failure off a GPU host
+    # what an A100 or MIG host cannot do is no failure, and says what stands in for it (issue 38)
+    assert rows["unavailable"] == "gpm not available here: GPU 0: not supported; the daemon uses power instead"
     assert rows["write errors"].startswith("journal 3") and rows["loop errors"].startswith("2 caught")
     assert "STALLED: no token for 12.0 s" in rows["serving"] and "tok/s" not in rows["serving"]
     assert rows["last stop"].startswith("at 2026-12-01T00:00:00+00:00: GPU held")
@@ -384,3 +396,30 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(daemon: Daemon, tmp_pa
     assert code == 141 and "Traceback" not in err and "BrokenPipe" not in err, (code, err)
     code, err = _into_a_closed_pipe(["completion", "bash"])  # a verb that needs no daemon
     assert code in (0, 141) and "Traceback" not in err, (code, err)
+
+
+def test_bundles_get_downloads_a_bundle_or_one_file(
+    daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "diagnostics" / "20250101T000000Z-startup_stall"
+    bundle.mkdir(parents=True)
+    (bundle / "summary.json").write_text(json.dumps({"id": bundle.name, "cause": "startup_stall"}))
+    (bundle / "summary.txt").write_text("idle_deadlock: every thread waits\n")
+    (bundle / "pyspy-4242.txt").write_text("Thread 0x1 (idle)\n  acquire (threading.py:1)\n")
+    env = {"SGLANG_SUPERVISOR_TOKEN": TOKEN}
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert run(["bundles", "--url", daemon.url, "get", bundle.name], env) == 0
+    got = sorted(p.name for p in (here / bundle.name).iterdir())
+    assert got == ["pyspy-4242.txt", "summary.json", "summary.txt"]
+    assert (here / bundle.name / "pyspy-4242.txt").read_text() == (bundle / "pyspy-4242.txt").read_text()
+    capsys.readouterr()
+    assert run(["bundles", "--url", daemon.url, "get", bundle.name], env) == 1  # never overwrites
+    assert "exists; not overwritten" in capsys.readouterr().err
+    assert run(["bundles", "--url", daemon.url, "get", bundle.name, "summary.txt", "-o", "s.txt"], env) == 0
+    assert (here / "s.txt").read_text() == "idle_deadlock: every thread waits\n"
+    assert run(["bundles", "--url", daemon.url, "get", bundle.name, "nope.txt"], env) == 1
+    assert "has no file 'nope.txt'; it has: " in capsys.readouterr().err
+    assert run(["bundles", "--url", daemon.url, "get"], env) == 2
+    assert run(["bundles", "--url", daemon.url, "get", "no-such-bundle"], env) == 1

@@ -58,3 +58,14 @@ def test_stop_is_done_when_stopped_and_says_what_the_verification_found(
     assert settled("stop", BEFORE, {"state": "restarting", "last_stop": stop}, True) is None
     out = settled("stop", BEFORE, {"state": "stopped", "last_stop": stop}, True)
     assert out is not None and out.code == code and words in out.message
+
+
+def test_ready_on_a_fallback_rung_is_its_own_exit_code() -> None:
+    from supervisor.client.wait import status_exit
+    from supervisor.common.exitcodes import EXIT_DEGRADED, EXIT_FALLBACK
+
+    assert status_exit({"state": "ready", "rung_index": 0}) == 0
+    assert status_exit({"state": "ready", "rung_index": 2}) == EXIT_FALLBACK == 10
+    assert status_exit({"state": "degraded", "rung_index": 1}) == EXIT_DEGRADED  # the worse condition wins
+    assert status_exit({"state": "failed", "rung_index": 1}) == 9
+    assert status_exit({"state": "ready"}) == 0

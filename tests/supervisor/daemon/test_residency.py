@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
+import pytest
+
+from supervisor.daemon import residency
 from supervisor.daemon.residency import measure, read_ahead, weight_files
 
 
@@ -48,3 +52,26 @@ def test_an_empty_file_counts_nothing(tmp_path: Path) -> None:
     f.write_bytes(b"")
     r = measure([f])
     assert (r.bytes, r.resident_bytes, r.fraction, r.error) == (0, 0, 0.0, None)
+
+
+def test_read_ahead_brings_evicted_weights_back_into_the_page_cache(tmp_path: Path) -> None:
+    """The relaunch's weights were evicted (another job's reads, memory pressure): the read-ahead the
+    daemon asks for while the evidence is captured brings them back before the relaunch reads them."""
+    f = tmp_path / "model-00001-of-00001.safetensors"
+    with open(f, "wb") as out:
+        out.write(os.urandom(16 * 1024 * 1024))
+        out.flush()
+        os.fsync(out.fileno())
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: the kernel drops them
+    finally:
+        os.close(fd)
+    evicted = residency.measure([f])
+    if evicted.fraction > 0.5:
+        pytest.skip(f"this filesystem kept the pages after POSIX_FADV_DONTNEED ({evicted.fraction:.0%} resident)")
+    assert residency.read_ahead([f]) is None
+    deadline = time.monotonic() + 30
+    while residency.measure([f]).fraction < 0.9 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert residency.measure([f]).fraction >= 0.9, (evicted, residency.measure([f]))

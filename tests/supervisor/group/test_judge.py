@@ -6,10 +6,13 @@ from typing import Any
 
 from supervisor.config.settings import GroupSettings
 from supervisor.daemon.grouping import judge, report
+from supervisor.group.credentials import GroupKeys
 from supervisor.group.runtime import GroupRuntime
 from supervisor.policy.group import MemberView, NodeReport
 from supervisor.policy.watchdog import Verdict
 from supervisor.status.snapshot import ProcessView, StatusSnapshot
+
+KEYS = GroupKeys(0, b"s" * 16, b"k" * 32)
 
 READY = Verdict("ready", reason="healthy", phase="serving")
 DIED = Verdict("incident", "rank_died", "child process(es) [7] exited", phase="serving")
@@ -32,7 +35,7 @@ class FakeLeader:
 
 
 def leader_with(*views: MemberView) -> GroupRuntime:
-    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None)
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None, KEYS)
     g.leader = FakeLeader(views)  # type: ignore[assignment]
     return g
 
@@ -43,7 +46,7 @@ def member(state: str = "ready", *, cause: str | None = None, reachable: bool = 
 
 
 def test_a_worker_holds_its_incident_and_acts_on_nothing() -> None:
-    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None)
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None, KEYS)
     rec = Recorder()
     out = judge(g, DIED, "ready", rec)
     assert out.verdict is None and "held for the group's leader" in out.hold
@@ -71,7 +74,7 @@ def test_degraded_is_recorded_once_and_recovery_once() -> None:
 
 
 def test_the_report_hides_a_cause_once_the_node_left_hung() -> None:
-    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None)
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None, KEYS)
     g.held_cause, g.held_reason = "rank_died", "x"
     procs = (
         ProcessView(pid=9, role="scheduler", rank=1, title="sglang::scheduler_TP1", status="stopped", rss_bytes=1),
@@ -80,3 +83,59 @@ def test_the_report_hides_a_cause_once_the_node_left_hung() -> None:
     assert hung.cause == "rank_died" and hung.ranks[0].status == "stopped"
     later = report(g, StatusSnapshot(state="starting"), None, None, 6.0)
     assert later.cause is None
+
+
+def test_degraded_is_journalled_on_change_not_on_every_poll() -> None:
+    """Issue 34: the reason counts the seconds a member has been away; the journal does not."""
+    rec = Recorder()
+    g = leader_with(member(reachable=False, down=30.0))
+    for down in (30.0, 31.0, 32.5, 40.0):
+        g.leader = FakeLeader((member(reachable=False, down=down),))  # type: ignore[assignment]
+        out = judge(g, READY, "ready", rec)
+        assert out.verdict is not None and f"{down:.0f} s" in out.verdict.reason
+    assert [e for e, _ in rec.events] == ["group_degraded"]
+
+
+class RelaunchingLeader(FakeLeader):
+    def __init__(self, views: tuple[MemberView, ...]) -> None:
+        super().__init__(views)
+        self.relaunched: list[tuple[int, str]] = []
+
+    async def relaunch_one(self, node: int, rung: str) -> tuple[Any, Any]:
+        from supervisor.group.client import Answer
+
+        self.relaunched.append((node, rung))
+        return Answer(node, "h1:1", True, 200, {}), Answer(node, "h1:1", True, 202, {})
+
+
+async def test_a_member_on_another_rung_is_relaunched_on_the_groups_not_a_ladder_step() -> None:
+    import asyncio
+
+    rec = Recorder()
+    r = NodeReport(1, "ready", "serving", 5, "second", None, "", (), (), 0.1, 1.0)
+    leader = RelaunchingLeader((MemberView(1, "h1:1", True, r),))
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None, KEYS)
+    g.leader = leader  # type: ignore[assignment]
+    g.own_rung, g.own_state = "base", "ready"
+    out = judge(g, READY, "ready", rec)
+    assert out.verdict is not None and out.verdict.status == "degraded"  # named, not an incident
+    assert "node 1 runs rung 'second', the group rung 'base'" in out.verdict.reason
+    judge(g, READY, "ready", rec)  # a second poll while the relaunch runs starts no second one
+    await asyncio.gather(*g.tasks)
+    assert leader.relaunched == [(1, "base")]
+    names = [e for e, _ in rec.events]
+    assert names.count("group_mismatch") == 1 and "group_launch" in names and "group_incident" not in names
+    launch = dict(rec.events)["group_launch"]
+    assert launch["rung"] == "base" and launch["mismatch"] is True
+
+
+def test_a_member_whose_config_differs_on_the_same_rung_is_named_not_relaunched() -> None:
+    rec = Recorder()
+    r = NodeReport(1, "ready", "serving", 5, "base", None, "", (), (), 0.1, 1.0, fingerprint={"tp-size": "4"})
+    leader = RelaunchingLeader((MemberView(1, "h1:1", True, r),))
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None, KEYS)
+    g.leader = leader  # type: ignore[assignment]
+    g.own_rung, g.own_state, g.fingerprint = "base", "ready", {"tp-size": "2"}
+    out = judge(g, READY, "ready", rec)
+    assert out.verdict is not None and "tp-size (leader 2, this node 4)" in out.verdict.reason
+    assert leader.relaunched == [] and not g.tasks

@@ -10,14 +10,39 @@ import httpx
 
 from supervisor.config.settings import GroupSettings
 from supervisor.group.client import GroupClient
+from supervisor.group.credentials import GroupKeys
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import to_wire
 from supervisor.group.runtime import GroupRuntime
+from supervisor.group.signing import NONCE, NonceBook, RequestCheck, node_key, sign_answer
 from supervisor.policy.group import NodeReport
 
 GROUP = GroupSettings(nnodes=3, node_rank=0, members=("h1:8900", "h2:8900"))
 ADDRESSES = {1: "h1:8900", 2: "h2:8900"}
 TIMEOUTS = Timeouts(report_s=0.5, capture_s=1.0, stop_s=1.0, launch_s=1.0)
+SECRET = b"leader-client-test-secret"
+KEYS = GroupKeys(0, SECRET, node_key(SECRET, 0))
+
+
+def node_of(req: httpx.Request) -> int:
+    return 1 if req.url.host == "h1" else 2
+
+
+def answer(
+    req: httpx.Request,
+    status: int = 200,
+    *,
+    json: object = None,
+    content: bytes | None = None,
+    key: bytes | None = None,
+    node: int | None = None,
+) -> httpx.Response:
+    """What a real member does: its answer signed with its own key, bound to the request's nonce."""
+    n = node_of(req) if node is None else node
+    data = content if content is not None else __import__("json").dumps(json).encode()
+    k = key if key is not None else node_key(SECRET, n)
+    s = sign_answer(k, n, req.method, req.url.path, req.headers[NONCE], status, data, time.time())
+    return httpx.Response(status, content=data, headers={**s.headers(), "content-type": "application/json"})
 
 
 def report(node: int, state: str = "ready") -> dict[str, object]:
@@ -33,25 +58,29 @@ class Clock:
 
 
 def leader_with(handler, clock: Clock | None = None) -> GroupLeader:  # type: ignore[no-untyped-def]
-    client = GroupClient(ADDRESSES, "tok", transport=httpx.MockTransport(handler))
+    client = GroupClient(ADDRESSES, KEYS, transport=httpx.MockTransport(handler))
     return GroupLeader(GROUP, client, TIMEOUTS, clock or Clock())
 
     return {1: "h1:8900", 2: "h2:8900"}
 
 
-async def test_every_member_is_asked_at_once_with_the_token() -> None:
+async def test_every_member_is_asked_at_once_signed_with_its_own_key_and_no_token() -> None:
     seen: list[tuple[str, str]] = []
 
     async def handler(req: httpx.Request) -> httpx.Response:
+        n = node_of(req)
+        check = RequestCheck(lambda k: node_key(SECRET, k), frozenset({n}), 30.0, NonceBook(30.0, time.monotonic))
+        verdict = check(req.method, req.url.path, req.content, req.headers, time.time())
+        assert not isinstance(verdict, str), verdict  # signed with member n's key
         seen.append((req.url.host, req.headers.get("authorization", "")))
         await asyncio.sleep(0.3)
-        return httpx.Response(200, json=report(1 if req.url.host == "h1" else 2))
+        return answer(req, json=report(n))
 
     leader = leader_with(handler)
     t0 = time.monotonic()
     await leader.refresh()
     assert time.monotonic() - t0 < 0.55  # concurrently, not 0.3 s per member
-    assert sorted(seen) == [("h1", "Bearer tok"), ("h2", "Bearer tok")]
+    assert sorted(seen) == [("h1", ""), ("h2", "")]  # the operator's bearer token is never sent
     views = leader.views()
     assert [(v.node, v.reachable, v.report.state if v.report else None) for v in views] == [
         (1, True, "ready"),
@@ -65,7 +94,7 @@ async def test_a_member_that_times_out_or_answers_garbage_is_unreachable_and_cou
     async def handler(req: httpx.Request) -> httpx.Response:
         if req.url.host == "h1":
             await asyncio.sleep(5)  # past the 0.5 s request timeout
-        return httpx.Response(200, content=b"not json")
+        return answer(req, content=b"not json")
 
     leader = leader_with(handler, clock)
     await leader.refresh()
@@ -78,7 +107,7 @@ async def test_a_member_that_times_out_or_answers_garbage_is_unreachable_and_cou
 
 async def test_a_malformed_report_is_unreachable_not_a_crash() -> None:
     async def handler(req: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"node": "one", "state": 3})
+        return answer(req, json={"node": "one", "state": 3})
 
     leader = leader_with(handler)
     await leader.refresh()
@@ -91,8 +120,8 @@ async def test_a_stale_poll_after_a_group_stop_is_dropped() -> None:
     async def handler(req: httpx.Request) -> httpx.Response:
         if req.url.path == "/group/report":
             await release.wait()
-            return httpx.Response(200, json={**report(1), "cause": "rank_died", "state": "hung"})
-        return httpx.Response(200, json={"node": 1, "state": "stopped", "message": "stopped"})
+            return answer(req, json={**report(1), "cause": "rank_died", "state": "hung"})
+        return answer(req, json={"node": 1, "state": "stopped", "message": "stopped"})
 
     leader = leader_with(handler)
     poll = asyncio.ensure_future(leader.refresh())
@@ -109,7 +138,7 @@ async def test_capture_stop_launch_send_what_the_member_api_takes() -> None:
 
     async def handler(req: httpx.Request) -> httpx.Response:
         bodies.append((req.url.path, json.loads(req.content or b"{}")))
-        return httpx.Response(200 if req.url.path != "/group/launch" else 202, json={"bundle_id": "X"})
+        return answer(req, 200 if req.url.path != "/group/launch" else 202, json={"bundle_id": "X"})
 
     leader = leader_with(handler)
     assert all(a.ok for a in await leader.capture_all("X"))
@@ -130,10 +159,69 @@ async def test_refused_connection_is_an_answer_not_an_exception() -> None:
 
 
 def test_bundle_doc_names_this_node_and_links_the_others() -> None:
-    worker = GroupRuntime(GroupSettings(nnodes=3, node_rank=2, leader="h0:8900", members=("h1:8900", "h2:8900")), None)
+    worker = GroupRuntime(
+        GroupSettings(nnodes=3, node_rank=2, leader="h0:8900", members=("h1:8900", "h2:8900")), None, KEYS
+    )
     doc = worker.bundle_doc("ID")
     assert doc["node"] == 2 and doc["role"] == "worker"
     assert doc["nodes"] == [
         {"node": 0, "address": "h0:8900", "bundle": "ID"},
         {"node": 1, "address": "h1:8900", "bundle": "ID"},
     ]
+
+
+async def test_a_forged_answer_is_never_read() -> None:
+    """Issue 33: whatever answers at a member's address is believed only when that member's key
+    signed it for this request: unsigned, another key, another node's, another request's nonce."""
+    forged = {**report(1), "state": "hung", "cause": "rank_died"}
+    other = node_key(b"another-groups-secret", 1)
+    cases = {
+        "unsigned": lambda req: httpx.Response(200, json=forged),
+        "wrong key": lambda req: answer(req, json=forged, key=other),
+        "node 2's key": lambda req: answer(req, json=forged, node=2),
+        "old nonce": lambda req: httpx.Response(
+            200,
+            content=b"{}",
+            headers=sign_answer(
+                node_key(SECRET, 1), 1, "GET", "/group/report", "0" * 32, 200, b"{}", time.time()
+            ).headers(),
+        ),
+    }
+    for what, make in cases.items():
+        leader = leader_with(lambda req, make=make: make(req) if node_of(req) == 1 else answer(req, json=report(2)))
+        await leader.refresh()
+        h1, h2 = leader.views()
+        assert not h1.reachable and h1.report is None, what
+        assert "answer" in h1.error, (what, h1.error)
+        assert h2.reachable and h2.report is not None
+
+
+async def test_a_report_speaks_only_for_the_node_that_signed_it() -> None:
+    async def handler(req: httpx.Request) -> httpx.Response:  # node 1, correctly signed, reports for node 2
+        if node_of(req) == 1:
+            return answer(req, json={**report(2), "state": "hung", "cause": "rank_died"})
+        return answer(req, json=report(2))
+
+    leader = leader_with(handler)
+    await leader.refresh()
+    h1, h2 = leader.views()
+    assert not h1.reachable and "signed by node 1" in h1.error and h1.report is None
+    assert h2.report is not None and h2.report.cause is None
+
+
+async def test_an_answer_over_the_cap_is_cut_off_and_refused() -> None:
+    async def huge() -> object:
+        chunk = b"x" * 65536
+        for _ in range(1 << 14):  # 1 GiB if it were all read
+            yield chunk
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if node_of(req) == 1:
+            return httpx.Response(200, content=huge())
+        return answer(req, json=report(2))
+
+    leader = leader_with(handler)
+    await leader.refresh()
+    h1, h2 = leader.views()
+    assert not h1.reachable and "over 1048576 bytes" in h1.error
+    assert h2.reachable

@@ -23,14 +23,17 @@ def settings(tmp_path: Path, group: dict[str, object] | None) -> Settings:
         "paths": {"state_dir": str(tmp_path / "state")},
     }
     if group is not None:
-        data["group"] = group
+        secret = tmp_path / "group-secret"
+        secret.write_text("owner-group-test-secret-1234\n")
+        secret.chmod(0o600)
+        data["group"] = {**group, "secret_file": str(secret)}
     return settings_from_mapping(data)
 
 
 def build(s: Settings) -> Owner:
     """As the composition root builds it: GroupPeers from [group], else NoPeers."""
     clock = FakeClock()
-    runtime = make_runtime(s, None, clock.monotonic)
+    runtime = make_runtime(s, clock.monotonic)
     peers: Peers = GroupPeers(runtime) if runtime is not None else NoPeers()
     return Owner(
         s,

@@ -1,0 +1,88 @@
+"""One rung and one config for the group (issue 34): the leader's answer to a member that asks
+before it launches (`POST /group/join`), and its check of every member's report. Pure.
+
+Only the leader decides a rung. A member asks before any launch it was not told to make; the
+leader answers its own rung while its server is up (`launch`), `wait` while it is restarting,
+stopped or failed (it launches the members itself when the group launches), and `refused` when
+the member's group-relevant config differs (naming the keys) or another daemon already answers
+for that node_rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from supervisor.group.fingerprint import differing
+from supervisor.policy.group import MemberView
+
+JoinVerdict = Literal["launch", "wait", "refused"]
+_UP = frozenset({"starting", "ready", "degraded"})
+
+
+@dataclass(frozen=True)
+class JoinAnswer:
+    verdict: JoinVerdict
+    rung: str | None = None
+    reason: str = ""
+    differs: tuple[str, ...] = ()
+
+
+def answer_join(
+    node: int,
+    instance: str,
+    theirs: Mapping[str, str],
+    mine: Mapping[str, str],
+    members: Sequence[MemberView],
+    own_state: str,
+    own_rung: str | None,
+    *,
+    check: bool = False,
+) -> JoinAnswer:
+    """`check`: only asked (check-config --group, maybe beside the node's running daemon): the
+    config is compared, the node_rank's daemon is not."""
+    differs = tuple(differing(mine, theirs))
+    if differs:
+        why = f"node {node}'s group config differs from the leader's: " + "; ".join(differs)
+        return JoinAnswer("refused", reason=why, differs=differs)
+    for m in members:
+        r = m.report
+        if check:
+            break
+        if m.node == node and m.reachable and r is not None and r.instance and r.instance != instance:
+            why = (
+                f"node_rank {node} is already the daemon at {m.address} (pid {r.pid}); "
+                "two daemons claim one node_rank: give this one its own"
+            )
+            return JoinAnswer("refused", reason=why)
+    if own_state in _UP and own_rung:
+        return JoinAnswer("launch", own_rung, f"the group runs rung {own_rung}")
+    return JoinAnswer("wait", reason=f"the leader is {own_state}: it launches the members when the group launches")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    node: int
+    reason: str
+    relaunch: str | None  # the group's rung to relaunch that node on; None: named only (its config differs)
+
+
+def mismatches(members: Sequence[MemberView], own_rung: str | None, mine: Mapping[str, str]) -> tuple[Mismatch, ...]:
+    """Members whose running server is not the group's: another rung (relaunched on the group's),
+    or the same rung from another config (named; relaunching would run the same other command)."""
+    out: list[Mismatch] = []
+    if not own_rung:
+        return ()
+    for m in members:
+        r = m.report
+        if not m.reachable or r is None or r.state not in _UP or r.pid is None or r.cause is not None:
+            continue
+        if r.rung != own_rung:
+            out.append(Mismatch(m.node, f"node {m.node} runs rung {r.rung!r}, the group rung {own_rung!r}", own_rung))
+            continue
+        if r.fingerprint:
+            differs = differing(mine, r.fingerprint)
+            if differs:
+                out.append(Mismatch(m.node, f"node {m.node}'s config differs: " + "; ".join(differs), None))
+    return tuple(out)

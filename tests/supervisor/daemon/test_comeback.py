@@ -1,0 +1,79 @@
+"""The backoff after an incident counts from the verdict: what the evidence and the stop took is not
+waited for again (issue 36, the daemon's share of an outage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from observations import obs
+
+from supervisor.config.settings import settings_from_mapping
+from supervisor.daemon.comeback import Comeback, key_for
+from supervisor.daemon.launchtimeline import BookEntry
+from supervisor.policy.learned import Learned
+from supervisor.policy.watchdog import new_history
+
+
+def comeback(tmp_path: Path) -> Comeback:
+    s = settings_from_mapping(
+        {"server": {"command": ["python3", "-m", "sglang.launch_server"]}, "paths": {"state_dir": str(tmp_path)}}
+    )
+    events: list[tuple[Any, ...]] = []
+    return Comeback(s, lambda *a, **kw: events.append((a, kw)), host="h")
+
+
+async def test_the_backoff_left_is_what_the_evidence_and_stop_did_not_already_wait(tmp_path: Path) -> None:
+    c = comeback(tmp_path)
+    assert c.backoff_left(1.0, 100.0) == 1.0  # no verdict yet: the whole backoff
+    c.incident("i1", "startup_stall", None, 100.0)
+    assert abs(c.backoff_left(1.0, 100.2) - 0.8) < 1e-9
+    assert c.backoff_left(1.0, 103.5) == 0.0  # evidence 3 s, stop 0.5 s: the attempts are spaced already
+    assert c.backoff_left(8.0, 103.5) == 4.5  # a longer backoff (a crash loop's doubling) still holds
+    assert c.backoff_left(1.0, 99.0) == 1.0  # a clock that went back never lengthens it
+    c.incident("i2", "exited", None, 200.0)  # the next incident counts from its own verdict
+    assert c.backoff_left(2.0, 200.5) == 1.5
+
+
+async def test_the_first_launch_after_a_gpu_fault_waits_the_configured_window_and_teaches_nothing(
+    tmp_path: Path,
+) -> None:
+    c = comeback(tmp_path)
+    wd = c.settings.watchdog.model_copy(update={"startup_stall_s": 180.0})
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/m"]
+    key = key_for(argv, "base", "h")
+    c.book.put(BookEntry(key, Learned(starts=2, quiet_s={"allocating_kv": 0.5}), None))  # a known model
+
+    await c.launching(argv, "base", {}, 0.0, 1000.0)
+    o = obs(10.0, phase="allocating_kv")
+    assert c.window(o, new_history(0.0), wd).startup_stall_s == 20.0  # the floor: learned
+    assert c.window_now is not None and c.window_now.source == "floor"
+
+    c.gpu_fault()  # an incident named an Xid
+    await c.launching(argv, "base", {}, 100.0, 1100.0)
+    got = c.window(obs(110.0, phase="allocating_kv"), new_history(100.0), wd)
+    assert got.startup_stall_s == 180.0 and c.window_now is not None and c.window_now.source == "configured"
+    assert "GPU fault" in c.window_now.why
+    c.ready(150.0, 50.0)
+    assert c.book.get(key) is not None and c.book.get(key).learned.starts == 2  # type: ignore[union-attr]
+
+    await c.launching(argv, "base", {}, 200.0, 1200.0)  # the one after it is a learned start again
+    assert c.window(obs(210.0, phase="allocating_kv"), new_history(200.0), wd).startup_stall_s == 20.0
+
+
+async def test_a_good_start_teaches_every_start_up_phase_even_one_passed_between_two_polls(tmp_path: Path) -> None:
+    """As on the device lane: the draft model loaded between two polls of a good start, then a start
+    hung in `loading_draft` got the configured 180 s; every phase a ready start went through is learned."""
+    c = comeback(tmp_path)
+    wd = c.settings.watchdog.model_copy(update={"startup_stall_s": 180.0})
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/m"]
+    await c.launching(argv, "base", {}, 0.0, 1000.0)
+    c.window(obs(1.0, phase="loading_weights"), new_history(0.0), wd)  # the only phase a poll saw
+    c.ready(5.0, 5.0)
+    entry = c.book.get(key_for(argv, "base", "h"))
+    assert entry is not None and entry.learned.starts == 1
+    assert {"spawning", "initializing", "loading_draft", "allocating_kv", "capturing_graphs", "warming_up"} <= set(
+        entry.learned.quiet_s
+    )
+    await c.launching(argv, "base", {}, 10.0, 1010.0)
+    assert c.window(obs(11.0, phase="loading_draft"), new_history(10.0), wd).startup_stall_s == 20.0  # the floor

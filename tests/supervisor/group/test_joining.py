@@ -1,0 +1,63 @@
+"""The leader's answer to a member about to launch (supervisor/group/joining.py), and the
+fingerprint it compares (supervisor/group/fingerprint.py)."""
+
+from __future__ import annotations
+
+from supervisor.config.settings import settings_from_mapping
+from supervisor.group.fingerprint import argv_print, differing, fingerprint
+from supervisor.group.joining import answer_join
+from supervisor.policy.group import MemberView, NodeReport
+
+FP = {"nnodes": "2", "tp-size": "2", "ladder": "base"}
+
+
+def view(instance: str, reachable: bool = True) -> MemberView:
+    r = NodeReport(1, "ready", "serving", 9, "base", None, "", (), (), 0.1, 1.0, instance=instance)
+    return MemberView(1, "h1:8900", reachable, r)
+
+
+def test_the_leader_gives_its_own_rung_while_its_server_is_up_else_wait() -> None:
+    for state in ("starting", "ready", "degraded"):
+        a = answer_join(1, "a" * 32, FP, FP, (), state, "second")
+        assert (a.verdict, a.rung) == ("launch", "second")
+    for state in ("restarting", "stopped", "failed", "hung"):
+        a = answer_join(1, "a" * 32, FP, FP, (), state, "base")
+        assert a.verdict == "wait" and state in a.reason and a.rung is None
+
+
+def test_a_differing_config_is_refused_naming_each_key_with_both_values() -> None:
+    theirs = {**FP, "tp-size": "4", "ladder": "base,safe"}
+    a = answer_join(1, "a" * 32, theirs, FP, (), "ready", "base")
+    assert a.verdict == "refused"
+    assert a.differs == ("ladder (leader base, this node base,safe)", "tp-size (leader 2, this node 4)")
+    a = answer_join(1, "a" * 32, {k: v for k, v in FP.items() if k != "tp-size"}, FP, (), "ready", "base")
+    assert a.differs == ("tp-size (leader 2, this node none)",)
+
+
+def test_a_second_daemon_on_one_node_rank_is_refused_by_name() -> None:
+    a = answer_join(1, "b" * 32, FP, FP, (view("a" * 32),), "ready", "base")
+    assert a.verdict == "refused" and "node_rank 1 is already the daemon at h1:8900 (pid 9)" in a.reason
+    # the same daemon again (a retry), or one whose old self no longer answers: admitted
+    assert answer_join(1, "a" * 32, FP, FP, (view("a" * 32),), "ready", "base").verdict == "launch"
+    assert answer_join(1, "b" * 32, FP, FP, (view("a" * 32, reachable=False),), "ready", "base").verdict == "launch"
+
+
+def test_the_fingerprint_leaves_out_the_nodes_own_flags_only() -> None:
+    base = ["python", "-m", "sglang.launch_server", "--tp-size", "2", "--nnodes", "2"]
+    a = argv_print([*base, "--node-rank", "0", "--host", "0.0.0.0", "--port", "30000"])
+    b = argv_print([*base, "--node-rank=1", "--port", "30001"])
+    assert a == b
+    assert argv_print([*base, "--disable-cuda-graph"]) != argv_print(base)
+
+    def node(rank: int, **args: object) -> dict[str, str]:
+        data = {
+            "server": {"command": ["sglang"], "args": {"tp-size": 2, "nnodes": 2, "node-rank": rank, **args}},
+            "fallback": [{"name": "safe", "args": {"disable-cuda-graph": True}}],
+            "group": {"nnodes": 2, "node_rank": rank, "leader": "h0:1", "members": ["h1:1"]},
+        }
+        return fingerprint(settings_from_mapping(data))
+
+    assert differing(node(0), node(1)) == []
+    assert [d.split(" ")[0] for d in differing(node(0), node(1, **{"tp-size": 4}))] == [
+        "rung.base", "rung.safe", "tp-size",
+    ]  # fmt: skip
