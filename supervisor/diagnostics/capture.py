@@ -52,6 +52,10 @@ from supervisor.diagnostics.toolrun import (
 )
 
 CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
+# torch's own FR analyzer runs beside the tools for at most this long: importing torch took 6-11 s on
+# a loaded 2-core machine, and the bundle (the outage's evidence part) does not wait for it; the
+# daemon's own reading of the dumps (frdump.py, standard library) is what the summary says.
+FR_ANALYZER_S = 3.0
 RAS_TIMEOUT_S = 8.0  # NCCL's own collective legs get 5 s; a dead peer costs one leg
 
 
@@ -262,7 +266,7 @@ async def _ask_fr(req: CaptureRequest) -> FrReport:
 async def _read_fr(fr: FrReport, req: CaptureRequest) -> FrReport:
     ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
     try:
-        return await flight_read(fr, req.env, ranks, req.argv)
+        return await flight_read(fr, req.env, ranks, req.argv, FR_ANALYZER_S)
     except Exception as err:
         return replace(fr, status="error", reason=f"{type(err).__name__}: {err}"[:300])
 

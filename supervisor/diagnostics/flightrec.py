@@ -26,6 +26,8 @@ import errno
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -312,11 +314,35 @@ class FrReport:
         return out
 
 
-async def analyze(python: str, dumps: Mapping[int, str], env: Mapping[str, str]) -> tuple[tuple[FrDump, ...], str, str]:
-    """(dumps as read, torch's fr_trace text, error) with the server's Python: frdump.py reads the
-    pickles with a class-refusing unpickler; torch's analyzer runs where the server's torch has it."""
+async def analyze(
+    python: str, dumps: Mapping[int, str], env: Mapping[str, str], trace_s: float = ANALYZER_TIMEOUT_S
+) -> tuple[tuple[FrDump, ...], str, str]:
+    """(dumps as read, torch's fr_trace text, error) with the server's Python. The dumps are first
+    copied into a folder only the daemon can write (the server cannot swap a file between the two
+    reads); frdump.py reads the copies with a class-refusing unpickler; torch's analyzer, which
+    unpickles with pickle's full loader, runs on those copies only when every one of them read as
+    plain data (a pickle that loads with every class refused can run no code), and where the
+    server's torch has it."""
+    with tempfile.TemporaryDirectory(prefix="sglang-supervisor-fr-") as private:
+        copies = await asyncio.to_thread(_copy_dumps, dumps, private)
+        return await _analyze(python, copies, env, private, trace_s)
+
+
+def _copy_dumps(dumps: Mapping[int, str], folder: str) -> list[str]:
+    out = []
+    for rank in sorted(dumps):
+        dest = os.path.join(folder, f"{DUMP_STEM}{rank}")
+        with contextlib.suppress(OSError), open(dumps[rank], "rb") as src, open(dest, "wb") as dst:
+            dst.write(src.read(MAX_DUMP_BYTES + 1))
+        if os.path.exists(dest):
+            out.append(dest)
+    return out
+
+
+async def _analyze(
+    python: str, files: Sequence[str], env: Mapping[str, str], folder: str, trace_s: float
+) -> tuple[tuple[FrDump, ...], str, str]:
     script = str(Path(__file__).with_name("frdump.py"))
-    files = [dumps[r] for r in sorted(dumps)]
     out, err = await _run([python, "-I", script, *files], {"PATH": env.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"})
     if err:
         return (), "", f"frdump with {python}: {err}"
@@ -324,18 +350,19 @@ async def analyze(python: str, dumps: Mapping[int, str], env: Mapping[str, str])
         read = parse_dumps(out)
     except ValueError as e:
         return (), "", f"frdump with {python} printed no report: {e}"
-    folder = os.path.dirname(files[0]) if files else "."
-    prefix = os.path.basename(files[0]).rstrip("0123456789") if files else DUMP_STEM
+    unsafe = [f"rank {d.rank}: {d.error}" for d in read if d.error]
+    if unsafe or len(read) != len(files):
+        return read, f"torch's analyzer not run: not every dump read as plain data ({'; '.join(unsafe)[:300]})", ""
     fr_env = {k: v for k, v in env.items() if k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME")}
     fr_env["CUDA_VISIBLE_DEVICES"] = ""  # the analyzer needs no GPU
-    text, fr_err = await _run(
-        [python, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", prefix, "--allow-incomplete-ranks"],
-        fr_env,
-    )
+    argv = [python, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", DUMP_STEM]
+    text, fr_err = await _run([*argv, "--allow-incomplete-ranks"], fr_env, trace_s)
+    if not text and fr_err.startswith("took over"):
+        fr_err = f"torch's analyzer did not finish within {trace_s:g} s (importing torch is most of it); not waited for"
     return read, (text or fr_err)[-65536:], ""
 
 
-async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
+async def _run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float = ANALYZER_TIMEOUT_S) -> tuple[str, str]:
     """(stdout, error) of one bounded child; the error is "" on exit 0."""
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -349,12 +376,12 @@ async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
     except OSError as e:
         return "", f"cannot run {argv[0]}: {e.strerror or e}"
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), ANALYZER_TIMEOUT_S)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)  # our own child's session, never the server's
         await proc.wait()
-        return "", f"took over {ANALYZER_TIMEOUT_S:g} s"
+        return "", f"took over {timeout_s:g} s"
     text = out.decode("utf-8", "replace")
     if proc.returncode != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()[-2:]
@@ -362,15 +389,21 @@ async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
     return text, ""
 
 
-def server_python(pids: Sequence[int], argv: Sequence[str]) -> str | None:
-    """The interpreter the server's ranks run (`/proc/<pid>/exe`), else argv[0] when it is a Python."""
+def server_python(pids: Sequence[int], argv: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
+    """The interpreter the server runs, as the server named it: the command's argv[0] when it is a
+    Python (resolved on the server's PATH), else a rank's `/proc/<pid>/exe`. argv[0] first, because
+    a virtual environment's `bin/python` is a symlink: `/proc/<pid>/exe` names the base interpreter,
+    which runs without the environment's packages (no torch for the analyzer)."""
+    if argv and "python" in os.path.basename(argv[0]):
+        path = (env or {}).get("PATH") or os.environ.get("PATH")
+        found = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=path)
+        if found and os.access(found, os.X_OK):
+            return os.path.abspath(found)
     for pid in pids:
         with contextlib.suppress(OSError):
             exe = os.readlink(f"/proc/{pid}/exe")
             if "python" in os.path.basename(exe) and os.access(exe, os.X_OK):
                 return exe
-    if argv and "python" in os.path.basename(argv[0]):
-        return argv[0]
     return None
 
 
@@ -399,15 +432,19 @@ async def flight_dumps(env: Mapping[str, str], wait_s: float) -> FrReport:
 
 
 async def flight_read(
-    report: FrReport, env: Mapping[str, str], rank_pids: Sequence[int], argv: Sequence[str]
+    report: FrReport,
+    env: Mapping[str, str],
+    rank_pids: Sequence[int],
+    argv: Sequence[str],
+    trace_s: float = ANALYZER_TIMEOUT_S,
 ) -> FrReport:
     """Steps 3-4: the dumps read by the server's Python and judged (a report without dumps as it is)."""
     if report.status != "ok" or not report.dumps or report.verdict is not None:
         return report
-    python = server_python(rank_pids, argv)
+    python = server_python(rank_pids, argv, env)
     if python is None:
         return replace(report, status="error", reason="the server's Python could not be found to read the dumps")
-    read, trace, err = await analyze(python, report.dumps, env)
+    read, trace, err = await analyze(python, report.dumps, env, trace_s)
     if err:
         return replace(report, status="error", reason=err)
     written = [p.rank for p in report.pipes if p.outcome == "written"]

@@ -146,6 +146,8 @@ async def test_a_hostile_dump_is_refused_not_run(tmp_path: Path) -> None:
     assert not mark.exists()  # the pickle's os.system never ran: frdump refuses every class
     errors = report.doc()["errors"]
     assert isinstance(errors, list) and errors and "refused class" in str(errors[0])
+    # Nor did torch's analyzer (pickle's full loader) get the file: it runs on plain data only.
+    assert report.analyzer.startswith("torch's analyzer not run: not every dump read as plain data"), report.analyzer
 
 
 async def test_real_torch_ranks_on_the_cpu_one_never_entering_the_collective(tmp_path: Path) -> None:
@@ -184,4 +186,6 @@ async def test_real_torch_ranks_on_the_cpu_one_never_entering_the_collective(tmp
     assert [e.seq for e in read[0].entries] == [1, 2] and [e.seq for e in read[1].entries] == [1]
     files = bundle_files(report)
     assert files["fr-dump-rank0.pickle"].startswith(b"\x80")  # the pickle kept as torch wrote it
-    assert report.analyzer, "torch's fr_trace analyzer printed nothing"
+    # torch's analyzer ran with the ranks' own interpreter (the venv's: its torch), not the base one;
+    # what it says is kept as it is (torch 2.13's fr_trace raises KeyError on gloo's dumps).
+    assert report.analyzer and "No module named" not in report.analyzer, report.analyzer[:500]
