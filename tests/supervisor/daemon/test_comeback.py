@@ -95,7 +95,7 @@ async def test_the_weights_are_measured_at_an_incident_only_where_configured(tmp
             }
         )
         events: list[tuple[Any, ...]] = []
-        c = Comeback(s, lambda *a, **kw: events.append((a, kw)), host="h")
+        c = Comeback(s, lambda *a, _e=events, **kw: _e.append((a, kw)), host="h")
         await c.launching(argv, "base", {}, 0.0, 1000.0)
         c.incident("i1", "startup_stall", None, 10.0)
         await asyncio.gather(*c.tasks)
