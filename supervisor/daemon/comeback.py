@@ -282,13 +282,14 @@ class Comeback:
         c = self.settings.caches
         if not c.weights_residency or self.current is None:
             return
-        task = asyncio.get_running_loop().create_task(self._weights(self.current.key.model, self.outage))
+        task = asyncio.get_running_loop().create_task(self._weights(self.current.key.model, self.current))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _weights(self, model: str, outage: OutageClock | None) -> None:
+    async def _weights(self, model: str, hung: _Launch) -> None:
         """Measured in a thread while the evidence is captured; recorded on the loop. The relaunch
-        that follows shows it (or, when it was spawned first, gets it as soon as it is known)."""
+        that follows `hung` (the launch of the incident) shows it, or, when it was spawned before the
+        look finished, gets it as soon as it is known."""
         c = self.settings.caches
         try:
             view = await asyncio.to_thread(_look, model, c.weights_readahead, c.max_weight_files)
@@ -298,10 +299,10 @@ class Comeback:
         if view is None:
             return
         launch = self.current
-        if launch is not None and launch.residency is None and outage is not None and self.outage is outage:
+        if launch is not None and launch is not hung and launch.residency is None:
             launch.residency = view  # the relaunch was spawned before the look finished
         else:
-            self.residency = view
+            self.residency = view  # for the relaunch to come
         self.record("weights_residency", **view.model_dump(), model=model)
 
     # ---- what /status shows ------------------------------------------------------------------

@@ -83,6 +83,9 @@ async def test_timeline_outage_and_caches_across_a_restart(daemon, sim, tmp_path
     assert tl2.cache.state == "hit" and tl2.cache.bytes_before > 0  # the relaunch reused the compile
     assert [m.name for m in tl2.last_good] == names  # compared with the first launch
     assert tl2.last_good_time_to_ready_s == tl.time_to_ready_s
+    # The weights' residency measured at the incident is the relaunch's, on its timeline.
+    assert tl2.residency is not None and tl2.residency.files == 2 and tl2.residency.bytes == 4 * 1024 * 1024
+    assert tl.residency is None  # the first launch followed no incident
 
     ev = journal(s)
     # Before the relaunch the weights' page-cache residency was measured (the load had just read them).

@@ -3,6 +3,8 @@ waited for again (issue 36, the daemon's share of an outage)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +79,31 @@ async def test_a_good_start_teaches_every_start_up_phase_even_one_passed_between
     )
     await c.launching(argv, "base", {}, 10.0, 1010.0)
     assert c.window(obs(11.0, phase="loading_draft"), new_history(10.0), wd).startup_stall_s == 20.0  # the floor
+
+
+async def test_the_weights_are_measured_at_an_incident_only_where_configured(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(1 << 20))
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", str(model)]
+    for measured in (True, False):
+        s = settings_from_mapping(
+            {
+                "server": {"command": ["python3"]},
+                "paths": {"state_dir": str(tmp_path / f"state-{measured}")},
+                "caches": {"weights_residency": measured, "weights_readahead": False},
+            }
+        )
+        events: list[tuple[Any, ...]] = []
+        c = Comeback(s, lambda *a, _e=events, **kw: _e.append((a, kw)), host="h")
+        await c.launching(argv, "base", {}, 0.0, 1000.0)
+        c.incident("i1", "startup_stall", None, 10.0)
+        await asyncio.gather(*c.tasks)
+        looked = [kw for a, kw in events if a and a[0] == "weights_residency"]
+        if measured:
+            (doc,) = looked
+            assert doc["files"] == 1 and doc["bytes"] == 1 << 20 and doc["readahead"] is False
+            await c.launching(argv, "base", {}, 20.0, 1020.0)  # the relaunch's timeline carries it
+            assert c.current is not None and c.current.residency is not None
+        else:
+            assert looked == [] and not c.tasks
