@@ -41,8 +41,13 @@ FAULTS = (
     "member_daemon_sigkill",
     "member_partition",
     "leader_daemon_sigkill",
+    "worker_late_15s",
+    "worker_late_60s",
+    "leader_late_15s",
+    "config_mismatch",
 )
 INCIDENT_FAULTS = FAULTS[:3]
+START_FAULTS = ("worker_late_15s", "worker_late_60s", "leader_late_15s")  # must cost no incident
 
 
 @dataclass
@@ -59,7 +64,9 @@ class Run:
     error: str = ""
 
 
-def group_daemons(wd: Path, nnodes: int = 2) -> list[Daemon]:
+def group_daemons(
+    wd: Path, nnodes: int = 2, node_args: dict[int, dict[str, Any]] | None = None, absent_wait_s: float = 6.0
+) -> list[Daemon]:
     from bench.common import free_port
 
     api = [free_port() for _ in range(nnodes)]
@@ -74,7 +81,13 @@ def group_daemons(wd: Path, nnodes: int = 2) -> list[Daemon]:
         s = sim_settings(
             nd,
             "ok",
-            args={"nnodes": nnodes, "node-rank": rank, "dist-init-addr": f"127.0.0.1:{store}"},
+            args={
+                "model-path": str(wd / "model"),  # one model path, as on shared storage
+                "nnodes": nnodes,
+                "node-rank": rank,
+                "dist-init-addr": f"127.0.0.1:{store}",
+                **(node_args or {}).get(rank, {}),
+            },
             restart={"retries_per_rung": 3},
         )
         data = s.model_dump()
@@ -87,6 +100,8 @@ def group_daemons(wd: Path, nnodes: int = 2) -> list[Daemon]:
             "request_timeout_s": 1.0,
             "unreachable_s": 2.0,
             "secret_file": str(secret),
+            "absent_wait_s": absent_wait_s,  # a node away is waited for 6 s here (production: 600)
+            "absent_alert_s": 4.0,
         }
         out.append(Daemon(settings_from_mapping(data), nd))
     return out
@@ -114,11 +129,45 @@ def _scheduler(d: Daemon) -> int:
     return int(next(p["pid"] for p in st["processes"] if p["role"] == "scheduler"))
 
 
+def run_start(fault: str, run: Run, leader: Daemon, worker: Daemon) -> None:
+    """A start in some order (no incident may follow), or a member whose config differs."""
+    onset = time.time()
+    if fault == "config_mismatch":
+        leader.start()
+        worker.start()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            held = [e for e in worker.events() if e.get("event") == "group_launch_held" and "tp-size" in e["reason"]]
+            if held:
+                run.degraded_s = round(parse_ts(str(held[0]["ts"])) - onset, 2)
+                run.named = str(held[0]["reason"])[:90]
+                run.cause = "refused"
+                return
+            time.sleep(0.2)
+        raise AssertionError("node 1 was not refused")
+    late = 60.0 if "60" in fault else 15.0
+    first, second = (leader, worker) if fault.startswith("worker") else (worker, leader)
+    first.start()
+    time.sleep(late)
+    second.start()
+    st = leader.wait(group_ready, 120, "the group ready")
+    run.ready_s = round(time.time() - onset, 2)
+    if st["incidents"]:
+        raise AssertionError(f"a false incident: {st['last_incident']}")
+
+
 def run_fault(fault: str) -> Run:
     wd = workdir(f"multinode-{fault}")
-    leader, worker = group_daemons(wd)
+    node_args = {1: {"tp-size": 4}} if fault == "config_mismatch" else None
+    # A late start waits for the group: the bound must be above the lateness (production: 600 s).
+    wait = 120.0 if fault in START_FAULTS else 6.0
+    leader, worker = group_daemons(wd, node_args=node_args, absent_wait_s=wait)
     run = Run(fault)
     try:
+        if fault in START_FAULTS or fault == "config_mismatch":
+            run_start(fault, run, leader, worker)
+            return run
+
         leader.start()
         if fault != "never_joins":
             worker.start()
@@ -214,6 +263,9 @@ def render(runs: list[Run], reps: int) -> str:
         first = ok[0] if ok else None
         restarts_text = ", ".join("/".join(str(x) for x in r.restarts) for r in rs)
         target = "0 restarts: " + ("met" if all(sum(r.restarts) == 0 for r in rs) and rs else "NOT met")
+        if fault == "config_mismatch":  # node 1 refused: it launches nothing (-1 = no launch)
+            met = all(r.restarts[1:] == [-1] and not r.error for r in rs) and rs
+            target = "refused, node 1 never launched: " + ("met" if met else "NOT met")
         rows.append(
             [
                 fault,
@@ -245,7 +297,7 @@ def render(runs: list[Run], reps: int) -> str:
     intro = header(
         "Multi-node",
         "multinode",
-        f"Two simulated nodes (tp 2, one rank per node), one real daemon per node, {reps} run(s) per fault, "
+        f"Two simulated nodes (tp 2, one rank per node), one real daemon per node, {reps} run(s) per trial, "
         "poll 0.5 s, stall windows 4 s, `unreachable_s` 2 s, 2 clients of 400 tokens on node 0. "
         "Times are medians from the onset (the benchmark's own act).",
     ).replace("bench.run_all --only multinode", "bench.multinode")
@@ -253,7 +305,12 @@ def render(runs: list[Run], reps: int) -> str:
         "Onset to verdict: to the leader's `hung` (before any capture); to evidence: the leader's "
         "`group_evidence` (every member's capture answered). `never_joins` starts node 1's daemon only "
         "after the verdict, so node 1 has no bundle for it (1/2 by design) and its first launch is no "
-        "restart (1/0). The daemon faults must cost no restart on any node.",
+        "restart (1/0); the leader waits `absent_wait_s` (6 s here; 120 s in the start trials) for the "
+        "absent node first, then retries the same rung. The daemon faults must cost no restart on any "
+        "node. The start trials start one daemon, then the other 15 or 60 s later (to group ready: "
+        "from the first start; "
+        "any incident fails the run); `config_mismatch` gives node 1 `tp-size 4` (to degraded: until "
+        "node 1 journals its refused launch naming `tp-size`; restarts -1: it never launched).",
         "",
     ]
     body = [intro, "", table(head, rows), "", *notes]
@@ -277,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         args.reps = max((sum(r.fault == f for r in runs) for f in FAULTS), default=1)
     else:
         runs = [run_fault(f) for f in faults for _ in range(args.reps)]
+        if args.only:  # the other trials' last results stay in the table
+            kept = [Run(**r) for r in load_result("multinode") or [] if r["fault"] not in faults]
+            runs = sorted(kept + runs, key=lambda r: FAULTS.index(r.fault))
         save_result("multinode", [r.__dict__ for r in runs])
     body = render(runs, args.reps)
     if args.no_write:

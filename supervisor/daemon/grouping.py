@@ -455,6 +455,9 @@ class GroupPeers:
             await launch_members(self.runtime, rung, beating, record)
 
     async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+        # A launch ends the verdict this node held for the old server: a later bundle or report
+        # gives its own cause, not the old one's (issue 34).
+        self.runtime.held_cause, self.runtime.held_reason = None, ""
         if by_group:  # the leader itself asked for this launch
             return Clearance(rung)
         return await clearance(self.runtime, rung, beating)

@@ -1225,6 +1225,10 @@ class Owner:
         asked = self.peers.asked(cmd)
         obs = self.server.obs if self.server.obs is not None else await self.observe()
         if asked is not None and cmd.incident_id is not None:
+            if self.lifecycle.state in SERVING and obs.logs.phase != "serving":
+                # A worker node logs no ready line (SGLang starts no HTTP server there): its log's
+                # last phase is start-up's, but it was serving; its bundle says its own phase (issue 34).
+                obs = replace(obs, logs=replace(obs.logs, phase="serving"))
             result = await self.capture_bundle(cmd.incident_id, "hung", asked.cause, obs, None)
             self.answer_diagnose(cmd, result)
             return

@@ -307,4 +307,6 @@ def test_node_0s_server_killed_every_member_captures_and_the_group_relaunches(no
     # Node 0 had nothing left to dump; node 1, hung in its collective, did, under the same id.
     summary = json.loads((worker.state_dir / "diagnostics" / inc["id"] / "summary.json").read_text())
     assert summary["group"]["node"] == 1 and summary["trigger"] == "hung"
+    # Its own phase and class (a worker logs no ready line, yet it was serving): issue 34.
+    assert summary["phase"] == "serving" and summary["hang_class"] != "cuda_graph_capture", summary
     assert worker.wait(ready, 20, "the worker ready again")["pid"] != old

@@ -139,3 +139,22 @@ def test_a_member_whose_config_differs_on_the_same_rung_is_named_not_relaunched(
     out = judge(g, READY, "ready", rec)
     assert out.verdict is not None and "tp-size (leader 2, this node 4)" in out.verdict.reason
     assert leader.relaunched == [] and not g.tasks
+
+
+async def test_a_launch_ends_the_verdict_a_worker_held_so_later_bundles_give_their_own_cause() -> None:
+    from supervisor.daemon.grouping import GroupPeers
+    from supervisor.status.commands import Command
+
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None, KEYS)
+    judge(g, DIED, "ready", Recorder())
+    peers = GroupPeers(g)
+    asked = peers.asked(Command(kind="diagnose", incident_id="A", source="group"))
+    assert asked is not None and asked.cause == "rank_died"
+
+    async def beating(work):  # type: ignore[no-untyped-def]
+        return await work
+
+    cleared = await peers.clearance("base", True, beating)  # the leader's relaunch of this node
+    assert cleared.rung == "base"
+    asked = peers.asked(Command(kind="diagnose", incident_id="B", source="group"))
+    assert asked is not None and asked.cause is None
