@@ -11,7 +11,6 @@ milestones (what a launch is compared with), in `<state_dir>/launches.json`, wri
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from probes.logs import clean, split_prefix
 from probes.types import LogLine
+from supervisor.daemon.persist import atomic_write
 from supervisor.policy.learned import LaunchKey, Learned
 from supervisor.status.launchviews import MILESTONES, Milestone, MilestoneView
 
@@ -150,17 +150,8 @@ class LaunchBook:
 
     def save(self) -> None:
         doc = {"version": BOOK_VERSION, "entries": {k: _doc(e) for k, e in self.entries.items()}}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        # All of it or nothing, and no temporary left on a full disk (supervisor/daemon/persist.py).
+        atomic_write(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
 
 
 def _doc(e: BookEntry) -> dict[str, Any]:

@@ -58,10 +58,25 @@ class Culprit:
     def line(self) -> str:
         """`Culprit: scheduler TP0 pid 12 thread 'MainThread' tid 12 sleeps in clock_nanosleep at f (x.py:27) ...`."""
         at = f" at {self.frames[0]}" if self.frames else ""
+        caller = self.caller()
+        at += f" in {caller}" if caller else ""
         held = f", no progress for {self.held_s:.0f} s" if self.held_s is not None else ""
         gil = ", holding the GIL" if self.gil else ""
         tid = f" tid {self.tid}" if self.tid is not None else ""
         return f"Culprit: {self.process} thread '{self.thread}'{tid} {self.doing}{at}{gil}{held}"
+
+    def caller(self) -> str | None:
+        """The first Python frame outside the innermost one's file, wrappers (`<locals>`) skipped: the
+        server's own code that called into the hang (`TpModelWorker.init_attention_backends` for a
+        native sleep reached through a patched hook), so the first line names where in the server."""
+        if not self.frames:
+            return None
+        home = _python_file(self.frames[0])
+        for f in self.frames[1:]:
+            file = _python_file(f)
+            if file is not None and file != home and "<locals>" not in f:
+                return f
+        return None
 
     def folded(self) -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in self.helper_kinds)
@@ -85,6 +100,13 @@ class Culprit:
             "helper_kinds": dict(self.helper_kinds),
             "text": self.line(),
         }
+
+
+def _python_file(frame: str) -> str | None:
+    """`f (dir/x.py:27)` -> `dir/x.py`; None for a native frame (`clock_nanosleep (libc.so.6)`)."""
+    where = frame.rsplit(" (", 1)[-1].rstrip(")") if frame.endswith(")") else ""
+    file = where.rsplit(":", 1)[0]
+    return file if file.endswith(".py") else None
 
 
 def holds_gil(v: ThreadView) -> bool:

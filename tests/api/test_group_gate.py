@@ -7,10 +7,10 @@ import json
 import time
 
 import httpx
+from groupfake import FakeDaemon
 
 from api.groupgate import MEMBER_PATHS, GroupGate, group_app
 from supervisor.group.signing import NONCE, NonceBook, RequestCheck, check_answer, node_key, sign_request
-from tests.api.test_group_routes import FakeDaemon
 
 SECRET = b"gate-test-secret-0123456789"
 KEY = node_key(SECRET, 1)

@@ -45,7 +45,9 @@ def test_the_gil_holder_asleep_in_native_code_is_the_culprit_and_helpers_fold() 
     assert c.helpers == 2 and dict(c.helper_kinds) == {"tqdm": 1, "gloo": 1}
     line = c.line()
     assert line.startswith(f"Culprit: scheduler TP0 pid {PID} thread 'MainThread' tid {PID} ")
-    assert "at init_attention_backends (sitecustomize.py:27), holding the GIL, no progress for 31 s" in line
+    # the innermost frame, then the server's own frame that called into it (the H200 run's lesson)
+    assert "at init_attention_backends (sitecustomize.py:27) in ModelRunner.__init__" in line
+    assert line.endswith(", holding the GIL, no progress for 31 s")
 
 
 def test_a_main_thread_that_only_joins_points_at_the_thread_it_waits_for() -> None:

@@ -155,7 +155,8 @@ def _open_trickling(port: int, n: int) -> list[socket.socket]:
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(
-            b"POST /restart HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{"
+            b"POST /restart HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # an allowed name: the body is what hangs
+            b"Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n{"
         )
         socks.append(s)
     return socks

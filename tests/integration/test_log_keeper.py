@@ -153,6 +153,7 @@ async def test_a_stopped_keeper_is_named_when_the_server_blocks_on_its_output(da
         verdict = (Path(s.paths.state_dir) / "diagnostics" / bundle / "verdict.json").read_text()
         assert f"log keeper (pid {keeper}) is stopped" in verdict
         text = (Path(s.paths.state_dir) / "diagnostics" / bundle / "summary.txt").read_text()
-        assert "Why: " in text and f"log keeper (pid {keeper}) is stopped" in text.split("\n")[1]
+        why = next(line for line in text.splitlines() if line.startswith("Why: "))  # after the culprit (issue 35)
+        assert f"log keeper (pid {keeper}) is stopped" in why, text
     finally:
         os.kill(keeper, signal.SIGCONT)

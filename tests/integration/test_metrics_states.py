@@ -4,6 +4,7 @@ the daemon, the simulator's processes, its ports and the HTTP API are real."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -64,7 +65,11 @@ async def test_gpu_gauges_follow_nvml_after_a_stop(daemon, sim, tmp_path: Path) 
     await r.wait_for(
         lambda x: x.gpu.devices and x.gpu.devices[0].mem_used_bytes == 7 * GB, 10, "NVML read while stopped"
     )
-    m = await scrape(r.api)
+    for _ in range(40):  # /metrics is rendered at most once a second (api: ScrapeCache, issue 33)
+        m = await scrape(r.api)
+        if m[key("sglang_supervisor_gpu_memory_used_bytes", **GPU)] == 7 * GB:
+            break
+        await asyncio.sleep(0.25)
     assert m[key("sglang_supervisor_gpu_memory_used_bytes", **GPU)] == 7 * GB
     assert m[key("sglang_supervisor_server_gpu_memory_bytes", **GPU)] == 0
     assert m[key("sglang_supervisor_state", state="stopped")] == 1

@@ -74,6 +74,8 @@ async def check_story(r: Any, s: Settings, got: Any, hung: Any, failing: Any, ou
         bodies = got.bodies(f"/hooks/{SECRET}")
         assert [b["event"] for b in bodies] == ["incident", "recovered"]
         first, second = bodies
+        culprit = first["incident"].pop("culprit")  # the bundle's first line (issue 35)
+        assert culprit.startswith("Culprit: ") and "thread '" in culprit, culprit
         assert first["incident"] == {
             "id": inc.id,
             "cause": "startup_stall",
