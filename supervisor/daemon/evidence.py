@@ -29,11 +29,16 @@ def provisional_class(verdict: Verdict | None) -> HangClass | None:
     return "unknown"
 
 
+MAX_CULPRIT_CHARS = 600
+
+
 def culprit_text(summary: Mapping[str, object]) -> str | None:
     """The bundle's culprit line (summary.json `culprit.text`) for /status, the page and notifications."""
     doc = summary.get("culprit")
     text = doc.get("text") if isinstance(doc, Mapping) else None
-    return str(text)[:300] if text else None
+    # A bound for what a bundle on disk can put in /status and notifications; a real line (thread,
+    # innermost frame, the server's frame that called it) runs to about 330 characters.
+    return str(text)[:MAX_CULPRIT_CHARS] if text else None
 
 
 def busy_look_doc(look: BusySample | None) -> dict[str, object] | None:
