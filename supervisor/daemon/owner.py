@@ -803,20 +803,7 @@ class Owner:
         ok = await self.peers.stop(stop, self.beating, self.record)
         self.comeback.stopped(self.clock.monotonic())
         now_wall = self.clock.wall()
-        # rand is for the ladder's backoff (next_rung); a manual restart or a rung asked for needs none
-        rand = self.rand() if not manual and forced_rung is None else 0.0
-        outcome = recovery.after_incident(
-            self.settings.ladder,
-            self.ladder,
-            incident,
-            recovery.AfterStop(released=ok, xid_blocked=self.xids.blocked_reason()),
-            self.settings.restart,
-            manual=manual,
-            forced_rung=forced_rung,
-            now_wall=now_wall,
-            rand=rand,
-            speculative=self.speculative(),
-        )
+        outcome = self._after_incident(incident, ok, manual, forced_rung, now_wall)
         if isinstance(outcome, recovery.Failed):
             self.move(State.FAILED, outcome.reason)
             return
@@ -844,6 +831,25 @@ class Owner:
             return
         self.wait_then(Pending("launch", decision.rung, now + wait, not manual))
 
+    def _after_incident(
+        self, incident: Incident, released: bool, manual: bool, forced_rung: int | None, now_wall: float
+    ) -> recovery.Failed | recovery.Recovery:
+        """The ladder's pure decision after a stop, for a relaunch here or an LWS recreation."""
+        # rand is for the ladder's backoff (next_rung); a manual restart or a rung asked for needs none
+        rand = self.rand() if not manual and forced_rung is None else 0.0
+        return recovery.after_incident(
+            self.settings.ladder,
+            self.ladder,
+            incident,
+            recovery.AfterStop(released=released, xid_blocked=self.xids.blocked_reason()),
+            self.settings.restart,
+            manual=manual,
+            forced_rung=forced_rung,
+            now_wall=now_wall,
+            rand=rand,
+            speculative=self.speculative(),
+        )
+
     def decided_for_recreation(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> bool:
         """`[group] restart = "lws"` on the leader: the ladder decides now (as after a verified
         stop) and the decision is saved to state.json before the exit, so the recreated group
@@ -854,18 +860,7 @@ class Owner:
         if g is None or not recovery.exits_for_group(g.is_leader, g.restart):
             return False
         now_wall = self.clock.wall()
-        outcome = recovery.after_incident(
-            self.settings.ladder,
-            self.ladder,
-            incident,
-            recovery.AfterStop(released=True, xid_blocked=self.xids.blocked_reason()),
-            self.settings.restart,
-            manual=manual,
-            forced_rung=forced_rung,
-            now_wall=now_wall,
-            rand=self.rand() if not manual and forced_rung is None else 0.0,
-            speculative=self.speculative(),
-        )
+        outcome = self._after_incident(incident, True, manual, forced_rung, now_wall)
         if isinstance(outcome, recovery.Failed) or outcome.decision.action != "relaunch":
             return False
         decision = outcome.decision
