@@ -1,12 +1,15 @@
 """Run the CPU benchmark suite and write docs/BENCHMARKS.md and the README's summary table.
 
-    .venv/bin/python -m bench.run_all                 # everything, about 12 minutes on 2 cores
+    .venv/bin/python -m bench.run_all                 # the default parts, about 12 minutes on 2 cores
     .venv/bin/python -m bench.run_all --only overhead # one part (repeatable)
+    .venv/bin/python -m bench.run_all --with hostile --with multinode   # the default parts and these
 
 Parts run in order; `peers` reads the detection and recovery results of the same run (from
 $SGLANG_BENCH_OUT, default /tmp/sglang-supervisor-bench). A part that fails is reported and the
-suite goes on. The README's `## Benchmarks` section (the file's last) is rewritten from the
-results of the latest run of each part.
+suite goes on. Two parts are opt-in, run only when named (`--only` or `--with`), because each
+would add minutes to the default run: `hostile` (issue 33's attacks on the API, about 4 minutes)
+and `multinode` (ten trials of a two-node group, roughly 10 minutes). The README's `## Benchmarks`
+section (the file's last) is rewritten from the results of the latest run of each part.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from bench.common import OUT, ROOT, W, load_result, median, met, percentile, pub
 from bench.report import machine, stamp, table
 
 PARTS = ("detection", "false_positives", "evidence", "recovery", "outage", "overhead", "peers", "adoption", "readers")
+OPT_IN = ("hostile", "multinode")  # run only when named: each adds minutes (module docstring)
 README = ROOT / "README.md"
 README_HEADING = "## Benchmarks"
 
@@ -161,10 +165,50 @@ def _peer_rows(peers: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _multinode_row(mn: list[dict[str, Any]]) -> list[str] | None:
+    """The group's two rank faults and the trials that must cost no restart (bench/multinode.py)."""
+    ok = [r for r in mn if not r.get("error")]
+
+    def of(fault: str) -> list[dict[str, Any]]:
+        return [r for r in ok if r["fault"] == fault]
+
+    def med(fault: str, key: str) -> str:
+        xs = [r[key] for r in of(fault) if r.get(key) is not None]
+        return f"{median(xs):.1f} s" if xs else "-"
+
+    kill, stop = of("rank_sigkill"), of("rank_sigstop")
+    if not kill or not stop:
+        return None
+    quiet = [r for r in ok if r["fault"] not in ("rank_sigkill", "rank_sigstop", "never_joins", "config_mismatch")]
+    restarts = sum(sum(r["restarts"]) for r in quiet)
+    bundles = all(r.get("bundles") == 2 for r in kill + stop)
+    mismatch = of("config_mismatch")
+    refused = bool(mismatch) and all(r["restarts"][1:] == [-1] for r in mismatch)
+    result = (
+        f"group verdict {med('rank_sigkill', 'verdict_s')} (`{kill[0]['cause']}`) / "
+        f"{med('rank_sigstop', 'verdict_s')} (`{stop[0]['cause']}`) (windows {W.startup_stall_s:g} s), "
+        + ("both nodes' bundles, " if bundles else "")
+        + f"group ready again {med('rank_sigkill', 'ready_s')} / {med('rank_sigstop', 'ready_s')}"
+    )
+    if quiet:
+        result += (
+            "; member or leader daemon SIGKILLed, member API partitioned, workers 15 or 60 s late, "
+            f"leader 15 s late: {restarts} restarts"
+        )
+    if mismatch:
+        result += "; a member with another `tp-size`: " + ("refused, never launched" if refused else "NOT refused")
+    return [
+        "Multi-node group, two simulated nodes (`bench/multinode.py`): worker rank SIGKILL / SIGSTOP under load",
+        result,
+        f"0 restarts: {met(bool(quiet) and restarts == 0 and (refused or not mismatch))}",
+    ]
+
+
 def readme_table() -> str:
     rows: list[list[str]] = []
     det, fp, ev = load_result("detection"), load_result("false_positives"), load_result("evidence")
     rec, ov, peers = load_result("recovery"), load_result("overhead"), load_result("peers")
+    mn = load_result("multinode")
     if det:
         rows += _detection_rows(det)
     if fp:
@@ -177,6 +221,8 @@ def readme_table() -> str:
         rows += _overhead_rows(ov)
     if peers:
         rows += _peer_rows(peers)
+    if mn and (row := _multinode_row(mn)) is not None:
+        rows.append(row)
     return table(["measure", "result", "target (issue 9)"], rows)
 
 
@@ -188,7 +234,8 @@ def write_readme(tbl: str, path: Path = README) -> None:
         f"Measured on the simulator on a shared CPU machine ({machine()}), {stamp()}, with short windows "
         f"(poll {W.poll_s:g} s, stall {W.startup_stall_s:g} s); every figure, the method and the GPU "
         "measurements are in [docs/BENCHMARKS.md](docs/BENCHMARKS.md). Reproduce with "
-        "`.venv/bin/python -m bench.run_all`.\n\n"
+        "`.venv/bin/python -m bench.run_all` (the multi-node row: `--only multinode`, which the default "
+        "run leaves out).\n\n"
         f"{tbl}\n"
     )
     at = text.rfind(f"\n{README_HEADING}\n")
@@ -211,7 +258,16 @@ def suite_section(codes: dict[str, int], minutes: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable)")
+    p.add_argument(
+        "--only", action="append", choices=PARTS + OPT_IN, help="run only this part (repeatable; opt-in parts too)"
+    )
+    p.add_argument(
+        "--with",
+        dest="also",
+        action="append",
+        choices=OPT_IN,
+        help="also run this opt-in part after the default ones (repeatable)",
+    )
     p.add_argument("--no-readme", action="store_true", help="leave README.md alone")
     p.add_argument("--readme-only", action="store_true", help="only rewrite the README table from saved results")
     a = p.parse_args(argv)
@@ -219,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         write_readme(readme_table())
         print(readme_table())
         return 0
-    parts = [x for x in PARTS if not a.only or x in a.only]
+    also = a.also or []
+    parts = [x for x in PARTS + OPT_IN if x in a.only] if a.only else [*PARTS, *(x for x in OPT_IN if x in also)]
     t0 = time.monotonic()
     codes = {}
     for name in parts:
