@@ -10,7 +10,6 @@ command is journalled with who asked.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -109,7 +108,7 @@ async def status_page(request: Request, handle: Supervisor, ctx: Context) -> HTM
     viewer = Viewer(request, ctx)
     if not viewer.allowed:
         return _html(login_page(""), 401)
-    data = await asyncio.to_thread(_gather, handle, ctx, viewer.csrf, viewer.session is not None)
+    data = await ctx.pool.run(_gather, handle, ctx, viewer.csrf, viewer.session is not None)
     return _html(render(data))
 
 
@@ -122,10 +121,10 @@ async def login(request: Request, ctx: Context) -> Response:
     client = request.client.host if request.client else "?"
     made = ctx.sessions.login(form.get("token", ""), client)
     if made is None:
-        await asyncio.to_thread(ctx.journal.append, "page_login_refused", client=client)
+        await ctx.pool.run(ctx.journal.append, "page_login_refused", client=client)
         return _html(login_page("that is not the token of this daemon"), 401)
     value, session = made
-    await asyncio.to_thread(ctx.journal.append, "page_login", session=session.name, client=client)
+    await ctx.pool.run(ctx.journal.append, "page_login", session=session.name, client=client)
     out = RedirectResponse("/ui", status_code=303)
     out.headers["Set-Cookie"] = set_cookie_header(value, ctx.sessions.ttl_s, _secure(request))
     out.headers["Cache-Control"] = "no-store"
@@ -141,7 +140,7 @@ async def logout(request: Request, ctx: Context) -> Response:
         if not ctx.sessions.csrf_ok(viewer.session, form.get("csrf", "")):
             return _html(login_page("the form was stale; log out again from the page"), 403)
         ctx.sessions.logout(cookie(request.scope, SESSION_COOKIE))
-        await asyncio.to_thread(ctx.journal.append, "page_logout", session=viewer.session.name)
+        await ctx.pool.run(ctx.journal.append, "page_logout", session=viewer.session.name)
     out = RedirectResponse("/ui", status_code=303)
     out.headers["Set-Cookie"] = clear_cookie_header()
     return out

@@ -3,8 +3,11 @@ auth, the strict content security policy; and the start-up timeline it draws."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from fake_supervisor import FakeSupervisor, sample_snapshot, sample_starting_sna
 from fastapi import FastAPI
 
 from api.pagehtml import STATE_COLOURS, PageData, render
+from supervisor.status.journal import Journal
 from supervisor.status.snapshot import GpuView, ProgressView
 from supervisor.status.timeline import Timeline
 
@@ -142,3 +146,26 @@ def test_timeline_keeps_its_newest_point_at_any_bound() -> None:
             now[0] = float(step)
             tl.feed(base)
             assert tl.points()[-1].t_s == float(step) and len(tl.points()) <= bound
+
+
+async def test_the_page_and_its_login_never_wait_on_the_supervisor_loops_threads(
+    make_app: Callable[..., FastAPI], journal: Journal, token: str
+) -> None:
+    """docs/API.md: API file work runs on the API's own threads (api/pool.py). The loop's default
+    executor, which the supervisor loop uses, is held busy here: the page and a login still answer."""
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    loop.set_default_executor(ThreadPoolExecutor(1))
+    held = loop.run_in_executor(None, release.wait)
+    try:
+        assert (await asyncio.wait_for(page(make_app()), 10)).status_code == 200
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=make_app(token=token)), base_url="http://t"
+        ) as c:
+            login = await asyncio.wait_for(c.post("/ui/login", content=f"token={token}".encode(), headers=form), 10)
+        assert login.status_code == 303
+        assert any('"page_login"' in x for x in Path(journal.path).read_text().splitlines())
+    finally:
+        release.set()
+        await held
