@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -25,13 +24,12 @@ from supervisor.diagnostics.bundle import enforce_retention, safe_id, unique_id,
 from supervisor.diagnostics.capturerecords import (
     BundleResult,
     CaptureRequest,
-    Classification,
     Evidence,
     ProcEvidence,
     ToolOutcome,
 )
 from supervisor.diagnostics.classify import classify
-from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids
+from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids, never_joined
 from supervisor.diagnostics.flightrec import FrReport, bundle_files, flight_dumps, flight_read
 from supervisor.diagnostics.grouptext import group_text
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
@@ -135,11 +133,6 @@ def _fr_lost(fr: FrReport) -> set[int]:
     if v is None or v.mismatch == "none_in_flight":
         return set()
     return set(v.lagging_ranks) | (set(v.missing_ranks) if fr.dumps else set())
-
-
-def _never_joined(cls: Classification) -> list[int]:
-    """The pids the collective rule named as never having joined (\"TP1 (pid 42) never joined\")."""
-    return [int(m) for r in cls.reasons if "never joined" in r for m in re.findall(r"\(pid (\d+)\)", r)]
 
 
 def _holds_gpu(info: ProcInfo, req: CaptureRequest) -> bool:
@@ -339,7 +332,7 @@ async def capture(
     missing_pids = [p.pid for p in evidence.processes if p.rank is not None and p.rank in lost]
     held = held_from(req.verdict)
     dead = died_culprit(req.log_tail, lost_pids(req.verdict), held) if req.cause == "rank_died" else None
-    named = culprits(evidence, held, missing_pids or _never_joined(classification), dead)
+    named = culprits(evidence, held, missing_pids or never_joined(classification), dead)
 
     blobs = await asyncio.to_thread(_files, req, got, redactor)  # redacting MBs of dumps: off the loop
     if ras.raw:

@@ -22,8 +22,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from supervisor.diagnostics.capturerecords import Evidence, Frame, ProcEvidence
-from supervisor.diagnostics.waits import ThreadView, thread_views
+from supervisor.diagnostics.capturerecords import Classification, Evidence, Frame, ProcEvidence
+from supervisor.diagnostics.waits import ThreadView, stdlib_sync_file, thread_views
 
 # Helper threads every SGLang scheduler carries, by name (py-spy's or /proc's comm) or frame file.
 _HELPERS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -49,7 +49,9 @@ class Culprit:
     tid: int | None
     doing: str  # "sleeps in clock_nanosleep", "waits in acquire", "runs", "is stopped (SIGSTOP)"
     frames: tuple[str, ...]  # innermost meaningful first: "init_attention_backends (sitecustomize.py:27)"
-    held_s: float | None  # how long the server has not progressed while this thread sat there
+    # The verdict's seconds without progress (`since_progress_s`), the same for every rank: not how
+    # long this thread has been in this frame, which one stack read per rank cannot tell.
+    held_s: float | None
     evidence: tuple[str, ...]  # why this thread, in words
     gil: bool = False  # py-spy said it holds the GIL
     helpers: int = 0  # idle helper threads of this rank folded into a count
@@ -66,15 +68,16 @@ class Culprit:
         return f"Culprit: {self.process} thread '{self.thread}'{tid} {self.doing}{at}{gil}{held}"
 
     def caller(self) -> str | None:
-        """The first Python frame outside the innermost one's file, wrappers (`<locals>`) skipped: the
-        server's own code that called into the hang (`TpModelWorker.init_attention_backends` for a
-        native sleep reached through a patched hook), so the first line names where in the server."""
+        """The first Python frame outside the innermost one's file, wrappers (`<locals>`) and Python's
+        own threading code (`Thread.run`) skipped: the server's own code that called into the hang
+        (`TpModelWorker.init_attention_backends` for a native sleep reached through a patched hook),
+        so the first line names where in the server. None for a thread's own target function."""
         if not self.frames:
             return None
         home = _python_file(self.frames[0])
         for f in self.frames[1:]:
             file = _python_file(f)
-            if file is not None and file != home and "<locals>" not in f:
+            if file is not None and file != home and "<locals>" not in f and not stdlib_sync_file(file):
                 return f
         return None
 
@@ -277,6 +280,11 @@ def culprits(
     return (dead, *ranked) if dead is not None else ranked
 
 
+def never_joined(cls: Classification) -> list[int]:
+    """The pids the collective rule named as never having joined (\"TP1 (pid 42) never joined\")."""
+    return [int(m) for r in cls.reasons if "never joined" in r for m in re.findall(r"\(pid (\d+)\)", r)]
+
+
 def _with(c: Culprit, why: str) -> Culprit:
     return Culprit(
         c.rank,
@@ -356,13 +364,20 @@ def lost_pids(verdict: Mapping[str, object]) -> list[int]:
     return [int(v)] if isinstance(v, int | float) and not isinstance(v, bool) else []
 
 
+# The verdict's figure for how long the server has made no progress: at start-up no channel moved
+# (`since_progress_s`), while serving no decode token came (`since_tokens_s`, a serving stall's).
+HELD_FIGURES = ("since_progress_s", "since_tokens_s")
+
+
 def held_from(verdict: Mapping[str, object]) -> float | None:
-    """Seconds without progress, from the verdict's figures (`since_progress_s`)."""
+    """Seconds without progress, from the verdict's figures (HELD_FIGURES); None for a verdict that
+    has none (a failed health check, a dead rank, RAS's or SGLang's own watchdog's finding)."""
     figures = verdict.get("figures")
     if isinstance(figures, Mapping):
-        v = figures.get("since_progress_s")
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return round(float(v), 1)
+        for name in HELD_FIGURES:
+            v = figures.get(name)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                return round(float(v), 1)
     return None
 
 

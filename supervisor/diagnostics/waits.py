@@ -150,7 +150,13 @@ def _sites(python: StackThread | None) -> tuple[Frame | None, Frame | None]:
 
 
 def _is_sync(f: Frame) -> bool:
-    return f.file in _SYNC_FILES or f.file.startswith(_SYNC_DIRS) or "/threading.py" in f.file
+    return stdlib_sync_file(f.file)
+
+
+def stdlib_sync_file(file: str) -> bool:
+    """Python's own threading, queue, selector and multiprocessing code: a wait or a thread's
+    bootstrap, never the server's."""
+    return file in _SYNC_FILES or file.startswith(_SYNC_DIRS) or "/threading.py" in file
 
 
 def _kind(

@@ -3,11 +3,28 @@ produces (py-spy threads with their status, /proc samples), and the rank named f
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import get_args
+
 import pytest
 
 from probes.types import ThreadInfo
 from supervisor.diagnostics import Evidence, Frame, ProcEvidence, StackThread
-from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids, rank_culprit
+from supervisor.diagnostics.classify import classify
+from supervisor.diagnostics.culprit import (
+    Culprit,
+    culprits,
+    died_culprit,
+    held_from,
+    lost_pids,
+    never_joined,
+    rank_culprit,
+)
+from supervisor.diagnostics.tools import parse_py_spy
+from supervisor.status.causes import HangClass
 
 PID = 100
 
@@ -154,6 +171,173 @@ def test_a_dead_rank_needs_its_last_words(tail: list[str], lost: list[int], pid:
 
 def test_verdict_figures_read_safely() -> None:
     assert held_from({"figures": {"since_progress_s": 12.345}}) == 12.3
+    assert held_from({"figures": {"running_reqs": 2.0, "since_tokens_s": 6.04}}) == 6.0  # a serving stall's
+    assert held_from({"figures": {"health_failures": 2.0}}) is None
     assert held_from({"figures": {"since_progress_s": True}}) is None
     assert held_from({"figures": "garbage"}) is None
     assert lost_pids({"figures": {"lost_pid": 42}}) == [42] and lost_pids({}) == []
+
+
+H200_GIL = json.loads((Path(__file__).parent / "fixtures" / "h200-lock-gil-culprit.json").read_text())
+
+
+def test_the_h200_lock_gil_culprit_line_names_sglangs_frame() -> None:
+    """The real frames of the H200 run (LOCK_GIL injected into SGLang 0.5.16): its first line then
+    named only the injected `_hold_the_gil`; it must name SGLang's frame that called into the hang."""
+    kept = H200_GIL["culprit"]
+    c = Culprit(
+        kept["rank"],
+        kept["pid"],
+        kept["process"],
+        kept["thread"],
+        kept["tid"],
+        kept["doing"],
+        tuple(kept["frames"]),
+        kept["held_s"],
+        tuple(kept["evidence"]),
+        kept["gil"],
+        kept["helpers"],
+        tuple(kept["helper_kinds"].items()),
+    )
+    line = c.line()
+    assert line.startswith("Culprit: scheduler TP0 pid 799 thread 'MainThread' tid 799 sleeps in clock_nanosleep ")
+    assert " in TpModelWorker.init_attention_backends (tp_worker.py:390)" in line, line
+    assert "init_attention_backends" not in H200_GIL["first_line_then"]  # the line this test guards against
+
+
+def test_the_h200_lock_gil_stack_read_again_gives_the_same_culprit() -> None:
+    """The H200 main thread's stack laid out as `py-spy dump --native` prints it (innermost first; the
+    GIL mark from pystack's look), read the way the capture reads it: the same frames and a first line
+    naming the main thread and SGLang's frame. The results file kept the culprit's six frames only, so
+    the native frames between `clock_nanosleep` and the Python site (libffi, _ctypes) and the wchan
+    are left out; neither decides the culprit."""
+    kept = H200_GIL["culprit"]
+    native = next(f for f in kept["frames"] if ".py:" not in f)
+    python = [f for f in kept["frames"] if f != native]
+    dump = "\n".join(['Thread 799 (idle): "MainThread"', f"    {native}", *(f"    {f}" for f in python)])
+    main = replace(parse_py_spy(dump)[0], status="idle+gil")
+    s = sample((799, "python", "S", "hrtimer_nanosleep"))
+    c = rank_culprit(proc(s, main, pid=799), kept["held_s"])
+    assert c is not None and c.thread == "MainThread" and c.gil
+    assert c.frames == tuple(kept["frames"]), c.frames
+    assert c.doing == kept["doing"] and c.evidence[0] == kept["evidence"][0]
+    line = c.line()
+    assert line.startswith("Culprit: scheduler TP0 pid 799 thread 'MainThread' tid 799 sleeps in clock_nanosleep at ")
+    assert " in TpModelWorker.init_attention_backends (tp_worker.py:390), holding the GIL" in line, line
+
+
+def _two_ranks_one_never_joined() -> Evidence:
+    reduce = py(PID, "MainThread", ("all_reduce", "torch/distributed/distributed_c10d.py", 2806))
+    tp0 = proc(sample((PID, "python", "S", "futex_do_wait")), reduce)
+    late = py(PID + 30, "MainThread", ("load_weights", "loader.py", 80))
+    tp1 = proc(sample((PID + 30, "python", "S", "futex_do_wait")), late, pid=PID + 30, rank=1)
+    return Evidence((tp0, tp1))
+
+
+# One row per hang class (supervisor.status.causes.HangClass), in the shapes the simulator and real
+# SGLang give: the class the rules decide, and the first line naming the culprit's thread and frame.
+# The collective row is the frames' own rule (a rank waits in torch.distributed, another never came);
+# through the daemon the simulator reaches it only with NCCL RAS's word or a multi-node group.
+CLASS_TABLE = [
+    (
+        "idle_deadlock",
+        lambda: Evidence(
+            (
+                proc(
+                    sample((PID, "python", "S", "futex_do_wait"), (PID + 3, "python", "S", "futex_do_wait")),
+                    py(PID, "MainThread", ("join", "threading.py", 1112), ("deadlock_forever", "hangs.py", 50)),
+                    py(
+                        PID + 3,
+                        "weight-sync",
+                        ("_sync_weights_to_graph_pool", "hangs.py", 40),
+                        ("Thread.run", "threading.py", 982),
+                    ),
+                ),
+            )
+        ),
+        "scheduler TP0 pid 100 thread 'weight-sync' tid 103 waits in futex_do_wait at _sync_weights_to_graph_pool",
+    ),
+    (
+        "busy_spin",
+        lambda: Evidence(
+            (
+                proc(
+                    sample((PID, "python", "S", "futex_do_wait"), (PID + 4, "python", "R", "0")),
+                    py(PID, "MainThread", ("join", "threading.py", 1112), ("spin_forever", "hangs.py", 70)),
+                    py(PID + 4, "custom-all-reduce", ("_wait_for_peer_flag", "hangs.py", 66), status="active+gil"),
+                ),
+            )
+        ),
+        "scheduler TP0 pid 100 thread 'custom-all-reduce' tid 104 runs at _wait_for_peer_flag (hangs.py:66)",
+    ),
+    ("collective", _two_ranks_one_never_joined, "scheduler TP1 pid 130 thread 'MainThread' tid 130 waits"),
+    (
+        "cuda_graph_capture",
+        lambda: Evidence(
+            (
+                proc(
+                    sample((PID, "python", "R", "0")),
+                    py(
+                        PID,
+                        "MainThread",
+                        ("Event.synchronize", "torch/cuda/streams.py", 254),
+                        ("CudaGraphRunner.capture", "sglang/srt/model_executor/cuda_graph_runner.py", 400),
+                        status="active+gil",
+                    ),
+                ),
+            )
+        ),
+        "thread 'MainThread' tid 100 runs at Event.synchronize (torch/cuda/streams.py:254) in CudaGraphRunner.capture",
+    ),
+    (
+        "io_wait",
+        lambda: Evidence(
+            (
+                proc(
+                    sample((PID, "python", "D", "kernel_clone")),
+                    py(PID, "MainThread", ("stuck_in_kernel", "hangs.py", 112), ("_allocate_kv", "startup.py", 180)),
+                ),
+            )
+        ),
+        "thread 'MainThread' tid 100 is in D state in kernel_clone at stuck_in_kernel (hangs.py:112)"
+        " in _allocate_kv (startup.py:180)",
+    ),
+    (
+        "unknown",
+        lambda: Evidence(
+            (
+                proc(
+                    sample((PID, "python", "S", "do_sys_poll")),
+                    py(
+                        PID,
+                        "MainThread",
+                        ("_PollLikeSelector.select", "selectors.py", 415),
+                        ("ServingLoop._receive", "decode_loop.py", 127),
+                    ),
+                ),
+            )
+        ),
+        "thread 'MainThread' tid 100 waits in select at ServingLoop._receive (decode_loop.py:127)",
+    ),
+]
+
+
+def test_the_class_table_has_every_hang_class() -> None:
+    assert [row[0] for row in CLASS_TABLE] == list(get_args(HangClass))
+
+
+@pytest.mark.parametrize(("hang_class", "evidence", "named"), CLASS_TABLE, ids=[row[0] for row in CLASS_TABLE])
+def test_every_hang_class_names_its_culprit_first(
+    hang_class: str, evidence: Callable[[], Evidence], named: str
+) -> None:
+    """What capture does: classify, then the culprits (the collective rule's "never joined" rank first)."""
+    ev = evidence()
+    cls = classify(ev)
+    assert cls.hang_class == hang_class, cls.reasons
+    first = culprits(ev, 7.0, never_joined(cls))[0]
+    line = first.line()
+    assert line.startswith("Culprit: scheduler TP") and named in line, line
+    assert line.endswith(", no progress for 7 s") and " in Thread.run" not in line, line
+    if hang_class == "collective":
+        assert first.evidence[0] == "this rank never joined the collective the other ranks wait in"
+        assert " at load_weights (loader.py:80)" in line
