@@ -129,6 +129,7 @@ class HealthProbe:
         self._owns_client = client is None
         self._monotonic = monotonic
         self._task: asyncio.Task[HealthObservation] | None = None
+        self._abandoned: set[asyncio.Task[HealthObservation]] = set()  # cancelled, maybe not yet ended
 
     @property
     def in_flight(self) -> bool:
@@ -161,15 +162,19 @@ class HealthProbe:
     def cancel(self) -> None:
         """Abandon the request in flight (a relaunch: its answer would describe the old server).
         Callers awaiting it get CancelledError; the next `probe()` starts a fresh request."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            self._abandoned.add(task)
+            task.add_done_callback(self._abandoned.discard)
         self._task = None
 
     async def aclose(self) -> None:
-        task = self._task
+        """Close the client once every request on it has ended, the abandoned ones included: a
+        client closed under a request that was still connecting leaks that connection's socket."""
         self.cancel()
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+        if self._abandoned:
+            await asyncio.gather(*self._abandoned, return_exceptions=True)
         if self._owns_client:
             await self._client.aclose()
 

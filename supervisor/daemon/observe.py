@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from probes.busy import BusyProbe
 from probes.gpm import GpmProbe
@@ -89,8 +90,8 @@ class Observer:
         srv, wd = settings.server, settings.watchdog
         url = _base_url(srv.host, srv.port)
         old = [p for p in (getattr(self, "health_probe", None), getattr(self, "serving_probe", None)) if p is not None]
-        for probe in old:  # each owns an httpx client
-            self._closing.add(asyncio.ensure_future(probe.aclose()))
+        if old:  # each owns an httpx client, perhaps with a request of ours still on it
+            self._closing.add(asyncio.ensure_future(self._retire(self._take_requests(), old)))
         self.ports_probe = PortsProbe(srv.host, srv.port)
         old_ras: RasProbe | None = getattr(self, "ras_probe", None)
         if old_ras is not None:
@@ -219,10 +220,27 @@ class Observer:
         self.last_serving = task.result()
         return self.last_serving
 
+    def _take_requests(self) -> list[asyncio.Task[Any]]:
+        """The health and scrape requests in flight, cancelled and no longer ours to read."""
+        tasks = [t for t in (self._health_task, self._serving_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        self._health_task = self._serving_task = None
+        return tasks
+
+    @staticmethod
+    async def _retire(tasks: list[asyncio.Task[Any]], probes: list[HealthProbe | ServingProbe]) -> None:
+        """Close probes' clients only once their requests have ended. A client closed while one of
+        its requests was still connecting let that connection in after the pool had shut: a socket
+        no one would ever close (the suite's 'unclosed transport' ResourceWarnings)."""
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for probe in probes:
+            await probe.aclose()
+
     async def close(self) -> None:
+        requests = self._take_requests()
         self.reset()
-        await self.health_probe.aclose()
-        await self.serving_probe.aclose()
+        await self._retire(requests, [self.health_probe, self.serving_probe])
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.to_thread(self.gpm.close)

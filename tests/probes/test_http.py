@@ -164,6 +164,40 @@ async def test_aclose_cancels_a_probe_in_flight_and_closes_its_own_client() -> N
         await pending
 
 
+async def test_aclose_after_a_cancel_waits_for_the_abandoned_request_before_closing_the_client() -> None:
+    """A relaunch cancels the request in flight; a reload then closes the probe. Closing the client
+    while that request was still connecting let its connection in after the pool had shut: a socket
+    no one closed (the suite's 'unclosed transport' warnings). The close waits for it to end."""
+    in_handler = asyncio.Event()
+    ended_before_close: list[bool] = []
+    handled: list[asyncio.Task[object] | None] = []
+
+    class Transport(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            handled.append(asyncio.current_task())  # type: ignore[arg-type]
+            in_handler.set()
+            try:
+                await asyncio.sleep(5)
+            finally:
+                await asyncio.sleep(0.05)  # the connection's own clean-up, shielded in httpcore
+            return httpx.Response(200)
+
+        async def aclose(self) -> None:
+            task = handled[0] if handled else None
+            ended_before_close.append(task is None or task.done())
+
+    probe = HealthProbe("http://h", "/health", 10.0)
+    await probe._client.aclose()
+    probe._client = httpx.AsyncClient(transport=Transport())  # still owned by the probe
+    stale = asyncio.ensure_future(probe.probe())
+    await in_handler.wait()
+    probe.cancel()  # the relaunch
+    await probe.aclose()  # the reload, later
+    assert ended_before_close == [True]
+    with pytest.raises(asyncio.CancelledError):
+        await stale
+
+
 async def test_cancel_abandons_the_request_in_flight() -> None:
     calls = 0
     first_call = asyncio.Event()
