@@ -247,25 +247,47 @@ async def _relaunch(g: GroupRuntime, node: int, rung: str, record: Record) -> No
         g.mismatched.pop(node, None)
 
 
-async def clearance(g: GroupRuntime, rung: str, beating: Beating) -> Clearance:
-    """A worker asks its leader before it launches: which rung, or wait (issue 34)."""
-    if g.is_leader or g.to_leader is None:
+@dataclass(frozen=True)
+class JoinReading:
+    """A member's reading of its leader's answer to `POST /group/join`."""
+
+    clearance: Clearance
+    accepted: bool | None  # the leader accepts this daemon (its config, its node_rank); None: no answer
+
+
+def read_join(a: Answer, rung: str, by_group: bool) -> JoinReading:
+    """`launch` and `wait` accept this daemon, 409 refuses it. The rung launched is the one the
+    leader named: in its own launch request (`by_group`: `rung`), else in this answer."""
+    if a.status == 409:
+        why = f"refused by the group's leader: {str(a.body.get('detail', ''))[:600]}"
+        return JoinReading(Clearance(None, why), False)
+    if not a.ok:
+        why = f"the group's leader ({a.address}) cannot be asked ({a.error}); not launching without it"
+        return JoinReading(Clearance(None, why), None)
+    verdict, given, reason = a.body.get("verdict"), a.body.get("rung"), str(a.body.get("reason", ""))[:300]
+    if verdict not in ("launch", "wait"):
+        return JoinReading(Clearance(None, f"the group's leader answered {str(verdict)[:40]!r}: {reason}"), None)
+    if by_group:
+        return JoinReading(Clearance(rung, reason), True)
+    if verdict == "launch" and isinstance(given, str) and given:
+        return JoinReading(Clearance(given, reason), True)
+    return JoinReading(Clearance(None, f"waiting for the group's leader: {reason}"), True)
+
+
+async def clearance(g: GroupRuntime, rung: str, by_group: bool, beating: Beating) -> Clearance:
+    """A worker launches only once its leader has accepted this daemon and named the rung (issue
+    34): the leader's launch request (`by_group`) names it, but accepts nobody, so a daemon the
+    leader has not accepted (never asked, refused, or reloaded since) asks first, whoever launches."""
+    if g.is_leader or g.to_leader is None or (by_group and g.accepted):
         return Clearance(rung)
     body = {"node": g.node, "instance": g.instance, "fingerprint": g.fingerprint, "rung": rung}
     answers: tuple[Answer, ...] = await beating(
         g.to_leader.ask_all("POST", "/group/join", timeout=g.settings.request_timeout_s, body=body)
     )
-    a = answers[0]
-    if a.status == 409:
-        return Clearance(None, f"refused by the group's leader: {str(a.body.get('detail', ''))[:600]}")
-    if not a.ok:
-        return Clearance(
-            None, f"the group's leader ({a.address}) cannot be asked ({a.error}); not launching without it"
-        )
-    verdict, given = a.body.get("verdict"), a.body.get("rung")
-    if verdict == "launch" and isinstance(given, str) and given:
-        return Clearance(given, str(a.body.get("reason", ""))[:300])
-    return Clearance(None, f"waiting for the group's leader: {str(a.body.get('reason', ''))[:300]}")
+    reading = read_join(answers[0], rung, by_group)
+    if reading.accepted is not None:
+        g.accepted = reading.accepted
+    return reading.clearance
 
 
 def answer_join_request(
@@ -403,7 +425,9 @@ class GroupPeers:
     def fit(self, settings: Settings) -> Settings:
         g = settings.group
         if g is not None:  # a reload may change the ladder or the args: the next report says so
-            self.runtime.fingerprint = fingerprint(settings)
+            new = fingerprint(settings)
+            if new != self.runtime.fingerprint:  # the leader accepted the old config, not this one
+                self.runtime.fingerprint, self.runtime.accepted = new, False
         if g is None or g.is_leader:
             return settings
         rs = settings.restart  # a promotion back up is the leader's, for the group
@@ -458,9 +482,7 @@ class GroupPeers:
         # A launch ends the verdict this node held for the old server: a later bundle or report
         # gives its own cause, not the old one's (issue 34).
         self.runtime.held_cause, self.runtime.held_reason = None, ""
-        if by_group:  # the leader itself asked for this launch
-            return Clearance(rung)
-        return await clearance(self.runtime, rung, beating)
+        return await clearance(self.runtime, rung, by_group, beating)
 
     def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record) -> JoinAnswer:
         return answer_join_request(self.runtime, node, instance, theirs, check, record)

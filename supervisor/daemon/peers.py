@@ -87,7 +87,8 @@ class Peers(Protocol):
         ...
 
     async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
-        """Before a launch: a group's member asks its leader (unless the leader asked for it)."""
+        """Before a launch: a group's member asks its leader, unless the leader asked for this launch
+        (`by_group`) and has already accepted this daemon."""
         ...
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot: ...

@@ -34,6 +34,7 @@ class GroupRuntime:
     members_stopped: bool = False  # the leader stopped its members: its next launch launches them too
     saved_at: Path | None = None  # where `members_stopped` outlives the daemon (state_dir/group.json)
     to_leader: GroupClient | None = None  # a worker's client for its leader (it asks before it launches)
+    accepted: bool = False  # a worker: its leader's last join answer accepted this daemon (launch or wait)
     instance: str = field(default_factory=lambda: os.urandom(16).hex())  # this daemon's life, in its reports
     fingerprint: dict[str, str] = field(default_factory=dict)  # this node's group-relevant config
     own_rung: str | None = None  # what this node runs, as last published
