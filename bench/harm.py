@@ -16,7 +16,7 @@ and its count of harms, the acts the daemon must never commit; 0 is the target (
   and the daemon's own loop held up (SIGSTOP of the daemon).
 - h. judge a slow start of a known model as hung (learned windows, issue 36): two good starts of a
   model and rung, then the same model slower (pace 3x and 5x, a quiet load or a compile 3x the
-  learned one), under the windows that judge bench/outage.py's deadlock on a known model in 3.5 s.
+  learned one), under the windows that judge bench/outage.py's deadlock on a known model (its table says how fast).
 """
 
 from __future__ import annotations
@@ -369,7 +369,7 @@ def late_daemon() -> Outcome:
 
 # ---- h. learned windows (issue 36) ---------------------------------------------------------------------
 
-# The outage benchmark's windows (bench/outage.py), which judge its deadlock on a known model in 3.5 s:
+# The outage benchmark's windows (bench/outage.py), which judge its deadlock on a known model in seconds:
 # `startup_stall_s` 20 s is the ceiling, a learned window 5 x the longest quiet of a good start, floor 3 s.
 LEARNED_CEILING_S = 20.0
 LEARNED = LearnedSettings(multiple=5.0, floor_s=3.0)
@@ -450,7 +450,7 @@ def rows() -> list[list[Row]]:
         ],
         [
             # Learned windows (issue 36): a start of a known model, slower than every good start but
-            # progressing, under the windows that judge the outage benchmark's deadlock in 3.5 s.
+            # progressing, under the windows that judge the outage benchmark's deadlock in seconds.
             Row("h. judge a slow start of a known model as hung", "3x slower start (pace 3x)", known_then_slow(
                 "ok", {}, {"PACE": str(3 * W.pace)}, f"pace {3 * W.pace:g} after {GOOD_STARTS} starts at {W.pace:g}")),
             Row("h. judge a slow start of a known model as hung", "5x slower start (pace 5x)", known_then_slow(
@@ -471,10 +471,19 @@ def starving(group: Sequence[Row]) -> bool:
     return any(r.act.startswith("e.") for r in group)
 
 
+def _first_note(notes: Sequence[str], limit: int = 220) -> str:
+    """The first trial's note whole (cut at a word where too long) and how many trials said otherwise:
+    every trial's note joined and cut at a fixed width ended mid-sentence."""
+    if not notes:
+        return "-"
+    first = notes[0] if len(notes[0]) <= limit else notes[0][:limit].rsplit(" ", 1)[0] + " ..."
+    return first + (f" (+{len(notes) - 1} other note(s) in the saved results)" if len(notes) > 1 else "")
+
+
 def render(done: Sequence[Row], trials: int, *, rerendered: bool = False, only: str = "") -> str:
     body = []
     for r in done:
-        note = "; ".join(r.notes)[:220] or "-"
+        note = _first_note(r.notes)
         if r.errors:
             note = f"ERROR {r.errors[0][:160]}" + (f"; {note}" if r.notes else "")
         body.append([r.act, r.scenario, r.trials, r.harms if r.trials else "-", note])
@@ -487,7 +496,8 @@ def render(done: Sequence[Row], trials: int, *, rerendered: bool = False, only: 
         + (
             f" Rows h: `startup_stall_s` {LEARNED_CEILING_S:g} s as the ceiling, learned windows {LEARNED.multiple:g} x"
             f" the longest quiet interval of a phase on {GOOD_STARTS} good starts, floor {LEARNED.floor_s:g} s"
-            " (bench/outage.py's, which judge its deadlock on a known model in 3.5 s); the note names the"
+            " (bench/outage.py's, whose table gives the time its deadlock on a known model is judged in);"
+            " the note names the"
             " tightest learned window that was in force during the slow start."
             if any(r.act.startswith("h.") for r in done)
             else ""

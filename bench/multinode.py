@@ -305,7 +305,7 @@ def render(runs: list[Run], reps: int) -> str:
         "Onset to verdict: to the leader's `hung` (before any capture); to evidence: the leader's "
         "`group_evidence` (every member's capture answered). `never_joins` starts node 1's daemon only "
         "after the verdict, so node 1 has no bundle for it (1/2 by design) and its first launch is no "
-        "restart (1/0); the leader waits `absent_wait_s` (6 s here; 120 s in the start trials) for the "
+        "restart (its 0); the leader waits `absent_wait_s` (6 s here; 120 s in the start trials) for the "
         "absent node first, then retries the same rung. The daemon faults must cost no restart on any "
         "node. The start trials start one daemon, then the other 15 or 60 s later (to group ready: "
         "from the first start; "
