@@ -4,6 +4,7 @@ keeps the answer open and sends each new line (`sglang-supervisor logs -f`)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
@@ -13,7 +14,7 @@ from api.deps import Context
 from api.errors import error_response
 from api.follow import tail_lines
 from api.launchlog import NoPreviousLaunch, previous_launch
-from api.streams import FOLLOW_POLL_S, FollowResponse, follow_lines, start_following, too_many_follows
+from api.streams import FOLLOW_POLL_S, FollowResponse, follow_chunks, joined, start_following, too_many_follows
 
 MAX_LOG_LINES = 10_000
 
@@ -25,6 +26,16 @@ def render_line(line: bytes, redact: Callable[[str], str]) -> bytes:
     if "\r" in text:  # a progress bar's updates: its latest state
         text = [s for s in text.split("\r") if s.strip()][-1] if text.strip() else ""
     return (redact(text) + "\n").encode()
+
+
+def rendered(lines: list[bytes], redact: Callable[[str], str]) -> list[bytes]:
+    """`lines` as the answer sends them, in chunks; run on the API's pool, never on the loop (a
+    redaction per line of a flood held the loop: api/streams.py)."""
+    return joined(render_line(line, redact) for line in lines)
+
+
+def rendered_tail(log_file: Path, n: int, redact: Callable[[str], str]) -> list[bytes]:
+    return rendered(tail_lines(log_file, n), redact)  # bounded in bytes (api/follow.py)
 
 
 @router.get(
@@ -50,7 +61,7 @@ async def logs(
             prev = await ctx.pool.run(previous_launch, ctx.journal, log_file, lines)
         except NoPreviousLaunch as why:
             return error_response(404, "not_found", f"no previous launch to show: {why}")
-        text = b"".join(render_line(line, ctx.redact) for line in prev.lines)
+        text = b"".join(await ctx.pool.run(rendered, prev.lines, ctx.redact))
         about = f"rung={prev.rung}; pid={prev.pid}; launched={prev.at}"
         return Response(
             text,
@@ -61,19 +72,22 @@ async def logs(
         return too_many_follows(ctx.follows)
     try:
         follower = await start_following(log_file, ctx.pool) if follow else None
-        tail = await ctx.pool.run(tail_lines, log_file, lines)  # bounded in bytes (api/follow.py)
+        tail = await ctx.pool.run(rendered_tail, log_file, lines, ctx.redact)
     except BaseException:
         if follow:
             ctx.follows.give_back()
         raise
 
     async def body() -> AsyncIterator[bytes]:
-        stream = follow_lines(follower, FOLLOW_POLL_S, ctx.pool) if follower is not None else None
-        for line in tail:
-            yield render_line(line, ctx.redact)
-        if stream is not None:
-            async for line in stream:
-                yield render_line(line, ctx.redact)
+        for chunk in tail:
+            yield chunk
+        if follower is not None:
+
+            def render(new: list[bytes]) -> list[bytes]:
+                return rendered(new, ctx.redact)
+
+            async for chunk in follow_chunks(follower, render, FOLLOW_POLL_S, ctx.pool):
+                yield chunk
 
     headers = {"X-Content-Type-Options": "nosniff"}
     if follow:
