@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -30,6 +31,20 @@ def provisional_class(verdict: Verdict | None) -> HangClass | None:
 
 
 MAX_CULPRIT_CHARS = 600
+
+
+def kept_bundle(diag_dir: Path, bundle_id: str) -> dict[str, object] | None:
+    """The summary of the bundle already written under `bundle_id` ({} when unreadable); None: none.
+    A group incident has one bundle per node: asked again for it (a successor leader), a member
+    answers with the one it wrote, whatever became of the request that asked first."""
+    path = diag_dir / bundle_id
+    if not path.is_dir():
+        return None
+    try:
+        doc = json.loads((path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def culprit_text(summary: Mapping[str, object]) -> str | None:

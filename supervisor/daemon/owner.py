@@ -43,7 +43,7 @@ from supervisor.daemon.beating import keep_beating
 from supervisor.daemon.comeback import Comeback
 from supervisor.daemon.counting import RestartingCount
 from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, counting_subscriptions
-from supervisor.daemon.evidence import collect, culprit_text, provisional_class
+from supervisor.daemon.evidence import collect, culprit_text, kept_bundle, provisional_class
 from supervisor.daemon.incidentids import unique_incident_id
 from supervisor.daemon.observe import Observer
 from supervisor.daemon.peers import NoPeers, Peers
@@ -1220,6 +1220,11 @@ class Owner:
         asked = self.peers.asked(cmd)
         obs = self.server.obs if self.server.obs is not None else await self.observe()
         if asked is not None and cmd.incident_id is not None:
+            kept = kept_bundle(self.settings.state_dir / "diagnostics", cmd.incident_id)
+            if kept is not None:  # asked again for one incident (a successor leader): one bundle per node
+                st = self.lifecycle.state.value
+                finish(cmd, CommandResult("done", "captured before", st, bundle_id=cmd.incident_id, summary=kept))
+                return
             if self.lifecycle.state in SERVING and obs.logs.phase != "serving":
                 # A worker node logs no ready line (SGLang starts no HTTP server there): its log's
                 # last phase is start-up's, but it was serving; its bundle says its own phase (issue 34).
@@ -1337,7 +1342,8 @@ class Owner:
         self.record("state_loaded", only="log", detail=why, rung=rung, last_good=self.ladder.last_good)
         self.record("daemon_started", only="journal", version=self.version, state=why, rung=rung)
         if saved is not None and saved.open_incident is not None:
-            self.record_interrupted(saved.open_incident)
+            bundle = await self.complete_group_capture(saved.open_incident)
+            self.record_interrupted(saved.open_incident, bundle)
         self.persist()
         if saved is None:
             not_adopted = f"no server record to adopt it by ({why})"
@@ -1510,10 +1516,28 @@ class Owner:
         if self.lifecycle.state in RESTART_UNDER_WAY and self.leaving is None:
             self.inhand.resume_after_error = True
 
-    def record_interrupted(self, inc: OpenIncident) -> None:
+    async def complete_group_capture(self, inc: OpenIncident) -> str | None:
+        """A group's leader killed while it captured a group incident's evidence: its successor
+        completes it under the same id (issue 34). Node 0's bundle is taken now, before the old tree
+        is stopped (unless the predecessor wrote it), and every member is asked again; a member that
+        wrote its bundle answers with it. Node 0's bundle id, if any."""
+        g = self.settings.group
+        if g is None or not g.is_leader:
+            return None
+        if kept_bundle(self.state_dir / "diagnostics", inc.id) is not None:
+            await self.peers.capture_alone(inc.id, self.beating, self.record)
+            return inc.id
+        obs = await self.observe()
+        trigger = "hung" if inc.cause in HUNG_CAUSES else "manual"
+        own = self.capture_bundle(inc.id, trigger, inc.cause, obs, None)
+        result = await self.peers.capture(inc.id, own, self.beating, self.record)
+        return result.id if result is not None and result.path is not None else None
+
+    def record_interrupted(self, inc: OpenIncident, bundle: str | None = None) -> None:
         """The previous daemon died capturing evidence: the incident is recorded as it stood."""
+        detail = "capture interrupted" + ("; completed by this daemon" if bundle is not None else "")
         view = IncidentView(
-            id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail="capture interrupted"
+            id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail=detail, bundle=bundle
         )
         self.book_incident(view, interrupted=True)
         self.record("incident_interrupted", "warning", only="log", id=inc.id, cause=inc.cause, rung=inc.rung)

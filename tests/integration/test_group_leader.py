@@ -1,0 +1,94 @@
+"""Issue 34, the group's leader daemon killed in the middle of a group incident, through real daemons:
+killed while it captures, the incident keeps its evidence on every node; killed in the backoff, its
+successor relaunches the members it stopped, on the same rung."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from groupdaemons import Node, group_of, group_ready
+
+from supervisor.common.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> Iterator[list[Node]]:
+    nodes: list[Node] = []
+    yield nodes
+    for n in reversed(nodes):
+        n.cleanup()
+
+
+def slow_py_spy(tmp_path: Path, delay_s: float) -> Path:
+    """py-spy whose dumps take `delay_s` longer: a capture that lasts long enough to be cut."""
+    real = Path(sys.executable).parent / "py-spy"
+    path = tmp_path / "slow-py-spy"
+    path.write_text(f'#!/bin/sh\ncase "$1" in dump) sleep {delay_s};; esac\nexec {real} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def scheduler_pids(st: dict[str, Any]) -> list[int]:
+    return [p["pid"] for p in st["processes"] if p["role"] == "scheduler"]
+
+
+def open_incident(node: Node) -> dict[str, Any] | None:
+    doc = json.loads((node.state_dir / "state.json").read_text())
+    inc: dict[str, Any] | None = doc.get("open_incident")
+    return inc
+
+
+def bundle(node: Node, incident: str) -> dict[str, Any] | None:
+    path = node.state_dir / "diagnostics" / incident / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_the_leader_killed_while_capturing_leaves_a_bundle_on_every_node(tmp_path: Path, made: list[Node]) -> None:
+    leader, worker = group_of(tmp_path, diagnostics={"py_spy_path": str(slow_py_spy(tmp_path, 3.0))})
+    made.extend((leader, worker))
+    for n in (leader, worker):
+        n.start()
+    leader.wait(group_ready, 90, "the group ready")
+    wst = worker.status()
+    assert wst is not None
+    os.kill(scheduler_pids(wst)[0], signal.SIGKILL)  # a worker's rank dies: the group's incident
+    # The member was asked for its bundle (its journal says so) and the leader is still capturing its own.
+    wait_for(
+        lambda: worker.events("command"),
+        lambda cmds: any(c["kind"] == "diagnose" and c["source"] == "group" for c in cmds),
+        60,
+        what="the leader asking node 1 for its bundle",
+    )
+    inc = open_incident(leader)
+    assert inc is not None, "the leader's capture had ended before the kill"
+    leader.kill_daemon()
+    # The member's capture is not cut by the leader's request going away: its bundle is written.
+    summary = wait_for(lambda: bundle(worker, inc["id"]), lambda s: s is not None, 60, what="node 1's bundle")
+    assert summary is not None and summary["group"]["incident"] == inc["id"] and summary["group"]["node"] == 1
+    # The successor completes the capture under the same id: node 0's bundle, and the member asked
+    # again answers with the bundle it wrote (one bundle per node for one incident).
+    leader.start()
+    ev = wait_for(
+        lambda: [e for e in leader.events("group_evidence") if e["id"] == inc["id"]],
+        bool,
+        60,
+        what="the successor's group_evidence for the interrupted incident",
+    )
+    assert ev[-1]["bundles"] == {"1": inc["id"]}, ev
+    own = wait_for(lambda: bundle(leader, inc["id"]), lambda s: s is not None, 60, what="node 0's bundle")
+    assert own is not None and own["group"]["node"] == 0 and own["group"]["incident"] == inc["id"]
+    assert not (worker.state_dir / "diagnostics" / f"{inc['id']}-2").exists()
+    booked = [e for e in leader.events("incident") if e.get("id") == inc["id"]]
+    assert booked and booked[-1]["bundle"] == inc["id"] and booked[-1].get("interrupted") is True
+    # And the group comes back as one.
+    st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 120, "the group ready again")
+    assert st["group"]["nodes"][1]["rung"] == st["rung"]
