@@ -118,9 +118,11 @@ def sim_settings(
     watchdog: dict[str, Any] | None = None,
     restart: dict[str, Any] | None = None,
     diagnostics: dict[str, Any] | None = None,
+    gpu_file: Path | None = None,
 ) -> Settings:
     """The daemon's config for the simulator in `wd`, with the benchmark windows (the product's
-    builder, as the tests and the demo use it with theirs)."""
+    builder, as the tests and the demo use it with theirs). `gpu_file`: the simulated GPU's JSON
+    file, read by the daemon (`[gpu] file`) and written by the simulator (`SGLANG_SIM_GPU_FILE`)."""
     data = daemonconfig.sim_config(
         w,
         scenario=scenario,
@@ -135,6 +137,7 @@ def sim_settings(
         watchdog=watchdog,
         restart=restart,
         diagnostics=diagnostics,
+        gpu_file=gpu_file,
     )
     return settings_from_mapping(data)
 
