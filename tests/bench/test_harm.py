@@ -50,7 +50,8 @@ def test_harms_are_summed_and_a_trial_that_could_not_run_is_an_error_not_a_zero(
     assert failed.trials == 0 and len(failed.errors) == 3
     text = harm.render([counted, failed], trials=2)
     lines = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    assert lines["shm"].split("|")[4].strip() == "2" and "two deleted (+1 other note(s) in the saved results)" in lines["shm"]
+    assert lines["shm"].split("|")[4].strip() == "2"
+    assert "two deleted (+1 other note(s) in the saved results)" in lines["shm"]
     assert lines["slow_load"].split("|")[4].strip() == "-" and "ERROR TimeoutError" in lines["slow_load"]
     assert "## Harm" in text and "python -m bench.harm" in text
 
