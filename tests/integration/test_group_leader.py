@@ -92,3 +92,39 @@ def test_the_leader_killed_while_capturing_leaves_a_bundle_on_every_node(tmp_pat
     # And the group comes back as one.
     st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 120, "the group ready again")
     assert st["group"]["nodes"][1]["rung"] == st["rung"]
+
+
+def test_the_leader_killed_in_the_backoff_its_successor_relaunches_the_members_on_the_same_rung(
+    tmp_path: Path, made: list[Node]
+) -> None:
+    leader, worker = group_of(
+        tmp_path,
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
+        restart={"retries_per_rung": 1, "backoff_initial_s": 20.0, "backoff_max_s": 40.0},
+    )
+    made.extend((leader, worker))
+    for n in (leader, worker):
+        n.start()
+    leader.wait(group_ready, 90, "the group ready")
+    wst = worker.status()
+    assert wst is not None
+    os.kill(scheduler_pids(wst)[0], signal.SIGKILL)
+    decided = wait_for(lambda: leader.events("ladder_decision"), bool, 60, what="the ladder's decision")
+    assert decided[-1]["action"] == "relaunch" and decided[-1]["backoff_s"] >= 10, decided  # a retry of base
+    stops = leader.events("group_stop")
+    assert stops and stops[-1]["nodes"][0]["ok"]  # the member was stopped and verified before the kill
+    assert json.loads((leader.state_dir / "group.json").read_text()) == {"members_stopped": True}
+    worker.wait(lambda s: s["state"] == "stopped" and s["pid"] is None, 10, "node 1 stopped by the group")
+    leader.kill_daemon()  # in the backoff: the decision and the stopped members are on disk only
+    leader.start()
+    resumed = wait_for(lambda: leader.events("decision_resumed"), bool, 30, what="the successor resuming")
+    assert resumed[-1]["rung"] == "base"
+    st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 120, "the group relaunched together")
+    assert st["rung"] == "base" and st["group"]["nodes"][1]["rung"] == "base"
+    launches = leader.events("group_launch")
+    assert launches and launches[-1]["rung"] == "base" and launches[-1]["nodes"][0]["ok"], launches
+    # The ladder never stepped: one decision (the predecessor's), node 1 launched by the group on base.
+    assert len(leader.events("ladder_decision")) == 1
+    assert [e["rung"] for e in worker.events("server_launched")] == ["base", "base"]
+    assert [e["cause"] for e in leader.events("incident")] == ["rank_died"]
+    assert json.loads((leader.state_dir / "group.json").read_text()) == {"members_stopped": False}
