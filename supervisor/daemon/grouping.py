@@ -27,7 +27,7 @@ from supervisor.daemon.peers import Asked, Beating, Clearance, Judged, Record
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.credentials import load_keys
 from supervisor.group.fingerprint import fingerprint
-from supervisor.group.joining import JoinAnswer, answer_join, mismatches
+from supervisor.group.joining import JoinAnswer, answer_join, lacking, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
@@ -502,6 +502,13 @@ class GroupPeers:
         if new.group != old.group:
             return "[group] changed: a reload cannot re-form the group; restart the daemon (systemctl restart)"
         return None
+
+    def refuses_command(self, cmd: Command) -> str | None:
+        """The leader refuses a start or restart to a rung a member's config lacks (issue 34)."""
+        g = self.runtime
+        if g.leader is None or cmd.kind not in ("start", "restart") or not cmd.rung or cmd.source == "group":
+            return None
+        return lacking(cmd.rung, g.leader.views())
 
     def asked(self, cmd: Command) -> Asked | None:
         if cmd.source != "group" or cmd.incident_id is None:

@@ -1106,7 +1106,7 @@ class Owner:
     def check(self, cmd: Command, *, queued: bool) -> CommandResult | None:
         """The one validation (`supervisor.policy.validation.check`), at submit and in the queue."""
         inhand = self.inhand
-        return validation.check(
+        early = validation.check(
             cmd,
             state=self.lifecycle.state,
             settings=self.settings,
@@ -1114,6 +1114,9 @@ class Owner:
             diagnosing=inhand.diagnosing,
             queued=queued,
         )
+        if early is None and (why := self.peers.refuses_command(cmd)) is not None:
+            return CommandResult("conflict", why, self.lifecycle.state.value)
+        return early
 
     async def submit(self, command: Command) -> CommandResult:
         early = self.check(command, queued=False)

@@ -101,6 +101,10 @@ class Peers(Protocol):
 
     def refuses_reload(self, new: Settings, old: Settings) -> str | None: ...
 
+    def refuses_command(self, cmd: Command) -> str | None:
+        """Why the group cannot carry out this command at all (checked before anything stops)."""
+        ...
+
     def asked(self, cmd: Command) -> Asked | None:
         """A diagnose from the leader for its incident; None: an ordinary diagnose."""
         ...
@@ -158,6 +162,9 @@ class NoPeers:
         return False
 
     def refuses_reload(self, new: Settings, old: Settings) -> str | None:
+        return None
+
+    def refuses_command(self, cmd: Command) -> str | None:
         return None
 
     def asked(self, cmd: Command) -> Asked | None:

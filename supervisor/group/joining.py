@@ -86,3 +86,21 @@ def mismatches(members: Sequence[MemberView], own_rung: str | None, mine: Mappin
             if differs:
                 out.append(Mismatch(m.node, f"node {m.node}'s config differs: " + "; ".join(differs), None))
     return tuple(out)
+
+
+def lacking(rung: str, members: Sequence[MemberView]) -> str | None:
+    """The members whose config (their last report's fingerprint) has no rung `rung`, named: the
+    group cannot launch it there, so a restart to it is refused before anything stops (issue 34).
+    None: every member that reported has it (one with no report is asked when it launches)."""
+    lack = [
+        f"node {m.node} ({m.address}) has no rung {rung!r} (its ladder: {m.report.fingerprint.get('ladder', '?')})"
+        for m in members
+        if m.report is not None and m.report.fingerprint and f"rung.{rung}" not in m.report.fingerprint
+    ]
+    if not lack:
+        return None
+    return (
+        "; ".join(lack)
+        + ": the group cannot launch it, nothing was stopped; give every node that rung (reload its config) "
+        "or choose one they all have"
+    )

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from groupdaemons import Node, group_of, group_ready
 
 from supervisor.common.waiting import wait_for
+from supervisor.config.render import dump_toml
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +130,27 @@ def test_the_leader_killed_in_the_backoff_its_successor_relaunches_the_members_o
     assert [e["rung"] for e in worker.events("server_launched")] == ["base", "base"]
     assert [e["cause"] for e in leader.events("incident")] == ["rank_died"]
     assert json.loads((leader.state_dir / "group.json").read_text()) == {"members_stopped": False}
+
+
+def test_a_restart_to_a_rung_a_member_lacks_is_refused_before_anything_stops(tmp_path: Path, made: list[Node]) -> None:
+    leader, worker = group_of(tmp_path, fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}])
+    made.extend((leader, worker))
+    for n in (leader, worker):
+        n.start()
+    leader.wait(group_ready, 90, "the group ready")
+    # Node 1's config loses rung `second` (a reload): its reports say so, its server serves on.
+    worker.config.write_text(dump_toml(worker.settings.model_copy(update={"fallback": ()})))
+    assert worker.post("/reload").status_code == 200
+    leader.wait(lambda s: "node 1's config differs" in s["group"]["reason"], 20, "node 1's new config seen")
+    before = {n.rank: (n.status() or {}).get("pid") for n in (leader, worker)}
+    r = leader.post("/restart", {"rung": "second", "reason": "test"})
+    assert r.status_code == 409, r.text
+    assert "node 1" in r.text and "'second'" in r.text, r.text
+    time.sleep(2)  # nothing was stopped, on any node
+    assert not leader.events("group_stop") and not worker.events("server_stopped")
+    after = {n.rank: (n.status() or {}).get("pid") for n in (leader, worker)}
+    assert after == before and all(after.values())
+    assert worker.status()["state"] == "ready"  # type: ignore[index]
+    # A rung every node has is still taken by the whole group.
+    assert leader.post("/restart", {"rung": "base", "reason": "test"}).status_code == 202
+    leader.wait(lambda s: s["restarts"] >= 1 or s["incidents"] >= 1, 30, "the group restart under way")

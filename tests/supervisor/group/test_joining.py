@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from supervisor.config.settings import settings_from_mapping
 from supervisor.group.fingerprint import argv_print, differing, fingerprint
-from supervisor.group.joining import answer_join
+from supervisor.group.joining import answer_join, lacking
 from supervisor.policy.group import MemberView, NodeReport
 
 FP = {"nnodes": "2", "tp-size": "2", "ladder": "base"}
@@ -61,3 +61,19 @@ def test_the_fingerprint_leaves_out_the_nodes_own_flags_only() -> None:
     assert [d.split(" ")[0] for d in differing(node(0), node(1, **{"tp-size": 4}))] == [
         "rung.base", "rung.safe", "tp-size",
     ]  # fmt: skip
+
+
+def test_a_rung_a_member_lacks_is_named_with_its_ladder_and_one_all_have_is_not() -> None:
+    def member(node: int, fp: dict[str, str] | None) -> MemberView:
+        r = NodeReport(node, "ready", "serving", 9, "base", None, "", (), (), 0.1, 1.0, fingerprint=fp or {})
+        return MemberView(node, f"h{node}:8900", True, r)
+
+    both = {"ladder": "base,safe", "rung.base": "aa", "rung.safe": "bb"}
+    short = {"ladder": "base", "rung.base": "aa"}
+    assert lacking("safe", (member(1, both), member(2, both))) is None
+    why = lacking("safe", (member(1, both), member(2, short)))
+    assert why is not None and why.startswith("node 2 (h2:8900) has no rung 'safe' (its ladder: base)")
+    assert "node 1" not in why and "nothing was stopped" in why
+    assert lacking("base", (member(2, short),)) is None
+    # A member with no report, or one whose report carries no fingerprint, cannot be judged here.
+    assert lacking("safe", (MemberView(1, "h1:8900", False, None), member(2, None))) is None
