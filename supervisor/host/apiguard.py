@@ -121,7 +121,7 @@ def guarded_protocol(
         longest-waiting incomplete one. Stalled first: a fresh connection is incomplete for the
         moment its request takes to arrive, and attackers reconnecting must not close a probe's."""
         for group in (stalled, receiving):
-            victim = next((c for c in group if pool(c)), None)
+            victim = next((c for c in group if pool(c) and not (group is receiving and _probe_waiting(c))), None)
             if victim is not None:
                 receiving.pop(victim, None)
                 stalled.pop(victim, None)
@@ -234,6 +234,33 @@ def guarded_protocol(
                 self.transport.abort()
 
     return GuardedH11Protocol
+
+
+def _probe_waiting(conn: H11Protocol) -> bool:
+    """A `/livez` or `/readyz` request is in the kernel, not yet read by the loop: a fresh probe on
+    a loaded machine looks like any connection without a request, and was the longest-waiting one
+    closed for an attacker reconnecting at the cap. A peek tells it apart without reading it."""
+    transport = conn.transport
+    wrapped = transport.get_extra_info("socket") if transport is not None else None
+    if wrapped is None:
+        return False
+    try:
+        sock = socket.socket(fileno=wrapped.fileno())  # the same descriptor, detached below
+    except OSError:
+        return False
+    try:
+        head = sock.recv(len(_PROBE_LINE_LONGEST), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        head = b""
+    finally:
+        sock.detach()
+    return head.startswith(_PROBE_LINES)
+
+
+_PROBE_LINES = tuple(f"GET {path} ".encode() for path in sorted(PROBE_PATHS)) + tuple(
+    f"GET {path}?".encode() for path in sorted(PROBE_PATHS)
+)
+_PROBE_LINE_LONGEST = max(_PROBE_LINES, key=len)
 
 
 def probes_only(app: ASGIApp) -> ASGIApp:
