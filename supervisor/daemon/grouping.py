@@ -130,6 +130,8 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     _alert_absent(g, record)
     same_rung = False
     if gv.is_incident:
+        if _elsewhere(g, gv) is not None:  # node 0 waits at the rendezvous for a member of an old group
+            _mismatched(g, gv, own_state, record)  # relaunched on the group's rung; the stall waits for it
         waiting = _waits_for_absent(g, gv, v, own_state, record)
         if waiting is not None:
             return waiting
@@ -162,7 +164,8 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     (away, late, partitioned) waits for it, `degraded` or `starting` and named, up to
     `absent_wait_s`; then the incident goes ahead, naming the node, on the same rung."""
     assert g.leader is not None
-    node = gv.node
+    elsewhere = _elsewhere(g, gv)
+    node = gv.node if elsewhere is None else elsewhere
     views = {m.node: m for m in g.leader.views()}
     m = views.get(node) if node not in (None, 0) else None
     if m is None:
@@ -175,7 +178,7 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
         m.reachable and r is not None and r.state in ("starting", "stopped", "restarting") and r.cause is None
         and gv.cause in ("startup_stall", "startup_timeout")
     )  # fmt: skip
-    if m.reachable and not late:
+    if m.reachable and not late and elsewhere is None:
         return None
     now = g.leader.now()
     if g.waiting_for != node or g.waiting_since is None:
@@ -185,7 +188,10 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     limit = g.settings.absent_wait_s
     if waited >= limit:
         return None
-    what = f"its server {r.state}" if late and r is not None else (m.error or "unreachable")
+    if elsewhere is not None:
+        what = "on another rung than the group's: relaunched on the group's"
+    else:
+        what = f"its server {r.state}" if late and r is not None else (m.error or "unreachable")
     why = (
         f"group: waiting for node {node} ({what}) {waited:.0f} s of absent_wait_s {limit:g}: "
         f"a node away or late is not a server fault ({gv.reason})"
@@ -193,6 +199,23 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     if own_state in ("ready", "degraded"):
         return Judged(Verdict("degraded", reason=why, phase=v.phase))
     return Judged(Verdict("starting", reason=why, phase=v.phase))
+
+
+def _elsewhere(g: GroupRuntime, gv: GroupVerdict) -> int | None:
+    """A member that explains node 0's start-up stall by serving another rung (its server from
+    before a group relaunch, adopted) or by being relaunched onto the group's now: node 0 waits at
+    the rendezvous for it. That member is relaunched (`group_mismatch`), not the group (issue 34)."""
+    assert g.leader is not None
+    if gv.cause not in ("startup_stall", "startup_timeout") or gv.node not in (None, 0):
+        return None
+    if g.fixing:
+        return min(g.fixing)
+    views = {m.node: m for m in g.leader.views()}
+    w = views.get(g.waiting_for) if g.waiting_for is not None else None
+    if w is not None and w.reachable and w.report is None:  # relaunched; its first report is to come
+        return w.node
+    found = [m.node for m in mismatches(g.leader.views(), g.own_rung, g.fingerprint) if m.relaunch is not None]
+    return found[0] if found else None
 
 
 def _alert_absent(g: GroupRuntime, record: Record) -> None:

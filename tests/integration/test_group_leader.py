@@ -1,6 +1,7 @@
-"""Issue 34, the group's leader daemon killed in the middle of a group incident, through real daemons:
-killed while it captures, the incident keeps its evidence on every node; killed in the backoff, its
-successor relaunches the members it stopped, on the same rung."""
+"""Issue 34, the group's leader through real daemons: killed while it captures, the incident keeps its
+evidence on every node; killed in the backoff, its successor relaunches the members it stopped, on
+the same rung; a restart to a rung one member lacks is refused before anything stops; a member found
+on another rung than the group's is relaunched on the group's, with no ladder step."""
 
 from __future__ import annotations
 
@@ -154,3 +155,42 @@ def test_a_restart_to_a_rung_a_member_lacks_is_refused_before_anything_stops(tmp
     # A rung every node has is still taken by the whole group.
     assert leader.post("/restart", {"rung": "base", "reason": "test"}).status_code == 202
     leader.wait(lambda s: s["restarts"] >= 1 or s["incidents"] >= 1, 30, "the group restart under way")
+
+
+def test_a_member_found_on_another_rung_is_relaunched_on_the_groups_without_a_ladder_step(
+    tmp_path: Path, made: list[Node]
+) -> None:
+    leader, worker = group_of(
+        tmp_path,
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
+        group={"absent_wait_s": 120.0},  # node 0 waits for node 1 at the rendezvous; no incident meanwhile
+    )
+    made.extend((leader, worker))
+    for n in (leader, worker):
+        n.start()
+    leader.wait(group_ready, 90, "the group ready")
+    old = (worker.status() or {}).get("pid")
+    worker.kill_daemon()  # its server serves on, on rung base
+    assert leader.post("/restart", {"rung": "second", "reason": "test"}).status_code == 202
+    wait_for(
+        lambda: leader.events("server_launched"),
+        lambda evs: evs[-1]["rung"] == "second",
+        60,
+        what="node 0 relaunched on rung second",
+    )
+    decisions = len(leader.events("ladder_decision"))
+    worker.start()  # adopts its base server: a member on another rung than the group's
+    found = wait_for(lambda: leader.events("group_mismatch"), bool, 60, what="the leader's group_mismatch")
+    assert found[0]["node"] == 1 and "runs rung 'base'" in found[0]["reason"] and found[0]["relaunch"] == "second"
+    st = leader.wait(
+        lambda s: group_ready(s) and s["group"]["nodes"][1]["rung"] == "second", 90, "the group whole on second"
+    )
+    assert st["rung"] == "second"
+    wst = worker.status()
+    assert wst is not None and wst["rung"] == "second" and wst["pid"] != old
+    fixed = [e for e in leader.events("group_launch") if e.get("mismatch")]
+    assert fixed and fixed[-1]["rung"] == "second" and all(n["ok"] for n in fixed[-1]["nodes"]), fixed
+    assert len(leader.events("ladder_decision")) == decisions  # a mismatch is no ladder step
+    assert [e["cause"] for e in leader.events("incident")] == ["manual"]
+    assert [e["rung"] for e in worker.events("server_adopted")] == ["base"]
+    assert [e["rung"] for e in worker.events("server_launched")] == ["base", "second"]

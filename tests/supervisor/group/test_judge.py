@@ -158,3 +158,40 @@ async def test_a_launch_ends_the_verdict_a_worker_held_so_later_bundles_give_the
     assert cleared.rung == "base"
     asked = peers.asked(Command(kind="diagnose", incident_id="B", source="group"))
     assert asked is not None and asked.cause is None
+
+
+class ClockedLeader(RelaunchingLeader):
+    def __init__(self, views: tuple[MemberView, ...]) -> None:
+        super().__init__(views)
+        self.t = 100.0
+
+    def now(self) -> float:
+        return self.t
+
+
+async def test_node_0s_stall_at_the_rendezvous_for_a_member_on_an_old_rung_relaunches_that_member_only() -> None:
+    import asyncio
+
+    rec = Recorder()
+    r = NodeReport(1, "ready", "serving", 5, "base", None, "", (), (), 0.1, 1.0)  # adopted from the old group
+    leader = ClockedLeader((MemberView(1, "h1:1", True, r),))
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",), absent_wait_s=30.0), None, KEYS)
+    g.leader = leader  # type: ignore[assignment]
+    g.own_rung, g.own_state = "second", "starting"
+    stall = Verdict("incident", "startup_stall", "no channel moved for 5 s", phase="initializing")
+    out = judge(g, stall, "starting", rec)
+    assert out.verdict is not None and out.verdict.status == "starting", out
+    assert "waiting for node 1" in out.verdict.reason and "another rung" in out.verdict.reason
+    await asyncio.gather(*g.tasks)
+    assert leader.relaunched == [(1, "second")]
+    # Relaunched, its first report still to come: node 0 waits on; no incident, no ladder step.
+    leader._views = (MemberView(1, "h1:1", True, None),)
+    leader.t += 5
+    out = judge(g, stall, "starting", rec)
+    assert out.verdict is not None and out.verdict.status == "starting"
+    names = [e for e, _ in rec.events]
+    assert "group_mismatch" in names and "group_incident" not in names
+    # Bounded like any wait for a member: past absent_wait_s the stall goes ahead, on the same rung.
+    leader.t += 30
+    out = judge(g, stall, "starting", rec)
+    assert out.verdict is not None and out.verdict.is_incident and out.same_rung
