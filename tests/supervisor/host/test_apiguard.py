@@ -45,9 +45,9 @@ async def _serve_guarded(stats: GuardStats, **kw: Any) -> tuple[Any, asyncio.Tas
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        _livez_app, http=guarded_protocol(2, 10.0, stats, probe_slots=2, **kw), log_level="critical", lifespan="off"
-    )
+    # No log_config or log_level: uvicorn would set its loggers' levels for the whole test process.
+    http = guarded_protocol(2, 10.0, stats, probe_slots=2, **kw)
+    config = uvicorn.Config(_livez_app, http=http, log_config=None, access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
