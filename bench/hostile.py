@@ -7,6 +7,8 @@ The attacks, all on loopback against `python -m supervisor run` supervising the 
   follow_streams    260 `GET /events?follow=true` streams, read as they come
   giant_line        8 `GET /logs` at once on a log whose last line is 300 MB
   stalled_followers 20 `GET /logs?follow=true` that stop reading during a 200 MB log flood, then go
+  peer_forged_report  (a group leader) a fake member forging `cause: rank_died` (bench/hostile_peers.py)
+  peer_giant_answer   (a group leader) a fake member answering 1.5 GB to each of the leader's requests
 
 A prober opens a fresh connection for `/livez` every 0.2 s (2 s timeout: a failure) while a sampler
 reads the daemon's VmRSS and open descriptors from /proc. The test suite (tests/integration/
@@ -14,6 +16,9 @@ test_hostile_clients.py) drives the same attacks and asserts that they hold.
 
     .venv/bin/python -m bench.hostile                 # every attack, ~4 minutes, writes the section
     .venv/bin/python -m bench.hostile --only giant_line --no-write
+
+`--only` measures those attacks and keeps the other rows of the published table (and the section's
+text after it) as they were, with a note of when they were measured.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import selectors
 import socket
 import threading
@@ -32,9 +38,11 @@ from typing import Any
 
 import httpx
 
-from bench.report import table
+from bench.hostile_peers import PEER_ATTACKS
+from bench.report import REPORT, table
 
-ATTACKS = ("metrics_pipeline", "livez_pipeline", "follow_streams", "giant_line", "stalled_followers")
+API_ATTACKS = ("metrics_pipeline", "livez_pipeline", "follow_streams", "giant_line", "stalled_followers")
+ATTACKS = (*API_ATTACKS, *PEER_ATTACKS)
 GAP = "output_gap"  # not an attack on the API: what the server writes while daemon and keeper are gone
 GAP_REQUESTS = 200
 PROBE_EVERY_S = 0.2
@@ -419,16 +427,137 @@ COLUMNS = (
 )
 
 
+KEPT_NOTE = re.compile(r"Rows kept from an earlier run \(`--only`\), measured (.+? UTC on [^:]+?): ([^.]+)\.")
+GAP_PARAGRAPH = "Output written while the daemon and its log keeper are both gone"
+
+
+@dataclass(frozen=True)
+class Published:
+    """The published Hostile clients section, as `--only` keeps it: each attack's row (its cells as
+    written, and when it was measured), the output-gap paragraph, and the text after the table."""
+
+    rows: dict[str, tuple[list[str], str]]
+    gap: str
+    prose: str
+
+
+def published(path: Path | None = None) -> Published:
+    """The published section of docs/BENCHMARKS.md (or `path`)."""
+    try:
+        text = (path or REPORT).read_text()
+    except OSError:
+        return Published({}, "", "")
+    m = re.search(r"<!-- section:hostile -->(.*?)<!-- /section:hostile -->", text, re.S)
+    if m is None:
+        return Published({}, "", "")
+    section = m.group(1)
+    stamp = re.search(r"^Measured (\d{4}-\d\d-\d\d \d\d:\d\d UTC on [^;]+)", section, re.M)
+    when = {name: note[1] for note in KEPT_NOTE.finditer(section) for name in note[2].split(", ")}
+    rows: dict[str, tuple[list[str], str]] = {}
+    lines = section.strip("\n").splitlines()
+    last = -1
+    for i, line in enumerate(lines):
+        if not line.startswith("|"):
+            continue
+        last = i
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in ATTACKS:
+            rows[cells[0]] = (cells, when.get(cells[0], stamp[1] if stamp else "at an unknown time"))
+    after = "\n".join(lines[last + 1 :]).strip() if last >= 0 else ""
+    paragraphs = [x.strip() for x in re.split(r"\n\s*\n", after) if x.strip()]
+    gap = next((x for x in paragraphs if x.startswith(GAP_PARAGRAPH)), "")
+    if gap:  # no cells: the paragraph is the output gap's row
+        rows[GAP] = ([], when.get(GAP, stamp[1] if stamp else "at an unknown time"))
+    prose = "\n\n".join(x for x in paragraphs if not x.startswith(GAP_PARAGRAPH))
+    return Published(rows, gap, prose)
+
+
+def gap_paragraph(gap: dict[str, Any]) -> str:
+    return (
+        f"{GAP_PARAGRAPH} (both SIGKILLed; the server, "
+        f"still serving, answers {gap['gap_lines']} requests in {gap['gap_s']:g} s, one access-log line "
+        f"each; then a successor adopts the server and starts a new keeper): {gap['gap_kept']} of "
+        f"{gap['gap_lines']} lines written in the gap reach the log ({gap['gap_answered']} requests "
+        f"answered), {gap['after_kept']} of {gap['after_answered']} after the successor. "
+        "The loss is by choice (docs/SAFETY.md, issue 33)."
+    )
+
+
+def render(
+    results: list[dict[str, Any]],
+    seconds: float,
+    *,
+    kept: dict[str, tuple[list[str], str]] | None = None,
+    gap: str = "",
+    prose: str = "",
+) -> str:
+    """The section: this run's rows and the `kept` ones (attack -> cells, when measured; the entry
+    GAP, with no cells, says the `gap` paragraph is kept), in ATTACKS' order."""
+    from bench.common import header
+
+    kept = kept or {}
+    intro = (
+        "Each attack for about "
+        f"{seconds:g} s against a fresh daemon (simulator, tp 1) on loopback; `/livez` probed on a fresh "
+        f"connection every {PROBE_EVERY_S:g} s (a failure: no 200 within httpx's {PROBE_TIMEOUT_S:g} s "
+        "timeout, which bounds each phase), RSS and "
+        "open descriptors of the daemon sampled every 0.25 s, for 3 s at rest before and after. Before "
+        "issue 33's fix: 260 `/metrics` pipeliners kept `/livez` failing for 45 s; 40 `/livez` pipeliners "
+        "took the daemon from 68 MB to 1,033 MB; a 300 MB line kept `GET /logs` unanswered past 240 s "
+        "and the loop still for 300 s; 20 stalled followers took it to 2.1 GB. "
+        "The two `peer_` rows are the leader of a real two-node group (simulator, tp 2 a node; "
+        "bench/hostile_peers.py) whose member "
+        "address is a fake served by the benchmark: at rest and after, the fake relays to node 1's real "
+        "daemon; under attack it answers without the group's key, a forged `cause: rank_died` report or "
+        "1.5 GB to every request; `polls` and `served` are the requests the fake answered under attack and the "
+        "bytes it wrote before the leader hung up (the leader reads 1 MiB of an answer at most), `incidents` "
+        "and `restarts` what it caused the leader, `token_seen` whether any request "
+        "it got in the whole run carried the leader's operator token, `group` the leader's group status "
+        "at rest / under attack / after (before the fix: a forged report made the leader stop and "
+        "relaunch the group twice, leaving it `failed`; 1.5 GB took it from 69 MB to 1,651 MB, never "
+        "given back)."
+    )
+    by_stamp: dict[str, list[str]] = {}
+    for name, (_, when) in kept.items():
+        by_stamp.setdefault(when, []).append(name)
+    for when, names in by_stamp.items():
+        intro += f" Rows kept from an earlier run (`--only`), measured {when}: {', '.join(names)}."
+    body = header("Hostile clients: the API against clients that send and never read", "hostile", intro).replace(
+        "bench.run_all --only hostile", "bench.hostile"
+    )
+    rows = rows_of(results) + [
+        cells for name, (cells, _) in kept.items() if cells and name not in {r["attack"] for r in results}
+    ]
+    rows.sort(key=lambda r: ATTACKS.index(str(r[0])) if r[0] in ATTACKS else len(ATTACKS))
+    body += "\n" + table(COLUMNS, rows) + "\n"
+    if gap:
+        body += "\n" + gap + "\n"
+    if prose:
+        body += "\n" + prose + "\n"
+    return body
+
+
 def main(argv: list[str] | None = None) -> int:
-    from bench.common import Daemon, header, publish, sim_settings, workdir
+    from bench.common import Daemon, publish, save_result, sim_settings, workdir
+    from bench.hostile_peers import run_peer_attack
 
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--only", action="append", choices=(*ATTACKS, GAP))
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=(*ATTACKS, GAP),
+        help="only these (default: all); the other rows of the published table, and its text, stay",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="how long each attack lasts")
     p.add_argument("--no-write", action="store_true", help="print the section, do not write docs/BENCHMARKS.md")
     a = p.parse_args(argv)
     results: list[dict[str, Any]] = []
     for name in [x for x in ATTACKS if not a.only or x in a.only]:
+        if name in PEER_ATTACKS:
+            res = run_peer_attack(name, a.seconds, Watch)
+            results.append(res)
+            print(res, flush=True)
+            continue
         wd = workdir(f"hostile-{name}")
         settings = sim_settings(wd, "ok", tp=1)
         with Daemon(settings, wd) as d:
@@ -438,30 +567,15 @@ def main(argv: list[str] | None = None) -> int:
             res["state_after"] = (d.status() or {}).get("state")
             results.append(res)
             print(res, flush=True)
-    body = header(
-        "Hostile clients: the API against clients that send and never read",
-        "hostile",
-        "Each attack for about "
-        f"{a.seconds:g} s against a fresh daemon (simulator, tp 1) on loopback; `/livez` probed on a fresh "
-        f"connection every {PROBE_EVERY_S:g} s (a failure: no 200 within httpx's {PROBE_TIMEOUT_S:g} s "
-        "timeout, which bounds each phase), RSS and "
-        "open descriptors of the daemon sampled every 0.25 s, for 3 s at rest before and after. Before "
-        "issue 33's fix: 260 `/metrics` pipeliners kept `/livez` failing for 45 s; 40 `/livez` pipeliners "
-        "took the daemon from 68 MB to 1,033 MB; a 300 MB line kept `GET /logs` unanswered past 240 s "
-        "and the loop still for 300 s; 20 stalled followers took it to 2.1 GB.",
-    ).replace("bench.run_all --only hostile", "bench.hostile")
-    body += "\n" + table(COLUMNS, rows_of(results)) + "\n"
+    save_result("hostile", results)
+    old = published() if a.only else Published({}, "", "")
+    kept = {k: v for k, v in old.rows.items() if k not in (a.only or ())}
+    gap = old.gap if GAP in kept else ""
     if not a.only or GAP in a.only:
-        gap = output_gap()
-        print(gap, flush=True)
-        body += (
-            "\nOutput written while the daemon and its log keeper are both gone (both SIGKILLed; the server, "
-            f"still serving, answers {gap['gap_lines']} requests in {gap['gap_s']:g} s, one access-log line "
-            f"each; then a successor adopts the server and starts a new keeper): {gap['gap_kept']} of "
-            f"{gap['gap_lines']} lines written in the gap reach the log ({gap['gap_answered']} requests "
-            f"answered), {gap['after_kept']} of {gap['after_answered']} after the successor. "
-            "The loss is by choice (docs/SAFETY.md, issue 33).\n"
-        )
+        measured = output_gap()
+        print(measured, flush=True)
+        gap = gap_paragraph(measured)
+    body = render(results, a.seconds, kept=kept, gap=gap, prose=old.prose)
     if a.no_write:
         print(body)
     else:
