@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,3 +110,12 @@ def sim(tmp_path: Path) -> Callable[..., Settings]:
         return sim_settings(tmp_path, scenario, **kw)
 
     return make
+
+
+@pytest.fixture
+def made() -> Iterator[list[Any]]:
+    """Group nodes (tests/support/groupdaemons.Node) a test started: cleaned up, last first."""
+    nodes: list[Any] = []
+    yield nodes
+    for n in reversed(nodes):
+        n.cleanup()

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,11 @@ from supervisor.config.render import dump_toml
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def made(tmp_path: Path) -> Iterator[list[Node]]:
-    nodes: list[Node] = []
-    yield nodes
-    for n in reversed(nodes):
-        n.cleanup()
+def start_group(made: list[Node], *nodes: Node) -> None:
+    made.extend(nodes)
+    for n in nodes:
+        n.start()
+    nodes[0].wait(group_ready, 90, "the group ready")
 
 
 def slow_py_spy(tmp_path: Path, delay_s: float) -> Path:
@@ -57,10 +55,7 @@ def bundle(node: Node, incident: str) -> dict[str, Any] | None:
 
 def test_the_leader_killed_while_capturing_leaves_a_bundle_on_every_node(tmp_path: Path, made: list[Node]) -> None:
     leader, worker = group_of(tmp_path, diagnostics={"py_spy_path": str(slow_py_spy(tmp_path, 3.0))})
-    made.extend((leader, worker))
-    for n in (leader, worker):
-        n.start()
-    leader.wait(group_ready, 90, "the group ready")
+    start_group(made, leader, worker)
     wst = worker.status()
     assert wst is not None
     os.kill(scheduler_pids(wst)[0], signal.SIGKILL)  # a worker's rank dies: the group's incident
@@ -105,10 +100,7 @@ def test_the_leader_killed_in_the_backoff_its_successor_relaunches_the_members_o
         fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
         restart={"retries_per_rung": 1, "backoff_initial_s": 20.0, "backoff_max_s": 40.0},
     )
-    made.extend((leader, worker))
-    for n in (leader, worker):
-        n.start()
-    leader.wait(group_ready, 90, "the group ready")
+    start_group(made, leader, worker)
     wst = worker.status()
     assert wst is not None
     os.kill(scheduler_pids(wst)[0], signal.SIGKILL)
@@ -135,10 +127,7 @@ def test_the_leader_killed_in_the_backoff_its_successor_relaunches_the_members_o
 
 def test_a_restart_to_a_rung_a_member_lacks_is_refused_before_anything_stops(tmp_path: Path, made: list[Node]) -> None:
     leader, worker = group_of(tmp_path, fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}])
-    made.extend((leader, worker))
-    for n in (leader, worker):
-        n.start()
-    leader.wait(group_ready, 90, "the group ready")
+    start_group(made, leader, worker)
     # Node 1's config loses rung `second` (a reload): its reports say so, its server serves on.
     worker.config.write_text(dump_toml(worker.settings.model_copy(update={"fallback": ()})))
     assert worker.post("/reload").status_code == 200
@@ -165,10 +154,7 @@ def test_a_member_found_on_another_rung_is_relaunched_on_the_groups_without_a_la
         fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
         group={"absent_wait_s": 120.0},  # node 0 waits for node 1 at the rendezvous; no incident meanwhile
     )
-    made.extend((leader, worker))
-    for n in (leader, worker):
-        n.start()
-    leader.wait(group_ready, 90, "the group ready")
+    start_group(made, leader, worker)
     old = (worker.status() or {}).get("pid")
     worker.kill_daemon()  # its server serves on, on rung base
     assert leader.post("/restart", {"rung": "second", "reason": "test"}).status_code == 202

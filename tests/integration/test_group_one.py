@@ -10,8 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from freeport import free_port
@@ -21,14 +19,6 @@ from supervisor.common.waiting import wait_for
 from supervisor.config.render import dump_toml
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def made(tmp_path: Path) -> Iterator[list[Node]]:
-    nodes: list[Node] = []
-    yield nodes
-    for n in reversed(nodes):
-        n.cleanup()
 
 
 def held(node: Node, words: str, timeout: float = 60) -> list[dict]:  # type: ignore[type-arg]
