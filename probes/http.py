@@ -85,12 +85,17 @@ async def fetch(
     timeout_s: float,
     max_bytes: int,
     monotonic: Callable[[], float] = time.monotonic,
+    *,
+    method: str = "GET",
+    body: bytes | None = None,
 ) -> Fetched:
-    """GET `url`, reading at most `max_bytes` of body, finished or abandoned within `timeout_s`."""
+    """GET `url` (or `method` with a JSON `body`), reading at most `max_bytes` of body, finished or
+    abandoned within `timeout_s`."""
     started = monotonic()
+    headers = {"Content-Type": "application/json"} if body is not None else None
 
     async def go() -> Fetched:
-        async with client.stream("GET", url, timeout=httpx.Timeout(timeout_s)) as resp:
+        async with client.stream(method, url, content=body, headers=headers, timeout=httpx.Timeout(timeout_s)) as resp:
             chunks: list[bytes] = []
             size = 0
             async for chunk in resp.aiter_bytes():
@@ -107,6 +112,14 @@ async def fetch(
         return Fetched(None, b"", describe_error(err), monotonic() - started)
 
 
+@dataclass(frozen=True)
+class Canary:
+    """A one-token generation that proves an engine whose /health is only a flag (vLLM) can generate."""
+
+    path: str
+    body: str  # JSON
+
+
 class HealthProbe:
     """Probes the server's health endpoint, never two requests in flight.
 
@@ -121,8 +134,10 @@ class HealthProbe:
         timeout_s: float,
         client: httpx.AsyncClient | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        canary: Canary | None = None,
     ) -> None:
         self.url = join_url(base_url, path)
+        self.canary = canary
         self._base_url = base_url
         self._timeout_s = timeout_s
         self._client = client or make_client()
@@ -135,10 +150,11 @@ class HealthProbe:
     def in_flight(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    async def probe(self) -> HealthObservation:
+    async def probe(self, canary: bool = False) -> HealthObservation:
+        """The health endpoint's answer; with `canary` (and a canary configured), then one generation."""
         task = self._task
         if task is None or task.done():
-            task = asyncio.get_running_loop().create_task(self._probe_once())
+            task = asyncio.get_running_loop().create_task(self._probe_once(canary))
             self._task = task
         # shield: a caller cancelled while waiting does not cancel the request others wait on
         return await asyncio.shield(task)
@@ -178,10 +194,36 @@ class HealthProbe:
         if self._owns_client:
             await self._client.aclose()
 
-    async def _probe_once(self) -> HealthObservation:
+    async def _probe_once(self, canary: bool = False) -> HealthObservation:
         got = await fetch(self._client, self.url, self._timeout_s, MAX_HEALTH_BODY_BYTES, self._monotonic)
         ok = got.status_code == 200 and not got.error
         error = got.error or ("" if ok else f"HTTP {got.status_code}")
+        if ok and canary and self.canary is not None:
+            return await self._generate(self.canary, got.latency_s)
         return HealthObservation(
             at=self._monotonic(), ok=ok, status_code=got.status_code, latency_s=got.latency_s, error=error
         )
+
+    async def _generate(self, canary: Canary, flag_latency_s: float) -> HealthObservation:
+        """The canary: 200 with at least one choice, within what is left of the health timeout."""
+        url = join_url(self._base_url, canary.path)
+        left = max(self._timeout_s - flag_latency_s, 1.0)
+        got = await fetch(
+            self._client, url, left, MAX_HEALTH_BODY_BYTES, self._monotonic, method="POST", body=canary.body.encode()
+        )
+        ok, error = got.status_code == 200 and not got.error, got.error
+        if ok:
+            try:
+                doc = json.loads(got.body)
+                ok = isinstance(doc, dict) and bool(doc.get("choices"))
+            except (ValueError, RecursionError):
+                ok = False
+            error = "" if ok else "canary generation answered without a choice"
+        elif not error:
+            error = f"canary generation: HTTP {got.status_code}"
+        else:
+            error = f"canary generation: {error}"
+        return HealthObservation(
+            at=self._monotonic(), ok=ok, status_code=got.status_code,
+            latency_s=flag_latency_s + got.latency_s, error=error,
+        )  # fmt: skip

@@ -17,9 +17,12 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Literal
 
 from probes.types import DecodeStats, LogLine, LogObservation, Phase, Progress
+from supervisor.engines import SGLANG
+from supervisor.engines.profile import LogGrammar, Milestone, PrefixStyle
 
 MAX_LINE_CHARS = 8192  # longer lines are matched on their head only
 MAX_ERRORS = 20
@@ -42,42 +45,38 @@ _EXCEPTION_LINE = re.compile(r"(?P<name>[A-Za-z_][\w.]{0,200})(?::|$)")
 _EXCEPTION_SUFFIXES = ("Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout")
 
 _TRACEBACK = "Traceback (most recent call last):"
-_ERROR_MARKERS = (
-    "Capture cuda graph failed",
-    "Initialization failed",
-    "CUDA error",
-    "CUDA out of memory",
-    "OutOfMemoryError",
-    "NCCL WARN",
-    "NCCL error",
-    "Health check failed",
-    "Received sigquit from a child",  # SGLang's launch-phase SIGQUIT handler
-    "SIGQUIT received",  # its running-phase handler (0.5.16)
-    "Triggering SIGQUIT for cleanup",  # its subprocess-watchdog found a dead child (0.5.16)
-    "watchdog timeout",
+# vLLM's records: `(Worker_TP1 pid=7) ` on a child's lines (decorate_logs), then `INFO 12-06 00:10:11
+# [core.py:93] ` (vllm/logger.py `_FORMAT`, with an optional VLLM_LOGGING_PREFIX before the level).
+_LEVEL_PROC = re.compile(r"\((?P<proc>[A-Za-z][A-Za-z0-9_-]{0,60}) pid=\d{1,10}\) ")
+_LEVEL_PREFIX = re.compile(
+    r"[^\s]{0,40}?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? \[[^\]]{0,200}\] ?"
 )
-_HEALTH_FAILED = "Health check failed"
-_READY = "The server is fired up and ready to roll"
+_PROC_RANK = re.compile(r"(?:DP|PP|TP|EP)\d{1,5}")
 
-# Ranks along the start-up; the draft's own stages sort after the target's (module docstring).
+# Ranks along the start-up, in steps of two so that a draft loaded between the target's weights and
+# its KV cache (vLLM) fits between them; SGLang's draft stages sort after all the target's (module
+# docstring).
 _TARGET_RANK: dict[Phase, int] = {
     "spawning": 0,
-    "initializing": 1,
-    "loading_weights": 2,
-    "allocating_kv": 3,
-    "capturing_graphs": 4,
+    "initializing": 2,
+    "loading_weights": 4,
+    "loading_draft": 5,
+    "allocating_kv": 6,
+    "capturing_graphs": 8,
 }
 _Key = tuple[int, int]
 _DRAFT_STAGE, _FRONT_STAGE = 1, 2
 
 
-def _phase_key(phase: Phase, draft: bool) -> _Key:
-    if phase == "loading_draft":
-        return (_DRAFT_STAGE, 0)
+def _phase_key(phase: Phase, draft: bool, draft_after_target: bool = True) -> _Key:
     if phase == "warming_up":
         return (_FRONT_STAGE, 0)
     if phase == "serving":
         return (_FRONT_STAGE, 1)
+    if not draft_after_target:
+        return (0, _TARGET_RANK[phase])
+    if phase == "loading_draft":
+        return (_DRAFT_STAGE, 0)
     if phase in ("allocating_kv", "capturing_graphs") and draft:
         return (_DRAFT_STAGE, _TARGET_RANK[phase])
     return (0, _TARGET_RANK[phase])
@@ -94,8 +93,10 @@ def clean(text: str) -> str:
     return text
 
 
-def split_prefix(text: str) -> tuple[str, str]:
+def split_prefix(text: str, style: PrefixStyle = "bracket") -> tuple[str, str]:
     """(`rank tag` such as "TP0" or "DP0 TP1", or "" when none; the message after the prefix)."""
+    if style == "level":
+        return _split_level(text)
     if not text.startswith("["):
         return "", text
     m = LOG_PREFIX.match(text)
@@ -104,6 +105,20 @@ def split_prefix(text: str) -> tuple[str, str]:
     tag = m.group("extra").strip()
     rank = _RANK_TAG.search(tag)
     return (rank.group(0) if rank else ""), text[m.end() :]
+
+
+def _split_level(text: str) -> tuple[str, str]:
+    """vLLM: the rank tag from the child's process name (`Worker_TP1` -> "TP1", `EngineCore_DP0` ->
+    "DP0"), then the record's level, time and source location dropped."""
+    rank = ""
+    m = _LEVEL_PROC.match(text)
+    if m is not None:
+        rank = " ".join(_PROC_RANK.findall(m.group("proc"))[:5])
+        text = text[m.end() :]
+    lm = _LEVEL_PREFIX.match(text)
+    if lm is not None:
+        text = text[lm.end() :]
+    return rank, text
 
 
 def parse_progress(message: str) -> Progress | None:
@@ -179,13 +194,62 @@ def parse_decode(message: str, at: float) -> DecodeStats | None:
     )
 
 
+def parse_vllm_stats(message: str, at: float) -> DecodeStats | None:
+    """vLLM's `Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 12.3
+    tokens/s, Running: 2 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.1%, ...` (v1/metrics/loggers.py),
+    the role SGLang's `Decode batch` line plays; None when no field parses."""
+    idx = message.find("Avg prompt throughput")
+    if idx < 0:
+        return None
+    running: int | None = None
+    queue: int | None = None
+    throughput: float | None = None
+    for part in message[idx:].split(","):
+        key, sep, raw = part.partition(":")
+        if not sep:
+            continue
+        number = raw.strip().split(" ", 1)[0].rstrip("%")
+        try:
+            value = float(number)
+        except ValueError:
+            continue
+        if value != value or value in (float("inf"), float("-inf")):
+            continue
+        key = key.strip().lower()
+        if key == "running":
+            running = int(value)
+        elif key == "waiting":
+            queue = int(value)
+        elif key == "avg generation throughput":
+            throughput = value
+    if running is None and queue is None and throughput is None:
+        return None
+    return DecodeStats(
+        at=at, running_reqs=running or 0, queue_reqs=queue or 0, gen_throughput=throughput or 0.0, accept_len=None
+    )
+
+
+def parse_vllm_accept(message: str) -> float | None:
+    """`SpecDecoding metrics: Mean acceptance length: 1.15, ...` (v1/spec_decode/metrics.py)."""
+    idx = message.find("Mean acceptance length:")
+    if idx < 0:
+        return None
+    raw = message[idx + len("Mean acceptance length:") :].split(",", 1)[0].strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
 class LogParser:
     """Feed it the server's lines as they arrive; `observe()` returns what they add up to so far.
 
     Never raises on any text. One parser per launch: a relaunch starts a fresh one.
     """
 
-    def __init__(self, max_errors: int = MAX_ERRORS) -> None:
+    def __init__(self, grammar: LogGrammar = SGLANG.log, max_errors: int = MAX_ERRORS) -> None:
+        self._g = grammar
         self._lines_total = 0
         self._last_line_at: float | None = None
         self._phase: Phase = "spawning"
@@ -224,20 +288,26 @@ class LogParser:
         text = clean(line.text)
         if not text.strip():
             return
-        rank, message = split_prefix(text)
+        g = self._g
+        rank, message = split_prefix(text, g.prefix)
         if self._in_traceback(line.stream, rank, message):
             return
         if _TRACEBACK in message:
             self._tracebacks[line.stream] = (0, rank)
-        if any(marker in message for marker in _ERROR_MARKERS):
+        if any(marker in message for marker in g.errors):
             self._add_error(rank, message)
-            if _HEALTH_FAILED in message:
+            if g.health_failed and g.health_failed in message:
                 self._health_failed += 1
-        if "Decode batch" in message:
+        if g.stats in message:
             self._decode_total += 1
-            stats = parse_decode(message, line.at)
+            stats = parse_decode(message, line.at) if g.prefix == "bracket" else parse_vllm_stats(message, line.at)
             if stats is not None:
                 self._last_decode = stats
+            return
+        if g.prefix == "level" and "SpecDecoding metrics" in message:
+            accept = parse_vllm_accept(message)
+            if accept is not None and self._last_decode is not None:
+                self._last_decode = replace(self._last_decode, accept_len=accept)
             return
         self._track_phase(rank, message)
         progress = parse_progress(message)
@@ -277,36 +347,47 @@ class LogParser:
         return rank in self._draft_ranks if rank else bool(self._draft_ranks)
 
     def _track_phase(self, rank: str, message: str) -> None:
-        if "Load weight begin" in message:
-            if rank in self._weights_done:
+        if any(r in message for r in self._g.ready):
+            self._ready = True
+            self._advance("serving", False)
+            return
+        for text, milestone in self._g.milestones:
+            if text in message:
+                self._milestone(milestone, rank, message)
+                return
+
+    def _milestone(self, milestone: Milestone, rank: str, message: str) -> None:
+        if milestone == "weights_begin":
+            if rank in self._weights_done:  # a rank's second load is its draft's
                 self._draft_ranks.add(rank)
                 self._advance("loading_draft", True)
             else:
                 self._advance("loading_weights", self._is_draft(rank))
-        elif "Load weight end" in message:
+        elif milestone == "weights_end":
             m = _LOAD_TYPE.search(message)
             cls = m.group("cls").lower() if m else ""
             if rank in self._weights_done or any(h in cls for h in _DRAFT_CLASS_HINTS):
                 self._draft_ranks.add(rank)
                 self._advance("loading_draft", True)
             self._weights_done.add(rank)
-        elif "Init torch distributed begin" in message:
+        elif milestone == "draft_begin":
+            self._draft_ranks.add(rank)
+            self._weights_done.add(rank)
+            self._advance("loading_draft", True)
+        elif milestone == "dist_init":
             self._advance("initializing", False)
-        elif "KV Cache is allocated" in message or "Memory pool end" in message:
+        elif milestone == "kv_allocated":
             self._advance("allocating_kv", self._is_draft(rank))
-        elif "CUDA graph begin" in message or "cuda graph begin" in message:
-            draft = "Capture draft" in message
-            if draft:
-                self._draft_ranks.add(rank)
-            self._advance("capturing_graphs", draft or self._is_draft(rank))
-        elif "Uvicorn running on" in message or "Application startup complete" in message:
+        elif milestone == "draft_graph_begin":
+            self._draft_ranks.add(rank)
+            self._advance("capturing_graphs", True)
+        elif milestone == "graph_begin":
+            self._advance("capturing_graphs", self._is_draft(rank))
+        elif milestone == "http_up":
             self._advance("warming_up", False)
-        elif _READY in message:
-            self._ready = True
-            self._advance("serving", False)
 
     def _advance(self, phase: Phase, draft: bool) -> None:
-        key = _phase_key(phase, draft)
+        key = _phase_key(phase, draft, self._g.draft_after_target)
         if key > self._phase_key:
             self._phase_key = key
             if phase != self._phase:

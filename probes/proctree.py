@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from probes.types import ProcInfo, Role, ThreadInfo, TreeObservation
+from supervisor.engines import SGLANG
+from supervisor.engines.profile import Titles
 
 MARKER_ENV = "SGLANG_SUPERVISOR_MARKER"
 
@@ -194,26 +196,39 @@ def title_of(pid: int, comm: str, proc_root: str = "/proc") -> str:
     return b" ".join(parts).decode("utf-8", "replace").rstrip() if parts else comm
 
 
-def role_of(title: str, is_root: bool, root_title: str | None = None) -> tuple[Role, int | None]:
-    """The process's role and tensor-parallel rank, from its title.
+def role_of(
+    title: str, is_root: bool, root_title: str | None = None, titles: Titles = SGLANG.titles
+) -> tuple[Role, int | None]:
+    """The process's role and tensor-parallel rank, from its title (the engine's names: `titles`).
 
-    SGLang names a scheduler `sglang::scheduler` with no suffix at tp-size 1, so a scheduler
-    without `_TPn` is rank 0. A child sets its title only once it has imported SGLang (tens of
+    SGLang names a scheduler `sglang::scheduler` with no suffix at tp-size 1, so a rank process
+    without `_TPn` is rank 0. A child sets its title only once it has imported the engine (tens of
     seconds); until then it shows Python's spawn bootstrap or its parent's command line, and is
     `pending`: one of the server's own children, role not known yet.
     """
     if is_root:
         return "main", None
-    if title.startswith("sglang::scheduler"):
+    if title.startswith(titles.rank):
         match = _RANK.search(title)
         return "scheduler", int(match.group(1)) if match else 0
     if _SPAWN_BOOTSTRAP in title or (root_title is not None and title == root_title):
         return "pending", None
-    if title.startswith("sglang::detokenizer"):
+    if titles.detokenizer and title.startswith(titles.detokenizer):
         return "detokenizer", None
-    if title.startswith("sglang::data_parallel_controller"):
+    if titles.controller and title.startswith(titles.controller):
         return "controller", None
     return "other", None
+
+
+def _alone_rank(infos: list[ProcInfo], titles: Titles) -> list[ProcInfo]:
+    """An engine whose one process runs the model itself when there is no rank process (vLLM's
+    EngineCore at tp 1): that process is rank 0, so a lost rank and the culprit's rank are seen."""
+    if not titles.rank_when_alone or any(p.role == "scheduler" for p in infos):
+        return infos
+    for i, p in enumerate(infos):
+        if p.role != "main" and p.title.startswith(titles.rank_when_alone):
+            return [*infos[:i], replace(p, role="scheduler", rank=0), *infos[i + 1 :]]
+    return infos
 
 
 def parse_io(text: str) -> tuple[int, int]:
@@ -233,14 +248,16 @@ class ProcessTreeProbe:
     Blocking (a few ms, more with many threads): call it from a worker thread.
     """
 
-    def __init__(self, proc_root: str = "/proc", *, with_threads: bool = True) -> None:
+    def __init__(self, proc_root: str = "/proc", *, with_threads: bool = True, titles: Titles = SGLANG.titles) -> None:
         self._proc = proc_root
         self._with_threads = with_threads
+        self.titles = titles
 
     def observe(self, root_pid: int | None, marker: str | None, root_exit: int | None = None) -> TreeObservation:
         stats = scan_tree(root_pid, marker, self._proc)
         root_title = title_of(root_pid, stats[root_pid].comm, self._proc) if root_pid in stats else None
         infos = [info for st in stats.values() if (info := self._proc_info(st, root_pid, root_title)) is not None]
+        infos = _alone_rank(infos, self.titles)
         root = next((p for p in infos if p.pid == root_pid), None)
         return TreeObservation(
             root_pid=root_pid,
@@ -260,7 +277,7 @@ class ProcessTreeProbe:
             return None
         title = title_of(fresh.pid, fresh.comm, self._proc)
         is_root = fresh.pid == root_pid
-        role, rank = role_of(title, is_root, root_title if fresh.ppid == root_pid else None)
+        role, rank = role_of(title, is_root, root_title if fresh.ppid == root_pid else None, self.titles)
         io_text = _read_text(f"{self._proc}/{fresh.pid}/io")
         read_chars, write_chars = parse_io(io_text) if io_text else (0, 0)
         return ProcInfo(

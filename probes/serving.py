@@ -1,4 +1,5 @@
-"""SGLang's own Prometheus metrics (`--enable-metrics`): requests, token counters, acceptance.
+"""The server's own Prometheus metrics: requests, token counters, acceptance (the families per engine
+come from its profile, supervisor/engines; SGLang's need `--enable-metrics`, vLLM's are always on).
 
 How series are combined: the scheduler publishes gauges with labels such as `tp_rank`, `dp_rank`,
 `model_name` (and `pid` under Prometheus' multiprocess mode). Tensor-parallel ranks of one
@@ -21,26 +22,47 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from probes.http import describe_error, fetch, join_url, make_client
-from probes.types import ServingObservation
+from probes.types import ServingObservation, SpecCounts
+from supervisor.engines import SGLANG
+from supervisor.engines.profile import MetricNames
 
 MAX_METRICS_BYTES = 4 * 1024 * 1024  # SGLang with TP8 and histograms is a few hundred KB
-_REPLICA_LABELS = frozenset({"tp_rank", "moe_ep_rank", "pid"})
 
-RUNNING = "sglang:num_running_reqs"
-QUEUED = "sglang:num_queue_reqs"
-GENERATION_TOKENS = "sglang:generation_tokens_total"
-REALTIME_TOKENS = "sglang:realtime_tokens_total"
-NUM_REQUESTS = "sglang:num_requests_total"
-GEN_THROUGHPUT = "sglang:gen_throughput"
-SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
-HTTP_ACTIVE = "sglang:http_requests_active"  # the HTTP process's own gauge: live even when the scheduler hangs
-_WANTED = frozenset(
-    {RUNNING, QUEUED, GENERATION_TOKENS, REALTIME_TOKENS, NUM_REQUESTS, GEN_THROUGHPUT, SPEC_ACCEPT_LENGTH, HTTP_ACTIVE}
-)
+
+def _wanted(names: MetricNames) -> frozenset[str]:
+    return frozenset(
+        n
+        for n in (
+            names.running,
+            names.queued,
+            names.generation_tokens,
+            names.step_tokens,
+            names.requests,
+            names.throughput,
+            names.accept_length,
+            names.drafts,
+            names.accepted_tokens,
+            names.http_active,
+        )
+        if n
+    )
+
+
 # Routes that generate nothing a client waits for (or are the daemon's own probes): not "requests in flight".
 _NOT_GENERATION = frozenset(
-    {"/health", "/health_generate", "/metrics", "/model_info", "/get_model_info", "/server_info",
-     "/get_server_info", "/v1/models", "/get_load", "/ping", "/"}
+    {
+        "/health",
+        "/health_generate",
+        "/metrics",
+        "/model_info",
+        "/get_model_info",
+        "/server_info",
+        "/get_server_info",
+        "/v1/models",
+        "/get_load",
+        "/ping",
+        "/",
+    }
 )
 
 
@@ -51,24 +73,43 @@ class _Sample:
     value: float
 
 
-def parse_metrics(text: str, at: float) -> ServingObservation:
-    """The serving view from a Prometheus text body; unavailable (never an exception) on garbage."""
+def parse_metrics(
+    text: str, at: float, names: MetricNames = SGLANG.metrics, before: SpecCounts | None = None
+) -> ServingObservation:
+    """The serving view from a Prometheus text body; unavailable (never an exception) on garbage.
+
+    An engine that counts drafts and accepted tokens (vLLM) gets its acceptance length over the
+    drafts since `before` (the previous scrape's counts): 1 + accepted / drafts, vLLM's own
+    definition (v1/spec_decode/metrics.py), for this interval rather than since the start."""
     try:
-        samples = _wanted_samples(text)
+        samples = _wanted_samples(text, _wanted(names))
     except Exception as err:  # the parser raises ValueError, IndexError, ... on a malformed line
         return ServingObservation(at=at, available=False, error=f"unparseable metrics: {describe_error(err)}")
-    decode = [s for s in samples.get(REALTIME_TOKENS, []) if dict(s.labels).get("mode") == "decode"]
+    replicas = names.replica_labels
+    step = samples.get(names.step_tokens, []) if names.step_tokens else []
+    if names.step_label is not None:
+        key, want = names.step_label
+        step = [s for s in step if dict(s.labels).get(key) == want]
+    accept = _mean(samples.get(names.accept_length)) if names.accept_length else None
+    counts = None
+    if names.drafts:
+        drafts = _combine(samples.get(names.drafts), replicas)
+        accepted = _combine(samples.get(names.accepted_tokens), replicas)
+        if drafts is not None and accepted is not None:
+            counts = SpecCounts(drafts, accepted)
+            accept = counts.accept_length_since(before)
     return ServingObservation(
         at=at,
         available=True,
-        running_reqs=_combine(samples.get(RUNNING)),
-        queue_reqs=_combine(samples.get(QUEUED)),
-        generation_tokens_total=_combine(samples.get(GENERATION_TOKENS)),
-        decode_tokens_total=_combine(decode),
-        num_requests_total=_combine(samples.get(NUM_REQUESTS)),
-        gen_throughput=_combine(samples.get(GEN_THROUGHPUT)),
-        spec_accept_length=_mean(samples.get(SPEC_ACCEPT_LENGTH)),
-        active_requests=_active(samples.get(HTTP_ACTIVE)),
+        running_reqs=_combine(samples.get(names.running), replicas),
+        queue_reqs=_combine(samples.get(names.queued), replicas),
+        generation_tokens_total=_combine(samples.get(names.generation_tokens), replicas),
+        decode_tokens_total=_combine(step, replicas) if names.step_tokens else None,
+        num_requests_total=_combine(samples.get(names.requests), replicas),
+        gen_throughput=_combine(samples.get(names.throughput), replicas) if names.throughput else None,
+        spec_accept_length=accept,
+        active_requests=_active(samples.get(names.http_active)) if names.http_active else None,
+        spec_counts=counts,
     )
 
 
@@ -81,22 +122,24 @@ def _active(samples: Iterable[_Sample] | None) -> float | None:
     return sum(s.value for s in samples if dict(s.labels).get("endpoint") not in _NOT_GENERATION)
 
 
-def _wanted_samples(text: str) -> dict[str, list[_Sample]]:
+def _wanted_samples(text: str, wanted: frozenset[str]) -> dict[str, list[_Sample]]:
     found: dict[str, list[_Sample]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             value = float(sample.value)
-            if sample.name in _WANTED and math.isfinite(value):
+            if sample.name in wanted and math.isfinite(value):
                 labels = tuple(sorted((str(k), str(v)) for k, v in sample.labels.items()))
                 found.setdefault(sample.name, []).append(_Sample(sample.name, labels, value))
     return found
 
 
-def _combine(samples: Iterable[_Sample] | None) -> float | None:
+def _combine(
+    samples: Iterable[_Sample] | None, replicas: frozenset[str] = SGLANG.metrics.replica_labels
+) -> float | None:
     """Largest over replica labels (tp_rank, pid), summed over everything else (module docstring)."""
     groups: dict[tuple[tuple[str, str], ...], float] = {}
     for s in samples or ():
-        key = tuple(kv for kv in s.labels if kv[0] not in _REPLICA_LABELS)
+        key = tuple(kv for kv in s.labels if kv[0] not in replicas)
         groups[key] = max(groups.get(key, s.value), s.value)
     return sum(groups.values()) if groups else None
 
@@ -129,7 +172,8 @@ def _number(value: object) -> float | None:
 
 
 class ServingProbe:
-    """Scrapes SGLang's `/metrics` with a client timeout and a body cap; never raises."""
+    """Scrapes the server's `/metrics` with a client timeout and a body cap; never raises. Keeps the
+    last speculative counts it read, so an engine that only counts (vLLM) gets an interval's mean."""
 
     def __init__(
         self,
@@ -139,8 +183,11 @@ class ServingProbe:
         client: httpx.AsyncClient | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         max_bytes: int = MAX_METRICS_BYTES,
+        names: MetricNames = SGLANG.metrics,
     ) -> None:
         self.url = join_url(base_url, metrics_path)
+        self.names = names
+        self._spec: SpecCounts | None = None
         self._timeout_s = timeout_s
         self._client = client or make_client()
         self._owns_client = client is None
@@ -158,7 +205,10 @@ class ServingProbe:
             return ServingObservation(at=at, available=False, error=f"HTTP {got.status_code}")
         text = got.body.decode("utf-8", "replace")
         # parsing a few hundred KB takes milliseconds of pure Python: off the event loop
-        return await asyncio.to_thread(parse_metrics, text, at)
+        seen = await asyncio.to_thread(parse_metrics, text, at, self.names, self._spec)
+        if seen.spec_counts is not None:
+            self._spec = seen.spec_counts
+        return seen
 
     async def aclose(self) -> None:
         if self._owns_client:

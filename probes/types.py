@@ -183,8 +183,26 @@ class HealthObservation:
 
 
 @dataclass(frozen=True)
+class SpecCounts:
+    """An engine's speculative counters (vLLM: `spec_decode_num_drafts_total`, `..._accepted_tokens_total`)."""
+
+    drafts: float
+    accepted: float
+
+    def accept_length_since(self, before: SpecCounts | None) -> float | None:
+        """1 + accepted / drafts over the drafts since `before` (all of them without one); None when no
+        draft happened in between (no reading, not a regression) or the counters went back (a restart)."""
+        d0, a0 = (before.drafts, before.accepted) if before is not None else (0.0, 0.0)
+        drafts, accepted = self.drafts - d0, self.accepted - a0
+        if drafts <= 0 or accepted < 0:
+            return None
+        return 1.0 + accepted / drafts
+
+
+@dataclass(frozen=True)
 class ServingObservation:
-    """SGLang's own /metrics (with --enable-metrics), scraped with a client timeout."""
+    """The server's own /metrics (SGLang's with --enable-metrics; vLLM's always), scraped with a client
+    timeout; names per engine in supervisor/engines."""
 
     at: float
     available: bool
@@ -192,11 +210,13 @@ class ServingObservation:
     running_reqs: float | None = None
     queue_reqs: float | None = None
     generation_tokens_total: float | None = None
-    decode_tokens_total: float | None = None  # sglang:realtime_tokens_total{mode="decode"}
+    # Tokens of engine steps: sglang:realtime_tokens_total{mode="decode"}, vllm:iteration_tokens_total's sum
+    decode_tokens_total: float | None = None
     num_requests_total: float | None = None
     gen_throughput: float | None = None
     spec_accept_length: float | None = None
     active_requests: float | None = None  # sglang:http_requests_active on generation routes
+    spec_counts: SpecCounts | None = None  # an engine's speculative counters, where it counts (vLLM)
 
 
 GpmStatus = Literal["ok", "unavailable"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.config.settings import ArgValue, Rung, ServerSettings, Settings
+from supervisor.engines import profile_of
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,27 @@ def _render_args(args: Mapping[str, ArgValue]) -> list[str]:
     return out
 
 
+def rung_command(server: ServerSettings, rung: Rung) -> tuple[str, ...]:
+    """The program a rung runs: its own `command`, else its own engine's default when it changes
+    engine, else the base configuration's."""
+    if rung.command is not None:
+        return rung.command
+    if rung.engine is not None and rung.engine != server.engine:
+        return profile_of(rung.engine).default_command
+    return server.command
+
+
 def render_rung(server: ServerSettings, rung: Rung) -> RenderedCommand:
-    """Base args, then the rung's args (set or override), minus `drop`, then host and port."""
-    args: dict[str, ArgValue] = dict(server.args)
+    """Base args, then the rung's args (set or override), minus `drop`, then host and port. A rung
+    that sets its own engine or command runs its own args alone (DESIGN: "its `args` start from its
+    own empty set"); the environment always layers over the base's."""
+    args: dict[str, ArgValue] = {} if rung.own_args else dict(server.args)
     args.update(rung.args)
     for key in rung.drop:
         args.pop(key, None)
     env = dict(server.env)
     env.update(rung.env)
-    argv = [*server.command, *_render_args(args), "--host", server.host, "--port", str(server.port)]
+    argv = [*rung_command(server, rung), *_render_args(args), "--host", server.host, "--port", str(server.port)]
     return RenderedCommand(rung=rung.name, argv=tuple(argv), env=env)
 
 

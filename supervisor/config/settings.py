@@ -21,6 +21,7 @@ from supervisor.config.expand import ExpansionError, expand
 from supervisor.config.fast import CachesSettings, LearnedSettings
 from supervisor.config.gpu import GpuSettings
 from supervisor.config.slate import SlateSettings
+from supervisor.engines import Engine, profile_of
 from supervisor.status.causes import CAUSES, HANG_CLASSES
 
 if sys.version_info >= (3, 11):
@@ -42,26 +43,33 @@ class _Section(BaseModel):
 
 
 class ServerSettings(_Section):
-    command: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+    # Which engine the base configuration runs; its profile (supervisor/engines) says what its lines,
+    # titles, metrics and health mean. A rung may run another (`[[fallback]] engine`).
+    engine: Engine = "sglang"
+    command: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")  # default: the engine's own
     host: str = "127.0.0.1"
     port: Port = 30000
     env: dict[str, str] = Field(default_factory=dict)
     args: dict[str, ArgValue] = Field(default_factory=dict)
     cwd: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_command(cls, data: object) -> object:
+        """No `command`: the engine's own (`python3 -m vllm.entrypoints.openai.api_server` for vLLM)."""
+        if isinstance(data, dict) and "command" not in data and data.get("engine") in ("sglang", "vllm"):
+            return {**data, "command": profile_of(data["engine"]).default_command}
+        return data
+
     @field_validator("command", mode="before")
     @classmethod
     def _command_list(cls, v: object) -> object:
-        if isinstance(v, list):
-            return tuple(v)
-        return v
+        return _as_command(v)
 
     @field_validator("command")
     @classmethod
     def _command_nonempty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v or not v[0]:
-            raise ValueError("must name at least the program to run, e.g. ['python3', '-m', 'sglang.launch_server']")
-        return v
+        return _check_command(v)
 
     @field_validator("args")
     @classmethod
@@ -76,11 +84,39 @@ class Rung(_Section):
     drop: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     on: tuple[str, ...] = ()
+    # A rung of its own engine or program: its `args` then start from an empty set (not the base's),
+    # and `command` defaults to that engine's own. Unset: the base configuration's.
+    engine: Engine | None = None
+    command: tuple[str, ...] | None = None
 
     @field_validator("drop", "on", mode="before")
     @classmethod
     def _as_tuple(cls, v: object) -> object:
         return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command_list(cls, v: object) -> object:
+        return _as_command(v)
+
+    @field_validator("command")
+    @classmethod
+    def _command_nonempty(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else _check_command(v)
+
+    @model_validator(mode="after")
+    def _own_set(self) -> Rung:
+        if self.drop and self.own_args:
+            raise ValueError(
+                "drop removes arguments of the base configuration, but a rung that sets engine or "
+                "command starts from its own empty set: list only the args it runs with"
+            )
+        return self
+
+    @property
+    def own_args(self) -> bool:
+        """The rung's args are all it runs with (it sets its own engine or program)."""
+        return self.engine is not None or self.command is not None
 
     @field_validator("args")
     @classmethod
@@ -365,11 +401,25 @@ class Settings(_Section):
         """Where the kernel caches live: `[paths] cache_dir`, else inside the state directory."""
         return Path(self.paths.cache_dir) if self.paths.cache_dir else self.state_dir / "cache"
 
+    def engine_of(self, rung: Rung) -> Engine:
+        """The engine a rung runs: its own, else the base configuration's."""
+        return rung.engine or self.server.engine
+
     def rung_index(self, name: str) -> int | None:
         for i, rung in enumerate(self.ladder):
             if rung.name == name:
                 return i
         return None
+
+
+def _as_command(v: object) -> object:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _check_command(v: tuple[str, ...]) -> tuple[str, ...]:
+    if not v or not v[0]:
+        raise ValueError("must name at least the program to run, e.g. ['python3', '-m', 'sglang.launch_server']")
+    return v
 
 
 def _check_arg_names(args: Mapping[str, object]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from probes.busy import BusyProbe
 from probes.gpm import GpmProbe
 from probes.gpu import GpuProbe
-from probes.http import HealthProbe
+from probes.http import Canary, HealthProbe
 from probes.logs import LogParser
 from probes.ports import PortsProbe
 from probes.proctree import ProcessTreeProbe
@@ -37,6 +37,7 @@ from probes.types import (
 )
 from supervisor.config.settings import Settings
 from supervisor.diagnostics.tools import find_py_spy
+from supervisor.engines import SGLANG, EngineProfile
 from supervisor.status.snapshot import ToolCheck
 
 
@@ -74,8 +75,9 @@ class Observer:
         self.sched_probe = StarvationProbe()
         # How late the owner's loop started this poll (set by the owner before each tick).
         self.loop_lag_s = 0.0
+        self.profile: EngineProfile = SGLANG  # the launch's engine: `reset` sets it per launch
         self.configure(settings)
-        self.parser = LogParser()
+        self.parser = LogParser(self.profile.log)
         self.sglang_watchdog = SGLangWatchdogParser()
         self._health_task: asyncio.Task[HealthObservation] | None = None
         self._serving_task: asyncio.Task[ServingObservation] | None = None
@@ -102,8 +104,14 @@ class Observer:
         self.busy_probe = BusyProbe(spy, timeout_s=wd.busy_sample_timeout_s, monotonic=self._monotonic)
         if not d.py_spy:
             self.busy_probe.disabled = "py-spy is off ([diagnostics] py_spy = false)"
-        self.health_probe = HealthProbe(url, wd.health_path, wd.health_timeout_s, monotonic=self._monotonic)
-        self.serving_probe = ServingProbe(url, wd.metrics_path, wd.metrics_timeout_s, monotonic=self._monotonic)
+        p = self.profile
+        canary = Canary(p.canary_path, p.canary_body) if p.health == "flag" else None
+        self.health_probe = HealthProbe(
+            url, wd.health_path, wd.health_timeout_s, monotonic=self._monotonic, canary=canary
+        )
+        self.serving_probe = ServingProbe(
+            url, wd.metrics_path, wd.metrics_timeout_s, monotonic=self._monotonic, names=p.metrics
+        )
 
     def gpm_check(self) -> ToolCheck:
         """The self-check's line for GPM (blocking: NVML). Without it the busy-hang rule has py-spy only."""
@@ -119,9 +127,14 @@ class Observer:
             return ()
         return (ToolCheck(name="gpu", ok=True, detail=f"simulated: {gpu.describe()}"),)
 
-    def reset(self) -> None:
-        """A new launch: a fresh log parser and no stale HTTP answers."""
-        self.parser = LogParser()
+    def reset(self, profile: EngineProfile | None = None) -> None:
+        """A new launch: a fresh log parser and no stale HTTP answers; `profile`: the engine it runs,
+        when that changes (a ladder that crosses engines), the probes that read it are rebuilt."""
+        if profile is not None and profile != self.profile:
+            self.profile = profile
+            self.tree_probe = ProcessTreeProbe(with_threads=False, titles=profile.titles)
+            self.configure(self.settings)
+        self.parser = LogParser(self.profile.log)
         self.sglang_watchdog = SGLangWatchdogParser()
         self.health_probe.cancel()  # the shared request belongs to the old server
         for task in (self._health_task, self._serving_task):
@@ -164,7 +177,7 @@ class Observer:
         # Once serving, a port that stops accepting is a failed health check, not a reason to stop
         # checking: otherwise a server that closed its socket stayed `ready` forever.
         if tree.root_alive and (ports.server_port_accepts or t.serving):
-            self._maybe_probe_health(now, t.serving)
+            self._maybe_probe_health(now, t.serving, self._wants_canary(t.serving))
         if ports.server_port_accepts and tree.root_alive:
             self._maybe_scrape(now, t)
         return Observation(
@@ -191,14 +204,26 @@ class Observer:
         self._scraped_at = now
         self._serving_task = asyncio.create_task(self.serving_probe.observe())
 
-    def _maybe_probe_health(self, now: float, serving: bool) -> None:
+    def _wants_canary(self, serving: bool) -> bool:
+        """An engine whose /health is a flag (vLLM) gets a one-token generation with it: at start-up
+        (ready is a generation answered), and while serving when the gauges say idle. With requests in
+        flight, token progress judges the engine (the serving-stall rule), and a canary queued behind
+        them would time out on a busy server that is fine."""
+        if self.profile.health != "flag":
+            return False
+        sv = self.last_serving
+        if not serving or sv is None or not sv.available:
+            return True
+        return (sv.running_reqs or 0) + (sv.queue_reqs or 0) == 0
+
+    def _maybe_probe_health(self, now: float, serving: bool, canary: bool = False) -> None:
         if self._health_task is not None:
             return
         interval = self.settings.watchdog.health_interval_s if serving else self.settings.watchdog.poll_interval_s
         if self._health_started_at is not None and now - self._health_started_at < interval:
             return
         self._health_started_at = now
-        self._health_task = asyncio.create_task(self.health_probe.probe())
+        self._health_task = asyncio.create_task(self.health_probe.probe(canary=canary))
 
     def _take_health(self) -> HealthObservation | None:
         task = self._health_task

@@ -57,6 +57,7 @@ from supervisor.daemon.xidbook import XidBook
 from supervisor.diagnostics import BundleResult, Redactor, self_check
 from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
 from supervisor.diagnostics.selfcheck import busy_signal_check
+from supervisor.engines import EngineProfile, profile_of
 from supervisor.host import instance_lock
 from supervisor.host.apiguard import GuardStats
 from supervisor.host.sdnotify import Notifier, WatchdogPacer
@@ -209,10 +210,15 @@ class Owner:
         node applies them (`Peers.fit`: a group's worker never promotes itself, nor is scraped)."""
         value = self.peers.fit(value)
         self._settings = value
-        flags = [arg_names(render_rung(value.server, r).argv) for r in value.ladder]
-        self._speculative = tuple("speculative-algorithm" in f for f in flags)
+        runs = [(profile_of(value.engine_of(r)), arg_names(render_rung(value.server, r).argv)) for r in value.ladder]
+        self._speculative = tuple(p.speculates(f) for p, f in runs)
         scraped = self.peers.scrapes_metrics()
-        self._metrics_on = tuple(scraped and "enable-metrics" in f for f in flags)
+        self._metrics_on = tuple(scraped and p.has_metrics(f) for p, f in runs)
+
+    def engine(self) -> EngineProfile:
+        """The profile of the engine the current rung runs (a ladder may cross engines)."""
+        ladder = self.settings.ladder
+        return profile_of(self.settings.engine_of(ladder[min(self.ladder.current, len(ladder) - 1)]))
 
     def set_reload_hook(self, hook: Callable[[Settings], Awaitable[None]]) -> None:
         """What the composition root does with a new config before the owner applies it (API rebinds)."""
@@ -336,7 +342,7 @@ class Owner:
 
     def fresh_server(self, launched_wall: float) -> None:
         """A new server (launched or adopted): nothing the previous one showed carries over."""
-        self.observer.reset()
+        self.observer.reset(self.engine())
         self.server = Server.fresh(self.clock.monotonic(), launched_wall)
 
     def unique_incident_id(self, cause: str) -> str:

@@ -20,6 +20,7 @@ TOPS = ("supervisor", "api", "probes")
 # Lowest first. A package imports only packages of lower floors; two packages of one floor do not
 # import each other. `supervisor` alone is the package's __init__ (the version).
 FLOORS: tuple[tuple[str, ...], ...] = (
+    ("supervisor.engines",),  # what differs per engine, as data: the probes read it
     # Leaves: the version, the clock, shared small modules, the read-only probes, and the simulator
     # (a program of its own that the composition root and the demo start).
     ("supervisor", "supervisor.clock", "supervisor.common", "probes", "supervisor.simulator"),
