@@ -183,8 +183,10 @@ def _ladder(s: StatusSnapshot) -> str:
         if name == s.last_good_rung:
             tags.append("<span class='tag good'>last good</span>")
         cls = " class='cur'" if name == s.rung else ""
-        rows.append(f"<tr{cls}><td>{i}</td><td>{e(name)}</td><td>{' '.join(tags)}</td></tr>")
-    return f"<table id='ladder'><tr><th>#</th><th>rung</th><th></th></tr>{''.join(rows)}</table>"
+        engine = s.ladder_engines[i] if i < len(s.ladder_engines) else ""
+        rows.append(f"<tr{cls}><td>{i}</td><td>{e(name)}</td><td>{e(engine)}</td><td>{' '.join(tags)}</td></tr>")
+    head = "<tr><th>#</th><th>rung</th><th>engine</th><th></th></tr>"
+    return f"<table id='ladder'>{head}{''.join(rows)}</table>"
 
 
 def _server(s: StatusSnapshot) -> str:

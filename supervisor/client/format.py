@@ -152,8 +152,14 @@ def _rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         rows.append(("progress", "-"))
     ladder: Sequence[str] = s.get("ladder") or ()
     rung = str(s.get("rung") or "-")
+    engines: Sequence[str] = s.get("ladder_engines") or ()
+    if s.get("engine") and len(set(engines)) > 1:  # a ladder that crosses engines says which runs
+        rung += f" [{s['engine']}]"
     if s.get("rung_index") is not None and ladder:
-        rung += f" (#{s['rung_index']} of {len(ladder)}: {', '.join(ladder)})"
+        named = [
+            f"{n} [{engines[i]}]" if len(set(engines)) > 1 and i < len(engines) else n for i, n in enumerate(ladder)
+        ]
+        rung += f" (#{s['rung_index']} of {len(ladder)}: {', '.join(named)})"
     if s.get("last_good_rung"):
         rung += f"; last good {s['last_good_rung']}"
     pid = str(s.get("pid") or "-") + (" (adopted from an earlier daemon)" if s.get("adopted") else "")
@@ -297,4 +303,3 @@ def _fallback_text(s: Mapping[str, Any], ladder: Sequence[str]) -> str:
         text += f"; last failure {inc['cause']}" + (f"/{inc['hang_class']}" if inc.get("hang_class") else "")
         text += f" on {inc.get('rung')} at {inc.get('at')}"
     return text + f"; `sglang-supervisor promote` tries {ladder[0]} now"
-

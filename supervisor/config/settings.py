@@ -387,6 +387,17 @@ class Settings(_Section):
             seen.add(rung.name)
         return v
 
+    @model_validator(mode="after")
+    def _group_engine(self) -> Settings:
+        if self.group is not None:
+            other = [r.name for r in self.ladder if self.engine_of(r) != "sglang"]
+            if other:
+                raise ValueError(
+                    f"[group] (multi-node) supervises SGLang only for now; rung(s) {', '.join(other)} run "
+                    "vLLM, whose multi-node workers are not supervised yet (docs/ENGINES.md)"
+                )
+        return self
+
     @property
     def ladder(self) -> tuple[Rung, ...]:
         """The base configuration as rung 0, then the fallback rungs in order."""

@@ -33,6 +33,8 @@ from supervisor.daemon.launchtimeline import (
     views,
 )
 from supervisor.daemon.publish import iso
+from supervisor.engines import profile_of
+from supervisor.engines.profile import LogGrammar
 from supervisor.policy.learned import LaunchKey, Window, fingerprint, fold_quiet, learn, model_of, window_for
 from supervisor.policy.watchdog import History, Verdict
 from supervisor.status.launchviews import CacheView, LaunchTimelineView, OutageView, ResidencyView, StallWindowView
@@ -123,6 +125,12 @@ class Comeback:
 
     # ---- a launch ----------------------------------------------------------------------------
 
+    def _grammar(self, rung: str) -> LogGrammar:
+        """The lines of the engine `rung` runs (a ladder may cross engines)."""
+        i = self.settings.rung_index(rung)
+        ladder = self.settings.ladder
+        return profile_of(self.settings.engine_of(ladder[i] if i is not None else ladder[0])).log
+
     async def launching(
         self, argv: Sequence[str], rung: str, server_env: Mapping[str, str], now: float, wall: float
     ) -> dict[str, str]:
@@ -132,7 +140,9 @@ class Comeback:
         key = key_for(argv, rung, self.host)
         entry = self.book.get(key)
         before = entry.last_good if entry is not None else None
-        launch = _Launch(key, wall, Milestones(now), {}, residency=self.residency, before=before)
+        launch = _Launch(
+            key, wall, Milestones(now, grammar=self._grammar(rung)), {}, residency=self.residency, before=before
+        )
         launch.after_fault, self.fault_pending = self.fault_pending, False
         self.current, self.residency, self.window_now = launch, None, None
         if self.outage is not None:
@@ -162,7 +172,8 @@ class Comeback:
 
     def adopting(self, argv: Sequence[str], rung: str, now: float, wall: float) -> None:
         """An adopted server: no milestones of its load were seen, and it teaches nothing."""
-        self.current = _Launch(key_for(argv, rung, self.host), wall, Milestones(now), {}, adopted=True)
+        milestones = Milestones(now, grammar=self._grammar(rung))
+        self.current = _Launch(key_for(argv, rung, self.host), wall, milestones, {}, adopted=True)
         cache = self.settings.cache_dir / self.current.key.fingerprint
         if self.settings.caches.pin and cache.is_dir():
             self.current.cache = CacheView(dir=str(cache), state="hit")

@@ -38,6 +38,8 @@ CACHE_VARS: tuple[tuple[str, str], ...] = (
     ("TILELANG_CACHE_DIR", "tilelang"),
     ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
     ("CUTE_DSL_CACHE_DIR", "cute_dsl"),
+    # vLLM keeps its torch.compile artifacts under it (`torch_compile_cache`); SGLang ignores it.
+    ("VLLM_CACHE_ROOT", "vllm"),
 )
 MARKER = "LAUNCHING"
 USED = "LAST_READY"  # touched at each ready: the prune's "least recently used"

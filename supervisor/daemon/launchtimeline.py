@@ -19,6 +19,9 @@ from typing import Any
 from probes.logs import clean, split_prefix
 from probes.types import LogLine
 from supervisor.daemon.persist import atomic_write
+from supervisor.engines import SGLANG
+from supervisor.engines.profile import LogGrammar
+from supervisor.engines.profile import Milestone as EngineMilestone
 from supervisor.policy.learned import LaunchKey, Learned
 from supervisor.status.launchviews import MILESTONES, Milestone, MilestoneView
 
@@ -27,24 +30,35 @@ BOOK_VERSION = 1
 # by this factor: seconds of jitter on a fast phase are not news.
 COMPARE_MIN_EXTRA_S = 5.0
 COMPARE_FACTOR = 2.0
-_COMPILE_HINTS = ("torch.compile", "Compiling", "compile_fx", "autotune", "Autotuning", "inductor", "JIT compil")
+_COMPILE_HINTS = (
+    "torch.compile", "Compiling", "compile_fx", "autotune", "Autotuning", "inductor", "JIT compil",
+    "Dynamo bytecode transform",
+)  # fmt: skip
 
 
-def milestone_of(message: str) -> Milestone | None:
-    """The milestone one of SGLang's messages shows, if any (the first line that shows one counts)."""
-    if "Load weight begin" in message:
-        return "weights_loading"
-    if "Load weight end" in message:
-        return "weights_loaded"
-    if "KV Cache is allocated" in message or "Memory pool end" in message:
-        return "kv_allocated"
-    if "CUDA graph begin" in message or "cuda graph begin" in message or message.startswith("Capturing batches"):
-        return "graph_capture"
-    if "Uvicorn running on" in message or "Application startup complete" in message:
-        return "warmup"
-    if "The server is fired up and ready to roll" in message:
+# The engine's start-up milestones (supervisor/engines) as the timeline names them.
+_TIMELINE: dict[EngineMilestone, Milestone] = {
+    "weights_begin": "weights_loading",
+    "weights_end": "weights_loaded",
+    "kv_allocated": "kv_allocated",
+    "graph_begin": "graph_capture",
+    "draft_graph_begin": "graph_capture",
+    "http_up": "warmup",
+}
+
+
+def milestone_of(message: str, grammar: LogGrammar = SGLANG.log) -> Milestone | None:
+    """The milestone one of the engine's messages shows, if any (the first line that shows one counts)."""
+    if any(r in message for r in grammar.ready):
         return "ready_line"
-    if any(h in message for h in _COMPILE_HINTS):
+    compiling = any(h in message for h in _COMPILE_HINTS)
+    for text, engine_milestone in grammar.milestones:
+        if text in message and engine_milestone in _TIMELINE:
+            # vLLM compiles inside the run that sizes its KV cache: the compile is the news there.
+            return "compile" if compiling and engine_milestone == "kv_allocated" else _TIMELINE[engine_milestone]
+    if message.startswith(("Capturing batches", "Capturing CUDA graphs")):  # the capture's bar
+        return "graph_capture"
+    if compiling:
         return "compile"
     return None
 
@@ -55,6 +69,7 @@ class Milestones:
 
     launched_at: float
     seen: dict[str, float] = field(default_factory=dict)
+    grammar: LogGrammar = SGLANG.log  # the launch's engine's lines
 
     def __post_init__(self) -> None:
         self.seen.setdefault("spawn", self.launched_at)
@@ -64,8 +79,8 @@ class Milestones:
             text = clean(line.text)
             if not text.strip():
                 continue
-            _rank, message = split_prefix(text)
-            name = milestone_of(message)
+            _rank, message = split_prefix(text, self.grammar.prefix)
+            name = milestone_of(message, self.grammar)
             if name is not None and name not in self.seen:
                 self.seen[name] = line.at
 

@@ -420,6 +420,8 @@ class Owner:
                     else None
                 ),
                 ladder=tuple(r.name for r in self.settings.ladder),
+                engine=self.engine().name,
+                ladder_engines=tuple(self.settings.engine_of(r) for r in self.settings.ladder),
                 pid=self.server_pid(),
                 restarts=counts.restarts,
                 restarts_last_hour=self.ladder.restarts_within_hour(self.clock.wall()),
@@ -571,7 +573,10 @@ class Owner:
         shown = Redactor.from_envs([env]).argv(rendered.argv)
         start = self.server.capture.start_position if self.server.capture is not None else None
         log_start = None if start is None else {"inode": start.inode, "offset": start.offset}
-        self.record("server_launched", rung=rung.name, pid=self.server.pid, argv=list(shown), log_start=log_start)
+        self.record(
+            "server_launched", rung=rung.name, engine=self.engine().name, pid=self.server.pid, argv=list(shown),
+            log_start=log_start,
+        )  # fmt: skip
         self.move(State.STARTING, f"launched rung {rung.name}")
 
     def hold_for_group(self, rung_index: int, after_incident: bool, why: str) -> None:

@@ -105,6 +105,8 @@ class Facts:
     rung_index: int | None
     last_good: str | None
     ladder: tuple[str, ...]
+    engine: str  # the current rung's engine
+    ladder_engines: tuple[str, ...]  # each rung's engine, in ladder order
     pid: int | None
     restarts: int
     restarts_last_hour: int
@@ -236,6 +238,8 @@ def build(f: Facts) -> StatusSnapshot:
         selfcheck=f.selfcheck,
         diagnosing=f.diagnosing,
         ladder=f.ladder,
+        engine=f.engine,
+        ladder_engines=f.ladder_engines,
         version=f.version,
         loop_errors=f.loop_errors,
         write_errors=f.write_errors or WriteErrorsView(),

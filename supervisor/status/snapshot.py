@@ -214,6 +214,8 @@ class StatusSnapshot(_Frozen):
     selfcheck: tuple[ToolCheck, ...] = ()
     diagnosing: bool = False
     ladder: tuple[str, ...] = ()
+    engine: str | None = None  # the current rung's engine ("sglang" | "vllm"; supervisor/engines)
+    ladder_engines: tuple[str, ...] = ()  # each rung's engine, in `ladder` order: a ladder may cross engines
     version: str = ""
     loop_errors: int = 0  # exceptions the supervisor loop caught and survived
     write_errors: WriteErrorsView = WriteErrorsView()

@@ -97,8 +97,8 @@ def test_run_refuses_a_bad_config_with_exit_2(tmp_path: Path, capsys) -> None:  
 
 
 def test_non_python_command_cannot_be_checked(tmp_path: Path) -> None:
-    from supervisor.checkconfig.argcheck import validate_with_sglang
+    from supervisor.checkconfig.argcheck import validate_with_engines
 
     s = settings_from_mapping({"server": {"command": ["/usr/local/bin/launch-sglang.sh"]}})
-    ok, msg, _ = validate_with_sglang(s)
+    ok, msg, _ = validate_with_engines(s)
     assert ok is None and "not a Python interpreter" in msg

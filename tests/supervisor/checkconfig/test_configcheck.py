@@ -39,7 +39,7 @@ def base(extra: str = "", args: str = 'model-path = "/m"\ncuda-graph-max-bs = 8'
 def test_a_good_config_is_ok(check: Check, tmp_path: Path) -> None:
     code, out, _ = check(base('[[fallback]]\nname = "small"\ndrop = ["cuda-graph-max-bs"]'))
     assert code == 0
-    assert out.rstrip().endswith("config OK (rung arguments not checked against SGLang)")
+    assert out.rstrip().endswith("config OK (rung arguments not checked against the engines' parsers)")
     assert "error" not in out and "warning" not in out
 
 

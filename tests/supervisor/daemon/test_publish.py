@@ -31,6 +31,8 @@ def facts(history: History, health: HealthObservation | None, serving: ServingOb
         rung_index=0,
         last_good=None,
         ladder=("base",),
+        engine="sglang",
+        ladder_engines=("sglang",),
         pid=100,
         restarts=1,
         restarts_last_hour=1,
