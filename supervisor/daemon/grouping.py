@@ -27,7 +27,7 @@ from supervisor.daemon.peers import Asked, Beating, Clearance, Judged, Record
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.credentials import load_keys
 from supervisor.group.fingerprint import fingerprint
-from supervisor.group.joining import JoinAnswer, answer_join, lacking, mismatches
+from supervisor.group.joining import JoinAnswer, answer_join, formed, lacking, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
@@ -118,7 +118,10 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     assert g.leader is not None
     own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
     gv = combine(own, g.leader.views(), g.settings.unreachable_s)
-    if not gv.is_incident:
+    rejoin = _rejoin(g, gv, own_state)
+    if rejoin is not None:
+        gv = rejoin
+    elif not gv.is_incident:
         gv = _mismatched(g, gv, own_state, record)
     before, g.verdict = g.verdict, gv
     # On change only: which nodes are named, not how long they have been (the reason counts seconds).
@@ -129,7 +132,10 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
             record("group_recovered", reason=gv.reason)
     _alert_absent(g, record)
     same_rung = False
-    if gv.is_incident:
+    if rejoin is not None:  # a node came back without its server: not the servers' fault
+        same_rung = True
+        g.waiting_since = g.waiting_for = None
+    elif gv.is_incident:
         if _elsewhere(g, gv) is not None:  # node 0 waits at the rendezvous for a member of an old group
             _mismatched(g, gv, own_state, record)  # relaunched on the group's rung; the stall waits for it
         waiting = _waits_for_absent(g, gv, v, own_state, record)
@@ -157,6 +163,20 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     if gv.status == "degraded" and v.status == "ready":
         return Judged(Verdict("degraded", reason=f"group: {gv.reason}", phase=v.phase))
     return Judged(v)
+
+
+def _rejoin(g: GroupRuntime, gv: GroupVerdict, own_state: str) -> GroupVerdict | None:
+    """A member that asked to launch after node 0's server formed its group came back without the
+    server it was formed with (its daemon restarted and adopted nothing): node 0's server waits on
+    ranks that are gone and can never take new ones. The group's incident, naming that node, on the
+    same rung (issue 34: a node lost and back moves no ladder); a member's own incident elsewhere
+    comes first."""
+    if not g.rejoined or own_state not in ("starting", "ready", "degraded"):
+        return None
+    if gv.is_incident and gv.node not in (None, 0, *g.rejoined):
+        return None
+    node = min(g.rejoined)
+    return GroupVerdict("incident", "rank_died", f"node {node}: {g.rejoined[node]}", node=node)
 
 
 def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str, record: Record) -> Judged | None:
@@ -319,7 +339,23 @@ def answer_join_request(
     """The leader's answer to a member's join (`POST /group/join`); journalled when it changes."""
     if g.leader is None:
         return JoinAnswer("refused", reason=f"node {g.node} is not the group's leader (node 0)")
-    ans = answer_join(node, instance, theirs, g.fingerprint, g.leader.views(), g.own_state, g.own_rung, check=check)
+    ans = answer_join(
+        node,
+        instance,
+        theirs,
+        g.fingerprint,
+        g.leader.views(),
+        g.own_state,
+        g.own_rung,
+        check=check,
+        group_formed=formed(g.own_state, g.own_phase),
+    )
+    if ans.rejoin and node not in g.rejoined:
+        g.rejoined[node] = (
+            f"its server is gone and its daemon came back without it; node 0's server formed its group "
+            f"on rung {g.own_rung} with the old one and cannot take a new node {node}: the group is "
+            f"relaunched together on rung {g.own_rung} (a node lost, not a ladder step)"
+        )
     if not check and g.joins.get(node) != ans:
         g.joins[node] = ans
         if ans.verdict == "refused":
@@ -398,6 +434,7 @@ async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> Non
     if g.leader is None:
         return
     g.mark_members_stopped(True)
+    g.rejoined.clear()  # the group relaunches: a member that came back is launched with it
     answers: tuple[Answer, ...] = await beating(g.leader.stop_all())
     record("group_stop", "info" if all(a.ok for a in answers) else "warning", nodes=_nodes(answers))
 
@@ -511,7 +548,7 @@ class GroupPeers:
         return answer_join_request(self.runtime, node, instance, theirs, check, record)
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
-        self.runtime.own_state, self.runtime.own_rung = snap.state, snap.rung
+        self.runtime.own_state, self.runtime.own_rung, self.runtime.own_phase = snap.state, snap.rung, snap.phase
         return snap.model_copy(update={"group": group_view(self.runtime, snap)})
 
     def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:

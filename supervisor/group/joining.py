@@ -5,7 +5,9 @@ Only the leader decides a rung. A member asks before any launch it was not told 
 leader answers its own rung while its server is up (`launch`), `wait` while it is restarting,
 stopped or failed (it launches the members itself when the group launches), and `refused` when
 the member's group-relevant config differs (naming the keys) or another daemon already answers
-for that node_rank.
+for that node_rank. A member that asks while node 0's server has already formed its group came
+back without the server it formed it with (its daemon restarted and adopted nothing): a new server
+there could never join, so it waits and the group is relaunched together (`rejoin`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from supervisor.group.fingerprint import differing
-from supervisor.policy.group import MemberView
+from supervisor.policy.group import PHASES, MemberView
 
 JoinVerdict = Literal["launch", "wait", "refused"]
 _UP = frozenset({"starting", "ready", "degraded"})
+_RENDEZVOUS = PHASES.index("initializing")  # the phase in which the ranks of every node meet
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,16 @@ class JoinAnswer:
     rung: str | None = None
     reason: str = ""
     differs: tuple[str, ...] = ()
+    rejoin: bool = False  # `wait`: the member came back after node 0's group formed; the group relaunches
+
+
+def formed(own_state: str, own_phase: str | None) -> bool:
+    """Node 0's server has met every node's ranks at the rendezvous: it serves, or it starts past the
+    rendezvous' phase. A server that formed its group takes no new member: torch's store answers no
+    latecomer, and the old member's ranks are what its collectives wait for."""
+    if own_state in ("ready", "degraded"):
+        return True
+    return own_state == "starting" and own_phase in PHASES and PHASES.index(own_phase) > _RENDEZVOUS
 
 
 def answer_join(
@@ -39,9 +52,11 @@ def answer_join(
     own_rung: str | None,
     *,
     check: bool = False,
+    group_formed: bool = False,
 ) -> JoinAnswer:
     """`check`: only asked (check-config --group, maybe beside the node's running daemon): the
-    config is compared, the node_rank's daemon is not."""
+    config is compared, the node_rank's daemon is not. `group_formed`: node 0's server has formed
+    its group (`formed`), so a member asking to launch is one that came back without its server."""
     differs = tuple(differing(mine, theirs))
     if differs:
         why = f"node {node}'s group config differs from the leader's: " + "; ".join(differs)
@@ -56,6 +71,12 @@ def answer_join(
                 "two daemons claim one node_rank: give this one its own"
             )
             return JoinAnswer("refused", reason=why)
+    if group_formed and not check and own_rung:
+        why = (
+            f"node 0's server formed its group on rung {own_rung} before this daemon's server (node 0 is "
+            f"{own_state}): a new node {node} cannot join it, so the group is relaunched together on rung {own_rung}"
+        )
+        return JoinAnswer("wait", reason=why, rejoin=True)
     if own_state in _UP and own_rung:
         return JoinAnswer("launch", own_rung, f"the group runs rung {own_rung}")
     return JoinAnswer("wait", reason=f"the leader is {own_state}: it launches the members when the group launches")

@@ -39,9 +39,13 @@ class GroupRuntime:
     fingerprint: dict[str, str] = field(default_factory=dict)  # this node's group-relevant config
     own_rung: str | None = None  # what this node runs, as last published
     own_state: str = "starting"
+    own_phase: str | None = None
     joins: dict[int, JoinAnswer] = field(default_factory=dict)  # the leader's last answer to each node
     mismatched: dict[int, str] = field(default_factory=dict)  # nodes named for another rung or config
     fixing: set[int] = field(default_factory=set)  # nodes the leader is relaunching on the group's rung
+    # members that asked to launch after node 0's server formed its group (they came back without
+    # their servers): the group is relaunched together, on the same rung; why, per node
+    rejoined: dict[int, str] = field(default_factory=dict)
     waiting_since: float | None = None  # the leader holds a stall for an absent node since (monotonic)
     waiting_for: int | None = None
     absent_named: set[int] = field(default_factory=set)  # members journalled as away past absent_alert_s

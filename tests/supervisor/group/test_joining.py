@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from supervisor.config.settings import settings_from_mapping
 from supervisor.group.fingerprint import argv_print, differing, fingerprint
-from supervisor.group.joining import answer_join, lacking
+from supervisor.group.joining import answer_join, formed, lacking
 from supervisor.policy.group import MemberView, NodeReport
 
 FP = {"nnodes": "2", "tp-size": "2", "ladder": "base"}
@@ -23,6 +23,20 @@ def test_the_leader_gives_its_own_rung_while_its_server_is_up_else_wait() -> Non
     for state in ("restarting", "stopped", "failed", "hung"):
         a = answer_join(1, "a" * 32, FP, FP, (), state, "base")
         assert a.verdict == "wait" and state in a.reason and a.rung is None
+
+
+def test_a_member_asking_after_node_0s_group_formed_waits_for_the_group_to_relaunch() -> None:
+    """It came back without the server node 0's group was formed with: a new one could never join."""
+    assert not formed("starting", "spawning") and not formed("starting", "initializing")
+    assert formed("starting", "loading_weights") and formed("ready", "serving") and formed("degraded", None)
+    assert not formed("restarting", "serving") and not formed("starting", None)
+    a = answer_join(1, "a" * 32, FP, FP, (), "degraded", "base", group_formed=True)
+    assert (a.verdict, a.rung, a.rejoin) == ("wait", None, True)
+    assert "a new node 1 cannot join it" in a.reason and "relaunched together on rung base" in a.reason
+    # check-config --group asks about the config only; a differing config is refused all the same
+    assert answer_join(1, "a" * 32, FP, FP, (), "ready", "base", check=True, group_formed=True).verdict == "launch"
+    theirs = {**FP, "tp-size": "4"}
+    assert answer_join(1, "a" * 32, theirs, FP, (), "ready", "base", group_formed=True).verdict == "refused"
 
 
 def test_a_differing_config_is_refused_naming_each_key_with_both_values() -> None:

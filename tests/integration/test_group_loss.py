@@ -1,0 +1,59 @@
+"""Issue 34, a node lost and back through real daemons: node 1's daemon and its server die together
+and its daemon comes back without them. Node 0's server formed its group with the old node 1 and
+can never take a new one, so the group is relaunched together on the same rung: the loss of a node
+is not a fault of the servers and moves no ladder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from groupdaemons import Node, group_of, group_ready
+
+from supervisor.common.waiting import wait_for
+from supervisor.process import kill_marked
+
+pytestmark = pytest.mark.integration
+
+
+def lose_node(node: Node) -> None:
+    """The node goes at once: its daemon SIGKILLed and every process of its server with it."""
+    node.kill_daemon()
+    for m in node.markers:
+        kill_marked(m, grace_s=0.5)
+
+
+def test_a_node_lost_and_back_before_node_0_notices_relaunches_the_group_on_the_same_rung(
+    tmp_path: Path, made: list[Node]
+) -> None:
+    leader, worker = group_of(
+        tmp_path,
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
+        restart={"retries_per_rung": 0},  # one ladder-judged incident would step the group down
+    )
+    made.extend((leader, worker))
+    leader.start()
+    worker.start()
+    leader.wait(group_ready, 90, "the group ready")
+    old = (worker.status() or {}).get("pid")
+    lose_node(worker)
+    worker.start()  # back before node 0's server shows anything (no load on it: its stall is slow to show)
+    st = leader.wait(
+        lambda s: group_ready(s) and s["group"]["status"] == "ok" and s["restarts"] >= 1,
+        120,
+        "the group relaunched together",
+    )
+    wst = worker.status()
+    assert wst is not None and wst["pid"] not in (None, old)
+    assert st["rung"] == "base" and wst["rung"] == "base", (st["rung"], wst["rung"])
+    decisions = leader.events("ladder_decision")
+    assert [d["rung"] for d in decisions] == [0], decisions  # the same rung, whatever the ladder counts
+    # The incident names the node that was lost, not node 0's health.
+    incidents = leader.events("incident")
+    assert len(incidents) == 1 and "node 1" in incidents[0]["detail"], incidents
+    assert incidents[0]["detail"].startswith("node 1"), incidents[0]["detail"]
+    # Node 1 launched no server the group could not take: its first launch after it came back is
+    # the group's (its old server was launched once, at the start).
+    launched = worker.events("server_launched")
+    assert len(launched) == 2, [e.get("pid") for e in launched]
+    wait_for(lambda: leader.status(), lambda s: s is not None and s["state"] == "ready", 10, what="node 0 ready")
