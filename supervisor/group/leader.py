@@ -95,7 +95,9 @@ class GroupLeader:
         }
 
     def forget_report(self, node: int) -> None:
-        """One member relaunched: what it said before describes its old server."""
+        """One member relaunched: what it said before describes its old server. A poll under way
+        is dropped too (`generation`): its answer may have been taken before the stop."""
+        self.generation += 1
         v = self._views.get(node)
         if v is not None:
             self._views[node] = MemberView(node, v.address, v.reachable, None, v.unreachable_s, v.error)

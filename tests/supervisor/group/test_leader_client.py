@@ -225,3 +225,24 @@ async def test_an_answer_over_the_cap_is_cut_off_and_refused() -> None:
     h1, h2 = leader.views()
     assert not h1.reachable and "over 1048576 bytes" in h1.error
     assert h2.reachable
+
+
+async def test_a_stale_poll_across_one_members_relaunch_is_dropped() -> None:
+    """A member relaunched on the group's rung (group_mismatch): a report taken before its stop and
+    read after must not speak for its new server (a held verdict there would be a second incident)."""
+    release = asyncio.Event()
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/group/report":
+            await release.wait()
+            return answer(req, json={**report(node_of(req)), "cause": "rank_died", "state": "hung"})
+        return answer(req, json={"node": 1, "state": "stopped", "message": "done"})
+
+    leader = leader_with(handler)
+    poll = asyncio.ensure_future(leader.refresh())
+    await asyncio.sleep(0.05)
+    stop, launch = await leader.relaunch_one(1, "base")
+    release.set()
+    await poll
+    assert stop.ok and launch is not None and launch.ok
+    assert leader.views()[0].report is None  # no old verdict for the relaunched member
