@@ -6,7 +6,13 @@ plus the leader's own bundle), and the group ready again (the leader's `/status`
 `ready` and `group.serves`), all as seconds after the onset. For the faults that must not be
 incidents (a member daemon SIGKILLed and adopted, a member API partitioned, the leader daemon
 SIGKILLed) the target is 0 restarts on every node, and the times are to the group's `degraded`
-(where it applies) and back to whole. Prints a table and writes docs/BENCHMARKS.md "Multi-node".
+(where it applies) and back to whole. A node lost and back, and the leader daemon SIGKILLed at the
+stop or the launch step of a group restart, may relaunch the group but must not step the ladder.
+
+Every trial ends with the same check: every node serves the same rung (each daemon's own /status),
+and the leader's ladder stepped only for the servers' own faults (a `ladder_decision` that is not a
+relaunch forced on the same rung: only the rank faults and the restart the leader was killed in
+may have one). Prints a table and writes docs/BENCHMARKS.md "Multi-node".
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from bench.common import (
     header,
     load_result,
     median,
+    met,
     parse_ts,
     publish,
     save_result,
@@ -33,6 +40,7 @@ from bench.common import (
 )
 from bench.report import table
 from supervisor.config.settings import settings_from_mapping
+from supervisor.process import kill_marked
 
 FAULTS = (
     "rank_sigkill",
@@ -44,10 +52,24 @@ FAULTS = (
     "worker_late_15s",
     "worker_late_60s",
     "leader_late_15s",
+    "leader_late_60s",
     "config_mismatch",
+    "node_loss_return",
+    "leader_killed_at_stop",
+    "leader_killed_at_launch",
 )
 INCIDENT_FAULTS = FAULTS[:3]
-START_FAULTS = ("worker_late_15s", "worker_late_60s", "leader_late_15s")  # must cost no incident
+START_FAULTS = ("worker_late_15s", "worker_late_60s", "leader_late_15s", "leader_late_60s")  # must cost no incident
+LEADER_KILLED = ("leader_killed_at_stop", "leader_killed_at_launch")
+# Faults the servers cause: one ladder decision each (a retry of the rung). The leader killed in the
+# restart of such a fault may leave that one decision (made before the kill, or by its successor).
+LADDER_FAULTS = ("rank_sigkill", "rank_sigstop", *LEADER_KILLED)
+RELAUNCHED = ("node_loss_return", *LEADER_KILLED)  # restarts expected, but no ladder step for the node's loss
+AWAY_S = 10.0  # node_loss_return: node 1 (daemon and server) away this long, under absent_wait_s
+LOSS_WAIT_S = 30.0
+# Relaunches the ladder did not judge: forced on the same rung (a node away) or asked for by hand.
+NOT_STEPS = ("rung chosen by request", "manual restart")
+FALLBACK = [{"name": "second", "args": {"disable-custom-all-reduce": True}}]  # a step down would show
 
 
 @dataclass
@@ -61,6 +83,9 @@ class Run:
     named: str = ""
     bundles: int = 0  # nodes with a bundle under the incident id
     restarts: list[int] = field(default_factory=list)  # per node, after the run
+    rungs: list[str | None] = field(default_factory=list)  # per node at the end (None: no server)
+    steps: int = 0  # the leader's ladder decisions that the ladder judged (not forced on the same rung)
+    killed_after: str = ""  # leader_killed_*: the last leader event before the kill
     error: str = ""
 
 
@@ -88,6 +113,7 @@ def group_daemons(
                 "dist-init-addr": f"127.0.0.1:{store}",
                 **(node_args or {}).get(rank, {}),
             },
+            fallback=FALLBACK,
             restart={"retries_per_rung": 3},
         )
         data = s.model_dump()
@@ -145,7 +171,7 @@ def run_start(fault: str, run: Run, leader: Daemon, worker: Daemon) -> None:
                 return
             time.sleep(0.2)
         raise AssertionError("node 1 was not refused")
-    late = 60.0 if "60" in fault else 15.0
+    late = 60.0 if fault.endswith("60s") else 15.0
     first, second = (leader, worker) if fault.startswith("worker") else (worker, leader)
     first.start()
     time.sleep(late)
@@ -159,13 +185,15 @@ def run_start(fault: str, run: Run, leader: Daemon, worker: Daemon) -> None:
 def run_fault(fault: str) -> Run:
     wd = workdir(f"multinode-{fault}")
     node_args = {1: {"tp-size": 4}} if fault == "config_mismatch" else None
-    # A late start waits for the group: the bound must be above the lateness (production: 600 s).
-    wait = 120.0 if fault in START_FAULTS else 6.0
+    # A late start waits for the group: the bound must be above the lateness (production: 600 s);
+    # so must a node lost and back (it is away AWAY_S).
+    wait = 120.0 if fault in START_FAULTS else LOSS_WAIT_S if fault == "node_loss_return" else 6.0
     leader, worker = group_daemons(wd, node_args=node_args, absent_wait_s=wait)
     run = Run(fault)
     try:
         if fault in START_FAULTS or fault == "config_mismatch":
             run_start(fault, run, leader, worker)
+            end_check(fault, run, leader, worker)
             return run
 
         leader.start()
@@ -191,23 +219,64 @@ def run_fault(fault: str) -> Run:
                 assert worker.proc is not None
                 worker.proc.send_signal(signal.SIGSTOP)
             elif fault == "leader_daemon_sigkill":
-                assert leader.proc is not None
-                leader.proc.send_signal(signal.SIGKILL)
-                leader.proc.wait(10)
+                kill_daemon(leader)
+            elif fault == "node_loss_return":
+                marker = worker.marker()
+                kill_daemon(worker)  # the node goes: its daemon and its server with it
+                assert marker is not None
+                kill_marked(marker, grace_s=0.5)
+            elif fault in LEADER_KILLED:
+                os.kill(_scheduler(worker), signal.SIGKILL)  # a group restart follows
             measure(fault, run, leader, worker, onset)
+        end_check(fault, run, leader, worker)
     except Exception as err:  # a benchmark row says what went wrong instead of ending the table
-        run.error = repr(err)[:300]
+        run.error = run.error or repr(err)[:300]
     finally:
         if worker.proc is not None:
             worker.proc.send_signal(signal.SIGCONT)
         run.restarts = [restarts(d) for d in (leader, worker)]
+        run.steps = ladder_steps(leader)
         for d in (worker, leader):
             d.stop()
     return run
 
 
+def kill_daemon(d: Daemon) -> None:
+    assert d.proc is not None
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+
+
 def restarts(d: Daemon) -> int:
     return sum(1 for e in d.events() if e.get("event") == "server_launched") - 1
+
+
+def ladder_steps(leader: Daemon) -> int:
+    """The leader's ladder decisions that the ladder judged: not a relaunch forced on the same rung
+    (a node away or late) nor a manual one."""
+    return sum(1 for e in leader.events() if e.get("event") == "ladder_decision" and e.get("reason") not in NOT_STEPS)
+
+
+def end_check(fault: str, run: Run, leader: Daemon, worker: Daemon) -> None:
+    """After every trial: every node serves the same rung, read from each daemon's own /status (a
+    node that serves nothing fails it too, but for config_mismatch's refused node 1), and the
+    ladder stepped only for the servers' own faults."""
+    sts = [d.status() for d in (leader, worker)]
+    run.rungs = [st["rung"] if st is not None and st.get("pid") is not None else None for st in sts]
+    serving = [st is not None and st["state"] in ("ready", "degraded") for st in sts]
+    must = serving[:1] if fault == "config_mismatch" else serving
+    wrong: list[str] = []
+    if len({r for r in run.rungs if r is not None}) > 1:
+        wrong.append(f"nodes end on different rungs {run.rungs}")
+    if not all(must):
+        wrong.append(f"not every node serves: {[st['state'] if st else 'no answer' for st in sts]}, rungs {run.rungs}")
+    steps = ladder_steps(leader)
+    if steps > (1 if fault in LADDER_FAULTS else 0):
+        reasons = [e["reason"] for e in leader.events() if e.get("event") == "ladder_decision"]
+        wrong.append(f"{steps} ladder step(s) not caused by the servers alone: {reasons}")
+    if wrong:
+        run.error = "; ".join(wrong)[:300]
+        raise AssertionError(run.error)
 
 
 def measure(fault: str, run: Run, leader: Daemon, worker: Daemon, onset: float) -> None:
@@ -225,6 +294,12 @@ def measure(fault: str, run: Run, leader: Daemon, worker: Daemon, onset: float) 
         leader.wait(lambda s: s["restarts"] >= 1 and group_ready(s), 120, "the group ready again")
         run.ready_s = round(time.time() - onset, 2)
         run.bundles = sum((d.state_dir / "diagnostics" / inc["id"] / "summary.json").exists() for d in (leader, worker))
+        return
+    if fault == "node_loss_return":
+        measure_loss(run, leader, worker, onset)
+        return
+    if fault in LEADER_KILLED:
+        measure_leader_killed(fault, run, leader, worker, onset)
         return
     if fault == "leader_daemon_sigkill":
         time.sleep(2.0)
@@ -244,8 +319,78 @@ def measure(fault: str, run: Run, leader: Daemon, worker: Daemon, onset: float) 
     run.ready_s = round(time.time() - onset, 2)
 
 
+def measure_loss(run: Run, leader: Daemon, worker: Daemon, onset: float) -> None:
+    """Node 1 away AWAY_S (under absent_wait_s): the group is degraded and waits, no ladder step;
+    back, node 1 asks its leader and the group is relaunched together on the same rung."""
+    leader.wait(lambda s: (s.get("group") or {}).get("status") == "degraded", 30, "the group degraded")
+    run.degraded_s = round(time.time() - onset, 2)
+    time.sleep(max(0.0, onset + AWAY_S - time.time()))
+    st = leader.status()
+    if st is None or st["state"] not in ("ready", "degraded") or st["restarts"] != 0:
+        raise AssertionError(f"node 0 did not wait for the node away: {str(st)[:300]}")
+    worker.start()
+    leader.wait(
+        lambda s: group_ready(s) and s["group"]["status"] == "ok" and s["group"]["nodes"][1].get("pid") is not None,
+        120,
+        "the group whole again",
+    )
+    run.ready_s = round(time.time() - onset, 2)
+
+
+def _next_event(d: Daemon, pred: Any, after: float, timeout: float, what: str) -> dict[str, Any]:
+    """The first journal event after `after` (epoch s) that `pred` accepts, read every 20 ms."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for e in d.events():
+            if parse_ts(str(e["ts"])) >= after - 0.5 and pred(e):
+                return e
+        time.sleep(0.02)
+    raise AssertionError(f"no {what} in {timeout:g} s ({d.wd})")
+
+
+def measure_leader_killed(fault: str, run: Run, leader: Daemon, worker: Daemon, onset: float) -> None:
+    """The group restart of node 1's dead rank, with the leader daemon SIGKILLed at its stop step
+    (node 1 was just asked to stop) or its launch step (node 1 was just launched by the group).
+    Its successor must finish the restart on the same rung: no node left stopped, no second step."""
+    if fault == "leader_killed_at_stop":
+        _next_event(
+            worker,
+            lambda e: e.get("event") == "command" and e.get("kind") == "stop" and e.get("source") == "group",
+            onset,
+            60,
+            "group stop on node 1",
+        )
+    else:
+        _next_event(worker, lambda e: e.get("event") == "server_launched", onset, 90, "group launch on node 1")
+    kill_daemon(leader)
+    last = [e for e in leader.events() if parse_ts(str(e["ts"])) >= onset - 0.5]
+    run.killed_after = str(last[-1].get("event")) if last else ""
+    time.sleep(1.0)
+    leader.start()
+    leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 120, "the group ready again")
+    run.ready_s = round(time.time() - onset, 2)
+    inc = [e for e in leader.events() if e.get("event") == "incident"]
+    if inc:
+        run.cause = str(inc[0].get("cause"))
+
+
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} s"
+
+
+def target(fault: str, rs: list[Run]) -> str:
+    """What the trial must show, and whether every run showed it (a run with an error did not:
+    `end_check` turns different rungs, a node not serving and a ladder step into its error)."""
+    clean = bool(rs) and all(not r.error for r in rs)
+    if fault == "config_mismatch":  # node 1 refused: it launches nothing (-1 = no launch)
+        return "refused, node 1 never launched: " + met(clean and all(r.restarts[1:] == [-1] for r in rs))
+    if fault in ("rank_sigkill", "rank_sigstop"):
+        return "one rung, 1 ladder step: " + met(clean and all(r.steps == 1 for r in rs))
+    if fault in LEADER_KILLED:
+        return "one rung, no extra ladder step, no node stopped: " + met(clean and all(r.steps <= 1 for r in rs))
+    if fault == "never_joins" or fault == "node_loss_return":
+        return "one rung, 0 ladder steps: " + met(clean and all(r.steps == 0 for r in rs))
+    return "one rung, 0 restarts: " + met(clean and all(sum(r.restarts) == 0 for r in rs))
 
 
 def render(runs: list[Run], reps: int) -> str:
@@ -261,11 +406,6 @@ def render(runs: list[Run], reps: int) -> str:
             return median(xs) if xs else None
 
         first = ok[0] if ok else None
-        restarts_text = ", ".join("/".join(str(x) for x in r.restarts) for r in rs)
-        target = "0 restarts: " + ("met" if all(sum(r.restarts) == 0 for r in rs) and rs else "NOT met")
-        if fault == "config_mismatch":  # node 1 refused: it launches nothing (-1 = no launch)
-            met = all(r.restarts[1:] == [-1] and not r.error for r in rs) and rs
-            target = "refused, node 1 never launched: " + ("met" if met else "NOT met")
         rows.append(
             [
                 fault,
@@ -276,8 +416,10 @@ def render(runs: list[Run], reps: int) -> str:
                 f"{first.bundles}/2" if first and fault in INCIDENT_FAULTS else "-",
                 _s(med("degraded_s")),
                 _s(med("ready_s")),
-                restarts_text,
-                target if fault not in INCIDENT_FAULTS else "-",
+                ", ".join("/".join(str(x) for x in r.restarts) for r in rs),
+                ", ".join(str(r.steps) for r in rs),
+                ", ".join("/".join(x or "none" for x in r.rungs) if r.rungs else "?" for r in rs),
+                target(fault, rs),
             ]
         )
     head = [
@@ -290,27 +432,44 @@ def render(runs: list[Run], reps: int) -> str:
         "to degraded",
         "to group ready",
         "restarts (node 0/1)",
+        "ladder steps",
+        "rungs at end (node 0/1)",
         "target",
     ]
     errors = [f"- {r.fault}: {r.error}" for r in runs if r.error]
     named = list(dict.fromkeys(f"- {r.fault}: {r.named}" for r in runs if r.named))
+    killed = list(dict.fromkeys(f"`{r.killed_after}`" for r in runs if r.fault in LEADER_KILLED and r.killed_after))
     intro = header(
         "Multi-node",
         "multinode",
         f"Two simulated nodes (tp 2, one rank per node), one real daemon per node, {reps} run(s) per trial, "
-        "poll 0.5 s, stall windows 4 s, `unreachable_s` 2 s, 2 clients of 400 tokens on node 0. "
-        "Times are medians from the onset (the benchmark's own act).",
+        "poll 0.5 s, stall windows 4 s, `unreachable_s` 2 s, a ladder of two rungs (`base`, `second`) with "
+        "3 retries per rung, 2 clients of 400 tokens on node 0. Times are medians from the onset (the "
+        "benchmark's own act).",
     ).replace("bench.run_all --only multinode", "bench.multinode")
     notes = [
         "Onset to verdict: to the leader's `hung` (before any capture); to evidence: the leader's "
-        "`group_evidence` (every member's capture answered). `never_joins` starts node 1's daemon only "
-        "after the verdict, so node 1 has no bundle for it (1/2 by design) and its first launch is no "
-        "restart (its 0); the leader waits `absent_wait_s` (6 s here; 120 s in the start trials) for the "
-        "absent node first, then retries the same rung. The daemon faults must cost no restart on any "
-        "node. The start trials start one daemon, then the other 15 or 60 s later (to group ready: "
-        "from the first start; "
+        "`group_evidence` (every member's capture answered). Every trial ends with the same check: each "
+        "daemon's own `/status` says which rung its node serves, and a run whose nodes end on different "
+        "rungs (or with a node that serves nothing) fails; a ladder step is a `ladder_decision` of the "
+        "leader that the ladder judged (not a relaunch forced on the same rung because a node was away or "
+        "late), and only the servers' own faults may cause one. `never_joins` starts node 1's daemon only "
+        f"after the verdict, so node 1 has no bundle for it; the leader waits `absent_wait_s` (6 s here; "
+        f"120 s in the start trials, {LOSS_WAIT_S:g} s in `node_loss_return`) for the absent node first, "
+        "then relaunches the same rung. The daemon faults must cost no restart on any node. The start "
+        "trials start one daemon, then the other 15 or 60 s later (to group ready: from the first start; "
         "any incident fails the run); `config_mismatch` gives node 1 `tp-size 4` (to degraded: until "
         "node 1 journals its refused launch naming `tp-size`; restarts -1: it never launched).",
+        "",
+        f"`node_loss_return` SIGKILLs node 1's daemon and its server together, keeps the node away "
+        f"{AWAY_S:g} s (the group is `degraded`, node 0's collectives wait for the lost rank), then starts "
+        "node 1's daemon again: it adopts nothing, asks its leader, and node 0's old server cannot take a new "
+        "node 1, so the group is relaunched together on the same rung (one restart per node, no ladder "
+        "step). `leader_killed_at_stop` and `leader_killed_at_launch` SIGKILL node 1's scheduler and then "
+        "the leader daemon as node 1 journals the group's stop command, or its group launch; a successor "
+        "starts 1 s later and must finish the restart on the same rung with no node left stopped and no "
+        "second ladder decision (to group ready: from the rank's death)."
+        + (f" The leader's last journal line before the kill: {', '.join(killed)}." if killed else ""),
         "",
     ]
     body = [intro, "", table(head, rows), "", *notes]
