@@ -115,7 +115,11 @@ def _demo(args: argparse.Namespace) -> int:
     from supervisor.demo import run_demo
 
     return run_demo(
-        duration=args.duration, state_dir=args.state_dir, keep=args.keep, until_recovered=args.until_recovered
+        duration=args.duration,
+        state_dir=args.state_dir,
+        keep=args.keep,
+        until_recovered=args.until_recovered,
+        cross_engine=args.cross_engine,
     )
 
 
@@ -167,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--until-recovered",
         action="store_true",
         help="end by itself once the server serves on the fallback rung (what `make demo` runs)",
+    )
+    demo.add_argument(
+        "--cross-engine",
+        action="store_true",
+        help="a ladder that crosses engines: SGLang EAGLE-3, SGLang without CUDA graphs, then vLLM (docs/ENGINES.md)",
     )
     demo.set_defaults(func=_demo)
 

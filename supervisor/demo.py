@@ -54,21 +54,43 @@ HEADER = """\
 """
 
 
-def demo_config(state_dir: Path, server_port: int, api_port: int) -> str:
+CROSS_HEADER = """\
+# Written by `sglang-supervisor demo --cross-engine`: the built-in simulator speaks SGLang, then vLLM.
+# The simulator's behaviour: deadlock right after the weights load, unless --enforce-eager (a vLLM
+# flag): both SGLang rungs hang, and the ladder ends on vLLM without speculation, which serves.
+"""
+MODEL = "/models/demo-model"
+
+
+def demo_config(state_dir: Path, server_port: int, api_port: int, *, cross_engine: bool = False) -> str:
+    no_graph = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}, "on": ["cuda_graph_capture"]}
     data = sim_config(
         DEMO_WINDOWS,
         scenario="deadlock_after_load",
         state_dir=state_dir,
-        model_path="/models/demo-model",
+        model_path=MODEL,
         server_port=server_port,
         api_port=api_port,
-        env={"SGLANG_SIM_UNLESS": "disable-cuda-graph"},
-        fallback=[{"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}, "on": ["cuda_graph_capture"]}],
+        env={"SGLANG_SIM_UNLESS": "enforce-eager" if cross_engine else "disable-cuda-graph"},
+        args={"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/demo-eagle3"}
+        if cross_engine
+        else None,
+        fallback=[{k: v for k, v in no_graph.items() if k != "on"}, vllm_rung(tp=2)] if cross_engine else [no_graph],
         api={"host": "127.0.0.1"},
         gpu_file=state_dir / "simulated-gpu.json",
     )
     data["server"] = {"host": "127.0.0.1", **data["server"]}
-    return HEADER + dump_mapping(data)
+    return (CROSS_HEADER if cross_engine else HEADER) + dump_mapping(data)
+
+
+def vllm_rung(tp: int) -> dict[str, object]:
+    """The cross-engine demo's last rung: the simulator speaking vLLM, no speculation, no CUDA graphs."""
+    return {
+        "name": "vllm-no-spec",
+        "engine": "vllm",
+        "command": [sys.executable, "-m", "supervisor.simulator", "--engine", "vllm"],
+        "args": {"model": MODEL, "tensor-parallel-size": tp, "enforce-eager": True},
+    }
 
 
 def story_told(s: StatusSnapshot) -> bool:
@@ -80,6 +102,8 @@ def story_told(s: StatusSnapshot) -> bool:
 
 def status_line(s: StatusSnapshot, t: float) -> str:
     parts = [f"[{t:5.1f}s] state={s.state:<10}", f"rung={s.rung}"]
+    if len(set(s.ladder_engines)) > 1 and s.engine:  # a ladder that crosses engines
+        parts.append(f"engine={s.engine}")
     if s.phase:
         parts.append(f"phase={s.phase}")
     if s.progress is not None:
@@ -126,19 +150,29 @@ async def _demo(config_path: Path, duration: float | None, until_recovered: bool
     return rc, daemon.snapshot()
 
 
-def run_demo(*, duration: float | None, state_dir: str | None, keep: bool, until_recovered: bool = False) -> int:
+def run_demo(
+    *,
+    duration: float | None,
+    state_dir: str | None,
+    keep: bool,
+    until_recovered: bool = False,
+    cross_engine: bool = False,
+) -> int:
     temp = state_dir is None
     root = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="sglang-supervisor-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     api_port = free_port()
     config_path = root / "demo.toml"
-    config_path.write_text(demo_config(root, free_port(), api_port))
+    config_path.write_text(demo_config(root, free_port(), api_port, cross_engine=cross_engine))
     gpu = load_settings(config_path).gpu
     if gpu.file:
         create_gpu_file(Path(gpu.file), gpus=2)  # tp-size 2
     logsetup.configure(json=False, level="WARNING")
     print(f"sglang-supervisor demo: config {config_path}, API http://127.0.0.1:{api_port}/status")
-    print("rung 'base' deadlocks after the weights load; watch it be detected, diagnosed and fall back.")
+    if cross_engine:
+        print("SGLang rungs 'base' and 'no-cuda-graph' deadlock after the weights load; watch the ladder end on vLLM.")
+    else:
+        print("rung 'base' deadlocks after the weights load; watch it be detected, diagnosed and fall back.")
     if until_recovered:
         print("It ends by itself once the server serves on the fallback rung; Ctrl-C to stop sooner.")
     else:

@@ -538,6 +538,7 @@ class Owner:
             marker=self.marker,
             argv=rendered.argv,
             slate=self.settings.slate,
+            engine=profile_of(self.settings.engine_of(rung)),
         )
         if clean.doc:
             self.record("clean_slate", "warning" if clean.warn else "info", **clean.doc)

@@ -22,6 +22,7 @@ from supervisor.daemon import cleanslate as cs
 from supervisor.daemon import shmledger
 from supervisor.daemon.beating import keep_beating
 from supervisor.daemon.stopping import StopTools
+from supervisor.engines import SGLANG, EngineProfile
 from supervisor.policy import gpufit
 from supervisor.process.stoppids import stop_pids
 
@@ -59,10 +60,11 @@ async def prepare(
     marker: str,
     argv: Sequence[str] = (),
     slate: SlateSettings = _DEFAULT,
+    engine: EngineProfile = SGLANG,
 ) -> Slate:
     """`tree`: the running server's pids (not orphans); `env`: what the server gets (its
     CUDA_VISIBLE_DEVICES names the GPUs to check); `argv`: the command line about to be launched
-    (its --mem-fraction-static is the need, supervisor/policy/gpufit.py)."""
+    (its --mem-fraction-static, vLLM's --gpu-memory-utilization, is the need, supervisor/policy/gpufit.py)."""
     doc: dict[str, object] = {}
     removed, errors = await asyncio.to_thread(_sweep_shm, shm_dir, state_dir)
     if removed or errors:
@@ -75,7 +77,7 @@ async def prepare(
         doc["orphans_found"] = orphans
         doc["orphans_stopped"] = list(report.pids_found)
         doc["orphans_survivors"] = list(report.survivors)
-    need = gpufit.need_of(argv, slate.gpu_need_gib)
+    need = gpufit.need_of(argv, slate.gpu_need_gib, engine)
     fit = await _gpu_holders(tools, env, marker, need, slate.gpu_strangers, doc)
     if fit is None or fit.action == "launch":
         return Slate(doc, None)

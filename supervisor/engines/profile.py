@@ -100,6 +100,11 @@ class Flags:
     nnodes: str
     node_rank: str
     rendezvous: tuple[str, ...]
+    # The fraction of each GPU's memory the server takes (the launch-beside-strangers need,
+    # supervisor/policy/gpufit.py), and what the engine assumes when it is not given (None: its own
+    # choice, not known in advance).
+    mem_fraction: str
+    mem_fraction_default: float | None
 
 
 @dataclass(frozen=True)

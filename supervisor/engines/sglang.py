@@ -71,6 +71,8 @@ SGLANG = EngineProfile(
         nnodes="nnodes",
         node_rank="node-rank",
         rendezvous=("dist-init-addr",),
+        mem_fraction="mem-fraction-static",
+        mem_fraction_default=None,  # SGLang picks one from the GPU's size and the model
     ),
     health="generates",
     canary_path="",

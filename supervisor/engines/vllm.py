@@ -73,6 +73,10 @@ VLLM = EngineProfile(
         nnodes="nnodes",
         node_rank="node-rank",
         rendezvous=("master-addr", "master-port"),
+        # vLLM refuses to start when less than this fraction of the GPU is free (its default 0.9,
+        # vllm/config/cache.py), so it is the need even unset.
+        mem_fraction="gpu-memory-utilization",
+        mem_fraction_default=0.9,
     ),
     health="flag",
     canary_path="/v1/completions",

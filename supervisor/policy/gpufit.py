@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from supervisor.config.slate import StrangerPolicy
+from supervisor.engines import SGLANG, EngineProfile
 
 Policy = StrangerPolicy  # [slate] gpu_strangers
 
@@ -68,6 +69,7 @@ class GpuRoom:
 class Need:
     fraction: float | None  # the rung's --mem-fraction-static; None: not set (SGLang picks one)
     floor_bytes: int | None = None  # [slate] gpu_need_gib; None: not set
+    flag: str = FRACTION_FLAG.removeprefix("--")  # the engine's name for the fraction (vLLM: gpu-memory-utilization)
 
     def bytes_on(self, total_bytes: int) -> int | None:
         by_fraction = int(self.fraction * total_bytes) if self.fraction is not None and total_bytes > 0 else None
@@ -77,7 +79,7 @@ class Need:
     def describe(self) -> str:
         parts = []
         if self.fraction is not None:
-            parts.append(f"mem-fraction-static {self.fraction:g}")
+            parts.append(f"{self.flag} {self.fraction:g}")
         if self.floor_bytes is not None:
             parts.append(f"[slate] gpu_need_gib {self.floor_bytes / GIB:g}")
         return ", ".join(parts) or "need unknown"
@@ -118,14 +120,15 @@ class FitDecision:
     strangers: tuple[Stranger, ...]
 
 
-def mem_fraction(argv: Sequence[str]) -> float | None:
-    """The last `--mem-fraction-static X` (or `=X`) in the rendered command line, as SGLang's
-    argparse reads it; a value outside (0, 1] or not a number is not a need (SGLang refuses it)."""
+def mem_fraction(argv: Sequence[str], flag: str = FRACTION_FLAG) -> float | None:
+    """The last `--mem-fraction-static X` (or `=X`; vLLM's `--gpu-memory-utilization`) in the rendered
+    command line, as argparse reads it; a value outside (0, 1] or not a number is not a need (the
+    engine refuses it)."""
     found: str | None = None
     for i, arg in enumerate(argv):
-        if arg == FRACTION_FLAG and i + 1 < len(argv):
+        if arg == flag and i + 1 < len(argv):
             found = argv[i + 1]
-        elif arg.startswith(FRACTION_FLAG + "="):
+        elif arg.startswith(flag + "="):
             found = arg.split("=", 1)[1]
     if found is None:
         return None
@@ -136,9 +139,14 @@ def mem_fraction(argv: Sequence[str]) -> float | None:
     return value if 0 < value <= 1 else None
 
 
-def need_of(argv: Sequence[str], floor_gib: float | None) -> Need:
-    """The need of the command line about to be launched, with `[slate] gpu_need_gib`."""
-    return Need(mem_fraction(argv), None if floor_gib is None else int(floor_gib * GIB))
+def need_of(argv: Sequence[str], floor_gib: float | None, engine: EngineProfile = SGLANG) -> Need:
+    """The need of the command line about to be launched, with `[slate] gpu_need_gib`; the engine
+    names the fraction's flag and what it assumes unset (vLLM: 0.9)."""
+    name = engine.flags.mem_fraction
+    fraction = mem_fraction(argv, "--" + name)
+    if fraction is None:
+        fraction = engine.flags.mem_fraction_default
+    return Need(fraction, None if floor_gib is None else int(floor_gib * GIB), name)
 
 
 def fit(rooms: Iterable[GpuRoom], strangers: Sequence[Stranger], need: Need) -> tuple[GpuFit, ...]:

@@ -11,22 +11,29 @@ from typing import Any
 import httpx
 
 SPEC = {"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/draft"}
+# vLLM's way of saying the same (`--speculative-config` takes JSON)
+VLLM_SPEC = {"speculative-config": '{"method": "eagle3", "model": "/models/draft", "num_speculative_tokens": 3}'}
 
 
 @contextlib.asynccontextmanager
-async def traffic(port: int, concurrency: int = 2, tokens: int = 24) -> AsyncIterator[list[int]]:
-    """A bounded load generator: `concurrency` clients posting /generate until the block ends."""
+async def traffic(
+    port: int, concurrency: int = 2, tokens: int = 24, engine: str = "sglang"
+) -> AsyncIterator[list[int]]:
+    """A bounded load generator: `concurrency` clients posting SGLang's /generate (vLLM's
+    /v1/completions with `engine="vllm"`) until the block ends."""
     done: list[int] = []
     stop = asyncio.Event()
+    path, body = (
+        ("/v1/completions", {"prompt": "hello", "max_tokens": tokens})
+        if engine == "vllm"
+        else ("/generate", {"text": "hello", "sampling_params": {"max_new_tokens": tokens}})
+    )
 
     async def client() -> None:
         async with httpx.AsyncClient(timeout=120) as c:
             while not stop.is_set():
                 try:
-                    r = await c.post(
-                        f"http://127.0.0.1:{port}/generate",
-                        json={"text": "hello", "sampling_params": {"max_new_tokens": tokens}},
-                    )
+                    r = await c.post(f"http://127.0.0.1:{port}{path}", json=body)
                     if r.status_code == 200:
                         done.append(1)
                 except httpx.HTTPError:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,25 +53,45 @@ def sim_settings(
     diagnostics: dict[str, Any] | None = None,
     api: dict[str, Any] | None = None,
     gpu: Path | None = None,
+    engine: str = "sglang",
 ) -> Settings:
     """`gpu`: the simulated GPU's JSON file, which the daemon reads (`[gpu] source = "simulator"`) and
-    the simulator writes (its `SGLANG_SIM_GPU_FILE`); None: the daemon reads the real NVML."""
-    return settings_from_mapping(
-        sim_config(
-            TEST_WINDOWS,
-            scenario=scenario,
-            state_dir=tmp_path / "state",
-            model_path=str(tmp_path / "model"),
-            server_port=free_port(),
-            api_port=free_port(),
-            tp=tp,
-            env=env,
-            args=args,
-            fallback=fallback,
-            watchdog=watchdog,
-            restart=restart,
-            diagnostics=diagnostics,
-            api=api,
-            gpu_file=gpu,
-        )
+    the simulator writes (its `SGLANG_SIM_GPU_FILE`); None: the daemon reads the real NVML.
+    `engine="vllm"`: the base configuration runs the simulator's vLLM (`--engine vllm`, vLLM's flags)."""
+    data = sim_config(
+        TEST_WINDOWS,
+        scenario=scenario,
+        state_dir=tmp_path / "state",
+        model_path=str(tmp_path / "model"),
+        server_port=free_port(),
+        api_port=free_port(),
+        tp=tp,
+        env=env,
+        args=args,
+        fallback=fallback,
+        watchdog=watchdog,
+        restart=restart,
+        diagnostics=diagnostics,
+        api=api,
+        gpu_file=gpu,
     )
+    if engine == "vllm":
+        data["server"] = vllm_server(data["server"], tp, args)
+    return settings_from_mapping(data)
+
+
+def vllm_command() -> list[str]:
+    return [sys.executable, "-m", "supervisor.simulator", "--engine", "vllm"]
+
+
+def vllm_server(server: dict[str, Any], tp: int, args: dict[str, Any] | None) -> dict[str, Any]:
+    """The simulator's `[server]` as vLLM: its engine, command and flags (metrics are always on)."""
+    model = server["args"]["model-path"]
+    own = {"model": model, "tensor-parallel-size": tp, **(args or {})}
+    return {**server, "engine": "vllm", "command": vllm_command(), "args": own}
+
+
+def vllm_rung(name: str, model: str, tp: int = 2, **args: Any) -> dict[str, Any]:
+    """A `[[fallback]]` rung that crosses to the simulator's vLLM (its own empty set of arguments)."""
+    return {"name": name, "engine": "vllm", "command": vllm_command(),
+            "args": {"model": model, "tensor-parallel-size": tp, **args}}  # fmt: skip
