@@ -7,6 +7,7 @@ import pytest
 
 from supervisor.config.render import render_rung
 from supervisor.config.settings import Rung, settings_from_mapping
+from supervisor.engines import VLLM, profile_of
 from supervisor.policy.gpufit import (
     GIB,
     GpuRoom,
@@ -160,3 +161,21 @@ def test_the_policy_key_is_validated() -> None:
         settings_from_mapping({"slate": {"gpu_strangers": "ignore"}})
     with pytest.raises(ConfigError, match=r"slate\.gpu_need_gib"):
         settings_from_mapping({"slate": {"gpu_need_gib": -1}})
+
+
+def test_a_vllm_rungs_need_is_its_gpu_memory_utilization_or_vllms_default() -> None:
+    """vLLM refuses to start unless its --gpu-memory-utilization (0.9 unset) of the GPU is free."""
+    s = settings_from_mapping(
+        {
+            "server": {"args": {"model-path": "/m", "mem-fraction-static": 0.8}},
+            "fallback": [
+                {"name": "v", "engine": "vllm", "args": {"model": "/m", "gpu-memory-utilization": 0.5}},
+                {"name": "v-default", "engine": "vllm", "args": {"model": "/m"}},
+            ],
+        }
+    )
+    needs = [need_of(render_rung(s.server, r).argv, None, profile_of(s.engine_of(r))) for r in s.ladder]
+    assert [n.fraction for n in needs] == [0.8, 0.5, 0.9]
+    assert [n.describe() for n in needs][1:] == ["gpu-memory-utilization 0.5", "gpu-memory-utilization 0.9"]
+    # SGLang's flag on a vLLM rung is not vLLM's need (and vLLM's parser refuses it anyway)
+    assert need_of(["--mem-fraction-static", "0.3"], None, VLLM).fraction == 0.9
