@@ -27,6 +27,7 @@ from pathlib import Path
 from probes.proctree import MARKER_ENV, read_stat
 from probes.types import GpuObservation
 from supervisor.common.redact import Redactor, argv_secrets
+from supervisor.engines import PROFILES
 
 _WITH_PID = (
     re.compile(r"^sgl_shm_[A-Za-z0-9]+_(\d+)_[0-9a-fA-F]+$"),
@@ -204,12 +205,16 @@ def visible_gpus(env: Mapping[str, str], gpu: GpuObservation) -> frozenset[int] 
 # ---- orphans of an earlier server of this state directory -------------------------------------
 
 
+# The engines' child titles: an earlier server of either engine (a ladder may cross them).
+_ORPHAN_TITLES = tuple(p.titles.prefix.encode() for p in PROFILES.values())
+
+
 def orphans(
     state_dir: Path, exclude: Collection[int], parents: Collection[int] = (1,), proc_root: str = "/proc"
 ) -> list[int]:
-    """`sglang::` processes re-parented to init (or to the daemon, a subreaper: `parents`) whose
-    output still goes to this state directory's logs: an earlier server of this state directory
-    (its marker may be lost with state.json)."""
+    """`sglang::` (or vLLM's `VLLM::`) processes re-parented to init (or to the daemon, a subreaper:
+    `parents`) whose output still goes to this state directory's logs: an earlier server of this
+    state directory (its marker may be lost with state.json)."""
     logs = str(Path(state_dir).resolve()) + "/"
     found: list[int] = []
     try:
@@ -227,7 +232,7 @@ def orphans(
                 title = f.read(64)
         except OSError:
             continue
-        if not title.startswith(b"sglang::"):
+        if not title.startswith(_ORPHAN_TITLES):
             continue
         for fd in ("1", "2"):
             try:

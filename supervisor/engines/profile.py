@@ -58,6 +58,7 @@ class Titles:
     """Process titles (setproctitle) -> roles. A rank process is role `scheduler` for every engine:
     the process that runs one tensor-parallel rank's forward passes."""
 
+    prefix: str  # every child title the engine sets starts with it (an orphan's proof of kind)
     rank: tuple[str, ...]  # title prefixes of rank processes; the rank is the number after `TP`
     # Title prefixes of a process that runs rank 0 itself when no rank process exists (vLLM's
     # EngineCore at tp 1, whose uni-process executor runs the model in place).

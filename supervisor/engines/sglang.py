@@ -43,6 +43,7 @@ SGLANG = EngineProfile(
         draft_after_target=True,
     ),
     titles=Titles(
+        prefix="sglang::",
         rank=("sglang::scheduler",),
         rank_when_alone=(),
         detokenizer=("sglang::detokenizer",),

@@ -45,6 +45,8 @@ VLLM = EngineProfile(
         draft_after_target=False,
     ),
     titles=Titles(
+        # vllm/utils/system_utils.py set_process_title: f"{VLLM_PROCESS_NAME_PREFIX}::{name}", default "VLLM"
+        prefix="VLLM::",
         rank=("VLLM::Worker",),  # `VLLM::Worker_TP0` (`_PP0_TP1`, `_DP0_...` with other parallelism)
         rank_when_alone=("VLLM::EngineCore",),
         detokenizer=(),

@@ -81,9 +81,11 @@ def test_an_orphan_of_this_state_dir_is_found_and_stopped(tmp_path: Path) -> Non
     elsewhere = tmp_path / "other.log"
     ours = spawn_orphan(logs / "server.log")
     theirs = spawn_orphan(elsewhere, "sglang::scheduler_TP1")
+    ours_vllm = spawn_orphan(logs / "server.log", "VLLM::Worker_TP1")  # a crossing ladder's vLLM rung
+    other = spawn_orphan(logs / "server.log", "python3 some-tool")  # not an engine's title: never touched
     try:
         found = cs.orphans(tmp_path / "state", exclude=(), parents=(1, os.getpid()))
-        assert ours in found and theirs not in found
+        assert ours in found and ours_vllm in found and theirs not in found and other not in found
         report = stop_pids([ours], grace_s=2.0)
         assert report.pids_found == (ours,) and report.survivors == () and report.termed == (ours,)
         deadline = time.monotonic() + 5
@@ -91,7 +93,7 @@ def test_an_orphan_of_this_state_dir_is_found_and_stopped(tmp_path: Path) -> Non
             time.sleep(0.05)
         assert not cs.pid_alive(ours)
     finally:
-        for pid in (ours, theirs):
+        for pid in (ours, theirs, ours_vllm, other):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
 
