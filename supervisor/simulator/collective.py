@@ -13,11 +13,12 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Sequence
 from typing import NoReturn
 
 from supervisor.simulator import crashes, hangs
 from supervisor.simulator.gpu.kernel import SpinningKernel
-from supervisor.simulator.links import Done, Link
+from supervisor.simulator.links import Done, Link, Peer
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
 from supervisor.simulator.mirror.torch.cuda.streams import Event
@@ -34,7 +35,7 @@ from supervisor.simulator.startup import RankContext
 class LeaderMesh:
     """Rank 0's side: one link to every other rank of the group, in rank order."""
 
-    def __init__(self, links: list[Link], gpu: str | None) -> None:
+    def __init__(self, links: Sequence[Peer], gpu: str | None) -> None:
         self.links = links
         self.gpu = gpu
 

@@ -9,7 +9,7 @@ from multiprocessing.connection import Connection
 from supervisor.simulator.messages import TokenOut
 from supervisor.simulator.procutil import become_child, import_sglang, sleep_forever, start_heartbeat
 
-_WORDS = (
+WORDS = (
     " Paris", " is", " the", " capital", " of", " France", ".", " It", " has", " a", " population",
     " of", " about", " two", " million", " people", ",", " and", " is", " known", " for", " its",
     " museums", " and", " cafes",
@@ -30,7 +30,7 @@ def run_detokenizer_process(ignore_sigterm: bool, inbox: Connection, outbox: Con
         if isinstance(message, TokenOut):
             texts = []
             for n in message.new_tokens:
-                words = [_WORDS[(position + i) % len(_WORDS)] for i in range(n)]
+                words = [WORDS[(position + i) % len(WORDS)] for i in range(n)]
                 position += n + rng.randrange(2)
                 texts.append("".join(words))
             message = replace(message, texts=tuple(texts))

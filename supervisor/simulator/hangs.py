@@ -23,6 +23,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 from supervisor.simulator.gpu.kernel import SpinningKernel
@@ -87,9 +88,14 @@ def _heartbeat() -> None:
 
 
 def init_attention_backends() -> NoReturn:
+    hold_gil_forever(ModelRunner().init_attention_backends)
+
+
+def hold_gil_forever(sleep_with_gil: Callable[[], NoReturn]) -> NoReturn:
+    """A helper thread parked in its sleep, then `sleep_with_gil` (a native sleep that keeps the GIL)."""
     threading.Thread(target=_heartbeat, name="tqdm_monitor", daemon=True).start()
     time.sleep(0.1)  # the helper is parked in its sleep before the GIL is taken for good
-    ModelRunner().init_attention_backends()
+    sleep_with_gil()
 
 
 def gpu_sleep(gpu_file: str | None) -> NoReturn:

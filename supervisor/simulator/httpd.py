@@ -41,16 +41,13 @@ def prompt_tokens(text: str) -> int:
     return max(1, int(len(text.split()) * 1.3) + 1)
 
 
-class SimHTTPServer(ThreadingHTTPServer):
+class UvicornServer(ThreadingHTTPServer):
+    """A threading HTTP server that answers as uvicorn does; `access` writes its access log line."""
+
     daemon_threads = True
     allow_reuse_address = True  # uvicorn sets SO_REUSEADDR too
     request_queue_size = 2048  # uvicorn's backlog
-
-    def __init__(self, front: Front) -> None:
-        host = front.args.host
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.front = front
-        super().__init__((host, front.args.port), Handler)
+    access: Callable[[str, str, str], None]
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind would resolve the host name (getfqdn): slow or stuck without DNS.
@@ -58,10 +55,22 @@ class SimHTTPServer(ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
 
-class Handler(BaseHTTPRequestHandler):
+class SimHTTPServer(UvicornServer):
+    def __init__(self, front: Front) -> None:
+        host = front.args.host
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.front = front
+        self.access = front.log.access
+        super().__init__((host, front.args.port), Handler)
+
+
+class UvicornHandler(BaseHTTPRequestHandler):
+    """uvicorn's side of every response: headers, `{"detail": ...}` errors, the access log line."""
+
     protocol_version = "HTTP/1.1"
-    timeout = 5  # uvicorn's timeout_keep_alive as SGLang sets it
-    server: SimHTTPServer
+    timeout = 5  # uvicorn's timeout_keep_alive as SGLang sets it (and vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5)
+    server: UvicornServer
+    _status: list[int] | None = None
 
     def version_string(self) -> str:
         return "uvicorn"
@@ -76,11 +85,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             text = str(code)
         host, port = self.client_address[:2]
-        self.server.front.log.access(f"{host}:{port}", self.requestline, text)
-
-    @property
-    def front(self) -> Front:
-        return self.server.front
+        self.server.access(f"{host}:{port}", self.requestline, text)
 
     def _respond(self, status: int, body: bytes = b"", content_type: str = "application/json") -> None:
         if self._status is not None:
@@ -104,7 +109,31 @@ class Handler(BaseHTTPRequestHandler):
     def _path(self) -> str:
         return self.path.split("?", 1)[0]
 
-    _status: list[int] | None = None
+    def _not_found(self) -> None:
+        self._json(404, {"detail": "Not Found"})
+
+    def _read_json(self) -> dict[str, object] | None:
+        try:
+            length = int(self.headers.get("content-length") or 0)
+            payload = json.loads(self.rfile.read(length) or b"{}")
+        except (ValueError, OSError):
+            return None
+        return payload if isinstance(payload, dict) else None
+
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+
+class Handler(UvicornHandler):
+    server: SimHTTPServer
+
+    @property
+    def front(self) -> Front:
+        return self.server.front
 
     def do_GET(self) -> None:
         with self.front.http.track(self._path(), "GET") as self._status:
@@ -142,9 +171,6 @@ class Handler(BaseHTTPRequestHandler):
         if self.front.args.enable_metrics:
             routes["/metrics"] = self._metrics
         return routes
-
-    def _not_found(self) -> None:
-        self._json(404, {"detail": "Not Found"})
 
     def _health(self) -> None:
         s = self.front.settings
@@ -205,26 +231,11 @@ class Handler(BaseHTTPRequestHandler):
         body = metrics.render(self.front.manager.metrics, self.front.args.served_model_name, self.front.http)
         self._respond(200, body, metrics.CONTENT_TYPE)
 
-    def _read_json(self) -> dict[str, object] | None:
-        try:
-            length = int(self.headers.get("content-length") or 0)
-            payload = json.loads(self.rfile.read(length) or b"{}")
-        except (ValueError, OSError):
-            return None
-        return payload if isinstance(payload, dict) else None
-
     def _refuse_when_down(self) -> bool:
         if self.front.manager.status is ServerStatus.SHUTTING_DOWN:
             self._json(503, {"error": {"message": "The server is shutting down."}})
             return True
         return False
-
-    def _client_gone(self) -> bool:
-        try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
 
     def _run(self, n_prompt: int, max_new: int) -> GenerateResult | None:
         try:

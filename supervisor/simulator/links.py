@@ -12,6 +12,7 @@ import json
 import select
 import socket
 from dataclasses import dataclass
+from typing import Protocol
 
 from supervisor.simulator.messages import Ack, FiredUp, Step
 
@@ -37,6 +38,18 @@ class Done:
 
 
 Message = Hello | Go | Step | Ack | FiredUp | Done
+STEP_KINDS = ("prefill", "decode", "profile", "capture")  # the last two: vLLM's start-up broadcasts
+
+
+class Peer(Protocol):
+    """What a rank needs of the channel to another rank: a `Link` across nodes, a multiprocessing
+    `Connection` between processes of one node."""
+
+    def send(self, message: Message) -> None: ...
+
+    def recv(self) -> Message: ...
+
+    def poll(self, timeout: float | None = ...) -> bool: ...
 
 
 def encode(message: Message) -> bytes:
@@ -65,7 +78,7 @@ def decode(line: bytes) -> Message | None:
         return Hello(number, int(body["world_size"]))
     if kind == "ack" and isinstance(number, int):
         return Ack(number)
-    if kind == "step" and body.get("kind") in ("prefill", "decode"):
+    if kind == "step" and body.get("kind") in STEP_KINDS:
         return Step(str(body["kind"]))
     simple: dict[str, Message] = {"go": Go(), "fired_up": FiredUp(), "done": Done()}
     return simple.get(str(kind))

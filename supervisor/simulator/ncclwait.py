@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 
 from supervisor.simulator.gpu.kernel import SpinningKernel, settle
-from supervisor.simulator.links import Done, Link
+from supervisor.simulator.links import Done, Link, Peer
 from supervisor.simulator.messages import Ack, FiredUp
 from supervisor.simulator.mirror.torch.cuda.streams import Event
 from supervisor.simulator.mirror.torch.distributed.distributed_c10d import all_reduce
@@ -25,7 +26,7 @@ GPU_BUSY_AFTER_S = 1.0  # NVML averages utilisation over its sample period: a st
 class _Collective:
     """The all-reduce kernel: finished once the expected message came from every link."""
 
-    def __init__(self, links: list[Link], expect: type, gpu: str | None) -> None:
+    def __init__(self, links: Sequence[Peer], expect: type, gpu: str | None) -> None:
         self.pending = list(links)
         self.expect = expect
         self.gpu = gpu
@@ -33,7 +34,7 @@ class _Collective:
         self.shown = False
         self.fired_up = False  # rank 0 said the server is up while this rank waited
 
-    def _arrived(self, link: Link) -> bool:
+    def _arrived(self, link: Peer) -> bool:
         try:
             while link.poll(0):
                 message = link.recv()
@@ -58,7 +59,7 @@ class _Collective:
         return False
 
 
-def wait_for(links: list[Link], expect: type, gpu: str | None) -> bool:
+def wait_for(links: Sequence[Peer], expect: type, gpu: str | None) -> bool:
     kernel = _Collective(links, expect, gpu)
     done = Event()
     done.record(kernel)
@@ -97,7 +98,7 @@ def barrier(links: list[Link], rank: int, gpu: str | None, cpu_group: bool = Fal
         ) from None
 
 
-def _send_all(links: list[Link], message: Ack | Done) -> None:
+def _send_all(links: Sequence[Peer], message: Ack | Done) -> None:
     for link in links:
         with contextlib.suppress(OSError):
             link.send(message)

@@ -43,6 +43,11 @@ def die_of_segfault(ctx: RankContext, log: LogWriter) -> NoReturn:
     s = ctx.settings
     write_onset(s.onset_file, s.scenario.value, s.requested.value, ctx.main_pid, ctx.args.unknown_flags)
     log.raw(_SEGV_DUMP.format(other=0x7F3B2EFFD640 + ctx.rank, current=0x7F3C61E8E740 + ctx.rank))
+    segfault()
+
+
+def segfault() -> NoReturn:
+    """A real SIGSEGV and nothing printed (a process without faulthandler, as vLLM's are)."""
     faulthandler.disable()  # its own dump would show this file's path
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in whatever the cwd is
     ctypes.string_at(0)

@@ -64,6 +64,13 @@ class Sim:
     def stdout(self) -> str:
         return self.out_path.read_bytes().decode("utf-8", "replace")
 
+    def output(self) -> str:
+        """Both streams (vLLM logs on stdout, its bars and Python's tracebacks go to stderr)."""
+        return self.stdout() + self.stderr()
+
+    def wait_out(self, text: str, timeout: float = 20.0, count: int = 1) -> bool:
+        return wait_for(lambda: self.output().count(text) >= count, timeout)
+
     @staticmethod
     def wait_until(cond: Callable[[], object], timeout: float = 10.0) -> bool:
         return wait_for(cond, timeout)
@@ -129,9 +136,21 @@ class Sim:
 SimStarter = Callable[..., Sim]
 
 
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimStarter]:
-    """`sim(scenario, *flags, tp=2, env={...})`: start the simulator at pace 0.2 on a free port."""
+ArgvFor = Callable[[int, int, tuple[str, ...]], list[str]]
+
+
+def _sglang_argv(port: int, tp: int, flags: tuple[str, ...]) -> list[str]:
+    argv = [sys.executable, "-m", "supervisor.simulator", "--model-path", "/models/sim", "--tp-size", str(tp)]
+    return [*argv, "--host", "127.0.0.1", "--port", str(port), *flags]
+
+
+def _vllm_argv(port: int, tp: int, flags: tuple[str, ...]) -> list[str]:
+    """As the daemon launches a vLLM rung: the simulator's `--engine vllm`, then `vllm serve`'s flags."""
+    argv = [sys.executable, "-m", "supervisor.simulator", "--engine", "vllm", "--model", "/models/sim"]
+    return [*argv, "--tensor-parallel-size", str(tp), *flags, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def _starter(tmp_path: Path, argv_for: ArgvFor) -> Iterator[SimStarter]:
     marker = f"simtest-{uuid.uuid4().hex[:12]}"
     started: list[Sim] = []
 
@@ -150,8 +169,7 @@ def sim(tmp_path: Path) -> Iterator[SimStarter]:
             "SGLANG_SIM_ONSET_FILE": str(onset),
             **(env or {}),
         }
-        argv = [sys.executable, "-m", "supervisor.simulator", "--model-path", "/models/sim", "--tp-size", str(tp)]
-        argv += ["--host", "127.0.0.1", "--port", str(port), *flags]
+        argv = argv_for(port, tp, flags)
         err, out = tmp_path / f"stderr-{n}.log", tmp_path / f"stdout-{n}.log"
         with open(err, "wb") as ferr, open(out, "wb") as fout:
             proc = subprocess.Popen(
@@ -175,3 +193,15 @@ def sim(tmp_path: Path) -> Iterator[SimStarter]:
         time.sleep(0.05)
     for s in started:
         s.proc.wait(5)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimStarter]:
+    """`sim(scenario, *flags, tp=2, env={...})`: start the simulator at pace 0.2 on a free port."""
+    yield from _starter(tmp_path, _sglang_argv)
+
+
+@pytest.fixture
+def vsim(tmp_path: Path) -> Iterator[SimStarter]:
+    """`vsim(scenario, *flags, tp=2, env={...})`: the simulator's vLLM mode, the same way."""
+    yield from _starter(tmp_path, _vllm_argv)
