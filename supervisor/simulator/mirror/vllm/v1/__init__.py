@@ -1,0 +1,1 @@
+"""See supervisor/simulator/mirror/__init__.py."""
