@@ -24,6 +24,8 @@ class Frame:
     code: str
 
     def render(self) -> str:
+        if not self.code:  # a Cython frame (uvloop/loop.pyx): Python prints no source line for it
+            return f'  File "{self.path}", line {self.line}, in {self.func}\n'
         where = self.path if self.path.startswith("/") else f"{_VLLM}/{self.path}"
         return f'  File "{where}", line {self.line}, in {self.func}\n    {self.code}\n'
 

@@ -56,6 +56,21 @@ class Req:
     generated: int = 0
 
 
+def keep_probability(rate: float, k: int) -> float:
+    """Verification keeps a prefix of the k drafted tokens: with each next one kept with probability q, the
+    accepted share of drafted tokens (spec_decode/metrics.py:104-107) is (q + q^2 + ... + q^k) / k; solve for q."""
+    if k <= 0:
+        return 0.0
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        q = (low + high) / 2
+        if sum(q**i for i in range(1, k + 1)) / k < rate:
+            low = q
+        else:
+            high = q
+    return (low + high) / 2
+
+
 def engine_config(ctx: VllmContext) -> str:
     """VllmConfig.__str__ (config/vllm.py:2094-2126), with this command line's values."""
     a, f = ctx.args, ctx.facts
@@ -99,7 +114,7 @@ class EngineCore:
         spec = ctx.args.speculative
         self.spec_k = spec.num_speculative_tokens if spec is not None else 0
         low = ctx.settings.scenario is Scenario.LOW_ACCEPT
-        self.accept_rate = ACCEPT_RATE_LOW if low else ACCEPT_RATE_OK
+        self.keep = keep_probability(ACCEPT_RATE_LOW if low else ACCEPT_RATE_OK, self.spec_k)
         self.executor: Executor = make_executor(ctx, log)
         self._send_lock = threading.Lock()
 
@@ -149,6 +164,8 @@ class EngineCore:
         except Fatal as e:
             self.log.record(vllm_lines.ENGINE_FATAL, exc_text=e.text)
             self._send(EngineDead())  # core.py:1569-1580: ENGINE_CORE_DEAD before anything else
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # core.py:1337-1340, before engine_core.shutdown()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             self.executor.shutdown()
             self._exit_with(e)
 
@@ -243,7 +260,7 @@ class EngineCore:
     def _accepted(self) -> int:
         """Accepted draft tokens of one draft: a prefix of the k proposed, each kept with the acceptance rate."""
         hits = 0
-        while hits < self.spec_k and self.rng.random() < self.accept_rate:
+        while hits < self.spec_k and self.rng.random() < self.keep:
             hits += 1
         return hits
 
