@@ -172,9 +172,31 @@ def _shown(dest: str, value: object) -> object:
     return value
 
 
+def _split_known(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """The flags the parser knows, and the others with their values (so that an unknown flag's value is
+    never taken for the positional model)."""
+    known_flags = set(parser._option_string_actions)
+    known: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("-") or arg.split("=", 1)[0] in known_flags or arg == "-":
+            known.append(arg)
+            continue
+        rest.append(arg)
+        if "=" not in arg and i < len(argv) and not argv[i].startswith("-"):
+            rest.append(argv[i])
+            i += 1
+    return known, rest
+
+
 def parse_vllm_args(argv: Sequence[str]) -> VllmArgs:
     parser = _parser()
-    ns, rest = parser.parse_known_args(fold_underscores(argv))
+    known, rest = _split_known(parser, fold_underscores(argv))
+    ns, more = parser.parse_known_args(known)
+    rest += more
     defaults = vars(parser.parse_args([]))
     model = ns.model_tag or ns.model  # serve.py:51-52: the positional model wins
     ns.model = model
