@@ -5,6 +5,7 @@ crosses engines: SGLang deadlocks, the daemon steps down to a vLLM rung, which s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,28 @@ async def test_deadlock_after_load_is_a_startup_stall(daemon, sim, engine: str) 
                             "the stall judged and its evidence kept")  # fmt: skip
     inc = incident(snap)
     assert inc.cause == "startup_stall" and inc.hang_class == "idle_deadlock" and inc.rung == "base"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_busy_hang_after_load_is_busy(daemon, sim, engine: str) -> None:  # type: ignore[no-untyped-def]
+    r = await daemon(sim("busy_hang_after_load", engine=engine))
+    snap = await r.wait_for(lambda x: x.last_incident is not None, 40, "the busy stall")
+    assert incident(snap).cause == "startup_stall" and incident(snap).hang_class == "busy_spin"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_slow_load_is_never_judged_stalled(daemon, sim, engine: str) -> None:  # type: ignore[no-untyped-def]
+    """One shard every 6 s, three stall windows per shard: the bar and the reads are progress, for
+    vLLM's `Loading safetensors checkpoint shards` as for SGLang's."""
+    s = sim("slow_load", engine=engine, env={"SGLANG_SIM_SHARD_S": "6"},
+            watchdog={"startup_stall_s": 2.0, "cpu_only_stall_s": 4.0})  # fmt: skip
+    r = await daemon(s)
+    await r.wait_for(lambda x: x.phase == "loading_weights" and x.progress is not None, 30, "loading shards")
+    for _ in range(100):  # five stall windows
+        snap = r.snap()
+        assert snap.last_incident is None and snap.state == "starting", (snap.reason, snap.last_incident)
+        await asyncio.sleep(0.1)
+    assert snap.progress is not None and snap.progress.unit == "shards"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
