@@ -349,9 +349,6 @@ ENGINE_DEAD_MESSAGE = SourceText(
     'ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."',
 )
 EXECUTOR_FAILED = SourceText("v1/engine/core.py", 1500, 'raise RuntimeError("Executor failed.")')
-RPC_TIMED_OUT = SourceText(
-    "v1/executor/multiproc_executor.py", 392, 'raise TimeoutError(f"RPC call to {method} timed out.")'
-)
 ENGINE_INIT_FAILED = SourceText(
     "v1/engine/utils.py",
     1273,
