@@ -7,17 +7,23 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 import pytest
+import waiting
+from freeport import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from conftest import Sim, SimStarter
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 READY = "Application startup complete."
 RECORD = re.compile(r"^\((?P<name>[A-Za-z_0-9]+) pid=(?P<pid>\d+)\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d \[")
@@ -185,3 +191,20 @@ def test_sigterm_after_ready_stops_the_tree_and_exits_0(vsim: SimStarter) -> Non
     assert "INFO:     Shutting down" in s.stderr()
     assert s.wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree), 10)
     assert not s.accepts()
+
+
+def test_engine_flag_picks_the_engine(tmp_path: Path) -> None:
+    """Only a leading `--engine` is the simulator's: `sglang` (or none) keeps SGLang, anything else is refused."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SGLANG_SIM_PACE": "0.2"}
+    base = [sys.executable, "-m", "supervisor.simulator"]
+    bad = subprocess.run([*base, "--engine", "trtllm"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--engine 'trtllm' is unknown; use sglang or vllm" in bad.stderr
+    port = free_port()
+    argv = [*base, "--engine", "sglang", "--model-path", "/models/sim", "--host", "127.0.0.1", "--port", str(port)]
+    with open(tmp_path / "err", "wb") as err:
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        assert waiting.wait_for(lambda: b"server_args=ServerArgs(" in (tmp_path / "err").read_bytes(), 30, 0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
