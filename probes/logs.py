@@ -251,6 +251,7 @@ class LogParser:
     def __init__(self, grammar: LogGrammar = SGLANG.log, max_errors: int = MAX_ERRORS) -> None:
         self._g = grammar
         self._lines_total = 0
+        self._waiting_total = 0
         self._last_line_at: float | None = None
         self._phase: Phase = "spawning"
         self._phase_key: _Key = (0, 0)
@@ -268,7 +269,10 @@ class LogParser:
     def feed(self, lines: Iterable[LogLine]) -> None:
         for line in lines:
             self._lines_total += 1
-            self._last_line_at = line.at
+            if self._g.waiting and any(w in line.text for w in self._g.waiting):
+                self._waiting_total += 1  # output, not progress
+            else:
+                self._last_line_at = line.at
             self._feed_one(line)
 
     def observe(self) -> LogObservation:
@@ -282,6 +286,7 @@ class LogParser:
             decode_lines_total=self._decode_total,
             last_decode=self._last_decode,
             health_failed_lines=self._health_failed,
+            waiting_lines_total=self._waiting_total,
         )
 
     def _feed_one(self, line: LogLine) -> None:

@@ -124,7 +124,7 @@ class DecodeStats:
 @dataclass(frozen=True)
 class LogObservation:
     lines_total: int  # monotonic count of lines (CR updates count) since launch
-    last_line_at: float | None
+    last_line_at: float | None  # of the last line that shows progress (not a waiting line)
     phase: Phase
     progress: Progress | None  # the current progress bar, if any
     ready_line_seen: bool
@@ -132,6 +132,14 @@ class LogObservation:
     decode_lines_total: int = 0
     last_decode: DecodeStats | None = None
     health_failed_lines: int = 0  # "Health check failed." lines seen
+    # Lines an engine repeats while it waits on something that may never come (vLLM's "No available
+    # shared memory broadcast block found in 60 seconds"): output, but not progress.
+    waiting_lines_total: int = 0
+
+    @property
+    def progress_lines(self) -> int:
+        """Lines that count as start-up progress (the watchdog's `log` channel)."""
+        return self.lines_total - self.waiting_lines_total
 
 
 GpuStatus = Literal["ok", "unavailable"]

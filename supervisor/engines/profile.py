@@ -48,6 +48,9 @@ class LogGrammar:
     errors: tuple[str, ...]  # markers of an error line worth keeping
     health_failed: str  # the server's own failed health check ("" when it prints none)
     stats: str  # the periodic serving-statistics line ("Decode batch", "Avg prompt throughput")
+    # Lines the engine repeats while it waits on something that may never come: output, not progress
+    # (vLLM's shm broadcast queue says it waited 60 s more, at start-up and while serving).
+    waiting: tuple[str, ...]
     # SGLang ranks the draft's load after every target stage (some builds load it after the target's
     # graphs); vLLM loads the drafter right after the target's weights, before KV cache and graphs.
     draft_after_target: bool

@@ -40,6 +40,7 @@ SGLANG = EngineProfile(
         ),
         health_failed="Health check failed",
         stats="Decode batch",
+        waiting=(),
         draft_after_target=True,
     ),
     titles=Titles(

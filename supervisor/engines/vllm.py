@@ -16,7 +16,8 @@ VLLM = EngineProfile(
         milestones=(
             ("Initializing a V1 LLM engine", "dist_init"),  # v1/engine/core.py
             ("Loading drafter model", "draft_begin"),  # v1/worker/gpu_model_runner.py
-            ("Starting to load model", "weights_begin"),
+            ("Starting to load model", "weights_begin"),  # the V1 model runner (MoE, ngram)
+            ("Loading model from scratch", "weights_begin"),  # Model Runner V2, dense models' default
             ("Loading weights took", "weights_end"),  # model_loader/default_loader.py
             ("Model loading took", "weights_end"),
             # The profiling run that sizes the KV cache compiles the model first (torch.compile):
@@ -26,7 +27,7 @@ VLLM = EngineProfile(
             ("Directly load the compiled graph", "kv_allocated"),
             ("Available KV cache memory", "kv_allocated"),  # v1/worker/gpu_worker.py
             ("GPU KV cache size", "kv_allocated"),  # v1/core/kv_cache_utils.py
-            ("Starting vLLM API server", "http_up"),  # entrypoints/openai/api_server.py
+            ("Starting vLLM server on", "http_up"),  # entrypoints/openai/api_server.py:677
             ("Application startup complete", "http_up"),  # uvicorn
         ),
         ready=(),  # vLLM prints no line after its port opens: ready is the port and a canary
@@ -34,6 +35,7 @@ VLLM = EngineProfile(
             "EngineCore encountered a fatal error",
             "Engine core initialization failed",
             "died unexpectedly",  # `Worker proc VllmWorker-1 died unexpectedly (exit code: ...)`
+            "No available shared memory broadcast block found",  # a rank waits on a hung peer
             "CUDA error",
             "CUDA out of memory",
             "OutOfMemoryError",
@@ -42,6 +44,9 @@ VLLM = EngineProfile(
         ),
         health_failed="",
         stats="Avg prompt throughput",  # `Engine 000: Avg prompt throughput: ..., Running: N reqs, ...`
+        # distributed/device_communicators/shm_broadcast.py:96, every VLLM_RINGBUFFER_WARNING_INTERVAL
+        # (60 s) while a rank waits on the broadcast queue: a hung peer, or a long compile elsewhere.
+        waiting=("No available shared memory broadcast block found",),
         draft_after_target=False,
     ),
     titles=Titles(

@@ -47,7 +47,7 @@ class Baseline:
     """Readings at the previous poll (rates) or at the channel's last movement (levels)."""
 
     at: float
-    lines_total: int = 0
+    lines_total: int = 0  # of lines that show progress (LogObservation.progress_lines)
     phase: str = "spawning"
     progress_key: tuple[str, int] | None = None
     cpu_time_s: float = 0.0
@@ -183,7 +183,7 @@ def _moved_channels(
 ) -> tuple[list[str], float, Baseline]:
     tree = obs.tree
     moved: list[str] = []
-    if obs.logs.lines_total > base.lines_total:
+    if obs.logs.progress_lines > base.lines_total:
         moved.append("log")
     key = _progress_key(obs)
     if (
@@ -214,7 +214,7 @@ def _moved_channels(
         moved.append("port")
     nxt = Baseline(
         at=obs.at,
-        lines_total=obs.logs.lines_total,
+        lines_total=obs.logs.progress_lines,
         phase=obs.logs.phase,
         progress_key=key if key is not None else base.progress_key,
         cpu_time_s=tree.cpu_time_s,

@@ -50,6 +50,18 @@ async def test_deadlock_after_load_is_a_startup_stall(daemon, sim, engine: str) 
     assert inc.cause == "startup_stall" and inc.hang_class == "idle_deadlock" and inc.rung == "base"
 
 
+async def test_vllms_waiting_lines_during_a_hang_are_not_progress(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    """At tp > 1 a hung vLLM engine repeats "No available shared memory broadcast block found in N
+    seconds" (shm_broadcast.py:96) every VLLM_RINGBUFFER_WARNING_INTERVAL: output while it waits on a
+    rank that never answers. Counted as log progress, it would postpone the verdict for good."""
+    s = sim("busy_capture_hang", engine="vllm", tp=2, env={"VLLM_RINGBUFFER_WARNING_INTERVAL": "1"})
+    r = await daemon(s)
+    snap = await r.wait_for(lambda x: x.last_incident is not None, 60, "the stall judged despite the waiting lines")
+    assert incident(snap).cause == "startup_stall" and incident(snap).rung == "base"
+    log = (Path(s.paths.state_dir) / "logs" / "server.log").read_text()
+    assert log.count("No available shared memory broadcast block found") >= 3  # the window saw several
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_busy_hang_after_load_is_busy(daemon, sim, engine: str) -> None:  # type: ignore[no-untyped-def]
     r = await daemon(sim("busy_hang_after_load", engine=engine))

@@ -51,10 +51,31 @@ def test_vllm_start_up_lines_move_the_phase_forward() -> None:
     assert p.observe().phase == "allocating_kv"  # vLLM loads its drafter before the KV cache
     feed(p, "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  40%|####      | 4/10 [00:01<00:01]")
     assert p.observe().phase == "capturing_graphs"
-    feed(p, rec("Starting vLLM API server 0 on http://127.0.0.1:8000", "api_server.py:700"))
+    feed(p, rec("Starting vLLM server on http://127.0.0.1:8000", "api_server.py:677"))
     feed(p, "INFO:     Application startup complete.")
     o = p.observe()
     assert o.phase == "warming_up" and not o.ready_line_seen  # vLLM prints no ready line: port and canary
+
+
+def test_model_runner_v2s_load_line_starts_the_weights_too() -> None:
+    p = LogParser(VLLM.log)
+    feed(p, rec("Loading model from scratch...", "model_runner.py:284", proc=EC))
+    assert p.observe().phase == "loading_weights"
+
+
+def test_waiting_lines_are_output_but_not_progress() -> None:
+    """shm_broadcast.py:96, repeated while a rank waits on a peer that never answers."""
+    p = LogParser(VLLM.log)
+    feed(p, rec("Starting to load model /m...", proc=EC))
+    before = p.observe()
+    wait = "No available shared memory broadcast block found in 60 seconds. This typically happens when ..."
+    p.feed([LogLine(seq=9, at=99.0, stream="stdout", text=rec(wait, "shm_broadcast.py:705", proc=EC))])
+    after = p.observe()
+    assert after.lines_total == before.lines_total + 1 and after.progress_lines == before.progress_lines
+    assert after.last_line_at == before.last_line_at and any("broadcast block" in e for e in after.errors)
+    sg = LogParser()  # SGLang's grammar has no waiting line: every line is progress there
+    feed(sg, wait)
+    assert sg.observe().progress_lines == 1
 
 
 def test_vllm_stats_and_spec_lines_feed_the_decode_view() -> None:
