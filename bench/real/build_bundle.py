@@ -62,11 +62,11 @@ def read_packages(path: Path = HERE / "packages.toml") -> tuple[Package, ...]:
     return tuple(out)
 
 
-def download(pkgs: tuple[Package, ...], dest: Path) -> list[Path]:
+def download(pkgs: tuple[Package, ...], dest: Path, platforms: tuple[str, ...] = PLATFORMS) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
            "--python-version", "3.12", "--implementation", "cp", "-d", str(dest)]
-    for plat in PLATFORMS:
+    for plat in platforms:
         cmd += ["--platform", plat]
     cmd += [f"{p.name}=={p.version}" for p in pkgs]
     subprocess.run(cmd, check=True)
