@@ -429,6 +429,18 @@ def exit_for_lws(g: GroupRuntime, record: Record) -> bool:
     return True
 
 
+async def members_running(g: GroupRuntime, beating: Beating) -> bool:
+    """Whether a member that answers now runs a server, or holds a verdict about one (asked now: the
+    poller may not have asked yet at a daemon's start)."""
+    if g.leader is None:
+        return False
+    await beating(g.leader.refresh())
+    return any(
+        m.reachable and m.report is not None and (m.report.pid is not None or m.report.cause is not None)
+        for m in g.leader.views()
+    )
+
+
 async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> None:
     """Every member stops and verifies its tree; the leader's next launch launches them again."""
     if g.leader is None:
@@ -535,8 +547,19 @@ class GroupPeers:
         return await together(own, stop_members(g, beating, record))
 
     async def launch(self, rung: str, beating: Beating, record: Record) -> None:
-        if self.runtime.leader is not None:
-            await launch_members(self.runtime, rung, beating, record)
+        g = self.runtime
+        if g.leader is None:
+            return
+        if not g.served:
+            # This daemon's first node 0 server, none adopted (a successor whose node 0 server died
+            # with its predecessor or was stopped as a leftover): a member that runs a server met the
+            # old node 0 at the rendezvous, or waits for it there, and can never take the new one. The
+            # group starts together: every member is stopped and launched with it, on this rung
+            # (issue 34: node 0 lost and back moves no ladder). A first start finds none running.
+            g.served = True
+            if await members_running(g, beating):
+                await stop_members(g, beating, record)
+        await launch_members(g, rung, beating, record)
 
     async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
         # A launch ends the verdict this node held for the old server: a later bundle or report
@@ -549,6 +572,8 @@ class GroupPeers:
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
         self.runtime.own_state, self.runtime.own_rung, self.runtime.own_phase = snap.state, snap.rung, snap.phase
+        if snap.pid is not None:
+            self.runtime.served = True
         return snap.model_copy(update={"group": group_view(self.runtime, snap)})
 
     def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:

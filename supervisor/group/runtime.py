@@ -46,6 +46,9 @@ class GroupRuntime:
     # members that asked to launch after node 0's server formed its group (they came back without
     # their servers): the group is relaunched together, on the same rung; why, per node
     rejoined: dict[int, str] = field(default_factory=dict)
+    # the leader: node 0 has had a server in this daemon's life (launched or adopted); until then a
+    # launch of node 0 relaunches every member with it (their servers, if any, belong to an old node 0)
+    served: bool = False
     waiting_since: float | None = None  # the leader holds a stall for an absent node since (monotonic)
     waiting_for: int | None = None
     absent_named: set[int] = field(default_factory=set)  # members journalled as away past absent_alert_s

@@ -57,3 +57,30 @@ def test_a_node_lost_and_back_before_node_0_notices_relaunches_the_group_on_the_
     launched = worker.events("server_launched")
     assert len(launched) == 2, [e.get("pid") for e in launched]
     wait_for(lambda: leader.status(), lambda s: s is not None and s["state"] == "ready", 10, what="node 0 ready")
+
+
+def test_node_0_lost_and_back_relaunches_the_members_with_it_on_the_same_rung(tmp_path: Path, made: list[Node]) -> None:
+    """The leader's node goes (its daemon and its server), and its daemon comes back: it adopts
+    nothing. Node 1's server met the old node 0 at the rendezvous and waits on it for good (or died
+    with it, a `rank_died` it holds about the old group). The new node 0 starts the group together:
+    node 1 is stopped and launched with it, on the same rung; no incident, no ladder step."""
+    leader, worker = group_of(
+        tmp_path,
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
+        restart={"retries_per_rung": 0},  # one ladder-judged incident would step the group down
+    )
+    made.extend((leader, worker))
+    leader.start()
+    worker.start()
+    leader.wait(group_ready, 90, "the group ready")
+    old = (worker.status() or {}).get("pid")
+    lose_node(leader)
+    leader.start()
+    st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 120, "the group whole again")
+    wst = worker.status()
+    assert wst is not None and wst["pid"] not in (None, old)
+    assert st["rung"] == "base" and wst["rung"] == "base", (st["rung"], wst["rung"])
+    assert leader.events("ladder_decision") == [] and leader.events("incident") == [], leader.events("incident")
+    stops, launches = leader.events("group_stop"), leader.events("group_launch")
+    assert stops and stops[-1]["nodes"][0]["ok"] and launches and launches[-1]["nodes"][0]["ok"], (stops, launches)
+    assert [e["rung"] for e in worker.events("server_launched")] == ["base", "base"]
