@@ -259,12 +259,13 @@ def ladder_steps(leader: Daemon) -> int:
 
 def end_check(fault: str, run: Run, leader: Daemon, worker: Daemon) -> None:
     """After every trial: every node serves the same rung, read from each daemon's own /status (a
-    node that serves nothing fails it too, but for config_mismatch's refused node 1), and the
-    ladder stepped only for the servers' own faults."""
+    node that serves nothing fails it too, but in config_mismatch: node 1 is refused and launches
+    nothing, so node 0 waits for it at the rendezvous), and the ladder stepped only for the servers'
+    own faults."""
     sts = [d.status() for d in (leader, worker)]
     run.rungs = [st["rung"] if st is not None and st.get("pid") is not None else None for st in sts]
     serving = [st is not None and st["state"] in ("ready", "degraded") for st in sts]
-    must = serving[:1] if fault == "config_mismatch" else serving
+    must = [] if fault == "config_mismatch" else serving
     wrong: list[str] = []
     if len({r for r in run.rungs if r is not None}) > 1:
         wrong.append(f"nodes end on different rungs {run.rungs}")
@@ -451,7 +452,8 @@ def render(runs: list[Run], reps: int) -> str:
         "Onset to verdict: to the leader's `hung` (before any capture); to evidence: the leader's "
         "`group_evidence` (every member's capture answered). Every trial ends with the same check: each "
         "daemon's own `/status` says which rung its node serves, and a run whose nodes end on different "
-        "rungs (or with a node that serves nothing) fails; a ladder step is a `ladder_decision` of the "
+        "rungs (or with a node that serves nothing, but in `config_mismatch`, where node 1 launches nothing and node 0 "
+        "waits for it at the rendezvous) fails; a ladder step is a `ladder_decision` of the "
         "leader that the ladder judged (not a relaunch forced on the same rung because a node was away or "
         "late), and only the servers' own faults may cause one. `never_joins` starts node 1's daemon only "
         f"after the verdict, so node 1 has no bundle for it; the leader waits `absent_wait_s` (6 s here; "
