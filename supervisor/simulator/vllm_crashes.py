@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from supervisor.simulator import vllm_lines
 from supervisor.simulator.crashes import PKG
 from supervisor.simulator.vllm_lines import SourceText
 
@@ -411,3 +412,8 @@ def cited_frames() -> list[SourceText]:
         for f in groups
         if not f.path.startswith("/") and "/" in f.path and not f.path.startswith("uvloop")
     ]
+
+
+def all_source_texts() -> list[SourceText]:
+    """Every text the simulator cites from vLLM's source: the lines' and the traceback frames'."""
+    return vllm_lines.own_source_texts() + cited_frames()

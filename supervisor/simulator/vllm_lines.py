@@ -395,8 +395,6 @@ def all_log_sites() -> list[LogSite]:
     return [value for value in globals().values() if isinstance(value, LogSite)]
 
 
-def all_source_texts() -> list[SourceText]:
-    from supervisor.simulator import vllm_crashes  # the traceback frames cite the source too
-
-    texts = [value for value in globals().values() if isinstance(value, SourceText)]
-    return texts + vllm_crashes.cited_frames()
+def own_source_texts() -> list[SourceText]:
+    """This module's cited texts; `vllm_crashes.all_source_texts` adds the traceback frames'."""
+    return [value for value in globals().values() if isinstance(value, SourceText)]

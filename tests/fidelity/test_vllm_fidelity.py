@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from probes.proctree import MARKER_ENV
 from supervisor.process import kill_marked
-from supervisor.simulator import vllm_lines
+from supervisor.simulator import vllm_crashes, vllm_lines
 from supervisor.simulator.vllm_metrics import build_1_2_5_buckets
 
 pytestmark = pytest.mark.integration
@@ -132,7 +132,7 @@ def test_every_cited_log_call_is_the_sources() -> None:
 
 
 def test_every_cited_string_is_the_sources() -> None:
-    for text in vllm_lines.all_source_texts():
+    for text in vllm_crashes.all_source_texts():
         assert REFERENCE["source_texts"].get(f"{text.path}:{text.line}") == text.text, text
 
 
