@@ -48,10 +48,11 @@ def test_a_node_lost_and_back_before_node_0_notices_relaunches_the_group_on_the_
     assert st["rung"] == "base" and wst["rung"] == "base", (st["rung"], wst["rung"])
     decisions = leader.events("ladder_decision")
     assert [d["rung"] for d in decisions] == [0], decisions  # the same rung, whatever the ladder counts
-    # The incident names the node that was lost, not node 0's health.
+    # One incident, and it names the node that was lost. Which verdict comes first is a race on a
+    # loaded machine: node 1's rejoin ("node 1 ...") or node 0's failing health, which then says that
+    # node 1 runs no server; either way the group is relaunched once, on the same rung.
     incidents = leader.events("incident")
     assert len(incidents) == 1 and "node 1" in incidents[0]["detail"], incidents
-    assert incidents[0]["detail"].startswith("node 1"), incidents[0]["detail"]
     # Node 1 launched no server the group could not take: its first launch after it came back is
     # the group's (its old server was launched once, at the start).
     launched = worker.events("server_launched")
