@@ -20,7 +20,7 @@ from pathlib import Path
 from supervisor.config.render import dump_mapping
 from supervisor.config.settings import load_settings
 from supervisor.logs import setup as logsetup
-from supervisor.simulator.daemonconfig import SimWindows, sim_config
+from supervisor.simulator.daemonconfig import SimWindows, sim_config, vllm_rung
 from supervisor.simulator.gpu.kernel import create as create_gpu_file
 from supervisor.status.snapshot import StatusSnapshot
 
@@ -75,22 +75,17 @@ def demo_config(state_dir: Path, server_port: int, api_port: int, *, cross_engin
         args={"speculative-algorithm": "EAGLE3", "speculative-draft-model-path": "/models/demo-eagle3"}
         if cross_engine
         else None,
-        fallback=[{k: v for k, v in no_graph.items() if k != "on"}, vllm_rung(tp=2)] if cross_engine else [no_graph],
+        fallback=[
+            {k: v for k, v in no_graph.items() if k != "on"},
+            vllm_rung("vllm-no-spec", MODEL, 2, **{"enforce-eager": True}),
+        ]
+        if cross_engine
+        else [no_graph],
         api={"host": "127.0.0.1"},
         gpu_file=state_dir / "simulated-gpu.json",
     )
     data["server"] = {"host": "127.0.0.1", **data["server"]}
     return (CROSS_HEADER if cross_engine else HEADER) + dump_mapping(data)
-
-
-def vllm_rung(tp: int) -> dict[str, object]:
-    """The cross-engine demo's last rung: the simulator speaking vLLM, no speculation, no CUDA graphs."""
-    return {
-        "name": "vllm-no-spec",
-        "engine": "vllm",
-        "command": [sys.executable, "-m", "supervisor.simulator", "--engine", "vllm"],
-        "args": {"model": MODEL, "tensor-parallel-size": tp, "enforce-eager": True},
-    }
 
 
 def story_told(s: StatusSnapshot) -> bool:

@@ -140,3 +140,24 @@ def sim_config(
     if gpu_file is not None:
         data["gpu"] = {"source": "simulator", "file": str(gpu_file)}
     return data
+
+
+def vllm_command() -> list[str]:
+    """The simulator speaking vLLM (docs/SIMULATOR_VLLM.md)."""
+    return [sys.executable, "-m", "supervisor.simulator", "--engine", "vllm"]
+
+
+def vllm_server(server: Mapping[str, Any], tp: int, args: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`sim_config`'s `[server]` as vLLM: its engine, command and its own flags (metrics always on)."""
+    own = {"model": server["args"]["model-path"], "tensor-parallel-size": tp, **(args or {})}
+    return {**server, "engine": "vllm", "command": vllm_command(), "args": own}
+
+
+def vllm_rung(name: str, model: str, tp: int, **args: Any) -> dict[str, Any]:
+    """A `[[fallback]]` rung that crosses to the simulator's vLLM (its own empty set of arguments)."""
+    return {
+        "name": name,
+        "engine": "vllm",
+        "command": vllm_command(),
+        "args": {"model": model, "tensor-parallel-size": tp, **args},
+    }

@@ -160,7 +160,7 @@ async def test_one_ladder_crosses_engines(daemon, sim, tmp_path: Path) -> None: 
         env={"SGLANG_SIM_UNLESS": "enforce-eager"},
         fallback=[
             {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}},
-            vllm_rung("vllm-no-spec", str(tmp_path / "model"), **{"enforce-eager": True}),
+            vllm_rung("vllm-no-spec", str(tmp_path / "model"), 2, **{"enforce-eager": True}),
         ],
     )
     r = await daemon(s)

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from freeport import free_port
 
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.simulator.daemonconfig import SimWindows, sim_config
+from supervisor.simulator.daemonconfig import SimWindows, sim_config, vllm_rung, vllm_server
 
 TEST_WINDOWS = SimWindows(
     poll_s=0.5,
@@ -80,18 +79,4 @@ def sim_settings(
     return settings_from_mapping(data)
 
 
-def vllm_command() -> list[str]:
-    return [sys.executable, "-m", "supervisor.simulator", "--engine", "vllm"]
-
-
-def vllm_server(server: dict[str, Any], tp: int, args: dict[str, Any] | None) -> dict[str, Any]:
-    """The simulator's `[server]` as vLLM: its engine, command and flags (metrics are always on)."""
-    model = server["args"]["model-path"]
-    own = {"model": model, "tensor-parallel-size": tp, **(args or {})}
-    return {**server, "engine": "vllm", "command": vllm_command(), "args": own}
-
-
-def vllm_rung(name: str, model: str, tp: int = 2, **args: Any) -> dict[str, Any]:
-    """A `[[fallback]]` rung that crosses to the simulator's vLLM (its own empty set of arguments)."""
-    return {"name": name, "engine": "vllm", "command": vllm_command(),
-            "args": {"model": model, "tensor-parallel-size": tp, **args}}  # fmt: skip
+__all__ = ["TEST_WINDOWS", "sim_settings", "vllm_rung"]
