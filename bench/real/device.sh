@@ -18,9 +18,11 @@
 # Issue 36: i36 (lane fast, bench/real/lanes36.py: cold start, serving stall and the warm relaunch, a
 # start-up deadlock under a learned window, a cold launch again; the outage in its parts; one H200, ~8 min);
 # i36xid (lane xid again: the relaunch after a real Xid, whose launch_timeline times the warm-up request).
+# Issue 37: i37 (lane vllm, bench/real/lanes37.py: real vLLM 0.26.0 under the daemon, its site unpacked by
+# vllm_device.sh into /tmp/vllm/site; beside another job: OUTDIR=/tmp/real/out37 STAGES=i37 sh bench/real/device.sh).
 set -u
 REAL=${REAL:-/tmp/real}
-OUTDIR=$REAL/out
+OUTDIR=${OUTDIR:-$REAL/out}  # a second job beside a running one takes its own
 STAGES=${STAGES:-"matrix tp2 gputp"}
 mkdir -p "$OUTDIR"
 stamp() { echo "$(date -u +%H:%M:%S) $*" >> "$OUTDIR/stages.txt"; }
@@ -54,6 +56,8 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work36" --out "$OUTDIR" ;;
     i36xid) python3 -m bench.real.run plan --plan "xid:0:0" --real "$REAL" --work "$REAL/work36x" --deadline 500
             python3 -m bench.real.run pack --work "$REAL/work36x" --out "$OUTDIR" ;;
+    i37)    python3 -m bench.real.run plan --plan "vllm:0:0" --real "$REAL" --work "$REAL/work37" --deadline 720
+            python3 -m bench.real.run pack --work "$REAL/work37" --out "$OUTDIR" ;;
     i24tp2) python3 -m bench.real.run plan --plan "tp2_ras:0+1:0" --real "$REAL" --work "$REAL/work24b" --deadline 400
             python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
     i35)    python3 -m bench.real.run plan --plan "i35:0:0" --real "$REAL" --work "$REAL/work35" --deadline 540

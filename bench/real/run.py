@@ -99,6 +99,11 @@ def lane(name: str, work: Path, real: Path, gpu: str) -> None:
     if name in lanes35.LANES:
         lanes35.run_lane(name, work, real, real / "models", gpu)
         return
+    from bench.real import lanes37  # issue 37: real vLLM under the daemon
+
+    if name in lanes37.LANES:
+        lanes37.run_lane(name, work, real, real / "models", gpu)
+        return
     from bench.real import multinode_lanes  # issue 23: two nodes of one group, one daemon each
 
     if name in multinode_lanes.LANES:

@@ -66,3 +66,4 @@ if _armed():
 import busyhang  # noqa: E402,F401 -- issue 22's fault: REAL_FAULT=busy_capture, a kernel that never ends in capture
 import illegal_access  # noqa: E402,F401 -- issue 24's fault: REAL_FAULT=illegal_access (illegal_access.py)
 import lockgil  # noqa: E402,F401 -- issue 35's fault: REAL_FAULT_GIL=1, the GIL held in native sleep after load
+import vllmhang  # noqa: E402,F401 -- issue 37: REAL_FAULT=vllm_kv_deadlock, real vLLM deadlocked after its weights load
