@@ -117,7 +117,7 @@ def validate_with_engines(settings: Settings, timeout_s: float = 120.0) -> tuple
     labels = sorted({run.engine.label for run, *_ in results})
     if errors:
         return False, " ".join(msg for _, ok, msg, _ in results if ok is False), errors
-    unreached = [msg for _, ok, msg, _ in results if ok is None]
+    unreached = list(dict.fromkeys(msg for _, ok, msg, _ in results if ok is None))  # one line per reason
     if unreached:
         return None, "; ".join(unreached), {}
     own = " and ".join(f"{label}'s" for label in labels)

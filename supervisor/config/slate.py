@@ -17,7 +17,8 @@ class SlateSettings(BaseModel):
     # backoff); wait: while any stranger holds memory at all; refuse: any stranger is `failed` now.
     gpu_strangers: StrangerPolicy = "launch"
     # A floor for what one server GPU must have free (GiB); the need is the larger of this and
-    # --mem-fraction-static x the GPU's total. None: the fraction alone (unknown without it).
+    # the engine's memory fraction (--mem-fraction-static, --gpu-memory-utilization) x the GPU's total.
+    # None: the fraction alone (unknown without it).
     gpu_need_gib: Annotated[float, Field(gt=0, le=4096)] | None = None
 
     def describe(self) -> str:
@@ -26,7 +27,8 @@ class SlateSettings(BaseModel):
         if self.gpu_strangers == "launch":
             return (
                 'gpu_strangers = "launch": a process outside the server on its GPUs delays a launch only when '
-                f"the rung's need (--mem-fraction-static x the GPU's total{floor}) is not free"
+                "the rung's need (its engine's memory fraction, SGLang's --mem-fraction-static or vLLM's "
+                f"--gpu-memory-utilization, x the GPU's total{floor}) is not free"
             )
         if self.gpu_strangers == "wait":
             return 'gpu_strangers = "wait": no launch while any process outside the server holds memory on its GPUs'

@@ -102,3 +102,10 @@ def test_non_python_command_cannot_be_checked(tmp_path: Path) -> None:
     s = settings_from_mapping({"server": {"command": ["/usr/local/bin/launch-sglang.sh"]}})
     ok, msg, _ = validate_with_engines(s)
     assert ok is None and "not a Python interpreter" in msg
+
+
+def test_a_parser_out_of_reach_for_two_environments_is_said_once(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Two rungs with different environments are two parser runs; both fail the same way.
+    cfg = write_config(tmp_path, '[[fallback]]\nname = "nccl"\nenv = { NCCL_P2P_DISABLE = "1" }\n', pythonpath=None)
+    assert main(["check-config", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out.count("could not check: sglang is not importable") == 1
