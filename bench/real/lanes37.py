@@ -175,9 +175,14 @@ def lane_vllm(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     res["check_config"] = (work / "check-config.txt").read_text()[-4000:]
     rec = Recorder(d).start()
     port, model = int(cfg["server"]["port"]), str(models / "target")
+
+    def save() -> None:  # after each step: a lane cut short by the device's limits keeps what it measured
+        (work / "result.json").write_text(json.dumps(res, indent=1, default=str))
+
     with _recording(res, d, rec):
         onset = _onset(work, 400.0)
         res["a_deadlock"] = _slim(incident_record(d, onset))
+        save()
         st = d.status()
         res["a_timeline"], res["a_status"] = st.get("launch_timeline"), {
             k: st.get(k) for k in ("state", "rung", "engine", "ladder_engines", "processes", "gpu", "serving")}
@@ -192,9 +197,11 @@ def lane_vllm(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
                 res["b_spec"] = _slim(incident_record(d, b_onset))
             except (TimeoutError, RuntimeError) as err:
                 res["b_spec"] = {"error": f"no spec_regression: {err}", "serving": d.status().get("serving")}
+            save()
         time.sleep(10)
         res["c_victim"] = _signal_core(d, signal.SIGSTOP)
         res["c_stall"] = _slim(incident_record(d, time.time() - 0.1))
+        save()
         time.sleep(10)
         res["d_victim"] = _signal_core(d, signal.SIGKILL)
         res["d_kill"] = _slim(incident_record(d, time.time() - 0.1))
