@@ -75,12 +75,13 @@ def _since(a: float | None, b: float | None) -> float | None:
     return round(b - a, 3) if a is not None and b is not None else None
 
 
-def incident_record(d: Daemon, onset: float, *, ready_timeout: float = 420.0) -> dict[str, Any]:
+def incident_record(d: Daemon, onset: float, *, ready_timeout: float = 420.0,
+                    incident_timeout: float = 300.0) -> dict[str, Any]:
     """After a fault at `onset`: wait for the incident and the relaunch to be ready; time each step."""
     before = (d.status().get("last_incident") or {}).get("id")
     out: dict[str, Any] = {"onset": iso(onset)}
     try:
-        d.wait_incident(before, 300.0)
+        d.wait_incident(before, incident_timeout)
     except (TimeoutError, RuntimeError) as err:
         out["error"] = f"no incident: {err}"
         return out
