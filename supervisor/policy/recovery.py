@@ -1,6 +1,6 @@
 """The decisions around the ladder, pure: what follows an incident, a refused launch, a serving poll
 and a daemon's start. `next_rung` (supervisor.policy.ladder) chooses the rung; these functions
-weigh what comes before and beside it: a manual restart or a rung chosen by request, a GPU that
+weigh what comes before and beside it: a manual restart or a rung the group forces, a GPU that
 needs a reset (Xid), a server that did not release its port or GPU memory, a group that LWS
 recreates, the refused-launch backoff, the serving step (stable, promotion) and a predecessor's
 decision resumed at start. The owner (supervisor.daemon.owner) gathers the facts, calls one, and
@@ -27,6 +27,8 @@ from supervisor.policy.ladder import (
 )
 
 # ---- after an incident ----------------------------------------------------------------------
+
+GROUP_SAME_RUNG = "the group relaunches on its rung: a node was away"
 
 
 def exits_for_group(is_leader: bool, restart: Literal["daemon", "lws"]) -> bool:
@@ -77,8 +79,8 @@ def after_incident(
     A GPU that needs a reset fails at once (a relaunch onto it fails the same way); so does a server
     that kept its port or GPU memory under `release_policy = "fail"`. A manual restart ends the
     attempt as `manual` and relaunches the rung asked for (else the current one) at once; a rung
-    chosen by request is relaunched at once too, after the incident is counted; otherwise the ladder
-    decides (`next_rung`)."""
+    forced by the group (a node was away) is relaunched at once too, the attempt ended with the
+    incident's cause but none of the rung's retries spent; otherwise the ladder decides (`next_rung`)."""
     if stop.xid_blocked is not None:
         return Failed(stop.xid_blocked)
     if not stop.released and s.release_policy == "fail":
@@ -87,9 +89,13 @@ def after_incident(
         state = record_end(state, "manual", now_wall)
         target = forced_rung if forced_rung is not None else state.current
         return Recovery(state, Decision("relaunch", target, "manual restart", 0.0))
-    state = record_incident(state, incident, now_wall)
     if forced_rung is not None:
-        return Recovery(state, Decision("relaunch", forced_rung, "rung chosen by request", 0.0))
+        # Only a group forces a rung without a person (a node that was away, the daemon's `act`): the
+        # servers were not at fault, so the attempt ends with the cause but spends none of the rung's
+        # retries; the hourly restart budget still counts the relaunch.
+        state = record_end(state, incident.cause, now_wall)
+        return Recovery(state, Decision("relaunch", forced_rung, GROUP_SAME_RUNG, 0.0))
+    state = record_incident(state, incident, now_wall)
     decision = next_rung(ladder, state, incident, s, now_wall=now_wall, rand=rand, speculative=tuple(speculative))
     return Recovery(state, decision)
 

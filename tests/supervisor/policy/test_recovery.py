@@ -9,6 +9,7 @@ from supervisor.config.settings import RestartSettings, Rung
 from supervisor.policy.gpufit import refusals_to_cap
 from supervisor.policy.ladder import Incident, LadderState, record_launch
 from supervisor.policy.recovery import (
+    GROUP_SAME_RUNG,
     AfterStop,
     Failed,
     Launch,
@@ -49,7 +50,7 @@ RELEASE = "the old server did not release its port or GPU memory (release_policy
         # A manual restart relaunches the rung asked for (else the current one) at once.
         (AfterStop(released=True), S, True, None, ("relaunch", 0, 0.0)),
         (AfterStop(released=True), S, True, 1, ("relaunch", 1, 0.0)),
-        # A rung chosen by request: at once too.
+        # A rung the group forces (a node was away): at once too.
         (AfterStop(released=True), S, False, 0, ("relaunch", 0, 0.0)),
         # Otherwise the ladder decides: no retries here, so one step down after a backoff.
         (AfterStop(released=True), S, False, None, ("relaunch", 1, 5.0)),
@@ -66,14 +67,17 @@ def test_after_an_incident(
     assert (out.decision.action, out.decision.rung, out.decision.backoff_s) == expected
 
 
-def test_the_incident_is_counted_on_the_ladder_unless_the_restart_was_manual() -> None:
+def test_the_incident_spends_a_retry_only_when_the_ladder_judges_it() -> None:
     stop = AfterStop(released=True)
     manual = after_incident(LADDER, ON_BASE, STALL, stop, S, manual=True, forced_rung=None, now_wall=NOW, rand=0.5)
-    asked = after_incident(LADDER, ON_BASE, STALL, stop, S, manual=False, forced_rung=0, now_wall=NOW, rand=0.5)
-    assert isinstance(manual, Recovery) and isinstance(asked, Recovery)
+    group = after_incident(LADDER, ON_BASE, STALL, stop, S, manual=False, forced_rung=0, now_wall=NOW, rand=0.5)
+    judged = after_incident(LADDER, ON_BASE, STALL, stop, S, manual=False, forced_rung=None, now_wall=NOW, rand=0.5)
+    assert isinstance(manual, Recovery) and isinstance(group, Recovery) and isinstance(judged, Recovery)
     assert manual.ladder.failures_on_current == 0 and manual.ladder.attempts[-1].outcome == "manual"
-    assert asked.ladder.failures_on_current == 1 and asked.ladder.attempts[-1].outcome == "startup_stall"
-    assert (manual.decision.reason, asked.decision.reason) == ("manual restart", "rung chosen by request")
+    # A node that was away is not the rung's fault: the attempt says why it ended, no retry is spent.
+    assert group.ladder.failures_on_current == 0 and group.ladder.attempts[-1].outcome == "startup_stall"
+    assert judged.ladder.failures_on_current == 1 and judged.ladder.attempts[-1].outcome == "startup_stall"
+    assert (manual.decision.reason, group.decision.reason) == ("manual restart", GROUP_SAME_RUNG)
 
 
 def test_past_the_last_rung_the_ladder_gives_up() -> None:
