@@ -150,12 +150,39 @@ def build(out: Path, cache: Path) -> Path:
     return out
 
 
+# The daemon's own needs that neither the device image nor vLLM's site (bench/real/vllm_bundle.py) has:
+# with these beside vLLM's parts, a vLLM run needs no SGLang bundle (one device call fewer).
+DAEMON_EXTRAS = ("structlog", "py-spy", "pystack")
+
+
+def build_daemon_extras(out: Path, cache: Path) -> Path:
+    pkgs = tuple(p for p in read_packages() if p.name in DAEMON_EXTRAS)
+    wheels = download(pkgs, cache)
+    stage = cache / "stage-extras"
+    shutil.rmtree(stage, ignore_errors=True)
+    site, bindir = stage / "site", stage / "bin"
+    bindir.mkdir(parents=True)
+    for w in wheels:
+        unpack(w, site, bindir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:xz", preset=7) as tar:
+        tar.add(site, arcname="site")
+        tar.add(bindir, arcname="bin")
+    print(f"{', '.join(p.name for p in pkgs)}: archive {out} {out.stat().st_size / 1e6:.1f} MB")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / ".real" / "bundle.tar.xz")
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--cache", type=Path, default=ROOT / ".real" / "wheels")
+    ap.add_argument("--daemon-extras", action="store_true",
+                    help=f"only {', '.join(DAEMON_EXTRAS)} (-> .real/daemon-extras.tar.xz), for a vLLM run")
     args = ap.parse_args()
-    build(args.out, args.cache)
+    if args.daemon_extras:
+        build_daemon_extras(args.out or ROOT / ".real" / "daemon-extras.tar.xz", args.cache)
+    else:
+        build(args.out or ROOT / ".real" / "bundle.tar.xz", args.cache)
 
 
 if __name__ == "__main__":

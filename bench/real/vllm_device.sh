@@ -7,6 +7,10 @@
 #   sh bench/real/vllm_device.sh check      # every part of one build there? then import vLLM's serving path
 #   sh bench/real/vllm_device.sh smoke      # optional: tiny Llama + random EAGLE-3 draft served, one request
 # Steps may be chained in one call: `sh bench/real/vllm_device.sh part .real/vllm-part2.tar.xz check smoke`.
+# The daemon under vLLM (issue 37's lane `vllm`, bench/real/lanes37.py) without the SGLang bundle:
+#   sh bench/real/vllm_device.sh part .real/vllm-part2.tar.xz extras .real/daemon-extras.tar.xz lane wait 480
+# (`extras`: structlog, py-spy and pystack from `python3 -m bench.real.build_bundle --daemon-extras`; `lane`
+# starts the lane in the background; `wait N` polls it up to N seconds, then packs what it has into $OUT).
 # Afterwards vLLM runs with PYTHONPATH=$VLLM/site (the device's torch, transformers and numpy underneath).
 set -u
 VLLM=${VLLM:-/tmp/vllm}
@@ -120,7 +124,28 @@ EOF
   return $rc
 }
 
-[ $# -gt 0 ] || { sed -n '2,10p' "$0"; exit 2; }
+start_lane() {
+  check_parts || return 1
+  [ "${REAL_SIMULATE:-}" = 1 ] || PYTHONPATH="$VLLM/site" python3 -m bench.real.models "$VLLM/models" > /dev/null 2>&1 || { echo "making the tiny models failed"; return 1; }
+  mkdir -p "$VLLM/out37"
+  PYTHONPATH="$VLLM/site:$(pwd)" setsid nohup sh -c "python3 -m bench.real.run plan --plan vllm:0:0 --real $VLLM \
+    --work $VLLM/work37 --deadline 900; python3 -m bench.real.run pack --work $VLLM/work37 --out $VLLM/out37; \
+    touch $VLLM/out37/ALLDONE" > "$VLLM/lane.log" 2>&1 &
+  echo "lane vllm started at $(date -u +%H:%M:%S)"
+}
+
+wait_lane() {
+  end=$(( $(date +%s) + $1 ))
+  while [ "$(date +%s)" -lt "$end" ] && [ ! -f "$VLLM/out37/ALLDONE" ]; do sleep 5; done
+  if [ ! -f "$VLLM/out37/ALLDONE" ]; then
+    echo "lane still running: packing what it has"
+    PYTHONPATH="$VLLM/site:$(pwd)" python3 -m bench.real.run pack --work "$VLLM/work37" --out "$VLLM/out37"
+  fi
+  cp "$VLLM/out37"/results-work37.json "$VLLM/out37"/files-work37.tar.gz "$OUTDIR/" 2>/dev/null
+  tail -n 5 "$VLLM/lane.log"; tail -c 1500 "$VLLM/work37/vllm.log" 2>/dev/null
+}
+
+[ $# -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
 status=0
 while [ $# -gt 0 ]; do
   case $1 in
@@ -128,6 +153,11 @@ while [ $# -gt 0 ]; do
            unpack_part "$1" || status=1 ;;
     check) check_imports || status=1 ;;
     smoke) smoke || status=1 ;;
+    extras) shift; [ $# -gt 0 ] || { echo "extras needs a file"; exit 2; }
+           tar -xJf "$1" -C "$VLLM" || status=1 ;;
+    lane)  start_lane || status=1 ;;
+    wait)  shift; [ $# -gt 0 ] || { echo "wait needs seconds"; exit 2; }
+           wait_lane "$1" ;;
     *)     echo "unknown step: $1"; exit 2 ;;
   esac
   shift
