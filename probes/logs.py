@@ -381,15 +381,21 @@ class LogParser:
             self._advance("loading_draft", True)
         elif milestone == "dist_init":
             self._advance("initializing", False)
-        elif milestone == "kv_allocated":
+        elif milestone in ("kv_begin", "kv_allocated"):
             self._advance("allocating_kv", self._is_draft(rank))
         elif milestone == "draft_graph_begin":
             self._draft_ranks.add(rank)
             self._advance("capturing_graphs", True)
         elif milestone == "graph_begin":
             self._advance("capturing_graphs", self._is_draft(rank))
-        elif milestone == "http_up":
+        elif milestone in ("warmup_begin", "http_up"):
             self._advance("warming_up", False)
+
+    def serving(self) -> None:
+        """The daemon judged the server ready (its port, health and, for vLLM, a canary): the phase is
+        `serving` even where the engine prints no ready line (vLLM) or printed it before this daemon
+        read its log (an adopted server). The ready line itself stays unseen."""
+        self._advance("serving", False)
 
     def _advance(self, phase: Phase, draft: bool) -> None:
         key = _phase_key(phase, draft, self._g.draft_after_target)

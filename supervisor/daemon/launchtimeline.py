@@ -43,6 +43,7 @@ _TIMELINE: dict[EngineMilestone, Milestone] = {
     "kv_allocated": "kv_allocated",
     "graph_begin": "graph_capture",
     "draft_graph_begin": "graph_capture",
+    "warmup_begin": "warmup",
     "http_up": "warmup",
 }
 
@@ -53,7 +54,9 @@ def milestone_of(message: str, grammar: LogGrammar = SGLANG.log) -> Milestone | 
         return "ready_line"
     compiling = any(h in message for h in _COMPILE_HINTS)
     for text, engine_milestone in grammar.milestones:
-        if text in message and engine_milestone in _TIMELINE:
+        if text in message:
+            if engine_milestone not in _TIMELINE:  # a milestone of the phases only: never read for hints
+                return None  # (vLLM's `Initializing a V1 LLM engine ... with config:` names inductor)
             # vLLM compiles inside the run that sizes its KV cache: the compile is the news there.
             return "compile" if compiling and engine_milestone == "kv_allocated" else _TIMELINE[engine_milestone]
     if message.startswith(("Capturing batches", "Capturing CUDA graphs")):  # the capture's bar

@@ -19,9 +19,11 @@ Milestone = Literal[
     "weights_begin",  # a model's weights start loading (a second one on a rank is the draft's)
     "weights_end",  # a model's weights are loaded (`type=` may name the draft's class)
     "draft_begin",  # the speculative draft model starts loading (vLLM says so in words)
+    "kv_begin",  # the KV cache's sizing begins (vLLM: its profiling run, right after the models load)
     "kv_allocated",  # the KV cache is sized or allocated (vLLM: its profiling run, compile included)
     "graph_begin",  # CUDA graph capture begins
     "draft_graph_begin",  # the draft model's own CUDA graph capture begins (SGLang)
+    "warmup_begin",  # the engine's own warm-up begins (vLLM: its kernel warm-up after capture, JIT included)
     "http_up",  # the HTTP server is up
 ]
 

@@ -19,7 +19,9 @@ VLLM = EngineProfile(
             ("Starting to load model", "weights_begin"),  # the V1 model runner (MoE, ngram)
             ("Loading model from scratch", "weights_begin"),  # Model Runner V2, dense models' default
             ("Loading weights took", "weights_end"),  # model_loader/default_loader.py
-            ("Model loading took", "weights_end"),
+            # Both models are in memory: what follows is vLLM's "profile, create kv cache" stage, first
+            # silent (the profiling run), then the compile (v1/worker/gpu/model_runner.py:305).
+            ("Model loading took", "kv_begin"),
             # The profiling run that sizes the KV cache compiles the model first (torch.compile):
             # vLLM's own name for the stage is "profile, create kv cache".
             ("Dynamo bytecode transform time", "kv_allocated"),  # compilation/backends.py
@@ -27,6 +29,9 @@ VLLM = EngineProfile(
             ("Directly load the compiled graph", "kv_allocated"),
             ("Available KV cache memory", "kv_allocated"),  # v1/worker/gpu_worker.py
             ("GPU KV cache size", "kv_allocated"),  # v1/core/kv_cache_utils.py
+            # After capture, vLLM warms its kernels up (a full step and a sample: Triton and FlashInfer
+            # JIT, 87 s cold on an H100, 2 s warm) before its port opens (v1/worker/gpu_worker.py:861).
+            ("Graph capturing finished in", "warmup_begin"),  # model_runner.py:747, gpu_model_runner.py
             ("Starting vLLM server on", "http_up"),  # entrypoints/openai/api_server.py:677
             ("Application startup complete", "http_up"),  # uvicorn
         ),
