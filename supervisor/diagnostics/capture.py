@@ -206,6 +206,12 @@ def _stopped_before(info: ProcInfo, snap: ProcSnapshot) -> bool:
     return snap.alive and info.status == "stopped"
 
 
+def _stopped_now(pid: int) -> bool:
+    """Every thread of `pid` in T (stopped by a signal), read from /proc now; False when unreadable."""
+    snap = read_proc(pid, kernel_stacks=False)
+    return snap.alive and bool(snap.threads) and all(t.state == "T" for t in snap.threads)
+
+
 async def _rates(pids: Sequence[int]) -> tuple[list[ProcSnapshot], dict[int, float]]:
     """/proc of every process, and each one's CPU rate over CPU_WINDOW_S, before any tool runs."""
     tic = time.monotonic()
@@ -223,9 +229,10 @@ async def _collect(req: CaptureRequest, paths: tools.ToolPaths, resume: Resume |
     pids = [p.pid for p in req.processes]
     env = tools.tool_env(dict(os.environ))
     ras_task = asyncio.create_task(_ask_ras(req))  # before any tool pauses a rank's RAS thread
-    fr = await _ask_fr(req)  # every rank's pipe written, and the dumps waited for, before any debugger
+    # Every rank's pipe written and the dumps waited for before any debugger; the CPU rates, which
+    # only read /proc, are sampled meanwhile.
+    fr, (before, rates) = await asyncio.gather(_ask_fr(req), _rates(pids))
     fr_read = asyncio.create_task(_read_fr(fr, req))  # read and judged while the tools run
-    before, rates = await _rates(pids)
     stopped = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _stopped_before(p, s))
     in_d = frozenset(p.pid for p, s in zip(req.processes, before, strict=True) if _in_d_before(p, s))
     proc_s = time.monotonic() - start
@@ -250,6 +257,10 @@ async def _ask_fr(req: CaptureRequest) -> FrReport:
     if req.trigger != "hung" or not req.flight_recorder:
         return FrReport("off", "only a hang's capture asks the Flight Recorder" if req.flight_recorder else "off")
     wait = min(req.flight_recorder_wait_s, max(0.5, req.budget_s / 2))
+    ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
+    if ranks and all(await asyncio.to_thread(lambda: [_stopped_now(pid) for pid in ranks])):
+        why = f"every rank ({len(ranks)}) is stopped (state T): none can read its pipe, so none was written"
+        return FrReport("stopped", why)
     try:
         return await flight_dumps(req.env, wait)
     except Exception as err:  # the Flight Recorder must never cost the rest of the evidence

@@ -52,6 +52,7 @@ FrStatus = Literal[
     "no_dumps",  # pipes were written, no dump came within the wait
     "off",  # [diagnostics] flight_recorder = false, or the operator pointed the files elsewhere
     "error",  # the analyzer could not run (no server Python, timeout, garbage)
+    "stopped",  # every rank was stopped (state T) before the capture: none could read its pipe
 ]
 
 
@@ -308,6 +309,7 @@ class FrReport:
             "no_dumps": "NCCL Flight Recorder: no dump",
             "off": "NCCL Flight Recorder: off",
             "error": "NCCL Flight Recorder: error",
+            "stopped": "NCCL Flight Recorder: not asked",
         }[self.status]
         out = ["", f"{head} ({len(self.dumps)} of {len(self.pipes)} rank(s) dumped in {self.wait_s:.1f} s; fr-*)"]
         out.append(f"  {self.verdict.text if self.verdict else self.reason}")

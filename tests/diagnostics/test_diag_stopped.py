@@ -17,6 +17,7 @@ import pytest
 from fake_ras import FakeRas, comm, report
 
 from supervisor.diagnostics import CaptureRequest, capture
+from supervisor.diagnostics.flightrec import launch_env
 from supervisor.diagnostics.pystack import find_pystack, parse_pystack
 
 if TYPE_CHECKING:
@@ -103,6 +104,29 @@ async def test_a_sigstopped_rank_gets_python_frames_from_pystack(
     assert sampling["ranks_sampled"] == 2 and sampling["rank_spread_s"] is not None
     assert 0 <= sampling["rank_spread_s"] < 5
     assert "ranks sampled within" in (res.path / "summary.txt").read_text()
+
+
+async def test_every_rank_stopped_asks_no_flight_recorder_dump(
+    launch: Launcher, resume: ResumeLog, tmp_path: Path
+) -> None:
+    """A SIGSTOPped rank cannot read its pipe: the capture does not write it and wait out the bound
+    (5 s of a real vLLM bundle on an H100, with VLLM::EngineCore stopped), it says why."""
+    tree = launch("deadlock", 2)
+    for pid in tree.children:
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        psutil.Process(p).status() != psutil.STATUS_STOPPED for p in tree.children
+    ):
+        await asyncio.sleep(0.01)
+    fr_env = launch_env({}, tmp_path / "fr", 100)
+    req = _request(tree.infos(), env=fr_env, flight_recorder_wait_s=5.0)
+    res = await capture(req, tmp_path / "d", py_spy_path=PY_SPY, resume=resume, **KEEP)
+    assert res.path is not None
+    fr = json.loads((res.path / "summary.json").read_text())["flight_recorder"]
+    assert fr["status"] == "stopped" and fr["pipes"] == {} and fr["wait_s"] == 0.0, fr
+    assert "every rank (2) is stopped (state T)" in fr["text"]
+    assert "NCCL Flight Recorder: not asked" in (res.path / "summary.txt").read_text()
 
 
 async def test_the_ras_report_goes_in_the_bundle_and_names_the_missing_rank(
