@@ -145,6 +145,9 @@ class Observer:
         self.last_health = self.last_serving = None
         self.last_busy = None
 
+    def mark_serving(self) -> None:
+        self.parser.serving()
+
     def feed(self, lines: list[LogLine]) -> None:
         self.parser.feed(lines)
         self.sglang_watchdog.feed(lines)

@@ -1061,6 +1061,7 @@ class Owner:
         server, now, rung = self.server, self.clock.monotonic(), self.current_rung_name()
         server.ready_at = now
         server.stable_marked = False
+        self.observer.mark_serving()  # vLLM prints no ready line; an adopted server printed it long ago
         self.ladder = record_ready(self.ladder)
         if server.adopted:  # a takeover is not a load: the launch-to-ready time is the record's
             server.takeover_s = round(now - server.launched_at, 3)

@@ -125,6 +125,10 @@ async def test_serving_stall_under_traffic(daemon, sim, engine: str) -> None:  #
     async with traffic(s.server.port, concurrency=3, engine=engine):
         snap = await r.wait_for(lambda x: x.last_incident is not None, 40, "serving stall")
     assert incident(snap).cause == "serving_stall"
+    # vLLM prints no ready line: the server the daemon judged ready was serving all the same (real
+    # vLLM's stall bundles once said `warming_up`, the last start-up phase its log showed).
+    bundle = Path(s.paths.state_dir) / "diagnostics" / str(incident(snap).bundle)
+    assert json.loads((bundle / "summary.json").read_text())["phase"] == "serving"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
