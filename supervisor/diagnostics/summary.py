@@ -171,13 +171,21 @@ def _size(n: int) -> str:
     return f"{n} B" if n < 1024 else f"{n / 1024:.1f} kB" if n < 1024 * 1024 else f"{n / 1048576:.1f} MB"
 
 
+def _trigger_label(s: dict[str, object]) -> str:
+    """`hung`, `manual` (a person asked), or an incident that is not a hang (a speculative regression
+    is captured with the manual capture's tools, but nobody asked for it)."""
+    if s["trigger"] == "hung" or s["cause"] in (None, "manual"):
+        return str(s["trigger"])
+    return "not a hang"
+
+
 def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redactor) -> str:
     """One page that says which process, which thread, which line, then what was run and kept."""
     s = summary
     head = _culprit_head(s)
     lines = [
         *head,
-        f"Incident {s['id']}: {s['trigger']} (cause {s['cause'] or 'manual'}) at {s['created_at']}",
+        f"Incident {s['id']}: {_trigger_label(s)} (cause {s['cause'] or 'manual'}) at {s['created_at']}",
         *([f"Why: {s['why']}"] if s.get("why") else []),
         *(
             [f"Hang class: {s['hang_class']}"]

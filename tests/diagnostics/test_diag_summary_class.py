@@ -57,15 +57,19 @@ def test_a_hang_bundle_keeps_its_class() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cause", "why", "said"),
+    ("cause", "why", "said", "label"),
     [
-        ("spec_regression", SPEC_WHY, f"captured for spec_regression: {SPEC_WHY}"),
-        ("manual", "restart requested", "captured for a manual restart: restart requested"),
-        (None, "", "captured on request (diagnose): the server was not judged hung"),
+        ("spec_regression", SPEC_WHY, f"captured for spec_regression: {SPEC_WHY}", "not a hang"),
+        ("manual", "restart requested", "captured for a manual restart: restart requested", "manual"),
+        (None, "", "captured on request (diagnose): the server was not judged hung", "manual"),
     ],
 )
-def test_a_bundle_not_captured_for_a_hang_has_no_class_and_says_why(cause: str | None, why: str, said: str) -> None:
+def test_a_bundle_not_captured_for_a_hang_has_no_class_and_says_why(
+    cause: str | None, why: str, said: str, label: str
+) -> None:
     s, text = summary_of("manual", cause, why)
+    # Nobody asked for a speculative regression's bundle: its head does not say "manual".
+    assert text.splitlines()[0].startswith(f"Incident b: {label} (cause {cause or 'manual'})"), text.splitlines()[0]
     assert s["hang_class"] is None and s["candidates"] == []
     assert s["captured_for"] == said
     assert "busy_spin" not in str(s["reasons"]) and "busy_spin" not in text
