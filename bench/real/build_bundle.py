@@ -126,10 +126,10 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def build(out: Path, cache: Path) -> Path:
-    pkgs = read_packages()
+def _pack(pkgs: tuple[Package, ...], cache: Path, stage: Path, out: Path) -> int:
+    """Download and unpack `pkgs` into `stage` (site/, bin/), trim them, tar.xz them to `out`; the
+    bytes trimmed."""
     wheels = download(pkgs, cache)
-    stage = cache / "stage"
     shutil.rmtree(stage, ignore_errors=True)
     site, bindir = stage / "site", stage / "bin"
     bindir.mkdir(parents=True)
@@ -142,6 +142,13 @@ def build(out: Path, cache: Path) -> Path:
     with tarfile.open(out, "w:xz", preset=7) as tar:
         tar.add(site, arcname="site")
         tar.add(bindir, arcname="bin")
+    return trimmed
+
+
+def build(out: Path, cache: Path) -> Path:
+    pkgs = read_packages()
+    stage = cache / "stage"
+    trimmed = _pack(pkgs, cache, stage, out)
     size = out.stat().st_size
     print(f"{len(pkgs)} packages, {trimmed / 1e6:.0f} MB trimmed, unpacked {_size(stage) / 1e6:.0f} MB, "
           f"archive {out} {size / 1e6:.1f} MB")
@@ -157,17 +164,7 @@ DAEMON_EXTRAS = ("structlog", "py-spy", "pystack")
 
 def build_daemon_extras(out: Path, cache: Path) -> Path:
     pkgs = tuple(p for p in read_packages() if p.name in DAEMON_EXTRAS)
-    wheels = download(pkgs, cache)
-    stage = cache / "stage-extras"
-    shutil.rmtree(stage, ignore_errors=True)
-    site, bindir = stage / "site", stage / "bin"
-    bindir.mkdir(parents=True)
-    for w in wheels:
-        unpack(w, site, bindir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out, "w:xz", preset=7) as tar:
-        tar.add(site, arcname="site")
-        tar.add(bindir, arcname="bin")
+    _pack(pkgs, cache, cache / "stage-extras", out)
     print(f"{', '.join(p.name for p in pkgs)}: archive {out} {out.stat().st_size / 1e6:.1f} MB")
     return out
 

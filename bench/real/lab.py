@@ -170,14 +170,17 @@ class Recorder:
 
 
 class Load:
-    """`clients` threads posting /generate with input_ids (no tokenizer) until stopped."""
+    """`clients` threads posting /generate with input_ids (no tokenizer) until stopped; another
+    engine's request by `path` and `body` (vLLM: /v1/completions with a token-id prompt)."""
 
-    def __init__(self, port: int, clients: int = 4, max_new_tokens: int = 64) -> None:
-        self.url = f"http://127.0.0.1:{port}/generate"
-        self.body = {"input_ids": list(range(5, 69)),
-                     "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    def __init__(self, port: int, clients: int = 4, max_new_tokens: int = 64, *, path: str = "/generate",
+                 body: dict[str, Any] | None = None) -> None:
+        self.url = f"http://127.0.0.1:{port}{path}"
+        self.body = body or {"input_ids": list(range(5, 69)),
+                             "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
         self.ok = 0
         self.failed = 0
+        self.last_error = ""
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
         for t in self._threads:
@@ -190,18 +193,18 @@ class Load:
                     r = c.post(self.url, json=self.body)
                     if r.status_code == 200:
                         self.ok += 1
-                    else:
-                        self.failed += 1
-                        time.sleep(0.5)
-                except httpx.HTTPError:
-                    self.failed += 1
-                    time.sleep(0.5)
+                        continue
+                    self.last_error = f"{r.status_code} {r.text[:200]}"
+                except httpx.HTTPError as err:
+                    self.last_error = repr(err)
+                self.failed += 1
+                time.sleep(0.5)
 
-    def stop(self) -> dict[str, int]:
+    def stop(self) -> dict[str, Any]:
         self._stop.set()
         for t in self._threads:
             t.join(70)
-        return {"ok": self.ok, "failed": self.failed}
+        return {"ok": self.ok, "failed": self.failed, "last_error": self.last_error}
 
 
 def tree(pid: int) -> list[psutil.Process]:

@@ -24,16 +24,14 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from bench.real import configs
-from bench.real.lab import ROOT, SAFE_ENV, Daemon, Recorder, free_port, title
+from bench.real.lab import ROOT, SAFE_ENV, Daemon, Load, Recorder, free_port, title
 from bench.real.lanes36 import _onset
 from bench.real.scenarios import _recording, incident_record
 
@@ -96,40 +94,10 @@ def config(real: Path, models: Path, gpu: str, work: Path) -> dict[str, Any]:
     }
 
 
-class Load:
-    """`clients` threads posting /v1/completions with token ids (no tokenizer) until stopped."""
-
-    def __init__(self, port: int, model: str, clients: int = 4) -> None:
-        self.url = f"http://127.0.0.1:{port}/v1/completions"
-        self.body = {"model": model, "prompt": list(range(5, 69)), "max_tokens": 64, "temperature": 0,
-                     "ignore_eos": True}
-        self.ok = 0
-        self.failed = 0
-        self.last_error = ""
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
-        for t in self._threads:
-            t.start()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=60.0) as c:
-            while not self._stop.is_set():
-                try:
-                    r = c.post(self.url, json=self.body)
-                    if r.status_code == 200:
-                        self.ok += 1
-                        continue
-                    self.last_error = f"{r.status_code} {r.text[:200]}"
-                except httpx.HTTPError as err:
-                    self.last_error = repr(err)
-                self.failed += 1
-                time.sleep(0.5)
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        for t in self._threads:
-            t.join(70)
-        return {"ok": self.ok, "failed": self.failed, "last_error": self.last_error}
+def vllm_load(port: int, model: str) -> Load:
+    """4 clients posting /v1/completions with a token-id prompt (no tokenizer), 64 tokens each."""
+    body = {"model": model, "prompt": list(range(5, 69)), "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+    return Load(port, path="/v1/completions", body=body)
 
 
 def engine_core(pid: int) -> psutil.Process | None:
@@ -186,7 +154,7 @@ def lane_vllm(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
         st = d.status()
         res["a_timeline"], res["a_status"] = st.get("launch_timeline"), {
             k: st.get(k) for k in ("state", "rung", "engine", "ladder_engines", "processes", "gpu", "serving")}
-        load = Load(port, model)
+        load = vllm_load(port, model)
         if SIMULATE:
             res["b_skipped"] = "the simulator's acceptance is a scenario of its own (tests/integration)"
         else:
