@@ -62,7 +62,9 @@ def test_notify_protocol_and_sigterm_leave_nothing_behind(sim, tmp_path: Path) -
     cfg = tmp_path / "c.toml"
     cfg.write_text(to_toml(s))
     ns = NotifySocket(tmp_path / "notify.sock")
-    env = {**os.environ, "NOTIFY_SOCKET": str(ns.path), "WATCHDOG_USEC": "1000000", "HF_TOKEN": "hf_secret"}
+    # WatchdogSec=2 s: pings every 1 s, sent by the loop's first cycle (0.5 s polls) once one is due, so
+    # a gap is 1-1.5 s; with 1 s the gaps sat at the 1 s limit itself and a loaded machine crossed it.
+    env = {**os.environ, "NOTIFY_SOCKET": str(ns.path), "WATCHDOG_USEC": "2000000", "HF_TOKEN": "hf_secret"}
     # Give the daemon an ambient capability, as the unit file does: the server must not inherit it.
     prefix = ["setpriv", "--inh-caps=+sys_ptrace", "--ambient-caps=+sys_ptrace"] if shutil.which("setpriv") else []
     proc = start(cfg, env, prefix)
@@ -70,14 +72,15 @@ def test_notify_protocol_and_sigterm_leave_nothing_behind(sim, tmp_path: Path) -
     try:
         st = wait_status(api, lambda x: x["state"] == "ready", 40, proc)
         server_pid = st["pid"]
-        time.sleep(2.0)
+        time.sleep(3.0)
         msgs = ns.texts()
         assert "READY=1" in msgs[:3]
         statuses = [m for m in msgs if m.startswith("STATUS=")]
         assert any("state=starting" in m for m in statuses) and any("state=ready" in m for m in statuses)
         pings = [t for t, m in ns.messages if m == "WATCHDOG=1"]
         gaps = [b - a for a, b in itertools.pairwise(pings)]
-        assert len(pings) >= 4 and 0.3 <= sorted(gaps)[len(gaps) // 2] <= 1.0, gaps
+        # Often enough that systemd would not restart a healthy daemon (under WATCHDOG_USEC), never a flood.
+        assert len(pings) >= 4 and 0.5 <= sorted(gaps)[len(gaps) // 2] < 2.0, gaps
         child_env = Path(f"/proc/{server_pid}/environ").read_bytes()
         assert b"NOTIFY_SOCKET" not in child_env and b"WATCHDOG_USEC" not in child_env
         if prefix:
