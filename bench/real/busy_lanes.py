@@ -176,10 +176,3 @@ def lane_clean3(work: Path, real: Path, models: Path, gpu: str, runs: int = 3) -
 
 
 LANES = {"busyhang": lane_busyhang, "clean3": lane_clean3}
-
-
-def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
-    res = LANES[name](work, real, models, gpu)
-    out = work / "result.json"
-    out.write_text(json.dumps(res, indent=1, default=str))
-    return out

@@ -178,11 +178,3 @@ def lane_i35(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
 
 
 LANES = {"power35": lane_power35, "frpipe": lane_frpipe, "gilhang": lane_gilhang, "i35": lane_i35}
-
-
-def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
-    work.mkdir(parents=True, exist_ok=True)
-    res = LANES[name](work, real, models, gpu)
-    out = work / "result.json"
-    out.write_text(json.dumps(res, indent=1, default=str))
-    return out

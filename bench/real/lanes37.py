@@ -179,11 +179,3 @@ def lane_vllm(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
 
 
 LANES = {"vllm": lane_vllm}
-
-
-def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
-    work.mkdir(parents=True, exist_ok=True)
-    res = LANES[name](work, real, models, gpu)
-    out = work / "result.json"
-    out.write_text(json.dumps(res, indent=1, default=str))
-    return out

@@ -235,13 +235,6 @@ def lane_mn2(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
 LANES = {"mn2": lane_mn2}
 
 
-def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
-    res = LANES[name](work, real, models, gpu)
-    out = work / "result.json"
-    out.write_text(json.dumps(res, indent=1, default=str))
-    return out
-
-
 def report(res: dict[str, Any]) -> str:
     lines = [
         f"group ready from launch: {res.get('group_ready_s')} s" + (" (REAL_SIMULATE)" if res.get("simulated") else ""),

@@ -89,27 +89,20 @@ def lane(name: str, work: Path, real: Path, gpu: str) -> None:
         meta = transcript.record(work / "transcript", real, real / "models", gpu, tp=tp)
         (work / "result.json").write_text(json.dumps({"lane": name, "meta": meta}, indent=1, default=str))
         return
-    from bench.real import busy_lanes  # issue 22's lanes
+    from bench.real import busy_lanes, lanes24, lanes32, lanes35, lanes36, lanes37, multinode_lanes
 
-    if name in busy_lanes.LANES:
-        busy_lanes.run_lane(name, work, real, real / "models", gpu)
-        return
-    from bench.real import lanes35  # issue 35: the culprit first, the FR pipe, power of a spin vs work
-
-    if name in lanes35.LANES:
-        lanes35.run_lane(name, work, real, real / "models", gpu)
-        return
-    from bench.real import lanes37  # issue 37: real vLLM under the daemon
-
-    if name in lanes37.LANES:
-        lanes37.run_lane(name, work, real, real / "models", gpu)
-        return
-    from bench.real import multinode_lanes  # issue 23: two nodes of one group, one daemon each
-
-    if name in multinode_lanes.LANES:
-        multinode_lanes.run_lane(name, work, real, real / "models", gpu)
-        return
-    scenarios.run_lane(name, work, real, real / "models", gpu)
+    lanes = {
+        **scenarios.LANES,  # issue 14's matrix, issue 15's tp2
+        **lanes24.LANES,  # issue 24: xid, tp2_ras
+        **lanes32.LANES,  # issue 32: stranger, cpuhog, cpupin
+        **lanes36.LANES,  # issue 36: fast (outage parts, caches, learned window)
+        **busy_lanes.LANES,  # issue 22: busy hangs at start-up
+        **lanes35.LANES,  # issue 35: the culprit first, the FR pipe, power of a spin vs work
+        **lanes37.LANES,  # issue 37: real vLLM under the daemon
+        **multinode_lanes.LANES,  # issue 23: two nodes of one group, one daemon each
+    }
+    res = lanes[name](work, real, real / "models", gpu)
+    (work / "result.json").write_text(json.dumps(res, indent=1, default=str))
 
 
 def run_lanes(plan: tuple[tuple[str, str, float], ...], work: Path, real: Path, deadline_s: float) -> dict[str, Any]:

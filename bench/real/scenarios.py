@@ -20,7 +20,6 @@ own journal (`/events`) and API, plus the wall time at which the recipe did some
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
@@ -341,14 +340,3 @@ LANES = {
     "serve": lane_serve, "stall": lane_stall, "deadlock": lane_deadlock, "ladder": lane_ladder,
     "piecewise": lane_piecewise, "tp2": lane_tp2, "tp2_deadlock": lane_tp2_deadlock,
 }
-
-
-def run_lane(name: str, work: Path, real: Path, models: Path, gpu: str) -> Path:
-    from bench.real.lanes24 import LANES as LANES24  # issue 24: xid, tp2_ras
-    from bench.real.lanes32 import LANES as LANES32  # issue 32: stranger, cpuhog
-    from bench.real.lanes36 import LANES as LANES36  # issue 36: fast (outage parts, caches, learned window)
-
-    res = {**LANES, **LANES24, **LANES32, **LANES36}[name](work, real, models, gpu)
-    out = work / "result.json"
-    out.write_text(json.dumps(res, indent=1, default=str))
-    return out
