@@ -221,15 +221,17 @@ class GpuProbe:
 
 def _read_device(nvml: NvmlLike, index: int, handle: Any) -> GpuDevice:
     used, total = _attempt(lambda: _memory(nvml, handle), (0, 0))
+    util: float | None = _attempt(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu), None)
     return GpuDevice(
         index=index,
         uuid=_attempt(lambda: _text(nvml.nvmlDeviceGetUUID(handle)), ""),
         name=_attempt(lambda: _text(nvml.nvmlDeviceGetName(handle)), ""),
-        util_percent=_attempt(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu), 0.0),
+        util_percent=0.0 if util is None else util,
         mem_used_bytes=used,
         mem_total_bytes=total,
         power_w=_attempt(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, None),
         power_limit_w=_attempt(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0, None),
+        util_read=util is not None,
     )
 
 

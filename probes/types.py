@@ -155,6 +155,7 @@ class GpuDevice:
     mem_total_bytes: int
     power_w: float | None = None
     power_limit_w: float | None = None  # NVML's enforced power limit: the busy end of the power rule
+    util_read: bool = True  # False: NVML gave no utilisation (a MIG slice, NOT_SUPPORTED); util_percent is 0 then
 
 
 @dataclass(frozen=True)

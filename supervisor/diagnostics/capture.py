@@ -43,6 +43,8 @@ from supervisor.diagnostics.toolrun import (
     Resume,
     gdb_adds_nothing,
     gil_look,
+    host_frames_instead_of_cuda_gdb,
+    idle_gpus,
     missing_tool,
     read_pystack,
     run_one,
@@ -118,6 +120,15 @@ async def _capture_one(
             run.outcomes.append(missing_tool(pid, "gdb", "gdb (or cuda-gdb)"))
         elif (redundant := gdb_adds_nothing(run, kind, spy_named, task_ids(pid))) is not None:
             run.outcomes.append(ToolOutcome(pid, kind, "skipped", 0.0, detail=redundant))
+        elif (
+            kind == "cuda-gdb"
+            and req.native
+            and not req.nonblocking
+            and paths.pystack is not None
+            and (idle := idle_gpus(pid, req.gpu))
+            and (covered := await host_frames_instead_of_cuda_gdb(run, req, paths.pystack, env, resume, deadline, idle))
+        ):
+            run.outcomes.append(ToolOutcome(pid, kind, "skipped", 0.0, detail=covered))
         else:
             # cuda-gdb is there for the GPU kernels; the host frames py-spy --native already named.
             argv = tools.gdb_argv(exe, pid, kind, shared_symbols=not (kind == "cuda-gdb" and native_named))

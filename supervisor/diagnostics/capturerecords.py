@@ -12,7 +12,7 @@ from typing import Literal
 from probes.types import GpmObservation, GpuObservation, ProcInfo, ThreadInfo
 from supervisor.status.causes import HangClass
 
-ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack", "pystack-gil"]
+ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack", "pystack-gil", "pystack-native"]
 Outcome = Literal[
     "ok",  # the tool ran and produced a dump
     "missing",  # the tool is not installed (or the configured path does not exist)

@@ -35,11 +35,16 @@ def find_pystack() -> tuple[str, ...] | None:
     return (sys.executable, "-m", "pystack") if spec is not None else None
 
 
-def pystack_argv(cmd: tuple[str, ...], pid: int, *, native: bool, nonblocking: bool = False) -> tuple[str, ...]:
+def pystack_argv(
+    cmd: tuple[str, ...], pid: int, *, native: bool, nonblocking: bool = False, every_thread: bool = False
+) -> tuple[str, ...]:
+    """`every_thread`: native frames of the threads with no Python state too (NCCL's, CUDA's)."""
     # Never --locals: local variables can hold tokens and request bodies.
     argv = [*cmd, "remote", str(pid), "--no-color"]
     if nonblocking:  # a healthy server a person only asked about is not paused (no native frames then)
         argv.append("--no-block")
+    elif every_thread:
+        argv.append("--native-all")
     elif native:
         argv.append("--native")
     return tuple(argv)

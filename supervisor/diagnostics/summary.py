@@ -202,7 +202,7 @@ def render_text(summary: dict[str, object], evidence: Evidence, redactor: Redact
         f"Rung: {s['rung'] or '?'}   Phase: {s['phase'] or '?'}",
         f"Command: {' '.join(_strs(s['argv'])) or '?'}",
         "",
-        "Where each thread is (waits first; full stacks in pyspy-*/gdb-* files):",
+        "Where each thread is (waits first; full stacks in pyspy-*, pystack-* and gdb-* files):",
     ]
     for proc in evidence.processes:
         views = thread_views(proc)

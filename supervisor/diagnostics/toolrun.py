@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from probes.types import ProcInfo
+from probes.types import GpuObservation, ProcInfo
 from supervisor.common.toolproc import RunResult, run_tool
 from supervisor.diagnostics import tools
 from supervisor.diagnostics.capturerecords import CaptureRequest, Outcome, StackThread, ToolName, ToolOutcome
@@ -23,6 +23,7 @@ _FILE_PREFIX: dict[ToolName, str] = {
     "cuda-gdb": "gdb",
     "pystack": "pystack",
     "pystack-gil": "pystack-gil",
+    "pystack-native": "pystack-native",
 }
 
 
@@ -152,6 +153,53 @@ def gdb_adds_nothing(run: ProcRun, kind: ToolName, spy_named: bool, tasks: froze
     return (
         f"py-spy --native named the native frames of all {len(tasks)} thread(s) the kernel lists: "
         "a gdb backtrace would repeat them"
+    )
+
+
+def idle_gpus(pid: int, gpu: GpuObservation | None) -> tuple[int, ...]:
+    """The GPUs this process holds memory on, when NVML read 0 % utilisation on every one of them at
+    the verdict; else empty. A kernel resident on a GPU (running, spinning on a flag, waiting in a
+    collective) keeps its utilisation at 100 %, so at 0 % cuda-gdb has no kernel to name there. A GPU
+    whose utilisation NVML could not read (a MIG slice) is never taken for idle."""
+    if gpu is None or gpu.status != "ok":
+        return ()
+    held = {p.gpu_index for p in gpu.processes if p.pid == pid}
+    read = {d.index: d.util_percent for d in gpu.devices if d.util_read}
+    if not held or any(read.get(i, 1.0) > 0 for i in held):
+        return ()
+    return tuple(sorted(held))
+
+
+async def host_frames_instead_of_cuda_gdb(
+    run: ProcRun,
+    req: CaptureRequest,
+    exe: tuple[str, ...],
+    env: dict[str, str],
+    resume: Resume | None,
+    deadline: float,
+    gpus: Sequence[int],
+) -> str | None:
+    """Why cuda-gdb can be skipped for a process on idle GPUs, or None when it must run.
+
+    cuda-gdb's attach costs 2 to 11 s per GPU process (H100, H200; most of a hang's bundle) and adds
+    two things: the resident kernels and the native stacks of threads with no Python state. On idle
+    GPUs there is no kernel to name, and `pystack --native-all` (about 0.3 s) names every thread's
+    native frames, those threads' included, with the libraries' exported symbols (cuda-gdb, asked
+    not to read the libraries' symbols, prints `??` there). Where pystack misses a thread the kernel
+    lists, or fails, cuda-gdb runs as before."""
+    argv = pystack_argv(exe, run.info.pid, native=True, every_thread=True)
+    res = await run_one(run, "pystack-native", argv, req.py_spy_timeout_s, env, resume, deadline)
+    threads = parse_pystack(res.stdout)
+    tasks = task_ids(run.info.pid)
+    named = {t.tid for t in threads if t.frames}
+    if not threads or not tasks or not tasks <= named:
+        return None
+    # The native view, as gdb's would be: each thread's C frames (the Python ones are py-spy's).
+    run.native = tuple(replace(t, frames=tuple(f for f in t.frames if not f.is_python)) for t in threads)
+    where = ", ".join(str(i) for i in gpus)
+    return (
+        f"NVML read 0 % utilisation on GPU {where}: no kernel was resident for cuda-gdb to name, and "
+        f"pystack --native-all named the native frames of all {len(tasks)} thread(s) the kernel lists"
     )
 
 

@@ -129,7 +129,7 @@ def judge(tool: ToolName, exit_code: int | None, stdout: str, stderr: str) -> Ou
     """The outcome of a finished (not timed-out) run from its exit status and what it printed."""
     if tool in ("gdb", "cuda-gdb"):
         ok = bool(re.search(r"^#0\s", stdout, re.M))
-    elif tool in ("pystack", "pystack-gil"):
+    elif tool in ("pystack", "pystack-gil", "pystack-native"):
         ok = pystack_ok(exit_code, stdout)
     else:
         ok = exit_code == 0 and "Thread " in stdout

@@ -419,3 +419,53 @@ async def test_only_cuda_gdb_installed_skips_the_processes_without_gpu_memory(
     assert tool(result, child, "cuda-gdb") == "ok"
     assert tool(result, tree.parent.pid, "cuda-gdb") == "skipped"
     assert tool(result, tree.parent.pid, "gdb") == "absent"
+
+
+@pytest.mark.parametrize(
+    ("util", "read", "cuda_gdb_runs"),
+    [
+        (0.0, True, False),  # idle GPU: no kernel for cuda-gdb to name; pystack names every thread
+        (100.0, True, True),  # a kernel resident (a spin, a collective): cuda-gdb names it
+        (0.0, False, True),  # NVML could not read the utilisation (a MIG slice): not taken for idle
+    ],
+)
+async def test_cuda_gdb_gives_way_to_pystack_on_an_idle_gpu(
+    launch: Launcher,
+    resume: ResumeLog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    util: float,
+    read: bool,
+    cuda_gdb_runs: bool,
+) -> None:
+    """cuda-gdb took 4.9 s of the 7.2 s bundle of real SGLang's GIL hang on an idle H100 (issue 35):
+    on a GPU at 0 % no kernel is resident, and pystack --native-all names the native frames of every
+    thread, the C threads py-spy cannot list included (faulthandler's here; NCCL's and CUDA's there)."""
+    tree = launch("deadlock", 1, env={**os.environ, "DEADLOCK_PROG_NATIVE_THREAD": "1"})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "cuda-gdb.argv"
+    fixture = Path(__file__).parent / "fixtures" / "synthetic-collective-cuda-gdb.txt"
+    fake_tool(bin_dir / "cuda-gdb", f'echo "$*" >> {calls}\nexec /bin/cat {fixture}')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    child = tree.infos()[1]
+    device = GpuDevice(0, "GPU-1", "H100", util, 10, 100, util_read=read)
+    gpu = GpuObservation("ok", "", (device,), (GpuProcess(child.pid, 0, "GPU-1", 10),))
+    req = request((child,), native=True, gdb=True, gpu=gpu, gpu_util_percent=util)
+    result = await capture(req, tmp_path / "diag", py_spy_path=PY_SPY, resume=resume, **KEEP)
+    assert result.path is not None
+    assert tool(result, child.pid, "py-spy-native") == "ok"
+    # py-spy lists the Python threads only; the C thread is there for the kernel.
+    spy_threads = (result.path / f"pyspy-native-{child.pid}.txt").read_text().count("\nThread ")
+    assert psutil.Process(child.pid).num_threads() > spy_threads
+    if cuda_gdb_runs:
+        assert tool(result, child.pid, "cuda-gdb") == "ok" and calls.exists()
+        assert tool(result, child.pid, "pystack-native") == "absent", result.tools
+        return
+    assert not calls.exists(), "cuda-gdb attached to a process on an idle GPU"
+    assert tool(result, child.pid, "pystack-native") == "ok", result.tools
+    (why,) = [t.detail for t in result.tools if t.pid == child.pid and t.tool == "cuda-gdb"]
+    assert "0 % utilisation on GPU 0" in why and "pystack --native-all named" in why
+    listed = (result.path / f"pystack-native-{child.pid}.txt").read_text().count("Traceback for thread ")
+    assert listed == psutil.Process(child.pid).num_threads()
+    assert result.hang_class == "idle_deadlock"

@@ -94,8 +94,15 @@ def test_setters_change_the_next_observation() -> None:
 @pytest.mark.parametrize(
     ("call", "check"),
     [
-        ("nvmlDeviceGetUtilizationRates", lambda d: d.util_percent == 0.0 and d.mem_used_bytes == 72 * GiB),
-        ("nvmlDeviceGetMemoryInfo", lambda d: (d.mem_used_bytes, d.mem_total_bytes) == (0, 0) and d.util_percent == 97),
+        # Unread (a MIG slice): 0 for the gauges, and marked, so nothing reads it as an idle GPU.
+        (
+            "nvmlDeviceGetUtilizationRates",
+            lambda d: d.util_percent == 0.0 and not d.util_read and d.mem_used_bytes == 72 * GiB,
+        ),
+        (
+            "nvmlDeviceGetMemoryInfo",
+            lambda d: (d.mem_used_bytes, d.mem_total_bytes) == (0, 0) and d.util_percent == 97 and d.util_read,
+        ),
         ("nvmlDeviceGetUUID", lambda d: d.uuid == "" and d.name == "NVIDIA H200"),
         ("nvmlDeviceGetName", lambda d: d.name == "" and d.uuid == "GPU-b"),
         ("nvmlDeviceGetPowerUsage", lambda d: d.power_w is None),
