@@ -91,7 +91,7 @@ class Daemon:
             return []
 
     def post(self, path: str, body: Mapping[str, Any] | None = None, timeout: float = 30.0) -> dict[str, Any]:
-        r = self.http.post(path, json=dict(body) if body is not None else None, timeout=timeout)
+        r = self.http.post(path, json=dict(body or {}), timeout=timeout)
         return {"status_code": r.status_code, **(r.json() if r.content else {})}
 
     def bundle(self, bundle_id: str) -> dict[str, Any]:

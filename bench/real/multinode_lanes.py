@@ -91,7 +91,7 @@ class Node:
 
     def close(self) -> int | None:
         try:
-            self.http.post("/stop", timeout=120.0)
+            self.http.post("/stop", json={}, timeout=120.0)
             self.wait(lambda s: s.get("state") in ("stopped", "failed"), 120.0)
         except Exception:  # the daemon's own SIGTERM path stops the tree too
             pass
