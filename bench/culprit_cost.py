@@ -3,8 +3,9 @@
 - Flight Recorder as a hang's capture runs it: `flight_dumps` before any debugger attaches (every
   rank's pipe written, the wait for the dumps: its wall time adds to the capture's), then
   `flight_read` alongside the tools (the dumps read by the server's Python with the class-refusing
-  loader, torch's analyzer where torch is, for at most `FR_ANALYZER_S` as in a capture: it adds only
-  where it outlasts the tools). Ranks
+  loader; torch's analyzer runs after the bundle since 2026-12-06, so the read is the standard
+  library's alone, `FR_ANALYZER_AFTER_BUNDLE` as in a capture: it adds only where it outlasts the
+  tools). Ranks
   are stand-ins that do what ProcessGroupNCCL's monitor does with `TORCH_NCCL_DUMP_ON_TIMEOUT=1`:
   read the pipe once a second (torch's cadence) and dump a ring of 2,000 entries; with torch
   installed, two real gloo ranks dump torch's own ring (they have dumped once before the hang:
@@ -35,7 +36,7 @@ from bench.common import median, percentile, publish, save_result
 from bench.report import machine, stamp, table
 from probes.types import ThreadInfo
 from supervisor.diagnostics import Evidence, Frame, ProcEvidence, StackThread
-from supervisor.diagnostics.capture import FR_ANALYZER_S
+from supervisor.diagnostics.capture import FR_ANALYZER_AFTER_BUNDLE
 from supervisor.diagnostics.culprit import culprits
 from supervisor.diagnostics.flightrec import (
     DUMP_KEY,
@@ -139,7 +140,7 @@ def fr_cost(n: int, reps: int, torch_ranks: bool) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 got = asyncio.run(flight_dumps(env, 5.0))
                 t1 = time.perf_counter()
-                rep = asyncio.run(flight_read(got, env, pids, [sys.executable], FR_ANALYZER_S))
+                rep = asyncio.run(flight_read(got, env, pids, [sys.executable], FR_ANALYZER_AFTER_BUNDLE))
                 wall.append(t1 - t0)
                 read_s.append(time.perf_counter() - t1)
             statuses.append(f"{rep.status}:{rep.verdict.mismatch if rep.verdict else '-'}")
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
         r = fr_cost(2, a.reps, torch_ranks=True)
         results["fr"].append(r)
-        note = f"{', '.join(r['status'])}; torch {torch.__version__}; read + analyzer {median(r['read_s']):.2f} s"
+        note = f"{', '.join(r['status'])}; torch {torch.__version__}; read beside the tools {median(r['read_s']):.2f} s"
         rows.append(
             [
                 "FR, 2 real torch gloo ranks (CPU), one never entering",

@@ -56,6 +56,7 @@ from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.xidbook import XidBook
 from supervisor.diagnostics import BundleResult, Redactor, self_check
 from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
+from supervisor.diagnostics.frtrace import FrTraceJob, trace_into_bundle
 from supervisor.diagnostics.selfcheck import busy_signal_check
 from supervisor.engines import EngineProfile, profile_of
 from supervisor.host import instance_lock
@@ -170,6 +171,7 @@ class Owner:
         for name, count in counting_subscriptions(self.metrics).items():
             self.events.subscribe(count, name)
         self.comeback = Comeback(settings, self.record)  # timelines, learned windows, caches (issue 36)
+        self.after_bundle: set[asyncio.Task[None]] = set()  # torch's FR analyzer over written bundles
         self.publish()
 
     # ---- what others read ---------------------------------------------------------------
@@ -789,6 +791,10 @@ class Owner:
             duration_s=round(result.duration_s, 3),
             error=result.error,
         )
+        if result.fr_trace is not None:
+            task = asyncio.get_running_loop().create_task(self.fr_trace(result.id, result.fr_trace))
+            self.after_bundle.add(task)
+            task.add_done_callback(self.after_bundle.discard)
         # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
         level = "info" if written else "warning"
         self.record(
@@ -801,6 +807,17 @@ class Owner:
             error=result.error,
         )
         return result
+
+    async def fr_trace(self, bundle_id: str, job: FrTraceJob) -> None:
+        """torch's Flight Recorder analyzer over a written bundle's dumps, while the relaunch goes on."""
+        try:
+            done = await trace_into_bundle(job)
+        except Exception as err:  # the analyzer must never cost the daemon anything
+            self.record("fr_trace", "warning", id=bundle_id, outcome="error", detail=repr(err)[:300])
+            return
+        level = "info" if done.outcome == "written" else "warning"
+        fields = {"outcome": done.outcome, "duration_s": done.duration_s, "detail": done.detail}
+        self.record("fr_trace", level, id=bundle_id, **fields)
 
     async def recover(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
         """Stop the server (and a group's members with it), ask the ladder, then relaunch now (no
@@ -935,6 +952,9 @@ class Owner:
             self.stopped_by_request = False
         self.persist()
         await self.observer.close()
+        for task in list(self.after_bundle):  # an analyzer still running goes with its child
+            task.cancel()
+        await asyncio.gather(*self.after_bundle, return_exceptions=True)
         self.answer_queued("daemon shut down", State.STOPPED.value)
 
     def answer_queued(self, why: str, state: str) -> None:

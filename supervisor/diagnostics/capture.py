@@ -31,6 +31,7 @@ from supervisor.diagnostics.capturerecords import (
 from supervisor.diagnostics.classify import classify
 from supervisor.diagnostics.culprit import culprits, died_culprit, held_from, lost_pids, never_joined
 from supervisor.diagnostics.flightrec import FrReport, bundle_files, flight_dumps, flight_read
+from supervisor.diagnostics.frtrace import trace_job
 from supervisor.diagnostics.grouptext import group_text
 from supervisor.diagnostics.procinfo import ProcSnapshot, read_proc, render_proc, sample_threads
 from supervisor.diagnostics.ras import RasReport, query_ras, ras_address
@@ -52,10 +53,10 @@ from supervisor.diagnostics.toolrun import (
 )
 
 CPU_WINDOW_S = 0.1  # per-process CPU rates are measured over this window, before any tool runs
-# torch's own FR analyzer runs beside the tools for at most this long: importing torch took 6-11 s on
-# a loaded 2-core machine, and the bundle (the outage's evidence part) does not wait for it; the
-# daemon's own reading of the dumps (frdump.py, standard library) is what the summary says.
-FR_ANALYZER_S = 3.0
+# torch's own FR analyzer runs after the bundle (frtrace.py: importing torch is 3-11 s, and bounded
+# at 3 s beside the tools it was the longest part of a real GPU hang's 4.4 s bundle without ever
+# finishing); the daemon's own reading of the dumps (frdump.py, standard library) is what the summary says.
+FR_ANALYZER_AFTER_BUNDLE = 0.0
 RAS_TIMEOUT_S = 8.0  # NCCL's own collective legs get 5 s; a dead peer costs one leg
 
 
@@ -281,7 +282,7 @@ async def _ask_fr(req: CaptureRequest) -> FrReport:
 async def _read_fr(fr: FrReport, req: CaptureRequest) -> FrReport:
     ranks = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
     try:
-        return await flight_read(fr, req.env, ranks, req.argv, FR_ANALYZER_S)
+        return await flight_read(fr, req.env, ranks, req.argv, FR_ANALYZER_AFTER_BUNDLE)
     except Exception as err:
         return replace(fr, status="error", reason=f"{type(err).__name__}: {err}"[:300])
 
@@ -419,6 +420,7 @@ async def capture(
         "path": str(path) if path else None,
         "removed": removed,
     }
+    rank_pids = [p.pid for p in req.processes if p.role in ("scheduler", "pending")]
     return BundleResult(
         bundle_id,
         path,
@@ -429,4 +431,5 @@ async def capture(
         error,
         final,
         tuple(removed),
+        fr_trace=trace_job(fr, path, req.env, rank_pids, req.argv, redactor.text),
     )

@@ -7,10 +7,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from probes.types import GpmObservation, GpuObservation, ProcInfo, ThreadInfo
 from supervisor.status.causes import HangClass
+
+if TYPE_CHECKING:
+    from supervisor.diagnostics.frtrace import FrTraceJob
 
 ToolName = Literal["py-spy", "py-spy-native", "gdb", "cuda-gdb", "pystack", "pystack-gil", "pystack-native"]
 Outcome = Literal[
@@ -159,3 +162,4 @@ class BundleResult:
     error: str | None  # why the write failed; the summary is still complete
     summary: dict[str, object]
     removed: tuple[str, ...] = ()  # older bundles deleted by retention
+    fr_trace: FrTraceJob | None = None  # torch's FR analyzer, for the daemon to run after the bundle

@@ -11,8 +11,9 @@ timeout, 480 s). So:
 2. at a capture, `trigger` writes every rank's pipe before any debugger attaches (a debugger stops
    the thread that would dump), and `wait_dumps` waits, bounded, for the dumps to settle;
 3. the dumps are kept in the bundle and read by the SERVER's Python (`frdump.py`, a child process:
-   the daemon never unpickles), with torch's own analyzer (`torch.distributed.flight_recorder.fr_trace`)
-   run beside it where the server's Python has it;
+   the daemon never unpickles); torch's own analyzer (`torch.distributed.flight_recorder.fr_trace`),
+   which imports torch (3-11 s), runs over the bundle's dumps after the bundle is written, where the
+   server's Python has it (`frtrace.py`), so it never holds up the restart;
 4. `judge` (pure) says which collective, which process group and sequence number, which ranks are
    missing or lagging, and says plainly when FR had nothing (no torch.distributed collective in
    flight: pynccl, custom all-reduce and CUDA-graph replays are not recorded).
@@ -313,6 +314,8 @@ class FrReport:
         }[self.status]
         out = ["", f"{head} ({len(self.dumps)} of {len(self.pipes)} rank(s) dumped in {self.wait_s:.1f} s; fr-*)"]
         out.append(f"  {self.verdict.text if self.verdict else self.reason}")
+        if self.status == "ok" and self.verdict is not None and not self.analyzer:
+            out.append("  torch's analyzer (fr_trace) runs once this bundle is written: fr-trace.txt, when it finishes")
         return out
 
 
@@ -353,6 +356,8 @@ async def _analyze(
     except ValueError as e:
         return (), "", f"frdump with {python} printed no report: {e}"
     unsafe = [f"rank {d.rank}: {d.error}" for d in read if d.error]
+    if trace_s <= 0 and not unsafe and len(read) == len(files):
+        return read, "", ""  # torch's analyzer after the bundle (frtrace.py)
     if unsafe or len(read) != len(files):
         return read, f"torch's analyzer not run: not every dump read as plain data ({'; '.join(unsafe)[:300]})", ""
     fr_env = {k: v for k, v in env.items() if k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME")}
@@ -384,6 +389,10 @@ async def _run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float = A
             os.killpg(proc.pid, 9)  # our own child's session, never the server's
         await proc.wait()
         return "", f"took over {timeout_s:g} s"
+    except asyncio.CancelledError:  # the daemon shutting down: the child goes with the task
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        raise
     text = out.decode("utf-8", "replace")
     if proc.returncode != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()[-2:]

@@ -28,6 +28,7 @@ EventName = Literal[
     "failed_cooldown",
     "failed_cooldown_over",
     "failed_left",
+    "fr_trace",
     "gpu_blocked",
     "gpu_scope",
     "gpu_unblocked",
