@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 from saying import saying_children
 
+from probes.types import ProcInfo
 from supervisor.diagnostics import CaptureRequest, capture
 from supervisor.diagnostics.flightrec import DUMP_KEY, PIPE_KEY
 from supervisor.diagnostics.frtrace import TRACE_FILE, trace_into_bundle
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # fixtures from conftest.py (import mode importlib: not impor
 pytestmark = pytest.mark.integration
 FR_RANK = str(Path(__file__).parents[1] / "support" / "fr_rank.py")
 SECRET = "hf_frtrace_secret_0123456789"
+KEEP = {"keep": 10, "max_bytes": 10**9}
 
 
 def fake_torch(root: Path, seconds: float) -> Path:
@@ -43,32 +45,40 @@ def fake_torch(root: Path, seconds: float) -> Path:
     return root
 
 
-async def test_the_bundle_is_written_first_then_the_analyzer_adds_fr_trace(
-    tmp_path: Path, proc_info: InfoFn
-) -> None:
-    env = {
+def rank_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    """The variables the daemon gives a server's ranks, with its FR folder made."""
+    (tmp_path / "fr").mkdir()
+    return {
         **os.environ,
         PIPE_KEY: str(tmp_path / "fr" / "pipe_rank_"),
         DUMP_KEY: str(tmp_path / "fr" / "nccl_trace_rank_"),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "PYTHONPATH": str(fake_torch(tmp_path / "site", 3.5)),
-        "HF_TOKEN": SECRET,
+        **more,
     }
-    (tmp_path / "fr").mkdir()
+
+
+def hung(env: dict[str, str], *ranks: ProcInfo) -> CaptureRequest:
+    return CaptureRequest(
+        incident_id="20261206T063803Z-startup_stall",
+        trigger="hung",
+        cause="startup_stall",
+        processes=ranks,
+        py_spy=False,
+        argv=(sys.executable, "-m", "sglang.launch_server", "--tp-size", str(len(ranks))),
+        env=env,
+        flight_recorder_wait_s=10.0,
+    )
+
+
+async def test_the_bundle_is_written_first_then_the_analyzer_adds_fr_trace(
+    tmp_path: Path, proc_info: InfoFn
+) -> None:
+    env = rank_env(tmp_path, PYTHONPATH=str(fake_torch(tmp_path / "site", 3.5)), HF_TOKEN=SECRET)
     with saying_children() as start:
         r0 = start([sys.executable, FR_RANK, "0", "12", "started"], "ready", env)
         r1 = start([sys.executable, FR_RANK, "1", "11", "completed"], "ready", env)
-        req = CaptureRequest(
-            incident_id="20261206T063803Z-startup_stall",
-            trigger="hung",
-            cause="startup_stall",
-            processes=(proc_info(r0.pid, "scheduler", 0), proc_info(r1.pid, "scheduler", 1)),
-            py_spy=False,
-            argv=(sys.executable, "-m", "sglang.launch_server", "--tp-size", "2"),
-            env=env,
-            flight_recorder_wait_s=10.0,
-        )
-        result = await capture(req, tmp_path / "diag", keep=10, max_bytes=10**9)
+        req = hung(env, proc_info(r0.pid, "scheduler", 0), proc_info(r1.pid, "scheduler", 1))
+        result = await capture(req, tmp_path / "diag", **KEEP)
     assert result.path is not None and result.error is None
     fr = result.summary["flight_recorder"]
     assert isinstance(fr, dict) and fr["status"] == "ok" and fr["lagging_ranks"] == [1], fr
@@ -91,27 +101,10 @@ async def test_the_bundle_is_written_first_then_the_analyzer_adds_fr_trace(
 
 async def test_no_job_where_the_analyzer_must_not_or_cannot_run(tmp_path: Path, proc_info: InfoFn) -> None:
     """A dump that would run code never reaches torch's full unpickler; the reason is in the bundle."""
-    env = {
-        **os.environ,
-        PIPE_KEY: str(tmp_path / "fr" / "pipe_rank_"),
-        DUMP_KEY: str(tmp_path / "fr" / "nccl_trace_rank_"),
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "FR_EVIL_MARK": str(tmp_path / "evil-ran"),
-    }
-    (tmp_path / "fr").mkdir()
+    env = rank_env(tmp_path, FR_EVIL_MARK=str(tmp_path / "evil-ran"))
     with saying_children() as start:
         r0 = start([sys.executable, FR_RANK, "0", "1", "started", "hostile"], "ready", env)
-        req = CaptureRequest(
-            incident_id="20261206T063803Z-startup_stall",
-            trigger="hung",
-            cause="startup_stall",
-            processes=(proc_info(r0.pid, "scheduler", 0),),
-            py_spy=False,
-            argv=(sys.executable,),
-            env=env,
-            flight_recorder_wait_s=10.0,
-        )
-        result = await capture(req, tmp_path / "diag", keep=10, max_bytes=10**9)
+        result = await capture(hung(env, proc_info(r0.pid, "scheduler", 0)), tmp_path / "diag", **KEEP)
     assert result.path is not None and result.fr_trace is None
     assert not (tmp_path / "evil-ran").exists()
     why = (result.path / TRACE_FILE).read_text()
@@ -119,27 +112,10 @@ async def test_no_job_where_the_analyzer_must_not_or_cannot_run(tmp_path: Path, 
 
 
 async def test_a_bundle_removed_before_the_analyzer_ran_is_left_alone(tmp_path: Path, proc_info: InfoFn) -> None:
-    env = {
-        **os.environ,
-        PIPE_KEY: str(tmp_path / "fr" / "pipe_rank_"),
-        DUMP_KEY: str(tmp_path / "fr" / "nccl_trace_rank_"),
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "PYTHONPATH": str(fake_torch(tmp_path / "site", 0.0)),
-    }
-    (tmp_path / "fr").mkdir()
+    env = rank_env(tmp_path, PYTHONPATH=str(fake_torch(tmp_path / "site", 0.0)))
     with saying_children() as start:
         r0 = start([sys.executable, FR_RANK, "0", "3", "started"], "ready", env)
-        req = CaptureRequest(
-            incident_id="20261206T063803Z-startup_stall",
-            trigger="hung",
-            cause="startup_stall",
-            processes=(proc_info(r0.pid, "scheduler", 0),),
-            py_spy=False,
-            argv=(sys.executable,),
-            env=env,
-            flight_recorder_wait_s=10.0,
-        )
-        result = await capture(req, tmp_path / "diag", keep=10, max_bytes=10**9)
+        result = await capture(hung(env, proc_info(r0.pid, "scheduler", 0)), tmp_path / "diag", **KEEP)
     assert result.path is not None and result.fr_trace is not None
     shutil.rmtree(result.path)  # retention, or an operator, took it meanwhile
     done = await trace_into_bundle(result.fr_trace, timeout_s=30.0)
