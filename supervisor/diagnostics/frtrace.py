@@ -17,12 +17,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from supervisor.diagnostics.flightrec import FrReport, analyze, server_python
 
 AFTER_BUNDLE_TIMEOUT_S = 60.0  # import torch on a loaded host, then the analysis of 8 ranks' rings
 TRACE_FILE = "fr-trace.txt"
 _ENV_KEYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME")
+TraceOutcome = Literal[
+    "written",  # fr-trace.txt holds the analyzer's output, or why it gave none
+    "gone",  # the bundle was removed (retention, a person) before or while the analyzer ran
+    "error",  # fr-trace.txt could not be written
+]
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class FrTraceJob:
 
 @dataclass(frozen=True)
 class FrTraceDone:
-    outcome: str  # "written", "gone" (the bundle was removed meanwhile), "error"
+    outcome: TraceOutcome
     duration_s: float
     detail: str = ""
 
