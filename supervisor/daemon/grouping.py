@@ -195,7 +195,7 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     # own watchdog: it holds its own stall if it has one. The leader's start-up stall waits for it
     # as for a node away.
     late = (
-        m.reachable and r is not None and r.state in ("starting", "stopped", "restarting") and r.cause is None
+        m.reachable and r is not None and r.state in _COMING and r.cause is None
         and gv.cause in ("startup_stall", "startup_timeout")
     )  # fmt: skip
     if m.reachable and not late and elsewhere is None:
@@ -221,6 +221,9 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     return Judged(Verdict("starting", reason=why, phase=v.phase))
 
 
+_COMING = ("starting", "stopped", "restarting")  # a member's server not up yet, with no fault of its own
+
+
 def _elsewhere(g: GroupRuntime, gv: GroupVerdict) -> int | None:
     """A member that explains node 0's start-up stall by serving another rung (its server from
     before a group relaunch, adopted) or by being relaunched onto the group's now: node 0 waits at
@@ -231,6 +234,10 @@ def _elsewhere(g: GroupRuntime, gv: GroupVerdict) -> int | None:
     if g.fixing:
         return min(g.fixing)
     views = {m.node: m for m in g.leader.views()}
+    for node in sorted(g.relaunched):  # relaunched before node 0's stall came: still coming up
+        w, r = views.get(node), views[node].report if node in views else None
+        if w is not None and w.reachable and (r is None or (r.state in _COMING and r.cause is None)):
+            return node
     w = views.get(g.waiting_for) if g.waiting_for is not None else None
     if w is not None and w.reachable and w.report is None:  # relaunched; its first report is to come
         return w.node
@@ -258,7 +265,9 @@ def _mismatched(g: GroupRuntime, gv: GroupVerdict, own_state: str, record: Recor
     assert g.leader is not None
     if own_state not in ("starting", "ready", "degraded"):
         return gv
-    found = mismatches(g.leader.views(), g.own_rung, g.fingerprint)
+    views = g.leader.views()
+    g.relaunched -= {m.node for m in views if m.report is not None and m.report.state not in _COMING}
+    found = mismatches(views, g.own_rung, g.fingerprint)
     named = {m.node: m.reason for m in found if m.node not in g.fixing}
     for m in found:
         if m.node in g.fixing:
@@ -283,6 +292,8 @@ async def _relaunch(g: GroupRuntime, node: int, rung: str, record: Record) -> No
         answers = [a for a in (stop, launch) if a is not None]
         ok = all(a.ok for a in answers)
         record("group_launch", "info" if ok else "warning", rung=rung, nodes=_nodes(answers), mismatch=True)
+        if ok:
+            g.relaunched.add(node)
     except Exception as err:  # the poller and the loop outlive a failed relaunch; the next report retries
         record("group_launch", "warning", rung=rung, nodes=[{"node": node, "ok": False, "error": repr(err)[:300]}])
     finally:

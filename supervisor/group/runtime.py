@@ -43,6 +43,9 @@ class GroupRuntime:
     joins: dict[int, JoinAnswer] = field(default_factory=dict)  # the leader's last answer to each node
     mismatched: dict[int, str] = field(default_factory=dict)  # nodes named for another rung or config
     fixing: set[int] = field(default_factory=set)  # nodes the leader is relaunching on the group's rung
+    # nodes the leader relaunched on the group's rung whose server has not reported ready since: node
+    # 0 waits at the rendezvous for them, so they explain its start-up stall (bounded by absent_wait_s)
+    relaunched: set[int] = field(default_factory=set)
     # members that asked to launch after node 0's server formed its group (they came back without
     # their servers): the group is relaunched together, on the same rung; why, per node
     rejoined: dict[int, str] = field(default_factory=dict)

@@ -195,3 +195,42 @@ async def test_node_0s_stall_at_the_rendezvous_for_a_member_on_an_old_rung_relau
     leader.t += 30
     out = judge(g, stall, "starting", rec)
     assert out.verdict is not None and out.verdict.is_incident and out.same_rung
+
+
+def on_second(state: str, phase: str) -> MemberView:
+    return MemberView(1, "h1:1", True, NodeReport(1, state, phase, 5, "second", None, "", (), (), 0.1, 1.0))
+
+
+async def test_node_0s_stall_after_the_member_was_already_relaunched_still_waits_for_it() -> None:
+    """The order a loaded machine gave (CI, 2026-12-06): the member came back on an old rung while
+    node 0 was still within its window, was relaunched on the group's rung, and only then did node 0's
+    start-up stall come, with the member's first report still to come. Node 0 waits for it."""
+    import asyncio
+
+    rec = Recorder()
+    r = NodeReport(1, "ready", "serving", 5, "base", None, "", (), (), 0.1, 1.0)
+    leader = ClockedLeader((MemberView(1, "h1:1", True, r),))
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",), absent_wait_s=30.0), None, KEYS)
+    g.leader = leader  # type: ignore[assignment]
+    g.own_rung, g.own_state = "second", "starting"
+    quiet = Verdict("starting", reason="initializing", phase="initializing")
+    out = judge(g, quiet, "starting", rec)  # no stall yet: the mismatch is found and fixed meanwhile
+    assert out.verdict is not None and out.verdict.status == "starting"
+    await asyncio.gather(*g.tasks)
+    assert leader.relaunched == [(1, "second")] and not g.fixing
+    leader._views = (MemberView(1, "h1:1", True, None),)  # relaunched: its first report is to come
+    stall = Verdict("incident", "startup_stall", "no channel moved for 5 s", phase="initializing")
+    out = judge(g, stall, "starting", rec)
+    assert out.verdict is not None and out.verdict.status == "starting", out
+    assert "waiting for node 1" in out.verdict.reason
+    # Its server starting on the group's rung: still waited for.
+    leader._views = (on_second("starting", "initializing"),)
+    leader.t += 3
+    out = judge(g, stall, "starting", rec)
+    assert out.verdict is not None and out.verdict.status == "starting", out
+    # Once it reports ready it explains nothing any more: node 0's own stall is the group's incident.
+    leader._views = (on_second("ready", "serving"),)
+    judge(g, quiet, "starting", rec)
+    assert not g.relaunched
+    out = judge(g, stall, "starting", rec)
+    assert out.verdict is not None and out.verdict.is_incident
