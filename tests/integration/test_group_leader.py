@@ -85,8 +85,14 @@ def test_the_leader_killed_while_capturing_leaves_a_bundle_on_every_node(tmp_pat
     own = wait_for(lambda: bundle(leader, inc["id"]), lambda s: s is not None, 60, what="node 0's bundle")
     assert own is not None and own["group"]["node"] == 0 and own["group"]["incident"] == inc["id"]
     assert not (worker.state_dir / "diagnostics" / f"{inc['id']}-2").exists()
-    booked = [e for e in leader.events("incident") if e.get("id") == inc["id"]]
-    assert booked and booked[-1]["bundle"] == inc["id"] and booked[-1].get("interrupted") is True
+    # The bundle's directory appears (renamed into place) a moment before its incident is journalled.
+    booked = wait_for(
+        lambda: [e for e in leader.events("incident") if e.get("id") == inc["id"]],
+        bool,
+        30,
+        what="the successor's incident for the interrupted capture",
+    )
+    assert booked[-1]["bundle"] == inc["id"] and booked[-1].get("interrupted") is True
     # And the group comes back as one.
     st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 120, "the group ready again")
     assert st["group"]["nodes"][1]["rung"] == st["rung"]
