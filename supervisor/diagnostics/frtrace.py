@@ -12,6 +12,7 @@ the bundle when it finishes (redacted like every text of the bundle). Nothing wa
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -76,14 +77,22 @@ async def trace_into_bundle(job: FrTraceJob, timeout_s: float = AFTER_BUNDLE_TIM
     if not job.bundle.is_dir():
         return FrTraceDone("gone", 0.0, "the bundle was removed before the analyzer ran")
     _read, text, err = await analyze(job.python, dumps, job.env, timeout_s)
-    body = job.redact(text or err or "torch's analyzer printed nothing")
+    # Redacting up to 64 KiB and writing it are the daemon's disk and CPU: off the event loop.
+    done = await asyncio.to_thread(_write, job, text or err or "torch's analyzer printed nothing")
     took = round(time.monotonic() - tic, 3)
+    if done is not None:
+        return FrTraceDone(done[0], took, done[1])
+    return FrTraceDone("written", took, "" if text else (err or "no output")[:300])
+
+
+def _write(job: FrTraceJob, text: str) -> tuple[TraceOutcome, str] | None:
+    """fr-trace.txt, redacted, put in place atomically; (outcome, why) when it could not be."""
     tmp = job.bundle / f".{TRACE_FILE}.tmp"
     try:
-        tmp.write_text(body)
+        tmp.write_text(job.redact(text))
         os.replace(tmp, job.bundle / TRACE_FILE)
     except FileNotFoundError:
-        return FrTraceDone("gone", took, "the bundle was removed while the analyzer ran")
+        return "gone", "the bundle was removed while the analyzer ran"
     except OSError as e:
-        return FrTraceDone("error", took, f"{TRACE_FILE} not written: {e.strerror or e}")
-    return FrTraceDone("written", took, "" if text else (err or "no output")[:300])
+        return "error", f"{TRACE_FILE} not written: {e.strerror or e}"
+    return None
