@@ -196,6 +196,18 @@ def fake_tool(path: Path, body: str) -> str:
     return str(path)
 
 
+def recording_cuda_gdb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cuda-gdb first on PATH that appends its arguments to the returned file (created only when it
+    runs) and prints the synthetic collective trace."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "cuda-gdb.argv"
+    fixture = Path(__file__).parent / "fixtures" / "synthetic-collective-cuda-gdb.txt"
+    fake_tool(bin_dir / "cuda-gdb", f'echo "$*" >> {calls}\nexec /bin/cat {fixture}')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    return calls
+
+
 async def test_a_tool_timeout_is_recorded_and_the_rest_goes_on(
     launch: Launcher, resume: ResumeLog, tmp_path: Path
 ) -> None:
@@ -256,12 +268,7 @@ async def test_cuda_gdb_skips_library_symbols_once_py_spy_named_the_native_frame
     """cuda-gdb's attach to a torch process is 8 s with every library's symbols and 0.6 s without
     (H200); py-spy --native already named the host frames, so cuda-gdb is asked for the kernels."""
     tree = launch("deadlock", 1)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "cuda-gdb.argv"
-    fixture = Path(__file__).parent / "fixtures" / "synthetic-collective-cuda-gdb.txt"
-    fake_tool(bin_dir / "cuda-gdb", f'echo "$*" >> {calls}\nexec /bin/cat {fixture}')
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    calls = recording_cuda_gdb(tmp_path, monkeypatch)
     child = tree.infos()[1]
     req = request((child,), native=True, gdb=True, gpu_util_percent=100.0)
     result = await capture(req, tmp_path / "diag", py_spy_path=PY_SPY, resume=resume, **KEEP)
@@ -442,12 +449,7 @@ async def test_cuda_gdb_gives_way_to_pystack_on_an_idle_gpu(
     on a GPU at 0 % no kernel is resident, and pystack --native-all names the native frames of every
     thread, the C threads py-spy cannot list included (faulthandler's here; NCCL's and CUDA's there)."""
     tree = launch("deadlock", 1, env={**os.environ, "DEADLOCK_PROG_NATIVE_THREAD": "1"})
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "cuda-gdb.argv"
-    fixture = Path(__file__).parent / "fixtures" / "synthetic-collective-cuda-gdb.txt"
-    fake_tool(bin_dir / "cuda-gdb", f'echo "$*" >> {calls}\nexec /bin/cat {fixture}')
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    calls = recording_cuda_gdb(tmp_path, monkeypatch)
     child = tree.infos()[1]
     device = GpuDevice(0, "GPU-1", "H100", util, 10, 100, util_read=read)
     gpu = GpuObservation("ok", "", (device,), (GpuProcess(child.pid, 0, "GPU-1", 10),))
