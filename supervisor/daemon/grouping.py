@@ -141,7 +141,9 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         waiting = _waits_for_absent(g, gv, v, own_state, record)
         if waiting is not None:
             return waiting
-        same_rung = g.waiting_for is not None  # it waited for that node: the servers are not the cause
+        # It waited for that node, or that node runs no server through no fault of its own (its daemon
+        # came back without it, or it was stopped): node 0's server lost a peer; the rung is not the cause.
+        same_rung = g.waiting_for is not None or _serverless(g, gv)
         g.waiting_since = g.waiting_for = None
     else:
         g.waiting_since = g.waiting_for = None
@@ -222,6 +224,19 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
 
 
 _COMING = ("starting", "stopped", "restarting")  # a member's server not up yet, with no fault of its own
+
+
+def _serverless(g: GroupRuntime, gv: GroupVerdict) -> bool:
+    """The group's incident names a member that answers, runs no server (stopped, or held before
+    its launch) and holds no incident of its own: a node lost and back that has not asked to join
+    yet (the order a loaded machine gave: node 0's health failed first, CI 2026-12-06), or a member
+    stopped by hand. Node 0's server waits on ranks that are gone: not a fault of the rung."""
+    assert g.leader is not None
+    if gv.node in (None, 0):
+        return False
+    m = {v.node: v for v in g.leader.views()}.get(gv.node)
+    r = m.report if m is not None else None
+    return m is not None and m.reachable and r is not None and r.state in ("stopped", "restarting") and r.cause is None
 
 
 def _elsewhere(g: GroupRuntime, gv: GroupVerdict) -> int | None:

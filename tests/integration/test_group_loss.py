@@ -30,6 +30,10 @@ def test_a_node_lost_and_back_before_node_0_notices_relaunches_the_group_on_the_
         tmp_path,
         fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
         restart={"retries_per_rung": 0},  # one ladder-judged incident would step the group down
+        # Node 1's daemon must be back within the wait: on a loaded CI machine its restart took
+        # longer than the tests' usual 6 s, and node 0 relaunched the group without it (a second
+        # incident, by design).
+        group={"absent_wait_s": 30.0},
     )
     made.extend((leader, worker))
     leader.start()

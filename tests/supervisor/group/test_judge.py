@@ -234,3 +234,24 @@ async def test_node_0s_stall_after_the_member_was_already_relaunched_still_waits
     assert not g.relaunched
     out = judge(g, stall, "starting", rec)
     assert out.verdict is not None and out.verdict.is_incident
+
+
+def test_node_0s_failing_health_explained_by_a_member_back_without_its_server_keeps_the_rung() -> None:
+    """The order a loaded machine gave (CI, 2026-12-06): node 1's daemon and server were lost, its
+    daemon came back (it answers, `stopped`, no incident of its own) and node 0's health failed
+    before node 1 asked to join. Node 0's server waits on ranks that are gone: the group is
+    relaunched on the same rung, as for the rejoin, not stepped down the ladder."""
+    rec = Recorder()
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None, KEYS)
+    g.own_rung, g.own_state = "base", "degraded"
+    unhealthy = Verdict("incident", "unhealthy", "2 health checks failed in a row (HTTP 503)", phase="serving")
+    for state in ("stopped", "restarting"):
+        g.leader = ClockedLeader((member(state),))  # type: ignore[assignment]
+        out = judge(g, unhealthy, "degraded", rec)
+        assert out.verdict is not None and out.verdict.is_incident and out.same_rung, (state, out)
+        assert f"node 1 runs no server (state {state})" in out.verdict.reason
+    # A member holding an incident of its own, or serving, does not excuse the rung.
+    for view in (member("restarting", cause="exited"), member("ready")):
+        g.leader = ClockedLeader((view,))  # type: ignore[assignment]
+        out = judge(g, unhealthy, "degraded", rec)
+        assert out.verdict is not None and out.verdict.is_incident and not out.same_rung, (view, out)
