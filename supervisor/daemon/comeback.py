@@ -262,9 +262,13 @@ class Comeback:
             if self.outage.step == "stop_release":
                 self.outage.close_step(now, "backoff")
 
-    def gpu_fault(self) -> None:
-        """The incident named a GPU fault (Xid): the next launch waits the configured start-up window."""
+    def gpu_fault(self, seen_s: float) -> None:
+        """The incident named a GPU fault (Xid) the daemon read `seen_s` before its verdict: the next
+        launch waits the configured start-up window, and an outage that began with this verdict began
+        at the fault (its detection part counts from the Xid, not from the rank's death it caused)."""
         self.fault_pending = True
+        if self.outage is not None:
+            self.outage.began_before(seen_s)
 
     def backoff_left(self, backoff_s: float, now: float) -> float:
         """What is left of the ladder's backoff, counted from the verdict rather than from the verified

@@ -228,6 +228,13 @@ class OutageClock:
         self.parts[self.step] = round(self.parts.get(self.step, 0.0) + max(0.0, now - self.mark), 3)
         self.mark, self.step = now, then
 
+    def began_before(self, seen_s: float) -> None:
+        """The first verdict's cause was seen `seen_s` before it (a GPU fault read before the rank
+        it killed died): detection counts from there. A later incident of the outage changes nothing."""
+        if self.step == "evidence" and self.mark == self.began_at:
+            self.detection_s = max(self.detection_s, seen_s)
+            self.parts["detection"] = round(max(0.0, self.detection_s), 3)
+
     def again(self, now: float) -> None:
         """Another incident before serving again: the relaunch attempt ends, evidence begins."""
         self.close_step(now, "evidence")

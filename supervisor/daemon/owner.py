@@ -686,7 +686,7 @@ class Owner:
             self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
         )
         if named:  # the relaunch after a GPU fault keeps the configured start-up window (issue 36)
-            self.comeback.gpu_fault()
+            self.comeback.gpu_fault(self.clock.wall() - min(e.at for e in named))
         self.record(
             "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
         )

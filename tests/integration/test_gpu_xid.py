@@ -57,6 +57,9 @@ async def test_an_application_xid_is_named_by_the_incident_and_restarts(daemon, 
     assert watch["status"] == "watching" and watch["gpus"] == [0, 1]
     (inc,) = [e for e in events if e["event"] == "incident"]
     assert inc["xids"][0]["xid"] == 31
+    # The outage began at the fault: the Xid was read (it showed in /status) before the rank died.
+    (outage,) = [e for e in events if e["event"] == "outage"]
+    assert outage["cause"] == "rank_died" and outage["parts"]["detection"] > 0, outage
     # The relaunch after the fault is timed, but teaches the learned windows nothing (issue 36): a GPU
     # recovering from an Xid is not a start of this host, and it waits the configured window.
     timelines = [e["after_gpu_fault"] for e in events if e["event"] == "launch_timeline"]

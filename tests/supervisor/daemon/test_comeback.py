@@ -51,7 +51,7 @@ async def test_the_first_launch_after_a_gpu_fault_waits_the_configured_window_an
     assert c.window(o, new_history(0.0), wd).startup_stall_s == 20.0  # the floor: learned
     assert c.window_now is not None and c.window_now.source == "floor"
 
-    c.gpu_fault()  # an incident named an Xid
+    c.gpu_fault(0.5)  # an incident named an Xid read 0.5 s before it
     await c.launching(argv, "base", {}, 100.0, 1100.0)
     got = c.window(obs(110.0, phase="allocating_kv"), new_history(100.0), wd)
     assert got.startup_stall_s == 180.0 and c.window_now is not None and c.window_now.source == "configured"

@@ -87,3 +87,18 @@ def test_the_outage_clock_adds_its_parts_up_across_two_incidents() -> None:
     o.close_step(161.5, "relaunch")  # ready
     assert o.parts == {"detection": 30.0, "evidence": 4.0, "stop_release": 1.5, "backoff": 2.0, "relaunch": 54.0}
     assert o.daemon_s == 7.5 and o.total_s == 91.5
+
+
+def test_an_outage_caused_by_a_gpu_fault_counts_its_detection_from_the_xid() -> None:
+    """The H100's Xid (2026-12-06): the daemon read the Xid 2.9 s before the rank it killed died and
+    was judged `rank_died`, a verdict with no quiet window; detection counts from the Xid."""
+    o = OutageClock("id", "rank_died", began_at=100.0, detection_s=0.0)
+    o.began_before(2.9)
+    assert o.parts["detection"] == 2.9
+    o.began_before(1.0)  # never shorter than what was already known
+    assert o.parts["detection"] == 2.9
+    o.close_step(101.0, "stop_release")
+    o.close_step(102.0, "relaunch")
+    o.again(110.0)  # a later incident of the same outage: its fault does not move the outage's start
+    o.began_before(50.0)
+    assert o.parts["detection"] == 2.9 and o.total_s == 12.9
