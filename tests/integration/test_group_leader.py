@@ -118,7 +118,7 @@ def test_the_leader_killed_in_the_backoff_its_successor_relaunches_the_members_o
     worker.wait(lambda s: s["state"] == "stopped" and s["pid"] is None, 10, "node 1 stopped by the group")
     leader.kill_daemon()  # in the backoff: the decision and the stopped members are on disk only
     leader.start()
-    resumed = wait_for(lambda: leader.events("decision_resumed"), bool, 30, what="the successor resuming")
+    resumed = wait_for(lambda: leader.events("decision_resumed"), bool, 90, what="the successor resuming")
     assert resumed[-1]["rung"] == "base"
     st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 120, "the group relaunched together")
     assert st["rung"] == "base" and st["group"]["nodes"][1]["rung"] == "base"

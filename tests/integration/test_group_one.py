@@ -5,6 +5,7 @@ and LWS recreations that start on the rung decided before the exit."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -59,8 +60,12 @@ def test_a_member_with_another_config_is_refused_naming_the_keys_and_launches_no
     assert st is not None and st["pid"] is None and st["state"] == "restarting"  # nothing launched
     refused = leader.events("group_join_refused")
     assert refused and any("tp-size" in d for d in refused[-1]["differs"])
-    time.sleep(3)  # asked again each poll, journalled once
-    assert len(worker.events("group_launch_held")) == len(evs) and len(leader.events("group_join_refused")) == 1
+    time.sleep(3)  # asked again each poll, journalled once (on a change of the reason only)
+    # A loaded machine may make one ask time out ("cannot be asked (ReadTimeout)"), a change of reason
+    # journalled with the refusal after it; the same reason twice in a row is never journalled.
+    reasons = [e["reason"] for e in worker.events("group_launch_held")]
+    assert all(a != b for a, b in itertools.pairwise(reasons)), reasons
+    assert len(leader.events("group_join_refused")) == 1
     # The group's relaunch stops node 1 and asks it to launch node 0's rung: a launch the leader asks
     # for does not accept a config it refused; node 1 asks, is refused again, and launches nothing.
     assert leader.post("/restart", {"reason": "test"}).status_code == 202

@@ -63,7 +63,9 @@ class Node:
         self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
         out.close()
 
-    def get(self, path: str, *, auth: bool = True, timeout: float = 3.0) -> httpx.Response:
+    # Timeouts are generous: a loaded CI machine runs a dozen daemons and their servers on 2 cores
+    # (a `/readyz` once took over 3 s to be scheduled there); the daemon's answer is still checked.
+    def get(self, path: str, *, auth: bool = True, timeout: float = 10.0) -> httpx.Response:
         headers = {"Authorization": f"Bearer {TOKEN}"} if auth else {}
         return httpx.get(self.api + path, headers=headers, timeout=timeout)
 
@@ -83,7 +85,7 @@ class Node:
 
     def status(self) -> dict[str, Any] | None:
         try:
-            r = self.get("/status", timeout=2.0)
+            r = self.get("/status", timeout=5.0)
         except httpx.HTTPError:
             return None
         return r.json() if r.status_code == 200 else None  # type: ignore[no-any-return]
