@@ -89,3 +89,33 @@ def test_node_0_lost_and_back_relaunches_the_members_with_it_on_the_same_rung(tm
     stops, launches = leader.events("group_stop"), leader.events("group_launch")
     assert stops and stops[-1]["nodes"][0]["ok"] and launches and launches[-1]["nodes"][0]["ok"], (stops, launches)
     assert [e["rung"] for e in worker.events("server_launched")] == ["base", "base"]
+
+
+def test_node_0s_failing_health_with_a_member_that_runs_no_server_keeps_the_rung(
+    tmp_path: Path, made: list[Node]
+) -> None:
+    """The order a loaded CI machine gave, made certain: node 1 answers, runs no server and holds no
+    incident of its own (here an operator stopped it through its own API, so it never asks to join),
+    and node 0's health fails on the collective that waits for it. Node 0's server lost a peer; the
+    rung is not at fault: the group is relaunched together on the same rung."""
+    leader, worker = group_of(
+        tmp_path,
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
+        restart={"retries_per_rung": 0},  # one ladder-judged incident would step the group down
+    )
+    made.extend((leader, worker))
+    leader.start()
+    worker.start()
+    leader.wait(group_ready, 90, "the group ready")
+    assert worker.post("/stop", {"reason": "test"}).status_code == 202
+    worker.wait(lambda s: s["state"] == "stopped" and s["pid"] is None, 30, "node 1 stopped")
+    st = leader.wait(
+        lambda s: group_ready(s) and s["group"]["status"] == "ok" and s["restarts"] >= 1,
+        120,
+        "the group relaunched together",
+    )
+    incidents = leader.events("incident")
+    assert len(incidents) == 1 and "node 1 runs no server (state stopped)" in incidents[0]["detail"], incidents
+    assert [d["rung"] for d in leader.events("ladder_decision")] == [0]
+    wst = worker.status()
+    assert st["rung"] == "base" and wst is not None and wst["rung"] == "base", (st["rung"], wst)
