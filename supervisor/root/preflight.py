@@ -32,7 +32,10 @@ async def preflight(config_path: Path | None, env: Mapping[str, str], argv: Sequ
     if config_path is None:
         return None  # nothing on disk to validate: the successor starts from the same settings
     cmd = tuple(argv) if argv is not None else tuple(preflight_argv(config_path))
-    res = await run_tool(cmd, PREFLIGHT_TIMEOUT_S, env=env, cap_bytes=16384)
+    # In the daemon's session: a child in a session of its own is taken for an orphan of the server
+    # tree, and the poll's reaper could waitpid it first (asyncio then reports exit 255 and the
+    # handoff was refused for nothing: CI, 2026-12-06).
+    res = await run_tool(cmd, PREFLIGHT_TIMEOUT_S, env=env, cap_bytes=16384, own_session=False)
     if res.exit_code == 0:
         return None
     if res.missing:

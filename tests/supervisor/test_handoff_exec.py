@@ -60,3 +60,27 @@ def test_preflight_validates_what_a_start_would_and_starts_nothing(tmp_path, cap
         "--config",
         "/etc/c.toml",
     ]
+
+
+async def test_the_preflight_child_runs_in_the_daemons_session_where_the_reaper_leaves_it(tmp_path: Path) -> None:
+    """A child in a session of its own is what `cgroup.adopted_orphans` takes for an orphan of the
+    server tree: the poll's reaper could waitpid the preflight first, asyncio then reports exit 255,
+    and a good handoff was refused (CI, 2026-12-06)."""
+    from supervisor.process.cgroup import adopted_orphans
+    from supervisor.root.preflight import preflight
+
+    out = tmp_path / "sid"
+    probe = (
+        "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getsid(0))); time.sleep(0.3)"
+    )
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("")
+    task = preflight(cfg, dict(os.environ), argv=[sys.executable, "-c", probe, str(out)])
+    import asyncio
+
+    running = asyncio.ensure_future(task)
+    while not out.exists() or not out.read_text():
+        await asyncio.sleep(0.02)
+    assert int(out.read_text()) == os.getsid(0)
+    assert adopted_orphans() == []  # the reaper sees no orphan to take
+    assert await running is None
