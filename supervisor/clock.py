@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from typing import Protocol
 
@@ -25,3 +26,10 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+def iso(wall: float | None) -> str | None:
+    """A wall-clock time as ISO 8601 in UTC with its offset (None stays None)."""
+    if wall is None:
+        return None
+    return dt.datetime.fromtimestamp(wall, tz=dt.timezone.utc).isoformat(timespec="seconds")

@@ -71,7 +71,7 @@ def ask_leader(settings: Settings, timeout_s: float = 5.0) -> tuple[bool, str]:
     (nothing recorded there). (agrees, the line to print)."""
     import asyncio
 
-    from supervisor.daemon.grouping import join_check
+    from supervisor.group.members import join_check
 
     g = settings.group
     if g is None:

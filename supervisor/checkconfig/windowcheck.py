@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from supervisor.config.render import render_rung
 from supervisor.config.settings import Rung, Settings
-from supervisor.daemon.comeback import BOOK, host_name, key_for
-from supervisor.daemon.launchtimeline import LaunchBook
 from supervisor.policy.learned import window_for
+from supervisor.warmstart.timeline import LaunchBook
+from supervisor.warmstart.warm import BOOK, host_name, key_for
 
 
 def rung_windows(settings: Settings, rung: Rung, book: LaunchBook, host: str) -> dict[str, object]:

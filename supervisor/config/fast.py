@@ -1,9 +1,9 @@
 """`[learned]` and `[caches]`: back to serving fast (issue 36).
 
 `[learned]`: start-up stall windows learned from this host's good starts (supervisor/policy/learned.py
-decides, supervisor/daemon/launchtimeline.py records). `[caches]`: the kernel caches SGLang and its
-kernels compile into, pinned under `[paths] cache_dir` (supervisor/daemon/kernelcache.py), and the
-weights' page-cache residency before a relaunch (supervisor/daemon/residency.py).
+decides, supervisor/warmstart/timeline.py records). `[caches]`: the kernel caches SGLang and its
+kernels compile into, pinned under `[paths] cache_dir` (supervisor/warmstart/kernelcache.py), and the
+weights' page-cache residency before a relaunch (supervisor/warmstart/residency.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 from probes.types import BusySample, GpuObservation, Observation
 from supervisor.config.render import RenderedCommand
 from supervisor.config.settings import Settings
-from supervisor.diagnostics import BundleResult, CaptureRequest, capture
+from supervisor.diagnostics import BundleResult, CaptureRequest, capture, new_incident_id
 from supervisor.policy.gpuwait import sample_kind, thread_kind, where
 from supervisor.policy.watchdog import StallClass, Verdict
 from supervisor.process import resume_stopped
@@ -166,3 +166,22 @@ async def collect(
         gdb_path=d.gdb_path,
         resume=resume_stopped,
     )
+
+
+# Every incident gets an id of its own: the time-and-cause id, with `-2`, `-3`... when that second
+# already has one (two restarts 0.28 s apart got the same id, and the second bundle overwrote the
+# first). `taken`, the owner's memory of recent ids, is kept to the last `KEEP`.
+KEEP = 100
+
+
+def unique_incident_id(wall: float, cause: str, taken: list[str], diagnostics: Path) -> str:
+    """A daemon restarted within the second has no memory of the ids: the bundle directories
+    under `diagnostics` say which are taken."""
+    base = new_incident_id(wall, cause)
+    candidate, n = base, 1
+    while candidate in taken or (diagnostics / candidate).exists():
+        n += 1
+        candidate = f"{base}-{n}"
+    taken.append(candidate)
+    del taken[:-KEEP]
+    return candidate

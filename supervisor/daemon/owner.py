@@ -3,7 +3,7 @@ the one pending timer it advances, the one command dispatcher, and every act on 
 
 One class in one file, built by composition (STYLE 10): the current launch is a `Server`
 (`supervisor.daemon.server`: spawn or adopt, observe, tend the log keeper, stop and verify, hand
-over), the other daemons of a group are its `Peers` (`supervisor.daemon.peers`: `NoPeers` on one
+over), the other daemons of a group are its `Peers` (`supervisor.group.peers`: `NoPeers` on one
 node, `grouping.GroupPeers` on several), called at named points (judge, capture, stop, launch,
 publish). Everything it needs is given to its constructor.
 
@@ -34,31 +34,27 @@ from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.types import Observation
 from probes.xid import XidWatcher
-from supervisor.clock import Clock
+from supervisor.clock import Clock, iso
 from supervisor.common.configerror import ConfigError
 from supervisor.config.render import arg_names, render_rung
 from supervisor.config.settings import Settings, load_settings
-from supervisor.daemon import launching, slate, stopping, takeover, xids
+from supervisor.daemon import slate, stopping, xids
 from supervisor.daemon.beating import keep_beating
-from supervisor.daemon.comeback import Comeback
-from supervisor.daemon.counting import RestartingCount
 from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, counting_subscriptions
-from supervisor.daemon.evidence import collect, culprit_text, kept_bundle, provisional_class
-from supervisor.daemon.incidentids import unique_incident_id
+from supervisor.daemon.evidence import collect, culprit_text, kept_bundle, provisional_class, unique_incident_id
 from supervisor.daemon.observe import Observer
-from supervisor.daemon.peers import NoPeers, Peers
-from supervisor.daemon.persist import Decided, OpenIncident, Persisted, load, marker_for, save
-from supervisor.daemon.publish import Facts, build, iso, stale_after
-from supervisor.daemon.records import Counters, InHand, Leaving, Pending
-from supervisor.daemon.server import Server
+from supervisor.daemon.persist import Decided, InHand, OpenIncident, Persisted, load, marker_for, save
+from supervisor.daemon.publish import Counters, Facts, RestartingCount, build, stale_after
+from supervisor.daemon.server import NotAdopted, Server, SpawnRequest, port_holder_of, take_over
 from supervisor.daemon.shmledger import ShmLedger
 from supervisor.daemon.stopping import StopTools
-from supervisor.daemon.xidbook import XidBook
+from supervisor.daemon.xids import XidBook
 from supervisor.diagnostics import BundleResult, Redactor, self_check
 from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
 from supervisor.diagnostics.frtrace import FrTraceJob, trace_into_bundle
 from supervisor.diagnostics.selfcheck import busy_signal_check
 from supervisor.engines import EngineProfile, profile_of
+from supervisor.group.peers import NoPeers, Peers
 from supervisor.host import instance_lock
 from supervisor.host.apiguard import GuardStats
 from supervisor.host.sdnotify import Notifier, WatchdogPacer
@@ -76,7 +72,7 @@ from supervisor.policy.ladder import (
     record_stable,
     resume_rung,
 )
-from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, SERVING, Lifecycle, State
+from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, SERVING, Leaving, Lifecycle, Pending, State
 from supervisor.policy.rasrule import fold_ras
 from supervisor.policy.watchdog import Mode, Verdict, assess, new_history, ras_incident
 from supervisor.process.control import LogFiles, ProcessControl, RealProcessControl
@@ -87,6 +83,7 @@ from supervisor.status.eventnames import AnyEventName, EventName, journal_name
 from supervisor.status.journal import Journal
 from supervisor.status.notifytally import NotifyTally
 from supervisor.status.snapshot import IncidentView, LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
+from supervisor.warmstart.warm import WarmStart
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -170,7 +167,7 @@ class Owner:
         self.events.subscribe(self._log_line)
         for name, count in counting_subscriptions(self.metrics).items():
             self.events.subscribe(count, name)
-        self.comeback = Comeback(settings, self.record)  # timelines, learned windows, caches (issue 36)
+        self.warm = WarmStart(settings, self.record)  # timelines, learned windows, caches (issue 36)
         self.after_bundle: set[asyncio.Task[None]] = set()  # torch's FR analyzer over written bundles
         self.publish()
 
@@ -304,7 +301,7 @@ class Owner:
         if self.pending is not None and state != self.pending.waits_in:
             self.pending = None  # leaving the state a timer waits in cancels it
         if state == State.STOPPED:
-            self.comeback.cancel_outage()  # stopped by request: no outage against anyone's wish
+            self.warm.cancel_outage()  # stopped by request: no outage against anyone's wish
         if old != state:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
@@ -356,7 +353,7 @@ class Owner:
         old_names = tuple(r.name for r in self.settings.ladder)
         current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
         self.settings = settings
-        self.comeback.settings = settings
+        self.warm.settings = settings
         self.observer.configure(settings)
         self.observer.gpu.scope = DeviceScope.for_server(settings.server.env, self.env)  # CUDA_VISIBLE_DEVICES
         idx = settings.rung_index(current) if current is not None else None
@@ -377,7 +374,7 @@ class Owner:
         lines = server.new_lines()
         if lines:
             self.observer.feed(lines)
-            self.comeback.lines(lines)
+            self.warm.lines(lines)
         serving, metrics = self.lifecycle.state in SERVING, self._metrics_on[self.ladder.current]
         target = server.target(marker=self.marker, serving=serving, metrics=metrics, look=self._wants_look())
         obs = await self.observer.observe(target)
@@ -455,7 +452,7 @@ class Owner:
             update = {"gpu_xids": self.xids.views(), "gpu_blocked": self.xids.blocked_reason()}
             self._snapshot = self._snapshot.model_copy(update=update)
         self._snapshot = self.peers.publish(self._snapshot)  # a group's part of /status
-        self._snapshot = self.comeback.publish(self._snapshot)  # launch_timeline, stall_window, outages
+        self._snapshot = self.warm.publish(self._snapshot)  # launch_timeline, stall_window, outages
         self.count_write_errors()
         if self.notify_tally.views():
             self._snapshot = self._snapshot.model_copy(update={"notifications": self.notify_tally.views()})
@@ -513,11 +510,11 @@ class Owner:
             self.move(State.FAILED, blocked)
             return
         srv = self.settings.server
-        holder = await launching.port_holder_of(srv.host, srv.port)
+        holder = await port_holder_of(srv.host, srv.port)
         if holder is not None and await self.stop_leftovers(
             f"port {srv.port} is held by a leftover (this state directory's, or a dead daemon's: its lock is free)"
         ):  # a live daemon's tree, or one whose daemon cannot be found, is kept (supervisor.process.owners)
-            holder = await launching.port_holder_of(srv.host, srv.port)
+            holder = await port_holder_of(srv.host, srv.port)
         if holder is not None:
             self.counters.port_refusals += 1
             delay = recovery.port_refused(self.counters.port_refusals, self.settings.restart, self.rand()).delay_s
@@ -559,8 +556,8 @@ class Owner:
         self.persist()
         launched_wall = self.clock.wall()
         self.fresh_server(launched_wall)
-        env.update(await self.comeback.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
-        request = launching.SpawnRequest(
+        env.update(await self.warm.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
+        request = SpawnRequest(
             rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
             rung.name, launched_wall,
         )  # fmt: skip
@@ -670,7 +667,7 @@ class Owner:
         incident_id: str | None = None,
     ) -> None:
         incident_id = incident_id or self.unique_incident_id(cause)
-        self.comeback.incident(incident_id, cause, verdict, self.clock.monotonic())  # the outage begins
+        self.warm.incident(incident_id, cause, verdict, self.clock.monotonic())  # the outage begins
         alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
         captures = diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}
         if diagnose and not captures:  # no bundle of its own: a group's members still take theirs
@@ -686,7 +683,7 @@ class Owner:
             self.xids, self.clock.wall(), verdict.reason if verdict is not None else ""
         )
         if named:  # the relaunch after a GPU fault keeps the configured start-up window (issue 36)
-            self.comeback.gpu_fault(self.clock.wall() - min(e.at for e in named))
+            self.warm.gpu_fault(self.clock.wall() - min(e.at for e in named))
         self.record(
             "incident", "warning", only="log", id=incident_id, cause=cause, reason=detail, rung=self.current_rung_name()
         )
@@ -707,7 +704,7 @@ class Owner:
                 culprit = culprit_text(result.summary)
                 if result.hang_class not in ("unknown", "") or hang_class is None:
                     hang_class = result.hang_class if cause in HUNG_CAUSES else hang_class
-        self.comeback.evidence_done(self.clock.monotonic())
+        self.warm.evidence_done(self.clock.monotonic())
         view = IncidentView(
             id=incident_id,
             cause=cause,
@@ -830,7 +827,7 @@ class Owner:
         grace = min(rs.stop_grace_s, rs.hung_stop_grace_s) if incident.cause in HUNG_CAUSES else None
         stop = self.stop_server(f"incident {incident.cause}", grace_s=grace)
         ok = await self.peers.stop(stop, self.beating, self.record)
-        self.comeback.stopped(self.clock.monotonic())
+        self.warm.stopped(self.clock.monotonic())
         now_wall = self.clock.wall()
         outcome = self._after_incident(incident, ok, manual, forced_rung, now_wall)
         if isinstance(outcome, recovery.Failed):
@@ -854,7 +851,7 @@ class Owner:
             return
         self.reason = decision.reason
         now = self.clock.monotonic()
-        wait = self.comeback.backoff_left(decision.backoff_s, now)  # counted from the verdict (issue 36)
+        wait = self.warm.backoff_left(decision.backoff_s, now)  # counted from the verdict (issue 36)
         if wait <= 0:
             await self.launch(decision.rung, after_incident=not manual)
             return
@@ -1035,7 +1032,7 @@ class Owner:
         spec = self.speculative()[self.ladder.current]
         wd = self.settings.watchdog
         if mode == "starting":  # the phase's learned window, where one is in force (issue 36)
-            wd = self.comeback.window(obs, server.history, wd)
+            wd = self.warm.window(obs, server.history, wd)
         verdict, server.history = assess(server.history, obs, obs.at, wd, mode=mode, speculative=spec)
         verdict = self.ras_detector(verdict, obs, mode)
         await self.act(verdict, obs)
@@ -1088,7 +1085,7 @@ class Owner:
             server.time_to_ready_s = server.record.time_to_ready_s if server.record is not None else None
             self.persist()
             self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=server.takeover_s)
-            self.comeback.ready(now, None)
+            self.warm.ready(now, None)
             self.move(State.READY, f"adopted server ready on rung {rung}")
             return
         server.time_to_ready_s = round(now - server.launched_at, 3)
@@ -1096,7 +1093,7 @@ class Owner:
             server.record = replace(server.record, time_to_ready_s=server.time_to_ready_s)
         self.persist()
         self.record("server_ready", only="journal", rung=rung, time_to_ready_s=server.time_to_ready_s)
-        self.comeback.ready(now, server.time_to_ready_s)
+        self.warm.ready(now, server.time_to_ready_s)
         self.move(State.READY, f"ready on rung {rung} in {server.time_to_ready_s:.1f} s")
 
     async def act_serving(self, v: Verdict, now: float) -> None:
@@ -1503,8 +1500,8 @@ class Owner:
             return False
         rung = self.settings.rung_index(record.rung)
         files, lines = self.log_files(), self.settings.logs.memory_lines
-        taken = await takeover.take_over(record, rung, self.marker, self.control, files, lines, self.clock)
-        if isinstance(taken, takeover.NotAdopted):
+        taken = await take_over(record, rung, self.marker, self.control, files, lines, self.clock)
+        if isinstance(taken, NotAdopted):
             self.refuse_adoption(taken.why)
             return False
         assert rung is not None
@@ -1512,7 +1509,7 @@ class Owner:
         self.fresh_server(record.launched_wall)
         self.server.adopt(taken, record)
         argv = render_rung(self.settings.server, self.settings.ladder[rung]).argv
-        self.comeback.adopting(argv, record.rung, self.clock.monotonic(), record.launched_wall)
+        self.warm.adopting(argv, record.rung, self.clock.monotonic(), record.launched_wall)
         self.bind_server()
         self.persist()
         self.record("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)

@@ -8,17 +8,16 @@ numbers, a marker that is empty or holds a NUL) is "malformed, starting afresh",
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from supervisor.common.atomicfile import atomic_write
 from supervisor.daemon.adopt import ServerRecord
 from supervisor.policy.ladder import MAX_ATTEMPTS, Attempt, LadderState
 from supervisor.status.causes import CAUSES, Cause
@@ -57,38 +56,6 @@ class Persisted:
     stopped: bool = False  # stopped by request (API, CLI): a restarted daemon does not start it
     decided: Decided | None = None  # a relaunch decided and not yet made (backing off)
     last_incident: IncidentView | None = None  # what `status` shows after a daemon restart
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """All of `data` lands in `path`, or `path` keeps its old content and OSError says why.
-
-    `os.write` may write less than asked (a nearly full disk): it is called again for the rest,
-    and a write that makes no progress is an error; the temporary file is removed on any failure.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                if n <= 0:
-                    raise OSError(errno.ENOSPC, f"short write to {tmp}")
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def save(path: Path, p: Persisted) -> None:
@@ -259,3 +226,17 @@ def load(path: Path, rung_names: tuple[str, ...]) -> tuple[Persisted | None, str
         return parse(doc, rung_names), "resumed saved state"
     except Malformed as err:
         return None, f"saved state malformed ({err}); starting afresh"
+
+
+@dataclass
+class InHand:
+    """The incident and decisions in hand: what is being captured, what the ladder decided, which
+    commands are queued that a second one must not repeat."""
+
+    last_incident: IncidentView | None = None
+    open_incident: OpenIncident | None = None  # persisted while its capture runs
+    decided: Decided | None = None  # persisted from the ladder's decision until the launch
+    diagnosing: bool = False
+    restart_pending: bool = False
+    resume_after_error: bool = False  # a restart was cut short by an exception: finish it
+    incident_ids: list[str] = field(default_factory=list)  # recent ids, so two in one second differ

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 
 from probes.types import (
@@ -14,6 +13,7 @@ from probes.types import (
     ServingObservation,
     TreeObservation,
 )
+from supervisor.clock import iso
 from supervisor.policy.gpuwait import where
 from supervisor.policy.watchdog import History, mean_accept
 from supervisor.status.snapshot import (
@@ -30,12 +30,6 @@ from supervisor.status.snapshot import (
     ToolCheck,
     WriteErrorsView,
 )
-
-
-def iso(wall: float | None) -> str | None:
-    if wall is None:
-        return None
-    return dt.datetime.fromtimestamp(wall, tz=dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def gpu_view(gpu: GpuObservation | None, gpm: GpmObservation | None = None) -> GpuView:
@@ -248,3 +242,32 @@ def build(f: Facts) -> StatusSnapshot:
         adopted=f.adopted,
         takeover_s=f.takeover_s,
     )
+
+
+# A monotonic total fed by a reading that may start again at 0 (a counter in a file that each new
+# writer recreates): what /status shows and what the Prometheus counter is fed from, one source.
+@dataclass
+class RestartingCount:
+    total: int = 0
+    seen: int = 0  # the reading at the last call
+
+    def feed(self, reading: int) -> int:
+        """The total after `reading`: growth counts; a drop is a fresh counter, all of it new."""
+        self.total += reading - self.seen if reading >= self.seen else reading
+        self.seen = reading
+        return self.total
+
+
+@dataclass
+class Counters:
+    """Counts for /status and /metrics; each grows only in the owner."""
+
+    incidents: int = 0
+    restarts: int = 0
+    loop_errors: int = 0
+    port_refusals: int = 0  # launches refused in a row because the port was held
+    gpu_refusals: int = 0  # ... because a stranger held GPU memory (supervisor.daemon.slate)
+    unknown_observations: int = 0
+    state_write_errors: int = 0
+    bundle_write_errors: int = 0
+    keepers_replaced: int = 0

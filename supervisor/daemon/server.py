@@ -11,18 +11,120 @@ touches the ladder: each act returns its outcome.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from probes.types import LogLine, Observation
 from supervisor.clock import Clock
-from supervisor.daemon import launching, stopping, takeover
-from supervisor.daemon.adopt import ServerRecord
+from supervisor.daemon import stopping
+from supervisor.daemon.adopt import ServerRecord, refusal, starttime_of
 from supervisor.daemon.observe import Target
 from supervisor.daemon.stopping import StopTools
 from supervisor.logs.reader import LogCapture
 from supervisor.logs.tending import KeeperStatus
 from supervisor.policy.watchdog import History, new_history
-from supervisor.process.control import Child, LogFiles, ProcessControl
+from supervisor.process.control import Child, LogFiles, ProcessControl, SpawnError, port_holder
+from supervisor.process.leftovers import kept_on_port
+
+# ---- launching: is the port free, then spawn the rung's command with its output captured ----
+
+@dataclass(frozen=True)
+class Spawned:
+    """The server runs: its process, its captured output, and the record a successor adopts it by
+    (None when its start time could not be read: it then cannot be adopted)."""
+
+    child: Child
+    capture: LogCapture
+    record: ServerRecord | None
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    """The command could not be executed at all (missing program, permission denied)."""
+
+    error: str
+
+
+async def port_holder_of(host: str, port: int) -> str | None:
+    """Who holds the server's port (a launch onto it would only exit at once), or None when free;
+    a tree another live daemon (or no findable daemon) launched there is named as such."""
+    return await asyncio.to_thread(_port_holder_named, host, port)
+
+
+def _port_holder_named(host: str, port: int) -> str | None:
+    holder = port_holder(host, port)
+    if holder is None:
+        return None
+    kept = kept_on_port(port)
+    return holder if kept is None else f"{holder}: {kept}; it is not this daemon's to stop"
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    marker: str
+    cwd: str | None
+    files: LogFiles
+    memory_lines: int
+    rung: str
+    launched_wall: float
+
+
+async def spawn_tree(control: ProcessControl, req: SpawnRequest, clock: Clock) -> Spawned | SpawnFailed:
+    """Spawn the rung's command; its lines are captured from the log's current end (the keeper
+    appends after it), so a new launch never shows the previous server's lines."""
+    files = req.files
+    capture = LogCapture(
+        files.dir,
+        memory_lines=req.memory_lines,
+        start=LogCapture.end_of(files.dir, files.name),
+        monotonic=clock.monotonic,
+    )
+    try:
+        child = await asyncio.to_thread(control.spawn, req.argv, req.env, req.marker, req.cwd, files)
+    except SpawnError as err:
+        return SpawnFailed(str(err))
+    capture.start()
+    starttime = starttime_of(child.pid)
+    record = (
+        None if starttime is None else ServerRecord(child.pid, starttime, req.rung, req.launched_wall, capture.position)
+    )
+    return Spawned(child, capture, record)
+
+
+# ---- adoption: a predecessor's tree, when supervisor.daemon.adopt.refusal proves it that server ----
+
+@dataclass(frozen=True)
+class Adopted:
+    child: Child
+    capture: LogCapture
+
+
+@dataclass(frozen=True)
+class NotAdopted:
+    why: str
+
+
+async def take_over(
+    record: ServerRecord,
+    rung: int | None,
+    marker: str,
+    control: ProcessControl,
+    files: LogFiles,
+    memory_lines: int,
+    clock: Clock,
+) -> Adopted | NotAdopted:
+    """`rung`: the record's rung in today's ladder (None: no longer there, so not adopted)."""
+    why = await asyncio.to_thread(refusal, record, marker)
+    if why is None and rung is None:
+        why = f"its rung {record.rung!r} is no longer in the ladder"
+    if why is not None:
+        return NotAdopted(why)
+    # Its output is read from where the predecessor stopped reading (duplicates, never losses).
+    capture = LogCapture(files.dir, memory_lines=memory_lines, start=record.log, monotonic=clock.monotonic).start()
+    child = await asyncio.to_thread(control.adopt, record.pid, record.starttime, marker)
+    return Adopted(child, capture)
 
 
 @dataclass
@@ -59,16 +161,16 @@ class Server:
     # ---- spawn or adopt ---------------------------------------------------------------------
 
     async def spawn(
-        self, control: ProcessControl, request: launching.SpawnRequest, clock: Clock
-    ) -> launching.SpawnFailed | None:
+        self, control: ProcessControl, request: SpawnRequest, clock: Clock
+    ) -> SpawnFailed | None:
         """Start the tree; None once it runs (its record saved from here on lets a successor adopt it)."""
-        spawned = await launching.spawn(control, request, clock)
-        if isinstance(spawned, launching.SpawnFailed):
+        spawned = await spawn_tree(control, request, clock)
+        if isinstance(spawned, SpawnFailed):
             return spawned
         self.child, self.capture, self.record = spawned.child, spawned.capture, spawned.record
         return None
 
-    def adopt(self, taken: takeover.Adopted, record: ServerRecord) -> None:
+    def adopt(self, taken: Adopted, record: ServerRecord) -> None:
         """Hold a predecessor's tree (`takeover.take_over` proved it ours)."""
         self.adopted = True
         self.capture, self.child, self.record = taken.capture, taken.child, record

@@ -16,8 +16,8 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from supervisor.common.atomicfile import atomic_write
 from supervisor.daemon import cleanslate as cs
-from supervisor.daemon.persist import atomic_write
 
 LEDGER_NAME = "shm_ours.json"
 SCAN_EVERY_S = 5.0

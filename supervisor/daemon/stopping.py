@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from probes.gpu import GpuProbe
-from supervisor.clock import Clock
+from supervisor.clock import Clock, iso
 from supervisor.daemon.beating import Beat, keep_beating
-from supervisor.daemon.publish import iso
 from supervisor.process.control import Child, ProcessControl, StopReport, describe_holders
 from supervisor.status.snapshot import StopView
 

@@ -6,5 +6,5 @@ is what the owner holds of the group, `view` its part of `/status`. The group's 
 pure (supervisor.policy.group). The group's other faces sit with their roles: its routes in
 api/group.py, its config check in checkconfig/groupcheck.py, its client text in
 client/groupformat.py, its bundle text in diagnostics/grouptext.py, its metrics in
-metrics/groupfamilies.py, and the owner's group part in daemon/owner_group.py and daemon/grouping.py.
+metrics/groupfamilies.py, and the owner's group part in daemon/owner_group.py and group/members.py.
 """

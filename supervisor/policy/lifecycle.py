@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 
 class State(str, Enum):
@@ -73,3 +74,28 @@ class Lifecycle:
         if new != old:
             self._since = at
         return Transition(old, new, at, reason)
+
+
+# What a pending timer does when it fires: launch a rung (a backoff after an incident, a launch a
+# held port or GPU deferred, a start-up that failed), resume a predecessor's decision, or leave
+# `failed` once `failed_cooldown_s` has passed.
+PendingWhat = Literal["launch", "resume", "leave_failed"]
+# How the loop ends: a shutdown (the server is stopped), a handoff (SIGUSR2: it is left running for a
+# successor), or a group restart (`restart = "lws"`: LeaderWorkerSet recreates the whole group).
+Leaving = Literal["shutdown", "handoff", "group_restart"]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The one "do this later": `what` on `rung` at `at` (monotonic). The tick checks it first, as
+    supervisord's BACKOFF state does; a command that arrives meanwhile goes through the dispatcher."""
+
+    what: PendingWhat
+    rung: int
+    at: float
+    after_incident: bool = False
+
+    @property
+    def waits_in(self) -> State:
+        """The state this timer belongs to: leaving that state cancels it."""
+        return State.FAILED if self.what == "leave_failed" else State.RESTARTING

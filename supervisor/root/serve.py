@@ -35,9 +35,9 @@ from supervisor.common.apitoken import check_bind, load_token
 from supervisor.common.configerror import ConfigError
 from supervisor.common.exitcodes import EXIT_HANDOFF
 from supervisor.config.settings import Settings
-from supervisor.daemon import grouping
 from supervisor.daemon.owner import Owner
-from supervisor.daemon.peers import NoPeers, Peers
+from supervisor.group import members as grouping
+from supervisor.group.peers import NoPeers, Peers
 from supervisor.host.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.host.instance_lock import StateLock, acquire
 from supervisor.host.sdnotify import Notifier

@@ -48,7 +48,7 @@ class MilestoneView(_Frozen):
 
 
 class CacheView(_Frozen):
-    """The kernel caches of this launch (supervisor/daemon/kernelcache.py)."""
+    """The kernel caches of this launch (supervisor/warmstart/kernelcache.py)."""
 
     dir: str  # the fingerprint's directory under [paths] cache_dir ("" when not pinned)
     state: CacheState

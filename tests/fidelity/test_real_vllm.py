@@ -16,8 +16,8 @@ import pytest
 
 from probes.logs import LogParser, parse_vllm_accept, split_prefix
 from probes.types import LogLine, LogObservation
-from supervisor.daemon.launchtimeline import Milestones, milestone_of, views
 from supervisor.engines import VLLM
+from supervisor.warmstart.timeline import Milestones, milestone_of, views
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "real_vllm"
 RUNS = sorted(p for p in ROOT.iterdir() if (p / "meta.json").exists()) if ROOT.exists() else []

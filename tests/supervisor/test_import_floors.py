@@ -30,8 +30,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("supervisor.logs",),  # the server's output and the daemon's logging
     ("supervisor.process",),  # spawn, signal, stop: the one place that touches processes
     ("supervisor.diagnostics",),  # evidence
-    # Notifications, the group's peers, the process's OS plumbing, the Prometheus families.
-    ("supervisor.alerting", "supervisor.group", "supervisor.host", "supervisor.metrics"),
+    # Notifications, the group, the process's OS plumbing, the Prometheus families, warm start.
+    ("supervisor.alerting", "supervisor.group", "supervisor.host", "supervisor.metrics", "supervisor.warmstart"),
     ("supervisor.daemon",),  # the owner of the state and its helpers
     ("api",),  # routes over the status contract
     ("supervisor.root",),  # the composition root: builds the daemon and the API

@@ -12,9 +12,9 @@ from pathlib import Path
 from supervisor.checkconfig.argcheck import check_rungs, check_rungs_json
 from supervisor.config.render import render_rung
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.comeback import BOOK, host_name, key_for
-from supervisor.daemon.launchtimeline import BookEntry, LaunchBook
 from supervisor.policy.learned import Learned
+from supervisor.warmstart.timeline import BookEntry, LaunchBook
+from supervisor.warmstart.warm import BOOK, host_name, key_for
 
 
 def settings(tmp_path: Path, **learned: object) -> Settings:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.daemon.incidentids import KEEP, unique_incident_id
+from supervisor.daemon.evidence import KEEP, unique_incident_id
 
 
 def test_ids_in_one_second_get_suffixes(tmp_path: Path) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from supervisor.common.atomicfile import atomic_write
 from supervisor.daemon import persist
-from supervisor.daemon.persist import Persisted, atomic_write, load, save
+from supervisor.daemon.persist import Persisted, load, save
 from supervisor.policy.ladder import Attempt, LadderState
 
 NAMES = ("base", "no-cuda-graph")

@@ -1,4 +1,4 @@
-"""A worker's clearance to launch (supervisor/daemon/grouping.py): it launches only once its leader
+"""A worker's clearance to launch (supervisor/group/members.py): it launches only once its leader
 has accepted this daemon and named the rung, whoever asked for the launch (issue 34)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config.settings import GroupSettings, Settings, settings_from_mapping
-from supervisor.daemon.grouping import GroupPeers, read_join
 from supervisor.group.client import Answer
 from supervisor.group.credentials import GroupKeys
+from supervisor.group.members import GroupPeers, read_join
 from supervisor.group.runtime import GroupRuntime
 
 KEYS = GroupKeys(1, None, b"k" * 32)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.config.settings import GroupSettings
-from supervisor.daemon.grouping import judge, report
 from supervisor.group.credentials import GroupKeys
+from supervisor.group.members import judge, report
 from supervisor.group.runtime import GroupRuntime
 from supervisor.policy.group import MemberView, NodeReport
 from supervisor.policy.watchdog import Verdict
@@ -142,7 +142,7 @@ def test_a_member_whose_config_differs_on_the_same_rung_is_named_not_relaunched(
 
 
 async def test_a_launch_ends_the_verdict_a_worker_held_so_later_bundles_give_their_own_cause() -> None:
-    from supervisor.daemon.grouping import GroupPeers
+    from supervisor.group.members import GroupPeers
     from supervisor.status.commands import Command
 
     g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None, KEYS)

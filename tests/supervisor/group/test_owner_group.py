@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from probes.gpu import GpuProbe
 from supervisor.config.settings import Settings, settings_from_mapping
-from supervisor.daemon.grouping import GroupPeers, make_runtime
 from supervisor.daemon.owner import Owner
-from supervisor.daemon.peers import NoPeers, Peers
+from supervisor.group.members import GroupPeers, make_runtime
+from supervisor.group.peers import NoPeers, Peers
 from supervisor.metrics.exporter import SupervisorMetrics
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from probes.logs import clean, split_prefix
 from probes.types import LogLine
-from supervisor.daemon.persist import atomic_write
+from supervisor.common.atomicfile import atomic_write
 from supervisor.engines import SGLANG
 from supervisor.engines.profile import LogGrammar
 from supervisor.engines.profile import Milestone as EngineMilestone

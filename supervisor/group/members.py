@@ -5,7 +5,7 @@ leader), reports it, and captures, stops and launches when the leader asks. The 
 its own verdict with its members' reports (supervisor.policy.group), and on a group incident asks
 every member at once: capture under the same incident id, stop and verify, launch one rung.
 
-`GroupPeers` is the owner's `Peers` (supervisor.daemon.peers) in a group: the owner
+`GroupPeers` is the owner's `Peers` (supervisor.group.peers) in a group: the owner
 (`supervisor.daemon.owner.Owner`) calls it at its named points; it takes the group's runtime and
 explicit values and returns outcomes; events go out through the `record` it is handed. Nothing here
 touches the server's processes: the members' daemons do, each its own.
@@ -23,12 +23,12 @@ from typing import TypeVar
 from probes.types import Observation
 from supervisor.common.exitcodes import EXIT_GROUP_RESTART
 from supervisor.config.settings import Settings
-from supervisor.daemon.peers import Asked, Beating, Clearance, Judged, Record
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.credentials import load_keys
 from supervisor.group.fingerprint import fingerprint
 from supervisor.group.joining import JoinAnswer, answer_join, formed, lacking, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
+from supervisor.group.peers import Asked, Beating, Clearance, Judged, Record
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.signing import NonceBook, RequestCheck

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from probes.types import LogLine
-from supervisor.daemon.launchtimeline import (
+from supervisor.policy.learned import LaunchKey, Learned
+from supervisor.warmstart.timeline import (
     BookEntry,
     GoodLaunch,
     LaunchBook,
@@ -17,7 +18,6 @@ from supervisor.daemon.launchtimeline import (
     milestone_of,
     views,
 )
-from supervisor.policy.learned import LaunchKey, Learned
 
 # Lines as real SGLang 0.5.16 printed them on the H200 (docs/REAL_SGLANG.md).
 REAL = [

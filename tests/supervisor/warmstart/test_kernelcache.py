@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from supervisor.daemon import kernelcache
-from supervisor.daemon.kernelcache import CACHE_VARS, MARKER, SET_ASIDE, mark_ready, prepare
+from supervisor.warmstart import kernelcache
+from supervisor.warmstart.kernelcache import CACHE_VARS, MARKER, SET_ASIDE, mark_ready, prepare
 
 GB = 1024**3
 

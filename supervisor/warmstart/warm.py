@@ -21,9 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from probes.types import LogLine, Observation, Phase
+from supervisor.clock import iso
 from supervisor.config.settings import Settings, WatchdogSettings
-from supervisor.daemon import kernelcache, residency
-from supervisor.daemon.launchtimeline import (
+from supervisor.engines import profile_of
+from supervisor.engines.profile import LogGrammar
+from supervisor.policy.learned import LaunchKey, Window, fingerprint, fold_quiet, learn, model_of, window_for
+from supervisor.policy.watchdog import History, Verdict
+from supervisor.status.launchviews import CacheView, LaunchTimelineView, OutageView, ResidencyView, StallWindowView
+from supervisor.status.snapshot import StatusSnapshot
+from supervisor.warmstart import kernelcache, residency
+from supervisor.warmstart.timeline import (
     BookEntry,
     GoodLaunch,
     LaunchBook,
@@ -32,13 +39,6 @@ from supervisor.daemon.launchtimeline import (
     compare,
     views,
 )
-from supervisor.daemon.publish import iso
-from supervisor.engines import profile_of
-from supervisor.engines.profile import LogGrammar
-from supervisor.policy.learned import LaunchKey, Window, fingerprint, fold_quiet, learn, model_of, window_for
-from supervisor.policy.watchdog import History, Verdict
-from supervisor.status.launchviews import CacheView, LaunchTimelineView, OutageView, ResidencyView, StallWindowView
-from supervisor.status.snapshot import StatusSnapshot
 
 Record = Callable[..., None]  # the owner's `record(event, level, /, *, only=None, **fields)`
 BOOK = "launches.json"
@@ -106,7 +106,7 @@ class _Launch:
     phases: set[str] = field(default_factory=set)  # the watchdog phases polls saw it in
 
 
-class Comeback:
+class WarmStart:
     def __init__(self, settings: Settings, record: Record, *, host: str | None = None) -> None:
         self.settings = settings
         self.record = record

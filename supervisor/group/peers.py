@@ -4,7 +4,7 @@ The owner (`supervisor.daemon.owner.Owner`) calls its `Peers` where a group chan
 does: `fit` (the settings a node applies), `judge` (the verdict it acts on), `capture` (the
 members' evidence beside its own), `stop` and `launch` (the members with it), `publish` (the group's
 part of /status), and `exits_for_group` (LWS recreates the group). One node has `NoPeers`: each
-point is the plain owner's. A group has `supervisor.daemon.grouping.GroupPeers`.
+point is the plain owner's. A group has `supervisor.group.members.GroupPeers`.
 """
 
 from __future__ import annotations

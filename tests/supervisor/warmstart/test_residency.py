@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon import residency
-from supervisor.daemon.residency import measure, read_ahead, weight_files
+from supervisor.warmstart import residency
+from supervisor.warmstart.residency import measure, read_ahead, weight_files
 
 
 def model(tmp_path: Path) -> Path:

@@ -11,22 +11,22 @@ from typing import Any
 from observations import obs
 
 from supervisor.config.settings import settings_from_mapping
-from supervisor.daemon.comeback import Comeback, key_for
-from supervisor.daemon.launchtimeline import BookEntry
 from supervisor.policy.learned import Learned
 from supervisor.policy.watchdog import new_history
+from supervisor.warmstart.timeline import BookEntry
+from supervisor.warmstart.warm import WarmStart, key_for
 
 
-def comeback(tmp_path: Path) -> Comeback:
+def warm_start(tmp_path: Path) -> WarmStart:
     s = settings_from_mapping(
         {"server": {"command": ["python3", "-m", "sglang.launch_server"]}, "paths": {"state_dir": str(tmp_path)}}
     )
     events: list[tuple[Any, ...]] = []
-    return Comeback(s, lambda *a, **kw: events.append((a, kw)), host="h")
+    return WarmStart(s, lambda *a, **kw: events.append((a, kw)), host="h")
 
 
 async def test_the_backoff_left_is_what_the_evidence_and_stop_did_not_already_wait(tmp_path: Path) -> None:
-    c = comeback(tmp_path)
+    c = warm_start(tmp_path)
     assert c.backoff_left(1.0, 100.0) == 1.0  # no verdict yet: the whole backoff
     c.incident("i1", "startup_stall", None, 100.0)
     assert abs(c.backoff_left(1.0, 100.2) - 0.8) < 1e-9
@@ -40,7 +40,7 @@ async def test_the_backoff_left_is_what_the_evidence_and_stop_did_not_already_wa
 async def test_the_first_launch_after_a_gpu_fault_waits_the_configured_window_and_teaches_nothing(
     tmp_path: Path,
 ) -> None:
-    c = comeback(tmp_path)
+    c = warm_start(tmp_path)
     wd = c.settings.watchdog.model_copy(update={"startup_stall_s": 180.0})
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/m"]
     key = key_for(argv, "base", "h")
@@ -66,7 +66,7 @@ async def test_the_first_launch_after_a_gpu_fault_waits_the_configured_window_an
 async def test_a_good_start_teaches_every_start_up_phase_even_one_passed_between_two_polls(tmp_path: Path) -> None:
     """As on the device lane: the draft model loaded between two polls of a good start, then a start
     hung in `loading_draft` got the configured 180 s; every phase a ready start went through is learned."""
-    c = comeback(tmp_path)
+    c = warm_start(tmp_path)
     wd = c.settings.watchdog.model_copy(update={"startup_stall_s": 180.0})
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/m"]
     await c.launching(argv, "base", {}, 0.0, 1000.0)
@@ -95,7 +95,7 @@ async def test_the_weights_are_measured_at_an_incident_only_where_configured(tmp
             }
         )
         events: list[tuple[Any, ...]] = []
-        c = Comeback(s, lambda *a, _e=events, **kw: _e.append((a, kw)), host="h")
+        c = WarmStart(s, lambda *a, _e=events, **kw: _e.append((a, kw)), host="h")
         await c.launching(argv, "base", {}, 0.0, 1000.0)
         c.incident("i1", "startup_stall", None, 10.0)
         await asyncio.gather(*c.tasks)
