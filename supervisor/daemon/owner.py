@@ -44,7 +44,7 @@ from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, countin
 from supervisor.daemon.evidence import collect, culprit_text, kept_bundle, provisional_class, unique_incident_id
 from supervisor.daemon.observe import Observer
 from supervisor.daemon.persist import Decided, InHand, OpenIncident, Persisted, load, marker_for, save
-from supervisor.daemon.publish import Counters, Facts, RestartingCount, build, stale_after
+from supervisor.daemon.publish import Counters, Facts, build, stale_after
 from supervisor.daemon.server import NotAdopted, Server, SpawnRequest, port_holder_of, take_over
 from supervisor.daemon.shmledger import ShmLedger
 from supervisor.daemon.stopping import StopTools
@@ -60,7 +60,6 @@ from supervisor.host.apiguard import GuardStats
 from supervisor.host.sdnotify import Notifier, WatchdogPacer
 from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.policy import recovery, validation
-from supervisor.policy.gpuwait import wants_look
 from supervisor.policy.group import NodeReport
 from supervisor.policy.ladder import (
     Incident,
@@ -73,8 +72,7 @@ from supervisor.policy.ladder import (
     resume_rung,
 )
 from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, SERVING, Leaving, Lifecycle, Pending, State
-from supervisor.policy.rasrule import fold_ras
-from supervisor.policy.watchdog import Mode, Verdict, assess, new_history, ras_incident
+from supervisor.policy.watchdog import Mode, Verdict
 from supervisor.process.control import LogFiles, ProcessControl, RealProcessControl
 from supervisor.process.owners import STATE_DIR_ENV
 from supervisor.status.causes import HUNG_CAUSES, Cause
@@ -82,7 +80,7 @@ from supervisor.status.commands import Command, CommandResult, finish
 from supervisor.status.eventnames import AnyEventName, EventName, journal_name
 from supervisor.status.journal import Journal
 from supervisor.status.notifytally import NotifyTally
-from supervisor.status.snapshot import IncidentView, LogKeeperView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
+from supervisor.status.snapshot import IncidentView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
 from supervisor.warmstart.warm import WarmStart
 
 log = structlog.get_logger(__name__)
@@ -148,8 +146,6 @@ class Owner:
         self.selfcheck: tuple[ToolCheck, ...] = ()
         self.selfcheck_at = self.clock.monotonic()  # of the last self-check run (startup runs the first)
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
-        # Server-log write errors for /status and /metrics alike: each keeper starts its stats file at 0.
-        self.log_write_errors = RestartingCount()
         self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.last_stop: StopView | None = None
         self.leaving: Leaving | None = None  # the loop ends: how the daemon leaves its server
@@ -342,7 +338,7 @@ class Owner:
     def fresh_server(self, launched_wall: float) -> None:
         """A new server (launched or adopted): nothing the previous one showed carries over."""
         self.observer.reset(self.engine())
-        self.server = Server.fresh(self.clock.monotonic(), launched_wall)
+        self.server = Server.fresh(self.clock.monotonic(), launched_wall, before=self.server)
 
     def unique_incident_id(self, cause: str) -> str:
         diagnostics = self.settings.state_dir / "diagnostics"
@@ -376,24 +372,18 @@ class Owner:
             self.observer.feed(lines)
             self.warm.lines(lines)
         serving, metrics = self.lifecycle.state in SERVING, self._metrics_on[self.ladder.current]
-        target = server.target(marker=self.marker, serving=serving, metrics=metrics, look=self._wants_look())
+        look = self.lifecycle.state == State.STARTING and server.wants_look(
+            self.clock.monotonic(), self.warm.in_force(self.settings.watchdog)
+        )  # the look waits for half the window the verdict is judged by
+        target = server.target(marker=self.marker, serving=serving, metrics=metrics, look=look)
         obs = await self.observer.observe(target)
         if obs.health is not None:
             self.metrics.health(obs.health.latency_s, obs.health.ok)
-        server.obs = obs
+        server.observed(obs)
         pids = obs.tree.pids if server.child is not None else ()
         if pids and self.shm_ledger.due(pids):
             await asyncio.to_thread(self.shm_ledger.note, pids, self.settings.restart.shm_dir)
         return obs
-
-    def _wants_look(self) -> bool:
-        """A py-spy look at the busy threads: while starting, once CPU alone moved half a window."""
-        h = self.server.history
-        if self.lifecycle.state != State.STARTING or h is None or h.ready_at is not None:
-            return False
-        now = self.clock.monotonic()
-        cpu_quiet = now - h.moved_at.get("cpu", h.launched_at)
-        return wants_look(now - h.last_progress_at, cpu_quiet, self.settings.watchdog)
 
     def publish(self) -> None:
         now = self.clock.monotonic()
@@ -440,7 +430,7 @@ class Owner:
                 running=running,
                 loop_errors=counts.loop_errors,
                 write_errors=self.write_errors(),
-                log_keeper=self.keeper_view(),
+                log_keeper=server.keeper_view(counts.keepers_replaced),
                 last_stop=self.last_stop,
                 adopted=server.adopted and running,
                 takeover_s=server.takeover_s if st in SERVING else None,
@@ -460,29 +450,13 @@ class Owner:
             with contextlib.suppress(Exception):  # a view's bug must not cost a poll
                 listener(self._snapshot)
 
-    def keeper_view(self) -> LogKeeperView | None:
-        k = self.server.keeper
-        if k is None or self.server.child is None:
-            return None
-        return LogKeeperView(
-            pid=k.pid,
-            condition=k.condition,
-            replaced=self.counters.keepers_replaced,
-            pipe_bytes=k.pipe_bytes,
-            pipe_size=k.pipe_size,
-        )
-
     def write_errors(self) -> WriteErrorsView:
         return WriteErrorsView(
             journal=self.journal.write_errors,
-            server_log=self.server_log_write_errors(),
+            server_log=self.server.log_write_errors(),
             state=self.counters.state_write_errors,
             bundle=self.counters.bundle_write_errors,
         )
-
-    def server_log_write_errors(self) -> int:
-        reading = self.server.log_write_errors()
-        return self.log_write_errors.feed(reading if reading is not None else self.log_write_errors.seen)
 
     def count_write_errors(self) -> None:
         """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""
@@ -912,13 +886,8 @@ class Owner:
     async def stop_server(self, why: str, *, grace_s: float | None = None) -> bool:
         """Stop the tree, verify the port and GPU memory are free, empty the server. True when verified.
         `grace_s`: the SIGTERM grace, when not `stop_grace_s` (a tree judged hung)."""
-        server = self.server
-        had_log = server.capture is not None
         tools = self.stop_tools() if grace_s is None else replace(self.stop_tools(), grace_s=grace_s)
-        stopped = await server.stop(tools, self.marker, why)
-        if had_log:
-            self.server_log_write_errors()  # its last count, before the next keeper starts its file afresh
-        server.empty()
+        stopped = await self.server.stop(tools, self.marker, why)
         self.log = self.log.bind(pid=None)  # no server from here on
         self.last_stop = stopped.view
         self.record("server_stopped", "info" if stopped.ok else "error", **stopped.doc)
@@ -1016,39 +985,23 @@ class Owner:
             self.record("log_keeper_lost", "error", **fields)
 
     async def watch(self) -> None:
-        """Observe the running server, let the watchdog judge it, act on the verdict."""
+        """Observe the running server, let it judge itself by the window in force, act on the verdict."""
         obs = await self.observe()
         server = self.server
-        if server.child is not None and obs.tree.root_exit is None and not obs.tree.root_alive:
-            # waitpid says the main process lives but /proc did not show it (EMFILE, EACCES, a race):
-            # this poll saw nothing trustworthy, which is not "the server exited".
+        if server.unseen(obs):
             self.counters.unknown_observations += 1
             self.record("observation_unknown", "warning", only="log", count=self.counters.unknown_observations)
             self.publish()
             return
-        if server.history is None:
-            server.history = new_history(self.clock.monotonic())
         mode: Mode = "serving" if self.lifecycle.state in SERVING else "starting"
-        spec = self.speculative()[self.ladder.current]
         wd = self.settings.watchdog
-        if mode == "starting":  # the phase's learned window, where one is in force (issue 36)
+        if mode == "starting" and server.history is not None:  # the phase's learned window (issue 36)
             wd = self.warm.window(obs, server.history, wd)
-        verdict, server.history = assess(server.history, obs, obs.at, wd, mode=mode, speculative=spec)
-        verdict = self.ras_detector(verdict, obs, mode)
+        spec = self.speculative()[self.ladder.current]
+        verdict = server.judge(obs, wd, mode=mode, speculative=spec, now=self.clock.monotonic())
         await self.act(verdict, obs)
         self.save_log_position()
         self.publish()
-
-    def ras_detector(self, verdict: Verdict, obs: Observation, mode: Mode) -> Verdict:
-        """NCCL RAS's reports folded in (policy/rasrule.py): its finding stands where the watchdog found none."""
-        server = self.server
-        assert server.history is not None
-        wd = self.settings.watchdog
-        ras, found = fold_ras(server.history.ras, obs.ras, obs.tree.pids, obs.at, wd.ras_confirm_s)
-        server.history = replace(server.history, ras=ras)
-        if found is None or verdict.is_incident:
-            return verdict
-        return ras_incident(found, mode, obs.logs.phase)
 
     async def act(self, verdict: Verdict, obs: Observation) -> None:
         """Act on the verdict a group's peers leave (a worker holds its incident for the leader)."""
@@ -1075,26 +1028,19 @@ class Owner:
             await self.act_serving(v, self.clock.monotonic())
 
     def mark_ready(self) -> None:
-        server, now, rung = self.server, self.clock.monotonic(), self.current_rung_name()
-        server.ready_at = now
-        server.stable_marked = False
+        now, rung = self.clock.monotonic(), self.current_rung_name()
+        ready = self.server.became_ready(now)
         self.observer.mark_serving()  # vLLM prints no ready line; an adopted server printed it long ago
         self.ladder = record_ready(self.ladder)
-        if server.adopted:  # a takeover is not a load: the launch-to-ready time is the record's
-            server.takeover_s = round(now - server.launched_at, 3)
-            server.time_to_ready_s = server.record.time_to_ready_s if server.record is not None else None
-            self.persist()
-            self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=server.takeover_s)
+        self.persist()
+        if ready.adopted:
+            self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=ready.takeover_s)
             self.warm.ready(now, None)
             self.move(State.READY, f"adopted server ready on rung {rung}")
             return
-        server.time_to_ready_s = round(now - server.launched_at, 3)
-        if server.record is not None:
-            server.record = replace(server.record, time_to_ready_s=server.time_to_ready_s)
-        self.persist()
-        self.record("server_ready", only="journal", rung=rung, time_to_ready_s=server.time_to_ready_s)
-        self.warm.ready(now, server.time_to_ready_s)
-        self.move(State.READY, f"ready on rung {rung} in {server.time_to_ready_s:.1f} s")
+        self.record("server_ready", only="journal", rung=rung, time_to_ready_s=ready.time_to_ready_s)
+        self.warm.ready(now, ready.time_to_ready_s)
+        self.move(State.READY, f"ready on rung {rung} in {ready.time_to_ready_s:.1f} s")
 
     async def act_serving(self, v: Verdict, now: float) -> None:
         st, server = self.lifecycle.state, self.server
@@ -1102,27 +1048,19 @@ class Owner:
             if self.settings.watchdog.on_spec_regression == "fallback":
                 await self.incident("spec_regression", v, server.obs)
                 return
-            if not server.spec_alerted:
-                server.spec_alerted = True
+            if server.first_spec_alert():
                 self.counters.incidents += 1  # counted as an incident, kept out of the last one
                 self.record("spec_regression", only="journal", reason=v.reason, rung=self.current_rung_name())
         if v.status == "degraded" and st == State.READY:
             self.move(State.DEGRADED, v.reason)
         elif v.status == "ready" and st == State.DEGRADED:
-            server.spec_alerted = False
+            server.spec_recovered()
             self.move(State.READY, "recovered")
         elif v.status == "degraded":
             self.reason = v.reason
-        step = recovery.serving_step(
-            self.settings.restart,
-            now=now,
-            ready_at=server.ready_at,
-            stable_marked=server.stable_marked,
-            rung=self.ladder.current,
-            ready=self.lifecycle.state == State.READY,
-        )
+        ready = self.lifecycle.state == State.READY
+        step = server.serving_step(self.settings.restart, now=now, rung=self.ladder.current, ready=ready)
         if step.stable:
-            server.stable_marked = True
             self.ladder = record_stable(self.ladder)
             self.persist()
             self.record("server_stable", only="journal", rung=self.current_rung_name())
@@ -1367,7 +1305,8 @@ class Owner:
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
-            self.marker, self.ladder, self.server.record = saved.marker, saved.ladder, saved.server
+            self.marker, self.ladder = saved.marker, saved.ladder
+            self.server.restore(saved.server)
             self.stopped_by_request = saved.stopped
             self.inhand.decided = saved.decided
             self.inhand.last_incident = saved.last_incident  # `status` keeps the why across a daemon restart
@@ -1518,8 +1457,7 @@ class Owner:
 
     def refuse_adoption(self, why: str) -> None:
         """The saved server is not taken over; the caller stops whatever carries the marker."""
-        record = self.server.record
-        self.server.record = None
+        record = self.server.forget()
         if record is not None:
             self.record("adoption_refused", "warning", pid=record.pid, reason=why)
 

@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from probes.types import LogLine, Observation
 from supervisor.clock import Clock
+from supervisor.config.settings import RestartSettings, WatchdogSettings
 from supervisor.daemon import stopping
 from supervisor.daemon.adopt import ServerRecord, refusal, starttime_of
 from supervisor.daemon.observe import Target
+from supervisor.daemon.publish import RestartingCount
 from supervisor.daemon.stopping import StopTools
 from supervisor.logs.reader import LogCapture
 from supervisor.logs.tending import KeeperStatus
-from supervisor.policy.watchdog import History, new_history
+from supervisor.policy.gpuwait import wants_look
+from supervisor.policy.rasrule import fold_ras
+from supervisor.policy.recovery import ServingStep, serving_step
+from supervisor.policy.watchdog import History, Mode, Verdict, assess, new_history, ras_incident
 from supervisor.process.control import Child, LogFiles, ProcessControl, SpawnError, port_holder
 from supervisor.process.leftovers import kept_on_port
+from supervisor.status.snapshot import LogKeeperView
 
 # ---- launching: is the port free, then spawn the rung's command with its output captured ----
 
@@ -127,11 +133,21 @@ async def take_over(
     return Adopted(child, capture)
 
 
+@dataclass(frozen=True)
+class Ready:
+    """What reaching ready was for this launch: a load's time to ready, or an adoption's takeover."""
+
+    adopted: bool
+    time_to_ready_s: float | None
+    takeover_s: float | None = None
+
+
 @dataclass
 class Server:
     """The current server: its process, what a successor needs to adopt it, its output, and what
     the watchdog has seen of it. A launch or an adoption makes a fresh one; a stop empties it (what
-    it showed stays for /status until the next one)."""
+    it showed stays for /status until the next one). Only its own methods write its fields: the
+    owner asks it (`judge`, `became_ready`, `serving_step`, `stop`) and records what it answers."""
 
     launched_at: float
     launched_wall: float | None = None
@@ -148,21 +164,26 @@ class Server:
     takeover_s: float | None = None  # adoption to ready, for an adopted server
     stable_marked: bool = False
     spec_alerted: bool = False
+    keeper_errors: RestartingCount = field(default_factory=RestartingCount)  # survives each launch's keeper
 
     @classmethod
-    def fresh(cls, now: float, launched_wall: float) -> Server:
-        """A new server (launched or adopted): nothing the previous one showed carries over."""
-        return cls(launched_at=now, launched_wall=launched_wall, history=new_history(now))
+    def fresh(cls, now: float, launched_wall: float, before: Server | None = None) -> Server:
+        """A new server (launched or adopted): nothing the previous one showed carries over but the
+        running count of the log keepers' write errors (each keeper starts its stats file at 0)."""
+        errors = before.keeper_errors if before is not None else RestartingCount()
+        return cls(launched_at=now, launched_wall=launched_wall, history=new_history(now), keeper_errors=errors)
 
     @property
     def pid(self) -> int | None:
         return self.child.pid if self.child is not None else None
 
+    @property
+    def running(self) -> bool:
+        return self.child is not None
+
     # ---- spawn or adopt ---------------------------------------------------------------------
 
-    async def spawn(
-        self, control: ProcessControl, request: SpawnRequest, clock: Clock
-    ) -> SpawnFailed | None:
+    async def spawn(self, control: ProcessControl, request: SpawnRequest, clock: Clock) -> SpawnFailed | None:
         """Start the tree; None once it runs (its record saved from here on lets a successor adopt it)."""
         spawned = await spawn_tree(control, request, clock)
         if isinstance(spawned, SpawnFailed):
@@ -171,9 +192,18 @@ class Server:
         return None
 
     def adopt(self, taken: Adopted, record: ServerRecord) -> None:
-        """Hold a predecessor's tree (`takeover.take_over` proved it ours)."""
+        """Hold a predecessor's tree (`take_over` proved it ours)."""
         self.adopted = True
         self.capture, self.child, self.record = taken.capture, taken.child, record
+
+    def restore(self, record: ServerRecord | None) -> None:
+        """At the daemon's start: the record its predecessor saved, to adopt the tree by."""
+        self.record = record
+
+    def forget(self) -> ServerRecord | None:
+        """The saved record is not taken over (the caller stops whatever carries the marker)."""
+        record, self.record = self.record, None
+        return record
 
     # ---- observe ----------------------------------------------------------------------------
 
@@ -197,12 +227,88 @@ class Server:
             look=look,
         )
 
+    def observed(self, obs: Observation) -> None:
+        self.obs = obs
+
+    def wants_look(self, now: float, wd: WatchdogSettings) -> bool:
+        """A py-spy look at the busy threads while starting, once CPU alone moved half of `wd`'s
+        window: the window in force, the same one the verdict is judged by (`judge`)."""
+        h = self.history
+        if h is None or h.ready_at is not None:
+            return False
+        cpu_quiet = now - h.moved_at.get("cpu", h.launched_at)
+        return wants_look(now - h.last_progress_at, cpu_quiet, wd)
+
+    def unseen(self, obs: Observation) -> bool:
+        """waitpid says the main process lives but /proc did not show it (EMFILE, EACCES, a race):
+        this poll saw nothing trustworthy, which is not "the server exited"."""
+        return self.child is not None and obs.tree.root_exit is None and not obs.tree.root_alive
+
+    # ---- judge --------------------------------------------------------------------------------
+
+    def judge(
+        self, obs: Observation, wd: WatchdogSettings, *, mode: Mode, speculative: bool, now: float
+    ) -> Verdict:
+        """The watchdog's verdict on this poll (`wd`: the window in force), with NCCL RAS's reports
+        folded in (policy/rasrule.py): its finding stands where the watchdog found none."""
+        history = self.history if self.history is not None else new_history(now)
+        verdict, history = assess(history, obs, obs.at, wd, mode=mode, speculative=speculative)
+        ras, found = fold_ras(history.ras, obs.ras, obs.tree.pids, obs.at, wd.ras_confirm_s)
+        self.history = replace(history, ras=ras)
+        if found is None or verdict.is_incident:
+            return verdict
+        return ras_incident(found, mode, obs.logs.phase)
+
+    # ---- ready and serving ----------------------------------------------------------------------
+
+    def became_ready(self, now: float) -> Ready:
+        """Ready: a load's time to ready (kept in the record a successor adopts), or an adoption's
+        takeover time (the load's time stays the record's)."""
+        self.ready_at = now
+        self.stable_marked = False
+        if self.adopted:  # a takeover is not a load: the launch-to-ready time is the record's
+            self.takeover_s = round(now - self.launched_at, 3)
+            self.time_to_ready_s = self.record.time_to_ready_s if self.record is not None else None
+            return Ready(True, self.time_to_ready_s, self.takeover_s)
+        self.time_to_ready_s = round(now - self.launched_at, 3)
+        if self.record is not None:
+            self.record = replace(self.record, time_to_ready_s=self.time_to_ready_s)
+        return Ready(False, self.time_to_ready_s)
+
+    def serving_step(self, s: RestartSettings, *, now: float, rung: int, ready: bool) -> ServingStep:
+        """The serving poll's steps beside the verdict (policy/recovery.py); stable is marked here, once."""
+        marked = self.stable_marked
+        step = serving_step(s, now=now, ready_at=self.ready_at, stable_marked=marked, rung=rung, ready=ready)
+        if step.stable:
+            self.stable_marked = True
+        return step
+
+    def first_spec_alert(self) -> bool:
+        """A speculative regression alerted once per launch (until it recovers)."""
+        first, self.spec_alerted = not self.spec_alerted, True
+        return first
+
+    def spec_recovered(self) -> None:
+        self.spec_alerted = False
+
+    # ---- output -------------------------------------------------------------------------------
+
     def log_tail(self, n: int) -> list[str]:
         return self.capture.tail(n) if self.capture is not None else []
 
-    def log_write_errors(self) -> int | None:
-        """Its keeper's write errors so far; None once no keeper writes for it."""
-        return self.capture.stats.write_errors if self.capture is not None else None
+    def log_write_errors(self) -> int:
+        """The log keepers' write errors so far, across this daemon's launches (each keeper starts
+        its stats file at 0; a stopped server's last count stays)."""
+        reading = self.capture.stats.write_errors if self.capture is not None else None
+        return self.keeper_errors.feed(reading if reading is not None else self.keeper_errors.seen)
+
+    def keeper_view(self, replaced: int) -> LogKeeperView | None:
+        k = self.keeper
+        if k is None or self.child is None:
+            return None
+        return LogKeeperView(
+            pid=k.pid, condition=k.condition, replaced=replaced, pipe_bytes=k.pipe_bytes, pipe_size=k.pipe_size
+        )
 
     def saved_record(self) -> ServerRecord | None:
         """The record to persist, with the log position a successor resumes from."""
@@ -236,16 +342,14 @@ class Server:
     # ---- stop and hand over -----------------------------------------------------------------
 
     async def stop(self, tools: StopTools, marker: str, why: str) -> stopping.Stopped:
-        """Stop the tree and verify the port and GPU memory are free; the log is closed (its last
-        count still readable until `empty`)."""
+        """Stop the tree and verify the port and GPU memory are free; then no tree from here on
+        (what it showed stays for /status; its keeper's last error count is kept)."""
         seen = self.obs.tree.pids if self.obs is not None else ()
         stopped = await stopping.stop_tree(tools, self.child, marker, tuple(seen), why)
         await self.close_log()
-        return stopped
-
-    def empty(self) -> None:
-        """No tree from here on: what it showed stays for /status."""
+        self.log_write_errors()  # its last count, before the next keeper starts its file afresh
         self.capture, self.child, self.record, self.history = None, None, None, None
+        return stopped
 
     async def close_log(self) -> None:
         """Stop reading its output (a stop, or a handover: the position then covers every line read)."""

@@ -202,6 +202,15 @@ class WarmStart:
             return wd
         return wd.model_copy(update={"startup_stall_s": w.window_s})
 
+    def in_force(self, wd: WatchdogSettings) -> WatchdogSettings:
+        """The watchdog settings with the window the last verdict was judged by (`window`): the
+        py-spy look waits for half of this window, never for half of a configured one the verdict
+        no longer uses (issue 48: a GPU-wait hang was looked at only after 90 s)."""
+        w = self.window_now
+        if self.current is None or w is None or w.window_s == wd.startup_stall_s:
+            return wd
+        return wd.model_copy(update={"startup_stall_s": w.window_s})
+
     def ready(self, now: float, time_to_ready_s: float | None) -> None:
         """The server is ready: journal the timeline (compared with the last good launch), learn from
         it, clear the caches' marker, end the outage."""

@@ -412,3 +412,48 @@ async def test_the_self_check_runs_again_hourly_and_clears_when_fixed(rig, tmp_p
     await sup.tick()
     spy = next(c for c in sup.snapshot().selfcheck if c.name == "py-spy")
     assert spy.ok and "py-spy 0.4.0" in spy.detail
+
+
+async def test_the_py_spy_look_waits_for_half_the_window_the_verdict_uses(tmp_path: Path) -> None:
+    """Issue 48: the look and the verdict read one window. With a learned window (20 s, the floor) in
+    force against a configured 90 s, a start where only CPU moves is looked at after 10 s, not 45 s."""
+    from supervisor.policy.learned import Learned
+    from supervisor.warmstart.timeline import BookEntry
+    from supervisor.warmstart.warm import key_for
+
+    clock = FakeClock()
+    t0 = clock.now
+    s = settings(tmp_path).model_copy(deep=True)
+    wd = s.watchdog.model_copy(update={"startup_stall_s": 90, "cpu_only_stall_s": 180})
+    s = s.model_copy(update={"watchdog": wd})
+    control, observer = FakeControl(), ScriptedObserver(s, clock)
+    sup = Owner(
+        s,
+        clock=clock,
+        metrics=lambda snap: SupervisorMetrics(CollectorRegistry(), snap),
+        gpu=observer.gpu,
+        env={"PATH": os.environ["PATH"]},
+        control=control,
+        observer=observer,
+        rand=lambda: 0.5,
+    )
+    argv = ["sglang-server", "--tp-size", "2", "--host", "127.0.0.1", "--port", "30000"]
+    learned = Learned(starts=2, quiet_s={"allocating_kv": 0.5})
+    sup.warm.book.put(BookEntry(key_for(argv, "base", sup.warm.host), learned, None))
+    looks: list[tuple[float, bool]] = []
+
+    def script(t: Target, now: float) -> Observation:
+        looks.append((now, t.look))
+        return tree_of(t, now, phase="allocating_kv", cpu=now)  # CPU alone moves
+
+    observer.script = script
+    try:
+        await sup.startup(True)
+        assert control.spawned[0][0] == tuple(argv)
+        await ticks(sup, clock, 7)  # 14 s
+        assert sup.snapshot().stall_window is not None and sup.snapshot().stall_window.window_s == 20.0
+        looked_at = [at for at, look in looks if look]
+        assert looked_at and looked_at[0] - t0 <= 12.0, looks
+    finally:
+        for c in control.children:
+            c.exit(0)

@@ -1,4 +1,4 @@
-"""supervisor.daemon.publish.RestartingCount: one monotonic count from a reading that restarts (write_errors.server_log)."""
+"""publish.RestartingCount: one monotonic count from a reading that restarts (write_errors.server_log)."""
 
 from __future__ import annotations
 
