@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, cast
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import structlog
 
 from supervisor.metrics.exporter import SupervisorMetrics
-from supervisor.status.eventnames import AnyEventName
+from supervisor.status.eventnames import AnyEventName, journal_name
+from supervisor.status.journal import Journal
+from supervisor.status.notifytally import NotifyTally
 
 Channel = Literal["journal", "log"]
 CHANNELS: tuple[Channel | None, ...] = (None, "journal", "log")  # None: every channel
@@ -125,3 +130,58 @@ def counting_subscriptions(m: SupervisorMetrics) -> Mapping[str, Listener]:
         "outage": _outage(m),
         "diagnostics_failed": lambda e: m.diagnostic(0.0, "error") if e.goes_to("journal") else None,
     }
+
+
+JournalListener = Callable[[dict[str, object]], None]
+
+
+class Recorder:
+    """The one way the daemon reports an event (STYLE: bind context once, record each event once):
+    `record` notifies the bus, and the journal line, the log line (with the launch's bound rung and
+    pid) and the counters it implies are its subscribers. The journal's own listeners (the alerter,
+    the notification tally) hear each line as written."""
+
+    def __init__(self, state_dir: Path, metrics: SupervisorMetrics) -> None:
+        self.journal = Journal(state_dir / "events.jsonl")
+        self.notify_tally = NotifyTally()  # notification outcomes for `status` and the page
+        self.journal.listeners.append(self.notify_tally.feed)
+        self.log: Any = structlog.get_logger("supervisor.daemon.owner")  # rebound per launch
+        self.bus = EventBus()
+        self.bus.subscribe(self._journal_line)
+        self.bus.subscribe(self._log_line)
+        for name, count in counting_subscriptions(metrics).items():
+            self.bus.subscribe(count, name)
+
+    def record(self, event: AnyEventName, level: str = "info", /, *, only: Any = None, **fields: Any) -> None:
+        """`only` ("journal" or "log") names the one channel of an event that has no line in the
+        other. (`only` is typed Any so that `**fields` of any value type still binds past it.)"""
+        if only not in CHANNELS:
+            raise ValueError(f"record({event!r}): only={only!r} is not one of {CHANNELS}")
+        channel: Channel | None = only
+        self.bus.notify(Event(event, level, fields, channel))
+
+    def bind(self, **context: object) -> None:
+        """Context every later log line carries (a launch's rung and pid, an incident's id)."""
+        self.log = self.log.bind(**context)
+
+    def unbind(self, *keys: str) -> None:
+        self.log = self.log.try_unbind(*keys)
+
+    def rebind(self, **context: object) -> None:
+        """A new launch or adoption: only its own context from here on."""
+        self.log = structlog.get_logger("supervisor.daemon.owner").bind(**context)
+
+    def subscribe_journal(self, listener: JournalListener) -> None:
+        """Hear every journal line as written (with its time): the alerter."""
+        self.journal.listeners.append(listener)
+
+    def unsubscribe_journal(self, listener: JournalListener) -> None:
+        self.journal.listeners.remove(listener)
+
+    def _journal_line(self, e: Event) -> None:
+        if e.goes_to("journal"):
+            self.journal.append(journal_name(e.name), **e.fields)
+
+    def _log_line(self, e: Event) -> None:
+        if e.goes_to("log"):
+            getattr(self.log, e.level)(e.name, **e.fields)

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from probes.types import BusySample, GpuObservation, Observation
 from supervisor.config.render import RenderedCommand
 from supervisor.config.settings import Settings
-from supervisor.diagnostics import BundleResult, CaptureRequest, capture, new_incident_id
+from supervisor.daemon.observe import Observer
+from supervisor.diagnostics import BundleResult, CaptureRequest, capture, new_incident_id, self_check
+from supervisor.diagnostics.frtrace import FrTraceJob, trace_into_bundle
+from supervisor.diagnostics.selfcheck import busy_signal_check
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.policy.gpuwait import sample_kind, thread_kind, where
 from supervisor.policy.watchdog import StallClass, Verdict
 from supervisor.process import resume_stopped
 from supervisor.status.causes import HangClass
+from supervisor.status.commands import CommandResult
+from supervisor.status.snapshot import ToolCheck
+
+Record = Callable[..., None]  # the owner's `record(event, level, /, *, only=None, **fields)`
+Beating = Callable[[Awaitable[Any]], Awaitable[Any]]
 
 
 def provisional_class(verdict: Verdict | None) -> HangClass | None:
@@ -185,3 +196,96 @@ def unique_incident_id(wall: float, cause: str, taken: list[str], diagnostics: P
     taken.append(candidate)
     del taken[:-KEEP]
     return candidate
+
+
+class Bundles:
+    """Each bundle taken, told once: counted (`diagnostics` metric, write errors), journalled, logged;
+    torch's Flight Recorder analyzer then runs over a written bundle's dumps beside the relaunch."""
+
+    def __init__(self, record: Record, metrics: SupervisorMetrics, beating: Beating) -> None:
+        self.record, self.metrics, self.beating = record, metrics, beating
+        self.write_errors = 0
+        self.after: set[asyncio.Task[None]] = set()  # torch's FR analyzer over written bundles
+
+    async def take(self, incident_id: str, trigger: str, capture: Awaitable[BundleResult]) -> BundleResult | None:
+        try:
+            result: BundleResult = await self.beating(capture)
+        except Exception as err:  # a capture must never take the daemon down
+            self.record("diagnostics_failed", "exception", only="log", id=incident_id)
+            self.record("diagnostics_failed", only="journal", id=incident_id, error=repr(err))
+            return None
+        written = result.path is not None
+        if not written:
+            self.write_errors += 1
+        self.metrics.diagnostic(result.duration_s, "written" if written else "write_failed")
+        self.record(
+            "bundle_written" if written else "bundle_write_failed",
+            only="journal",
+            id=result.id,
+            hang_class=result.hang_class if trigger == "hung" else None,  # a healthy server is not "deadlocked"
+            duration_s=round(result.duration_s, 3),
+            error=result.error,
+        )
+        if result.fr_trace is not None:
+            task = asyncio.get_running_loop().create_task(self.fr_trace(result.id, result.fr_trace))
+            self.after.add(task)
+            task.add_done_callback(self.after.discard)
+        # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
+        level = "info" if written else "warning"
+        fields = {"hang_class": result.hang_class, "path": str(result.path), "error": result.error}
+        self.record("bundle", level, only="log", id=result.id, **fields)
+        return result
+
+    async def fr_trace(self, bundle_id: str, job: FrTraceJob) -> None:
+        """torch's Flight Recorder analyzer over a written bundle's dumps, while the relaunch goes on."""
+        try:
+            done = await trace_into_bundle(job)
+        except Exception as err:  # the analyzer must never cost the daemon anything
+            self.record("fr_trace", "warning", id=bundle_id, outcome="error", detail=repr(err)[:300])
+            return
+        level = "info" if done.outcome == "written" else "warning"
+        fields = {"outcome": done.outcome, "duration_s": done.duration_s, "detail": done.detail}
+        self.record("fr_trace", level, id=bundle_id, **fields)
+
+    async def close(self) -> None:
+        for task in list(self.after):
+            task.cancel()
+        await asyncio.gather(*self.after, return_exceptions=True)
+
+
+def answer_of(result: BundleResult | None, state: str) -> CommandResult:
+    """A diagnose command's answer: the bundle's id and summary, or why there is none."""
+    if result is None:
+        return CommandResult("failed", "capture failed", state)
+    bundle = result.id if result.path is not None else None
+    return CommandResult("done", result.error or "captured", state, bundle_id=bundle, summary=dict(result.summary))
+
+
+SELFCHECK_EVERY_S = 3600.0  # the self-check runs again hourly: what was fixed meanwhile clears
+
+
+class SelfChecks:
+    """The self-check (tools, ptrace, GPM, the busy signal), at start, after a reload and hourly
+    (issue 38): a tool installed or a permission granted since clears without a daemon restart.
+    Logged in full the first time, then only what changed."""
+
+    def __init__(self, record: Record, monotonic: Callable[[], float]) -> None:
+        self.record, self.monotonic = record, monotonic
+        self.checks: tuple[ToolCheck, ...] = ()
+        self.at = monotonic()  # of the last run (start-up runs the first)
+
+    def due(self) -> bool:
+        return self.monotonic() - self.at >= SELFCHECK_EVERY_S
+
+    async def refresh(self, settings: Settings, observer: Observer) -> None:
+        d = settings.diagnostics
+        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
+        gpm = await asyncio.to_thread(observer.gpm_check)
+        gpus = await asyncio.to_thread(observer.gpu.snapshot_all)
+        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, settings.watchdog.gpu_idle_power_w)
+        before = {c.name: c.ok for c in self.checks}
+        self.checks = (*tools, gpm, signal, *observer.gpu_source_checks())
+        self.at = self.monotonic()
+        for check in self.checks:
+            if before.get(check.name) != check.ok:
+                self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)

@@ -1,21 +1,15 @@
 """The one owner of the supervisor's state: the loop (observe, decide, act, record, once per poll),
-the one pending timer it advances, the one command dispatcher, and every act on the server.
+the one pending timer it advances, the one command dispatcher, and the incident sequence (incident,
+capture, recover, launch), start-up and hand-over.
 
 One class in one file, built by composition (STYLE 10): the current launch is a `Server`
-(`supervisor.daemon.server`: spawn or adopt, observe, tend the log keeper, stop and verify, hand
-over), the other daemons of a group are its `Peers` (`supervisor.group.peers`: `NoPeers` on one
-node, `grouping.GroupPeers` on several), called at named points (judge, capture, stop, launch,
-publish). Everything it needs is given to its constructor.
-
-Commands (API, signals) arrive on one queue; `check` decides whether one applies now (at submit
-and again when its turn comes), and `handle` runs `handle_<kind>`. A command that arrives while a
-backoff, a deferred launch or a `failed` cooldown waits goes the same way: waiting is the pending
-timer (`records.Pending`), which the loop wakes for and the tick carries out first, never a loop
-inside a helper. Start-up adopts a predecessor's server (`takeover`) or sweeps its leftovers; a
-handoff leaves the server for a successor. Only this object writes its records; the helpers it
-calls (launching, slate, stopping, takeover, evidence, xids, grouping) take explicit values and
-return outcomes. Adding a command is one `handle_<kind>` method (and its rule in
-`validation.check`); adding a step to the tick is one named call in `tick`.
+(`supervisor.daemon.server`: spawn or adopt, observe, judge, ready, stable, tend the keeper, stop and
+verify; it writes its own fields and answers what happened), the group's other daemons are its
+`Peers` (`supervisor.group`), warm start is a `WarmStart` (`supervisor.warmstart`: the launch
+environment and the window in force), and every event goes through one `Recorder` (the journal, the
+log line and the counters subscribe). Commands (API, signals) arrive on one queue; `check` decides
+whether one applies now, `handle` runs `handle_<kind>`. Waiting is the pending timer
+(`policy.lifecycle.Pending`), which the tick carries out first, never a loop inside a helper.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 
@@ -39,28 +33,33 @@ from supervisor.common.configerror import ConfigError
 from supervisor.config.render import arg_names, render_rung
 from supervisor.config.settings import Settings, load_settings
 from supervisor.daemon import slate, stopping, xids
-from supervisor.daemon.beating import keep_beating
-from supervisor.daemon.events import CHANNELS, Channel, Event, EventBus, counting_subscriptions
-from supervisor.daemon.evidence import collect, culprit_text, kept_bundle, provisional_class, unique_incident_id
+from supervisor.daemon.beating import Pulse
+from supervisor.daemon.events import Recorder
+from supervisor.daemon.evidence import (
+    Bundles,
+    SelfChecks,
+    answer_of,
+    collect,
+    culprit_text,
+    kept_bundle,
+    provisional_class,
+    unique_incident_id,
+)
 from supervisor.daemon.observe import Observer
 from supervisor.daemon.persist import Decided, InHand, OpenIncident, Persisted, load, marker_for, save
-from supervisor.daemon.publish import Counters, Facts, build, stale_after
-from supervisor.daemon.server import NotAdopted, Server, SpawnRequest, port_holder_of, take_over
+from supervisor.daemon.publish import Counters, Facts, WriteTally, build, stale_after
+from supervisor.daemon.server import NotAdopted, Server, SpawnRequest, child_env, log_files, port_holder_of, take_over
 from supervisor.daemon.shmledger import ShmLedger
 from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.xids import XidBook
-from supervisor.diagnostics import BundleResult, Redactor, self_check
-from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
-from supervisor.diagnostics.frtrace import FrTraceJob, trace_into_bundle
-from supervisor.diagnostics.selfcheck import busy_signal_check
+from supervisor.diagnostics import BundleResult, Redactor
 from supervisor.engines import EngineProfile, profile_of
 from supervisor.group.peers import NoPeers, Peers
 from supervisor.host import instance_lock
 from supervisor.host.apiguard import GuardStats
-from supervisor.host.sdnotify import Notifier, WatchdogPacer
+from supervisor.host.sdnotify import Notifier
 from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.policy import recovery, validation
-from supervisor.policy.group import NodeReport
 from supervisor.policy.ladder import (
     Incident,
     LadderState,
@@ -73,14 +72,12 @@ from supervisor.policy.ladder import (
 )
 from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, SERVING, Leaving, Lifecycle, Pending, State
 from supervisor.policy.watchdog import Mode, Verdict
-from supervisor.process.control import LogFiles, ProcessControl, RealProcessControl
+from supervisor.process.control import ProcessControl, RealProcessControl
 from supervisor.process.owners import STATE_DIR_ENV
 from supervisor.status.causes import HUNG_CAUSES, Cause
 from supervisor.status.commands import Command, CommandResult, finish
-from supervisor.status.eventnames import AnyEventName, EventName, journal_name
-from supervisor.status.journal import Journal
-from supervisor.status.notifytally import NotifyTally
-from supervisor.status.snapshot import IncidentView, StatusSnapshot, StopView, ToolCheck, WriteErrorsView
+from supervisor.status.eventnames import EventName
+from supervisor.status.snapshot import IncidentView, StatusSnapshot, StopView
 from supervisor.warmstart.warm import WarmStart
 
 log = structlog.get_logger(__name__)
@@ -88,7 +85,6 @@ T = TypeVar("T")
 # A successor re-reads the log lines of at most this window (duplicates, never losses); each save
 # is one small fsynced write of state.json.
 LOG_POSITION_SAVE_S = 5.0
-SELFCHECK_EVERY_S = 3600.0  # the self-check runs again hourly: what was fixed meanwhile clears
 
 
 class Owner:
@@ -118,15 +114,12 @@ class Owner:
         self.env = dict(env)
         self.config_path = config_path
         self.notifier = notifier or Notifier.from_env({})
-        self.pacer = WatchdogPacer(self.notifier.watchdog_interval_s)
+        self.pulse = Pulse(self.notifier, clock.monotonic)  # the loop's heartbeat: /livez, WATCHDOG=1
+        self.beat = self.pulse.beat
         self.rand = rand
         self.version = version
         self.state_dir = settings.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.journal = Journal(self.state_dir / "events.jsonl")
-        self.notify_tally = NotifyTally()  # notification outcomes for `status` and the page
-        self.journal.listeners.append(self.notify_tally.feed)
-        self.log = log  # rebound per launch or adoption: rung and pid on every line (`record`)
         self.lifecycle = Lifecycle(State.STOPPED, clock.monotonic())
         self.reason = "not started"
         self.since_wall = clock.wall()
@@ -143,13 +136,9 @@ class Owner:
         self.counters = Counters()
         self.pending: Pending | None = None
         self.inhand = InHand()
-        self.selfcheck: tuple[ToolCheck, ...] = ()
-        self.selfcheck_at = self.clock.monotonic()  # of the last self-check run (startup runs the first)
         self.api_guard = GuardStats()  # connections the API refused or timed out (apiguard)
-        self.counted_writes = WriteErrorsView()  # what the metrics counter has been told
         self.last_stop: StopView | None = None
         self.leaving: Leaving | None = None  # the loop ends: how the daemon leaves its server
-        self.heartbeat = clock.monotonic()
         self.on_reload: Callable[[Settings], Awaitable[None]] | None = None  # set_reload_hook
         self.stopped_by_request = False  # persisted: a daemon restart leaves such a server stopped
         self.persisted_at = clock.monotonic()
@@ -158,13 +147,14 @@ class Owner:
         self._snapshot = StatusSnapshot(state=State.STOPPED.value)
         self.publish_listeners = publish_listeners  # e.g. the page's timeline
         self.metrics = metrics(self.snapshot)
-        self.events = EventBus()
-        self.events.subscribe(self._journal_line)  # the journal's own listeners: the alerter
-        self.events.subscribe(self._log_line)
-        for name, count in counting_subscriptions(self.metrics).items():
-            self.events.subscribe(count, name)
+        # The one way an event is written: the journal, the log line and the counters subscribe.
+        self.recorder = Recorder(self.state_dir, self.metrics)
+        self.record, self.journal = self.recorder.record, self.recorder.journal
+        self.peers.attach(self.record, self.pulse.beating)
+        self.write_tally = WriteTally(self.metrics)  # write errors: /status and the counter, one source
+        self.selfcheck = SelfChecks(self.record, clock.monotonic)  # tools, ptrace, GPM, the busy signal
         self.warm = WarmStart(settings, self.record)  # timelines, learned windows, caches (issue 36)
-        self.after_bundle: set[asyncio.Task[None]] = set()  # torch's FR analyzer over written bundles
+        self.bundles = Bundles(self.record, self.metrics, self.pulse.beating)  # evidence written and told
         self.publish()
 
     # ---- what others read ---------------------------------------------------------------
@@ -172,28 +162,9 @@ class Owner:
     def snapshot(self) -> StatusSnapshot:
         return self._snapshot
 
-    @property
-    def handoff(self) -> bool:
-        """Exiting for a successor (SIGUSR2): the server is left running."""
-        return self.leaving == "handoff"
-
-    def server_pid(self) -> int | None:
-        return self.server.pid
-
-    def group_report(self) -> NodeReport:
-        """This node's report to its group's leader (api/group.py)."""
-        server = self.server
-        return self.peers.report(self.snapshot(), server.history, server.obs, self.clock.wall())
-
-    def heartbeat_age(self) -> float:
-        return self.clock.monotonic() - self.heartbeat
-
     def current_rung_name(self) -> str:
         ladder = self.settings.ladder
         return ladder[min(self.ladder.current, len(ladder) - 1)].name
-
-    def speculative(self) -> tuple[bool, ...]:
-        return self._speculative
 
     @property
     def settings(self) -> Settings:
@@ -215,46 +186,11 @@ class Owner:
         ladder = self.settings.ladder
         return profile_of(self.settings.engine_of(ladder[min(self.ladder.current, len(ladder) - 1)]))
 
-    def set_reload_hook(self, hook: Callable[[Settings], Awaitable[None]]) -> None:
-        """What the composition root does with a new config before the owner applies it (API rebinds)."""
-        self.on_reload = hook
-
-    # ---- the one way an event is written -------------------------------------------------
-
-    def record(self, event: AnyEventName, level: str = "info", /, *, only: Any = None, **fields: Any) -> None:
-        """The one way the owner reports an event: the journal line, the log line (with the launch's
-        bound rung and pid) and the counters it implies all subscribe (`supervisor.daemon.events`);
-        `only` ("journal" or "log") names the one channel of an event that has no line in the other.
-        (`only` is typed Any so that `**fields` of any value type still binds past it.)"""
-        if only not in CHANNELS:
-            raise ValueError(f"record({event!r}): only={only!r} is not one of {CHANNELS}")
-        channel: Channel | None = only
-        self.events.notify(Event(event, level, fields, channel))
-
-    def subscribe_journal(self, listener: Callable[[dict[str, object]], None]) -> None:
-        """Hear every journal line as written (with its time): the alerter."""
-        self.journal.listeners.append(listener)
-
-    def unsubscribe_journal(self, listener: Callable[[dict[str, object]], None]) -> None:
-        self.journal.listeners.remove(listener)
-
-    def _journal_line(self, e: Event) -> None:
-        if e.goes_to("journal"):
-            self.journal.append(journal_name(e.name), **e.fields)
-
-    def _log_line(self, e: Event) -> None:
-        if e.goes_to("log"):
-            getattr(self.log, e.level)(e.name, **e.fields)
-
-    def bind_server(self) -> None:
-        """Once per launch or adoption: every log line of the daemon names the server's rung and pid."""
-        self.log = log.bind(rung=self.current_rung_name(), pid=self.server.pid)
-
     # ---- the loop's pulse ---------------------------------------------------------------
 
     async def next_command(self, timeout: float) -> Command | None:
         """The next queued command, or None once `timeout` has passed on the injected clock."""
-        self.beat()
+        self.pulse.beat()
         if timeout <= 0:
             try:
                 return self.queue.get_nowait()
@@ -269,17 +205,6 @@ class Owner:
             with contextlib.suppress(asyncio.CancelledError):
                 await get
         return get.result() if get.done() and not get.cancelled() else None
-
-    def beat(self) -> None:
-        """Proof the loop cycles: systemd's WATCHDOG=1 goes out only from here."""
-        now = self.clock.monotonic()
-        self.heartbeat = now
-        if self.pacer.due(now):
-            self.notifier.watchdog()
-            self.pacer.mark(now)
-
-    async def beating(self, work: Awaitable[T]) -> T:
-        return await keep_beating(work, self.beat)
 
     def stop_tools(self) -> StopTools:
         rs, srv = self.settings.restart, self.settings.server
@@ -302,7 +227,7 @@ class Owner:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
             self.record("state_changed", old=old.value, new=state.value, reason=reason, rung=rung)
-            self.notifier.status(f"state={state.value} rung={rung} pid={self.server_pid() or '-'}")
+            self.notifier.status(f"state={state.value} rung={rung} pid={self.server.pid or '-'}")
         self.publish()
 
     def wait_then(self, pending: Pending) -> None:
@@ -330,38 +255,9 @@ class Owner:
             self.counters.state_write_errors += 1
             self.record("state_save_failed", "error", error=str(err))
 
-    def save_log_position(self) -> None:
-        """Every LOG_POSITION_SAVE_S, the log position a successor resumes from (it re-reads at most that)."""
-        if self.clock.monotonic() - self.persisted_at >= LOG_POSITION_SAVE_S and self.server.log_moved():
-            self.persist()
-
-    def fresh_server(self, launched_wall: float) -> None:
-        """A new server (launched or adopted): nothing the previous one showed carries over."""
-        self.observer.reset(self.engine())
-        self.server = Server.fresh(self.clock.monotonic(), launched_wall, before=self.server)
-
     def unique_incident_id(self, cause: str) -> str:
         diagnostics = self.settings.state_dir / "diagnostics"
         return unique_incident_id(self.clock.wall(), cause, self.inhand.incident_ids, diagnostics)
-
-    def reload(self, settings: Settings) -> None:
-        """SIGHUP: thresholds and ladder change without touching a healthy server."""
-        old_names = tuple(r.name for r in self.settings.ladder)
-        current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
-        self.settings = settings
-        self.warm.settings = settings
-        self.observer.configure(settings)
-        self.observer.gpu.scope = DeviceScope.for_server(settings.server.env, self.env)  # CUDA_VISIBLE_DEVICES
-        idx = settings.rung_index(current) if current is not None else None
-        if idx is None:
-            idx = min(self.ladder.current, len(settings.ladder) - 1)
-        last_good = self.ladder.last_good
-        if last_good is not None and last_good < len(old_names):
-            last_good = settings.rung_index(old_names[last_good])
-        self.ladder = LadderState(**{**self.ladder.__dict__, "current": idx, "last_good": last_good})
-        self.persist()
-        self.record("config_reloaded", ladder=[r.name for r in settings.ladder])
-        self.publish()
 
     # ---- observing and publishing ---------------------------------------------------------
 
@@ -411,7 +307,7 @@ class Owner:
                 ladder=tuple(r.name for r in self.settings.ladder),
                 engine=self.engine().name,
                 ladder_engines=tuple(self.settings.engine_of(r) for r in self.settings.ladder),
-                pid=self.server_pid(),
+                pid=self.server.pid,
                 restarts=counts.restarts,
                 restarts_last_hour=self.ladder.restarts_within_hour(self.clock.wall()),
                 started_wall=server.launched_wall,
@@ -419,7 +315,7 @@ class Owner:
                 next_attempt_in_s=nxt,
                 last_incident=inhand.last_incident,
                 incidents=counts.incidents,
-                selfcheck=self.selfcheck,
+                selfcheck=self.selfcheck.checks,
                 diagnosing=inhand.diagnosing,
                 version=self.version,
                 now=now,
@@ -429,7 +325,12 @@ class Owner:
                 serving=self.observer.last_serving,
                 running=running,
                 loop_errors=counts.loop_errors,
-                write_errors=self.write_errors(),
+                write_errors=self.write_tally.view(
+                    self.journal.write_errors,
+                    self.server.log_write_errors(),
+                    counts.state_write_errors,
+                    self.bundles.write_errors,
+                ),
                 log_keeper=server.keeper_view(counts.keepers_replaced),
                 last_stop=self.last_stop,
                 adopted=server.adopted and running,
@@ -443,41 +344,26 @@ class Owner:
             self._snapshot = self._snapshot.model_copy(update=update)
         self._snapshot = self.peers.publish(self._snapshot)  # a group's part of /status
         self._snapshot = self.warm.publish(self._snapshot)  # launch_timeline, stall_window, outages
-        self.count_write_errors()
-        if self.notify_tally.views():
-            self._snapshot = self._snapshot.model_copy(update={"notifications": self.notify_tally.views()})
+        self.write_tally.count(self._snapshot.write_errors)
+        if self.recorder.notify_tally.views():
+            self._snapshot = self._snapshot.model_copy(update={"notifications": self.recorder.notify_tally.views()})
         for listener in self.publish_listeners:
             with contextlib.suppress(Exception):  # a view's bug must not cost a poll
                 listener(self._snapshot)
-
-    def write_errors(self) -> WriteErrorsView:
-        return WriteErrorsView(
-            journal=self.journal.write_errors,
-            server_log=self.server.log_write_errors(),
-            state=self.counters.state_write_errors,
-            bundle=self.counters.bundle_write_errors,
-        )
-
-    def count_write_errors(self) -> None:
-        """Feed the metrics counter what grew since the last publish (the counts live in their writers)."""
-        now, before = self._snapshot.write_errors, self.counted_writes
-        for what in ("journal", "server_log", "state", "bundle"):
-            self.metrics.write_error(what, getattr(now, what) - getattr(before, what))
-        self.counted_writes = now
 
     # ---- launch -----------------------------------------------------------------------------
 
     async def launch(self, rung_index: int, *, after_incident: bool, by_group: bool = False) -> None:
         rung = self.settings.ladder[rung_index]
         # A group's member launches only the rung its leader gives (by_group: the leader asked).
-        cleared = await self.peers.clearance(rung.name, by_group, self.beating)
+        cleared = await self.peers.clearance(rung.name, by_group)
         given = self.settings.rung_index(cleared.rung) if cleared.rung is not None else None
         if given is None:
             why = cleared.why or f"the group's leader gave rung {cleared.rung!r}, which this node's ladder lacks"
-            self.hold_for_group(rung_index, after_incident, why)
+            self.defer_launch(rung_index, after_incident, max(0.5, self.settings.watchdog.poll_interval_s), why, None)
             return
         rung_index, rung = given, self.settings.ladder[given]
-        await self.peers.launch(rung.name, self.beating, self.record)  # the members it stopped launch it too
+        await self.peers.launch(rung.name)  # the members it stopped launch it too
         rendered = render_rung(self.settings.server, rung)
         if (blocked := self.xids.blocked_reason()) is not None and self.lifecycle.state != State.STOPPED:
             self.record("launch_refused", "error", rung=rung.name, reason=blocked)
@@ -485,9 +371,10 @@ class Owner:
             return
         srv = self.settings.server
         holder = await port_holder_of(srv.host, srv.port)
-        if holder is not None and await self.stop_leftovers(
-            f"port {srv.port} is held by a leftover (this state directory's, or a dead daemon's: its lock is free)"
-        ):  # a live daemon's tree, or one whose daemon cannot be found, is kept (supervisor.process.owners)
+        markers = (self.marker, marker_for(self.state_dir))  # an older version saved another marker
+        why = f"port {srv.port} is held by a leftover (this state directory's, or a dead daemon's: its lock is free)"
+        if holder is not None and await stopping.sweep(self.stop_tools(), markers, self.record, why):
+            # a live daemon's tree, or one whose daemon cannot be found, is kept (supervisor.process.owners)
             holder = await port_holder_of(srv.host, srv.port)
         if holder is not None:
             self.counters.port_refusals += 1
@@ -497,7 +384,7 @@ class Owner:
             return
         self.counters.port_refusals = 0
         self.pending = None
-        env = self.child_env(rendered.env)
+        env = child_env(self.settings, self.env, rendered.env)
         env[STATE_DIR_ENV] = str(self.state_dir.resolve())  # whose the tree is (supervisor.process.owners)
         tree = (
             set(self.server.obs.tree.pids) if self.server.obs is not None and self.server.child is not None else set()
@@ -507,7 +394,7 @@ class Owner:
             shm_dir=self.settings.restart.shm_dir,
             state_dir=self.state_dir,
             tree=tree,
-            env=self.child_env(render_rung(srv, self.settings.ladder[self.ladder.current]).env),
+            env=child_env(self.settings, self.env, render_rung(srv, self.settings.ladder[self.ladder.current]).env),
             marker=self.marker,
             argv=rendered.argv,
             slate=self.settings.slate,
@@ -529,10 +416,11 @@ class Owner:
             self.counters.restarts += 1
         self.persist()
         launched_wall = self.clock.wall()
-        self.fresh_server(launched_wall)
+        self.observer.reset(self.engine())  # a new server: nothing the previous one showed carries over
+        self.server = Server.fresh(self.clock.monotonic(), launched_wall, before=self.server)
         env.update(await self.warm.launching(rendered.argv, rung.name, env, self.clock.monotonic(), launched_wall))
         request = SpawnRequest(
-            rendered.argv, env, self.marker, srv.cwd, self.log_files(), self.settings.logs.memory_lines,
+            rendered.argv, env, self.marker, srv.cwd, log_files(self.settings), self.settings.logs.memory_lines,
             rung.name, launched_wall,
         )  # fmt: skip
         failed = await self.server.spawn(self.control, request, self.clock)
@@ -541,7 +429,7 @@ class Owner:
             self.move(State.STARTING, f"launching rung {rung.name}")
             self.cannot_launch(failed.error)
             return
-        self.bind_server()
+        self.recorder.rebind(rung=self.current_rung_name(), pid=self.server.pid)
         self.persist()  # from here on a successor daemon can adopt this server
         # argv and env may carry secrets (--api-key, tokens in URLs): logs and the journal get them redacted.
         shown = Redactor.from_envs([env]).argv(rendered.argv)
@@ -552,17 +440,6 @@ class Owner:
             log_start=log_start,
         )  # fmt: skip
         self.move(State.STARTING, f"launched rung {rung.name}")
-
-    def hold_for_group(self, rung_index: int, after_incident: bool, why: str) -> None:
-        """A member not cleared by its leader does not launch: it waits, asks again each poll, and
-        journals `group_launch_held` when the reason changes (not on every ask)."""
-        if why != self.reason:
-            self.record("group_launch_held", "warning", rung=self.settings.ladder[rung_index].name, reason=why)
-        if self.lifecycle.state != State.RESTARTING:
-            self.move(State.RESTARTING, why)
-        self.reason = why
-        delay = max(0.5, self.settings.watchdog.poll_interval_s)
-        self.wait_then(Pending("launch", rung_index, self.clock.monotonic() + delay, after_incident))
 
     def gpu_refused(self, rung_index: int, after_incident: bool, refused: str, *, strict: bool) -> None:
         """Processes outside the server hold GPU memory ([slate] gpu_strangers, policy/gpufit.py):
@@ -586,13 +463,19 @@ class Owner:
             self.record("launch_blocked", "error", rung=rung, reason=refused, refusals=self.counters.gpu_refusals)
 
     def defer_launch(
-        self, rung_index: int, after_incident: bool, delay: float, reason: str, refusal: str, **fields: object
+        self, rung_index: int, after_incident: bool, delay: float, reason: str, refusal: str | None, **fields: object
     ) -> None:
         """A launch refused now (`refusal`: the `launches_refused_total` reason): journalled, counted,
-        and tried again after `delay` through the one pending timer the tick advances."""
+        and tried again after `delay` through the one pending timer the tick advances. With no
+        `refusal`, a group's member its leader has not cleared: it asks again each poll, and journals
+        `group_launch_held` when the reason changes (not on every ask)."""
         rung = self.settings.ladder[rung_index].name
-        self.record("launch_refused", "error", rung=rung, reason=reason, **fields, backoff_s=round(delay, 3))
-        self.metrics.launch_refused(refusal)
+        if refusal is None:
+            if reason != self.reason:
+                self.record("group_launch_held", "warning", rung=rung, reason=reason)
+        else:
+            self.record("launch_refused", "error", rung=rung, reason=reason, **fields, backoff_s=round(delay, 3))
+            self.metrics.launch_refused(refusal)
         if self.lifecycle.state != State.RESTARTING:
             self.move(State.RESTARTING, reason)
         self.reason = reason
@@ -645,8 +528,8 @@ class Owner:
         alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
         captures = diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}
         if diagnose and not captures:  # no bundle of its own: a group's members still take theirs
-            await self.peers.capture_alone(incident_id, self.beating, self.record)
-        self.log = self.log.bind(incident=incident_id)  # its capture, stop and decision name it
+            await self.peers.capture_alone(incident_id)
+        self.recorder.bind(incident=incident_id)  # its capture, stop and decision name it
         hang_class = provisional_class(verdict)
         bundle_id: str | None = None
         culprit: str | None = None
@@ -670,7 +553,7 @@ class Owner:
             try:
                 trigger = "hung" if cause in HUNG_CAUSES else "manual"
                 own = self.capture_bundle(incident_id, trigger, cause, obs, verdict)
-                result = await self.peers.capture(incident_id, own, self.beating, self.record)
+                result = await self.peers.capture(incident_id, own)
             finally:
                 self.inhand.open_incident = None
             if result is not None:
@@ -691,7 +574,7 @@ class Owner:
         )
         self.book_incident(view, **({"xids": xids.as_records(named)} if named else {}))
         await self.recover(Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
-        self.log = self.log.try_unbind("incident")  # a relaunch has already bound its own context
+        self.recorder.unbind("incident")  # a relaunch has already bound its own context
 
     def book_incident(self, view: IncidentView, **extra: object) -> None:
         """One incident on the books: counted, shown as the last one, journalled (the counter by
@@ -699,12 +582,6 @@ class Owner:
         self.counters.incidents += 1
         self.inhand.last_incident = view
         self.record("incident", only="journal", **view.model_dump(), **extra)
-
-    async def manual_restart(self, rung: int | None, reason: str, *, diagnose: bool, incident_id: str) -> None:
-        """A restart of the running server asked for (an operator, a promotion): a `manual` incident."""
-        verdict = Verdict(status="incident", cause="manual", reason=reason or "restart requested")
-        obs = self.server.obs
-        await self.incident("manual", verdict, obs, forced_rung=rung, diagnose=diagnose, incident_id=incident_id)
 
     async def capture_bundle(
         self,
@@ -717,13 +594,16 @@ class Owner:
         native: bool | None = None,
         gdb: bool | None = None,
     ) -> BundleResult | None:
+        """A bundle of the current server (`supervisor.daemon.evidence.Bundles` writes and tells it)."""
         self.inhand.diagnosing = True
         self.publish()
         rendered = render_rung(self.settings.server, self.settings.ladder[self.ladder.current])
         server = self.server
         try:
             gpu_all = await asyncio.to_thread(self.observer.gpu.snapshot_all)
-            result = await self.beating(
+            return await self.bundles.take(
+                incident_id,
+                trigger,
                 collect(
                     settings=self.settings,
                     incident_id=incident_id,
@@ -732,7 +612,7 @@ class Owner:
                     obs=obs,
                     verdict=verdict,
                     rendered=rendered,
-                    env=self.child_env(rendered.env),  # what the server got; the bundle redacts it
+                    env=child_env(self.settings, self.env, rendered.env),  # what the server got; redacted
                     log_tail=server.log_tail(self.settings.diagnostics.log_tail_lines),
                     gpu_all=gpu_all,
                     cpu_rate=server.history.cpu_rate if server.history is not None else None,
@@ -742,53 +622,10 @@ class Owner:
                     created_at=self.clock.wall(),
                     gpu_xids=tuple(xids.as_records(list(self.xids.recent))),
                     group=self.peers.bundle_doc(incident_id),
-                )
+                ),
             )
-        except Exception as err:  # a capture must never take the daemon down
-            self.record("diagnostics_failed", "exception", only="log", id=incident_id)
-            self.record("diagnostics_failed", only="journal", id=incident_id, error=repr(err))
-            return None
         finally:
             self.inhand.diagnosing = False
-        written = result.path is not None
-        if not written:
-            self.counters.bundle_write_errors += 1
-        self.metrics.diagnostic(result.duration_s, "written" if written else "write_failed")
-        self.record(
-            "bundle_written" if result.path is not None else "bundle_write_failed",
-            only="journal",
-            id=result.id,
-            hang_class=result.hang_class if trigger == "hung" else None,  # a healthy server is not "deadlocked"
-            duration_s=round(result.duration_s, 3),
-            error=result.error,
-        )
-        if result.fr_trace is not None:
-            task = asyncio.get_running_loop().create_task(self.fr_trace(result.id, result.fr_trace))
-            self.after_bundle.add(task)
-            task.add_done_callback(self.after_bundle.discard)
-        # A bundle that could not be written (full disk) is a warning: the incident goes on without it.
-        level = "info" if written else "warning"
-        self.record(
-            "bundle",
-            level,
-            only="log",
-            id=result.id,
-            hang_class=result.hang_class,
-            path=str(result.path),
-            error=result.error,
-        )
-        return result
-
-    async def fr_trace(self, bundle_id: str, job: FrTraceJob) -> None:
-        """torch's Flight Recorder analyzer over a written bundle's dumps, while the relaunch goes on."""
-        try:
-            done = await trace_into_bundle(job)
-        except Exception as err:  # the analyzer must never cost the daemon anything
-            self.record("fr_trace", "warning", id=bundle_id, outcome="error", detail=repr(err)[:300])
-            return
-        level = "info" if done.outcome == "written" else "warning"
-        fields = {"outcome": done.outcome, "duration_s": done.duration_s, "detail": done.detail}
-        self.record("fr_trace", level, id=bundle_id, **fields)
 
     async def recover(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
         """Stop the server (and a group's members with it), ask the ladder, then relaunch now (no
@@ -800,7 +637,7 @@ class Owner:
         rs = self.settings.restart  # a hung tree's graceful exit cannot come: a short grace (issue 36)
         grace = min(rs.stop_grace_s, rs.hung_stop_grace_s) if incident.cause in HUNG_CAUSES else None
         stop = self.stop_server(f"incident {incident.cause}", grace_s=grace)
-        ok = await self.peers.stop(stop, self.beating, self.record)
+        ok = await self.peers.stop(stop)
         self.warm.stopped(self.clock.monotonic())
         now_wall = self.clock.wall()
         outcome = self._after_incident(incident, ok, manual, forced_rung, now_wall)
@@ -847,7 +684,7 @@ class Owner:
             forced_rung=forced_rung,
             now_wall=now_wall,
             rand=rand,
-            speculative=self.speculative(),
+            speculative=self._speculative,
         )
 
     def decided_for_recreation(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> bool:
@@ -876,7 +713,7 @@ class Owner:
             backoff_s=round(decision.backoff_s, 3),
         )
         self.persist()  # before the exit: the recreated leader resumes this decision
-        self.peers.exits_for_group(self.record)
+        self.peers.exits_for_group()
         self.leaving = "group_restart"
         self.persist()
         return True
@@ -888,19 +725,10 @@ class Owner:
         `grace_s`: the SIGTERM grace, when not `stop_grace_s` (a tree judged hung)."""
         tools = self.stop_tools() if grace_s is None else replace(self.stop_tools(), grace_s=grace_s)
         stopped = await self.server.stop(tools, self.marker, why)
-        self.log = self.log.bind(pid=None)  # no server from here on
+        self.recorder.bind(pid=None)  # no server from here on
         self.last_stop = stopped.view
         self.record("server_stopped", "info" if stopped.ok else "error", **stopped.doc)
         return stopped.ok
-
-    async def stop_leftovers(self, why: str) -> tuple[int, ...]:
-        """What an earlier daemon left running and is not adopted: stopped (one sweep, in
-        supervisor.process.leftovers), verified, and journalled with why."""
-        markers = (self.marker, marker_for(self.state_dir))  # an older version saved another marker
-        swept = await stopping.stop_leftovers(self.stop_tools(), markers, why)
-        if swept.pids:
-            self.record("leftovers_stopped", "warning" if swept.ok else "error", **swept.doc)
-        return swept.pids
 
     async def shutdown(self) -> None:
         self.notifier.stopping()
@@ -914,65 +742,25 @@ class Owner:
         if self.lifecycle.state != State.STOPPED:
             self.move(State.STOPPED, "daemon shut down")
         self.ladder = record_end(self.ladder, "daemon_shutdown", self.clock.wall())
-        if not self.handoff:  # a service stop: the next service start starts the server again
+        if self.leaving != "handoff":  # a service stop: the next service start starts the server again
             self.stopped_by_request = False
         self.persist()
         await self.observer.close()
-        for task in list(self.after_bundle):  # an analyzer still running goes with its child
-            task.cancel()
-        await asyncio.gather(*self.after_bundle, return_exceptions=True)
+        await self.bundles.close()  # an analyzer still running goes with its child
         self.answer_queued("daemon shut down", State.STOPPED.value)
 
     def answer_queued(self, why: str, state: str) -> None:
         while not self.queue.empty():
             finish(self.queue.get_nowait(), CommandResult("failed", why, state))
 
-    # ---- what the server gets ---------------------------------------------------------------
-
-    def log_files(self) -> LogFiles:
-        """Where the log keeper writes the server's output, and how much it keeps."""
-        logs = self.settings.logs
-        return LogFiles(
-            self.state_dir / "logs",
-            int(logs.max_file_mb * 1024 * 1024),
-            logs.backups,
-            journal_socket=logs.journal_socket if logs.journal else None,
-            journal_id=logs.journal_identifier,
-        )
-
-    def child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in self.env.items() if k not in _NOT_FOR_CHILD}
-        env.pop(self.settings.api.token_env, None)
-        env.update(extra)
-        env.update(fr_launch_env(env, self.fr_dir(), self.settings.diagnostics.flight_recorder_entries))
-        return env
-
-    def fr_dir(self) -> Path | None:
-        """Where the ranks' Flight Recorder pipes and dumps live (None: FR off by configuration)."""
-        d = self.settings.diagnostics
-        return Path(self.settings.paths.state_dir) / "flightrec" if d.flight_recorder else None
-
     # ---- the tick's watch over a running server ------------------------------------------
     # One step each: drain the Xid watcher, reap orphans, tend the log keeper, observe, let the
     # pure watchdog (`supervisor.policy.watchdog.assess`) judge, act on the verdict.
 
-    def take_xids(self) -> None:
-        w, watch = self.xid_watcher, None
-        if w is not None:
-            drained = tuple(w.drain())
-            watch = xids.Watch(w.status, w.reason, w.gpus, drained)
-        self.xids, notes = xids.take(self.xids, watch, self.server.obs, self.observer.gpu.scope)
-        for note in notes:  # a gpu_xid is counted by its subscriber
-            self.record(note.event, note.level, **note.fields)
-
-    async def reap_orphans(self) -> None:
-        """Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit."""
-        await asyncio.to_thread(self.control.reap, self.server_pid())
-
     async def tend_keeper(self) -> None:
         """The server's log keeper, every poll: a dead one is replaced on the same pipe (no server
         restart, no line lost), a stopped one is named; each change is journalled once."""
-        now = await self.server.tend_keeper(self.control, self.log_files())
+        now = await self.server.tend_keeper(self.control, log_files(self.settings))
         if now is None:
             return
         fields = {"pid": now.pid, "old_pid": now.old_pid, "why": now.why, "pipe_bytes": now.pipe_bytes}
@@ -997,26 +785,26 @@ class Owner:
         wd = self.settings.watchdog
         if mode == "starting" and server.history is not None:  # the phase's learned window (issue 36)
             wd = self.warm.window(obs, server.history, wd)
-        spec = self.speculative()[self.ladder.current]
+        spec = self._speculative[self.ladder.current]
         verdict = server.judge(obs, wd, mode=mode, speculative=spec, now=self.clock.monotonic())
         await self.act(verdict, obs)
-        self.save_log_position()
+        # Every LOG_POSITION_SAVE_S, the log position a successor resumes from (it re-reads at most that).
+        if self.clock.monotonic() - self.persisted_at >= LOG_POSITION_SAVE_S and server.log_moved():
+            self.persist()
         self.publish()
 
     async def act(self, verdict: Verdict, obs: Observation) -> None:
         """Act on the verdict a group's peers leave (a worker holds its incident for the leader)."""
-        judged = self.peers.judge(verdict, self.lifecycle.state.value, self.record)
+        judged = self.peers.judge(verdict, self.lifecycle.state.value)
         if judged.hold:
             self.move(State.HUNG, judged.hold)
         elif judged.verdict is not None and judged.same_rung and judged.verdict.is_incident:
             # A group incident of a node that was away, not of the servers: the rung is retried.
             assert judged.verdict.cause is not None
             await self.incident(judged.verdict.cause, judged.verdict, obs, forced_rung=self.ladder.current)
-        elif judged.verdict is not None:
-            await self.act_on(judged.verdict, obs)
-
-    async def act_on(self, v: Verdict, obs: Observation) -> None:
-        if v.is_incident:
+        elif (v := judged.verdict) is None:
+            return
+        elif v.is_incident:
             assert v.cause is not None
             await self.incident(v.cause, v, obs)
         elif self.lifecycle.state == State.STARTING:
@@ -1067,7 +855,8 @@ class Owner:
         if step.promote:
             top = self.settings.ladder[0].name
             self.record("promotion", only="journal", from_rung=self.current_rung_name(), to_rung=top)
-            await self.manual_restart(0, "promotion", diagnose=False, incident_id=self.unique_incident_id("manual"))
+            v = Verdict(status="incident", cause="manual", reason="promotion")
+            await self.incident("manual", v, server.obs, forced_rung=0, diagnose=False)
 
     # ---- commands: one validation, one dispatcher, one method per kind ---------------------
 
@@ -1144,14 +933,14 @@ class Owner:
         finish(cmd, CommandResult("accepted", "stopping", self.lifecycle.state.value))
         self.move(State.RESTARTING, cmd.reason or "stop requested")
         stop = self.stop_server("stop requested")
-        await (stop if cmd.source == "group" else self.peers.stop(stop, self.beating, self.record))
+        await (stop if cmd.source == "group" else self.peers.stop(stop))
         self.ladder = record_end(self.ladder, "stopped", self.clock.wall())
         self.stopped_by_request = True
         self.persist()
         self.move(State.STOPPED, cmd.reason or "stopped by request")
 
     async def handle_start(self, cmd: Command) -> None:
-        target = self.target_rung(cmd)
+        target = validation.target_rung(cmd, self.settings, self.lifecycle.state, self.pending, self.ladder.current)
         by_group = cmd.source == "group"  # the group's leader launches this node: no need to ask it
         if self.pending is not None and self.pending.what != "leave_failed":  # skip the wait, keep the rung
             finish(cmd, CommandResult("accepted", "relaunching now", self.lifecycle.state.value))
@@ -1171,7 +960,7 @@ class Owner:
         st = self.lifecycle.state
         if st in (State.STOPPED, State.FAILED) or self.server.child is None:
             finish(cmd, CommandResult("accepted", hint, st.value))
-            target = self.target_rung(cmd)
+            target = validation.target_rung(cmd, self.settings, self.lifecycle.state, self.pending, self.ladder.current)
             if st == State.FAILED:
                 self.move(State.RESTARTING, cmd.reason or "restart requested")
                 await self.leave_failed("failed_left", cmd.reason or "restart requested", target)
@@ -1182,7 +971,10 @@ class Owner:
         pending_id = self.unique_incident_id("manual")
         finish(cmd, CommandResult("accepted", hint, st.value, incident_id=pending_id))
         idx = self.settings.rung_index(cmd.rung) if cmd.rung else None
-        await self.manual_restart(idx, cmd.reason, diagnose=cmd.diagnose, incident_id=pending_id)
+        # A restart of the running server asked for: a `manual` incident.
+        v = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")
+        obs, diagnose = self.server.obs, cmd.diagnose
+        await self.incident("manual", v, obs, forced_rung=idx, diagnose=diagnose, incident_id=pending_id)
 
     async def handle_diagnose(self, cmd: Command) -> None:
         """A bundle now. The group leader's `POST /group/capture` asks for one under its incident id,
@@ -1201,7 +993,7 @@ class Owner:
                 # last phase is start-up's, but it was serving; its bundle says its own phase (issue 34).
                 obs = replace(obs, logs=replace(obs.logs, phase="serving"))
             result = await self.capture_bundle(cmd.incident_id, "hung", asked.cause, obs, None)
-            self.answer_diagnose(cmd, result)
+            finish(cmd, answer_of(result, self.lifecycle.state.value))
             return
         if not obs.tree.processes:
             finish(cmd, CommandResult("invalid", "no server process to diagnose", self.lifecycle.state.value))
@@ -1209,16 +1001,7 @@ class Owner:
         trigger = "hung" if self.lifecycle.state == State.HUNG else "manual"
         incident_id = self.unique_incident_id("diagnose")
         result = await self.capture_bundle(incident_id, trigger, None, obs, None, native=cmd.native, gdb=cmd.gdb)
-        self.answer_diagnose(cmd, result)
-
-    def answer_diagnose(self, cmd: Command, result: BundleResult | None) -> None:
-        st = self.lifecycle.state.value
-        if result is None:
-            finish(cmd, CommandResult("failed", "capture failed", st))
-            return
-        bundle = result.id if result.path is not None else None
-        answer = CommandResult("done", result.error or "captured", st, bundle_id=bundle, summary=dict(result.summary))
-        finish(cmd, answer)
+        finish(cmd, answer_of(result, self.lifecycle.state.value))
 
     async def handle_reload(self, cmd: Command) -> None:
         """SIGHUP: re-read the config; an invalid one is refused and the old one stays in force."""
@@ -1236,32 +1019,34 @@ class Owner:
         except ConfigError as err:
             self.record("config_reload_refused", "error", error=str(err))
             finish(cmd, CommandResult("invalid", str(err), self.lifecycle.state.value))
-        else:
-            self.reload(new)
-            await self.refresh_selfcheck()  # new tool paths, or a tool installed since
+        else:  # thresholds and ladder change without touching a healthy server
+            old_names = tuple(r.name for r in self.settings.ladder)
+            current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
+            self.settings = new
+            self.warm.settings = new
+            self.observer.configure(new)
+            self.observer.gpu.scope = DeviceScope.for_server(new.server.env, self.env)  # CUDA_VISIBLE_DEVICES
+            idx = new.rung_index(current) if current is not None else None
+            if idx is None:
+                idx = min(self.ladder.current, len(new.ladder) - 1)
+            last_good = self.ladder.last_good
+            if last_good is not None and last_good < len(old_names):
+                last_good = new.rung_index(old_names[last_good])
+            self.ladder = LadderState(**{**self.ladder.__dict__, "current": idx, "last_good": last_good})
+            self.persist()
+            self.record("config_reloaded", ladder=[r.name for r in new.ladder])
+            self.publish()
+            await self.selfcheck.refresh(self.settings, self.observer)  # new tool paths, a tool installed
             finish(cmd, CommandResult("done", "reloaded", self.lifecycle.state.value))
         finally:
             self.notifier.ready()
-
-    def target_rung(self, cmd: Command) -> int:
-        """The rung asked for; else the one a pending launch waits to launch (the ladder's decision:
-        a start during the backoff skips only the wait); out of `failed`, the preferred rung, where the
-        cooldown starts too (issue 38: the two agree); else the current one."""
-        idx = self.settings.rung_index(cmd.rung) if cmd.rung else None
-        if idx is not None:
-            return idx
-        if self.lifecycle.state == State.FAILED:
-            return 0
-        if self.pending is not None and self.pending.what != "leave_failed":
-            return self.pending.rung
-        return self.ladder.current
 
     # ---- the loop -------------------------------------------------------------------------
 
     async def run(self, *, autostart: bool = True) -> None:
         """Start (resuming the ladder), then poll until a shutdown command; always stop the tree.
         A group's leader polls its members beside the loop (`Peers.start`) until the loop ends."""
-        await self.peers.start(lambda: self.settings.watchdog.poll_interval_s, self.clock.sleep, self.record)
+        await self.peers.start(lambda: self.settings.watchdog.poll_interval_s, self.clock.sleep)
         try:
             await self.loop(autostart)
         finally:
@@ -1274,7 +1059,11 @@ class Owner:
             except Exception as err:  # not even start-up may end the daemon
                 await self.survive(err)
                 if autostart and self.lifecycle.state == State.STOPPED and not self.stopped_by_request:
-                    self.start_later(f"start-up failed ({err!r})")
+                    # Start-up failed before the first launch: try it from the tick after `backoff_initial_s`.
+                    delay = self.settings.restart.backoff_initial_s
+                    rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
+                    self.move(State.RESTARTING, f"start-up failed ({err!r}); launching in {delay:g} s")
+                    self.wait_then(Pending("launch", rung, self.clock.monotonic() + delay))
             next_tick = self.clock.monotonic()
             while self.leaving is None:
                 wake = next_tick if self.pending is None else min(next_tick, self.pending.at)
@@ -1291,7 +1080,7 @@ class Owner:
                 except Exception as err:  # the loop outlives any one poll, probe, write or command
                     await self.survive(err)
         finally:
-            if self.handoff and self.server.child is not None and self.server.record is not None:
+            if self.leaving == "handoff" and self.server.child is not None and self.server.record is not None:
                 await self.hand_over()  # SIGUSR2: the server stays for the successor
             else:
                 await self.shutdown()
@@ -1301,7 +1090,7 @@ class Owner:
         # who holds this state directory's lock, for a daemon that meets this one's tree on its port
         about = (self.state_dir, self.config_path, (srv.host, srv.port), (api.host, api.port))
         await asyncio.to_thread(instance_lock.write_about, *about)
-        await self.refresh_selfcheck()
+        await self.selfcheck.refresh(self.settings, self.observer)
         names = tuple(r.name for r in self.settings.ladder)
         saved, why = load(self.state_dir / "state.json", names)
         if saved is not None:
@@ -1314,8 +1103,7 @@ class Owner:
         self.record("state_loaded", only="log", detail=why, rung=rung, last_good=self.ladder.last_good)
         self.record("daemon_started", only="journal", version=self.version, state=why, rung=rung)
         if saved is not None and saved.open_incident is not None:
-            bundle = await self.complete_group_capture(saved.open_incident)
-            self.record_interrupted(saved.open_incident, bundle)
+            await self.finish_interrupted(saved.open_incident)
         self.persist()
         if saved is None:
             not_adopted = f"no server record to adopt it by ({why})"
@@ -1329,8 +1117,9 @@ class Owner:
                 return
         else:  # the predecessor had judged this server and was stopping it: its verdict stands
             not_adopted = f"incident {saved.open_incident.id} ({saved.open_incident.cause}) was under way"
-            self.refuse_adoption(not_adopted)
-        await self.stop_leftovers(not_adopted)
+            if (record := self.server.forget()) is not None:  # whatever carries the marker is stopped
+                self.record("adoption_refused", "warning", pid=record.pid, reason=not_adopted)
+        await stopping.sweep(self.stop_tools(), (self.marker, marker_for(self.state_dir)), self.record, not_adopted)
         # The previous daemon's server, if any, was just stopped: its attempt ends here.
         self.ladder = record_end(self.ladder, "daemon_restarted", self.clock.wall())
         decided = self.inhand.decided
@@ -1358,37 +1147,17 @@ class Owner:
             await self.launch(first.rung, after_incident=False)
         self.publish()
 
-    def start_later(self, why: str) -> None:
-        """Start-up failed before the first launch: try it from the tick after `backoff_initial_s`."""
-        delay = self.settings.restart.backoff_initial_s
-        rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
-        self.move(State.RESTARTING, f"{why}; launching in {delay:g} s")
-        self.wait_then(Pending("launch", rung, self.clock.monotonic() + delay))
-
-    async def refresh_selfcheck(self) -> None:
-        """The self-check (tools, ptrace, GPM, the busy signal), at start, after a reload and hourly
-        (issue 38): a tool installed or a permission granted since clears without a daemon restart.
-        Logged in full the first time, then only what changed."""
-        d = self.settings.diagnostics
-        tools = await asyncio.to_thread(self_check, d.py_spy_path, d.gdb_path)
-        gpm = await asyncio.to_thread(self.observer.gpm_check)
-        gpus = await asyncio.to_thread(self.observer.gpu.snapshot_all)
-        signal = busy_signal_check(gpus, gpm.ok, gpm.detail, self.settings.watchdog.gpu_idle_power_w)
-        before = {c.name: c.ok for c in self.selfcheck}
-        self.selfcheck = (*tools, gpm, signal, *self.observer.gpu_source_checks())
-        self.selfcheck_at = self.clock.monotonic()
-        for check in self.selfcheck:
-            if before.get(check.name) != check.ok:
-                self.record("selfcheck", only="log", tool=check.name, ok=check.ok, detail=check.detail)
-
     async def tick(self) -> None:
         """One poll. The pending timer and a restart cut short come first; each step is one call."""
-        if self.clock.monotonic() - self.selfcheck_at >= SELFCHECK_EVERY_S:
-            await self.refresh_selfcheck()
-        self.take_xids()
+        if self.selfcheck.due():
+            await self.selfcheck.refresh(self.settings, self.observer)
+        self.xids, notes = xids.drain(self.xids, self.xid_watcher, self.server.obs, self.observer.gpu.scope)
+        for note in notes:  # a gpu_xid is counted by its subscriber
+            self.record(note.event, note.level, **note.fields)
         if await self.resume_cut_short() or await self.fire_pending():
             return
-        await self.reap_orphans()
+        # Orphans of the tree re-parented to the daemon (a subreaper) are reaped once they exit.
+        await asyncio.to_thread(self.control.reap, self.server.pid)
         await self.tend_keeper()
         if self.lifecycle.state not in RUNNING:
             # Keep reading NVML (and looking for escaped processes by marker) while nothing runs,
@@ -1438,28 +1207,24 @@ class Owner:
         if record is None:
             return False
         rung = self.settings.rung_index(record.rung)
-        files, lines = self.log_files(), self.settings.logs.memory_lines
+        files, lines = log_files(self.settings), self.settings.logs.memory_lines
         taken = await take_over(record, rung, self.marker, self.control, files, lines, self.clock)
         if isinstance(taken, NotAdopted):
-            self.refuse_adoption(taken.why)
+            self.server.forget()  # the caller stops whatever carries the marker
+            self.record("adoption_refused", "warning", pid=record.pid, reason=taken.why)
             return False
         assert rung is not None
         self.ladder = replace(self.ladder, current=rung)
-        self.fresh_server(record.launched_wall)
+        self.observer.reset(self.engine())
+        self.server = Server.fresh(self.clock.monotonic(), record.launched_wall, before=self.server)
         self.server.adopt(taken, record)
         argv = render_rung(self.settings.server, self.settings.ladder[rung]).argv
         self.warm.adopting(argv, record.rung, self.clock.monotonic(), record.launched_wall)
-        self.bind_server()
+        self.recorder.rebind(rung=self.current_rung_name(), pid=self.server.pid)
         self.persist()
         self.record("server_adopted", pid=record.pid, rung=record.rung, starttime=record.starttime)
         self.move(State.STARTING, f"adopted server pid {record.pid} on rung {record.rung}")
         return True
-
-    def refuse_adoption(self, why: str) -> None:
-        """The saved server is not taken over; the caller stops whatever carries the marker."""
-        record = self.server.forget()
-        if record is not None:
-            self.record("adoption_refused", "warning", pid=record.pid, reason=why)
 
     async def hand_over(self) -> None:
         """Exit for a successor (an upgrade): the server keeps running, state.json says how to adopt it."""
@@ -1487,25 +1252,21 @@ class Owner:
         if self.lifecycle.state in RESTART_UNDER_WAY and self.leaving is None:
             self.inhand.resume_after_error = True
 
-    async def complete_group_capture(self, inc: OpenIncident) -> str | None:
-        """A group's leader killed while it captured a group incident's evidence: its successor
-        completes it under the same id (issue 34). Node 0's bundle is taken now, before the old tree
-        is stopped (unless the predecessor wrote it), and every member is asked again; a member that
-        wrote its bundle answers with it. Node 0's bundle id, if any."""
-        g = self.settings.group
-        if g is None or not g.is_leader:
-            return None
-        if kept_bundle(self.state_dir / "diagnostics", inc.id) is not None:
-            await self.peers.capture_alone(inc.id, self.beating, self.record)
-            return inc.id
-        obs = await self.observe()
-        trigger = "hung" if inc.cause in HUNG_CAUSES else "manual"
-        own = self.capture_bundle(inc.id, trigger, inc.cause, obs, None)
-        result = await self.peers.capture(inc.id, own, self.beating, self.record)
-        return result.id if result is not None and result.path is not None else None
-
-    def record_interrupted(self, inc: OpenIncident, bundle: str | None = None) -> None:
-        """The previous daemon died capturing evidence: the incident is recorded as it stood."""
+    async def finish_interrupted(self, inc: OpenIncident) -> None:
+        """The previous daemon died capturing evidence: the incident is recorded as it stood. A group's
+        leader completes its capture under the same id first (issue 34): node 0's bundle is taken now,
+        before the old tree is stopped (unless the predecessor wrote it), and every member is asked
+        again; a member that wrote its bundle answers with it."""
+        g, bundle = self.settings.group, None
+        if g is not None and g.is_leader:
+            if kept_bundle(self.state_dir / "diagnostics", inc.id) is not None:
+                await self.peers.capture_alone(inc.id)
+                bundle = inc.id
+            else:
+                trigger = "hung" if inc.cause in HUNG_CAUSES else "manual"
+                own = self.capture_bundle(inc.id, trigger, inc.cause, await self.observe(), None)
+                result = await self.peers.capture(inc.id, own)
+                bundle = result.id if result is not None and result.path is not None else None
         detail = "capture interrupted" + ("; completed by this daemon" if bundle is not None else "")
         view = IncidentView(
             id=inc.id, cause=inc.cause, at=iso(inc.at) or "", rung=inc.rung, detail=detail, bundle=bundle
@@ -1513,8 +1274,3 @@ class Owner:
         self.book_incident(view, interrupted=True)
         self.record("incident_interrupted", "warning", only="log", id=inc.id, cause=inc.cause, rung=inc.rung)
         self.ladder = record_end(self.ladder, inc.cause, self.clock.wall())
-
-
-_NOT_FOR_CHILD = frozenset(
-    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID"}
-)

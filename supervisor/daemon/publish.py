@@ -14,6 +14,7 @@ from probes.types import (
     TreeObservation,
 )
 from supervisor.clock import iso
+from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.policy.gpuwait import where
 from supervisor.policy.watchdog import History, mean_accept
 from supervisor.status.snapshot import (
@@ -269,5 +270,23 @@ class Counters:
     gpu_refusals: int = 0  # ... because a stranger held GPU memory (supervisor.daemon.slate)
     unknown_observations: int = 0
     state_write_errors: int = 0
-    bundle_write_errors: int = 0
     keepers_replaced: int = 0
+
+
+class WriteTally:
+    """Write errors for /status and the metrics counter alike: the counts live in their writers
+    (journal, log keeper, state, bundles); each publish feeds the counter what grew since the last."""
+
+    def __init__(self, metrics: SupervisorMetrics) -> None:
+        self.metrics = metrics
+        self.counted = WriteErrorsView()  # what the metrics counter has been told
+
+    @staticmethod
+    def view(journal: int, server_log: int, state: int, bundle: int) -> WriteErrorsView:
+        return WriteErrorsView(journal=journal, server_log=server_log, state=state, bundle=bundle)
+
+    def count(self, now: WriteErrorsView) -> None:
+        before = self.counted
+        for what in ("journal", "server_log", "state", "bundle"):
+            self.metrics.write_error(what, getattr(now, what) - getattr(before, what))
+        self.counted = now

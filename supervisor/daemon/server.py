@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from probes.types import LogLine, Observation
 from supervisor.clock import Clock
-from supervisor.config.settings import RestartSettings, WatchdogSettings
+from supervisor.config.settings import RestartSettings, Settings, WatchdogSettings
 from supervisor.daemon import stopping
 from supervisor.daemon.adopt import ServerRecord, refusal, starttime_of
 from supervisor.daemon.observe import Target
 from supervisor.daemon.publish import RestartingCount
 from supervisor.daemon.stopping import StopTools
+from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
 from supervisor.logs.reader import LogCapture
 from supervisor.logs.tending import KeeperStatus
 from supervisor.policy.gpuwait import wants_look
@@ -355,3 +357,35 @@ class Server:
         """Stop reading its output (a stop, or a handover: the position then covers every line read)."""
         if self.capture is not None:
             await asyncio.to_thread(self.capture.close)
+
+
+# ---- what the server gets -------------------------------------------------------------------
+
+# The daemon's own systemd plumbing never reaches the server.
+_NOT_FOR_CHILD = frozenset(
+    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID"}
+)
+
+
+def log_files(settings: Settings) -> LogFiles:
+    """Where the log keeper writes the server's output, and how much it keeps."""
+    logs = settings.logs
+    return LogFiles(
+        settings.state_dir / "logs",
+        int(logs.max_file_mb * 1024 * 1024),
+        logs.backups,
+        journal_socket=logs.journal_socket if logs.journal else None,
+        journal_id=logs.journal_identifier,
+    )
+
+
+def child_env(settings: Settings, env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment: the daemon's, less its own plumbing and its API token, plus the
+    rung's, plus the Flight Recorder's where it is on."""
+    out = {k: v for k, v in env.items() if k not in _NOT_FOR_CHILD}
+    out.pop(settings.api.token_env, None)
+    out.update(extra)
+    d = settings.diagnostics
+    fr_dir = Path(settings.paths.state_dir) / "flightrec" if d.flight_recorder else None
+    out.update(fr_launch_env(out, fr_dir, d.flight_recorder_entries))
+    return out

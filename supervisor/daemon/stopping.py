@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -141,3 +142,12 @@ async def verify_release(tools: StopTools, pids: tuple[int, ...]) -> tuple[Relea
 def gpu_verdict(release: Release) -> bool | str:
     """The journal's `gpu_released`: true only when NVML verified it, "unverified" when it could not."""
     return {"released": True, "held": False}.get(release, "unverified")
+
+
+async def sweep(tools: StopTools, markers: tuple[str, ...], record: Callable[..., None], why: str) -> tuple[int, ...]:
+    """What an earlier daemon left running and is not adopted: stopped (one sweep), verified, and
+    journalled with why (`leftovers_stopped`; an older version saved another marker, so both go)."""
+    swept = await stop_leftovers(tools, markers, why)
+    if swept.pids:
+        record("leftovers_stopped", "warning" if swept.ok else "error", **swept.doc)
+    return swept.pids

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from probes.gpuscope import DeviceScope
 from probes.types import Observation
-from probes.xid import XidEvent
+from probes.xid import XidEvent, XidWatcher
 from supervisor.clock import iso
 from supervisor.policy.xidpolicy import blocking, describe, xid_action
 from supervisor.status.eventnames import EventName
@@ -69,6 +69,16 @@ class Watch:
     reason: str
     gpus: tuple[int, ...]
     drained: tuple[XidEvent, ...]
+
+
+def drain(
+    book: XidBook, watcher: XidWatcher | None, obs: Observation | None, scope: DeviceScope
+) -> tuple[XidBook, list[Note]]:
+    """This tick's drain of the watcher (the one I/O here), then `take`."""
+    watch = None
+    if watcher is not None:
+        watch = Watch(watcher.status, watcher.reason, watcher.gpus, tuple(watcher.drain()))
+    return take(book, watch, obs, scope)
 
 
 def take(book: XidBook, watch: Watch | None, obs: Observation | None, scope: DeviceScope) -> tuple[XidBook, list[Note]]:

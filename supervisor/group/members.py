@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from probes.types import Observation
 from supervisor.common.exitcodes import EXIT_GROUP_RESTART
@@ -28,7 +28,7 @@ from supervisor.group.credentials import load_keys
 from supervisor.group.fingerprint import fingerprint
 from supervisor.group.joining import JoinAnswer, answer_join, formed, lacking, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
-from supervisor.group.peers import Asked, Beating, Clearance, Judged, Record
+from supervisor.group.peers import Asked, Beating, Clearance, Judged, MemberApi, Record
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.signing import NonceBook, RequestCheck
@@ -508,6 +508,14 @@ def bundle_doc(g: GroupRuntime | None, incident_id: str) -> Mapping[str, object]
     return g.bundle_doc(incident_id) if g is not None else None
 
 
+def _unattached(*args: Any, **fields: Any) -> None:
+    raise RuntimeError("GroupPeers.attach was not called: the owner attaches its record and heartbeat")
+
+
+async def _unattached_await(work: Awaitable[Any]) -> Any:
+    raise RuntimeError("GroupPeers.attach was not called: the owner attaches its record and heartbeat")
+
+
 class GroupPeers:
     """The owner's peers in a multi-node group (docs/MULTINODE.md).
 
@@ -519,6 +527,11 @@ class GroupPeers:
 
     def __init__(self, runtime: GroupRuntime) -> None:
         self.runtime = runtime
+        self.record: Record = _unattached
+        self.beating: Beating = _unattached_await
+
+    def attach(self, record: Record, beating: Beating) -> None:
+        self.record, self.beating = record, beating
 
     def fit(self, settings: Settings) -> Settings:
         g = settings.group
@@ -536,43 +549,42 @@ class GroupPeers:
     def scrapes_metrics(self) -> bool:
         return self.runtime.is_leader
 
-    async def start(
-        self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]], record: Record
-    ) -> None:
+    async def start(self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
         g = self.runtime
         if g.leader is None:
             return
         g.leader.start(poll_interval_s, sleep)
-        record("group_started", node=g.node, nnodes=g.settings.nnodes, members=list(g.settings.members))
+        self.record("group_started", node=g.node, nnodes=g.settings.nnodes, members=list(g.settings.members))
 
     async def close(self) -> None:
         if self.runtime.leader is not None:
             await self.runtime.leader.close()
 
-    def judge(self, v: Verdict, own_state: str, record: Record) -> Judged:
-        return judge(self.runtime, v, own_state, record)
+    def judge(self, v: Verdict, own_state: str) -> Judged:
+        return judge(self.runtime, v, own_state, self.record)
 
-    async def capture(self, incident_id: str, own: Awaitable[T], beating: Beating, record: Record) -> T:
+    async def capture(self, incident_id: str, own: Awaitable[T]) -> T:
         g = self.runtime
         if g.leader is None:
             return await own
         g.captured = incident_id  # every member's bundle at the same moment as this one
-        return await together(own, capture_members(g, incident_id, beating, record))
+        return await together(own, capture_members(g, incident_id, self.beating, self.record))
 
-    async def capture_alone(self, incident_id: str, beating: Beating, record: Record) -> None:
+    async def capture_alone(self, incident_id: str) -> None:
         g = self.runtime
         if g.leader is None:
             return
         g.captured = incident_id
-        await capture_members(g, incident_id, beating, record)
+        await capture_members(g, incident_id, self.beating, self.record)
 
-    async def stop(self, own: Awaitable[bool], beating: Beating, record: Record) -> bool:
+    async def stop(self, own: Awaitable[bool]) -> bool:
         g = self.runtime
         if g.leader is None:
             return await own
-        return await together(own, stop_members(g, beating, record))
+        return await together(own, stop_members(g, self.beating, self.record))
 
-    async def launch(self, rung: str, beating: Beating, record: Record) -> None:
+    async def launch(self, rung: str) -> None:
+        beating, record = self.beating, self.record
         g = self.runtime
         if g.leader is None:
             return
@@ -587,14 +599,14 @@ class GroupPeers:
                 await stop_members(g, beating, record)
         await launch_members(g, rung, beating, record)
 
-    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+    async def clearance(self, rung: str, by_group: bool) -> Clearance:
         # A launch ends the verdict this node held for the old server: a later bundle or report
         # gives its own cause, not the old one's (issue 34).
         self.runtime.held_cause, self.runtime.held_reason = None, ""
-        return await clearance(self.runtime, rung, by_group, beating)
+        return await clearance(self.runtime, rung, by_group, self.beating)
 
-    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record) -> JoinAnswer:
-        return answer_join_request(self.runtime, node, instance, theirs, check, record)
+    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool) -> JoinAnswer:
+        return answer_join_request(self.runtime, node, instance, theirs, check, self.record)
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
         self.runtime.own_state, self.runtime.own_rung, self.runtime.own_phase = snap.state, snap.rung, snap.phase
@@ -605,8 +617,8 @@ class GroupPeers:
     def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:
         return self.runtime.bundle_doc(incident_id)
 
-    def exits_for_group(self, record: Record) -> bool:
-        return exit_for_lws(self.runtime, record)
+    def exits_for_group(self) -> bool:
+        return exit_for_lws(self.runtime, self.record)
 
     def refuses_reload(self, new: Settings, old: Settings) -> str | None:
         """A reload cannot re-form a group (its members, its rank, its poller): refused, named."""
@@ -629,6 +641,10 @@ class GroupPeers:
 
     def report(self, snap: StatusSnapshot, history: History | None, obs: Observation | None, wall: float) -> NodeReport:
         return report(self.runtime, snap, history, obs, wall)
+
+    def member_api(self, monotonic: Callable[[], float]) -> MemberApi:
+        leads = self.runtime.is_leader
+        return MemberApi(leads, self.join if leads else None, request_check(self.runtime, monotonic))
 
     @property
     def exit_code(self) -> int | None:

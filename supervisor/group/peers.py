@@ -53,7 +53,21 @@ class Clearance:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class MemberApi:
+    """What the composition root serves to the group's other daemons (api/group.py, behind the
+    signed gate api/groupgate.py): the leader answers joins; every node checks signed requests."""
+
+    leads: bool
+    join: Callable[[int, str, Mapping[str, str], bool], Any] | None
+    check: Any  # supervisor.group.signing.RequestCheck
+
+
 class Peers(Protocol):
+    def attach(self, record: Record, beating: Beating) -> None:
+        """Once, by the owner: the one way to record an event, and its heartbeat for long awaits."""
+        ...
+
     def fit(self, settings: Settings) -> Settings:
         """The settings as this node applies them."""
         ...
@@ -62,31 +76,29 @@ class Peers(Protocol):
         """Whether the server's /metrics here is SGLang's (a worker's is a dummy health server's)."""
         ...
 
-    async def start(
-        self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]], record: Record
-    ) -> None: ...
+    async def start(self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None: ...
 
     async def close(self) -> None: ...
 
-    def judge(self, v: Verdict, own_state: str, record: Record) -> Judged: ...
+    def judge(self, v: Verdict, own_state: str) -> Judged: ...
 
-    async def capture(self, incident_id: str, own: Awaitable[T], beating: Beating, record: Record) -> T:
+    async def capture(self, incident_id: str, own: Awaitable[T]) -> T:
         """This node's capture (`own`) and the members' at the same moment."""
         ...
 
-    async def capture_alone(self, incident_id: str, beating: Beating, record: Record) -> None:
+    async def capture_alone(self, incident_id: str) -> None:
         """The members' capture for an incident this node takes no bundle of."""
         ...
 
-    async def stop(self, own: Awaitable[bool], beating: Beating, record: Record) -> bool:
+    async def stop(self, own: Awaitable[bool]) -> bool:
         """This node's stop and the members' at once; this node's outcome."""
         ...
 
-    async def launch(self, rung: str, beating: Beating, record: Record) -> None:
+    async def launch(self, rung: str) -> None:
         """The members stopped with this node launch `rung` too."""
         ...
 
-    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+    async def clearance(self, rung: str, by_group: bool) -> Clearance:
         """Before a launch: a group's member asks its leader, unless the leader asked for this launch
         (`by_group`) and has already accepted this daemon."""
         ...
@@ -95,7 +107,7 @@ class Peers(Protocol):
 
     def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None: ...
 
-    def exits_for_group(self, record: Record) -> bool:
+    def exits_for_group(self) -> bool:
         """True when an incident ends this daemon instead (LWS recreates the whole group)."""
         ...
 
@@ -113,6 +125,10 @@ class Peers(Protocol):
         self, snap: StatusSnapshot, history: History | None, obs: Observation | None, wall: float
     ) -> NodeReport: ...
 
+    def member_api(self, monotonic: Callable[[], float]) -> MemberApi | None:
+        """The group's API on this daemon's port, if it is in a group."""
+        ...
+
     @property
     def exit_code(self) -> int | None: ...
 
@@ -120,36 +136,37 @@ class Peers(Protocol):
 class NoPeers:
     """One node: every point is the plain owner's."""
 
+    def attach(self, record: Record, beating: Beating) -> None:
+        return None
+
     def fit(self, settings: Settings) -> Settings:
         return settings
 
     def scrapes_metrics(self) -> bool:
         return True
 
-    async def start(
-        self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]], record: Record
-    ) -> None:
+    async def start(self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
         return None
 
     async def close(self) -> None:
         return None
 
-    def judge(self, v: Verdict, own_state: str, record: Record) -> Judged:
+    def judge(self, v: Verdict, own_state: str) -> Judged:
         return Judged(v)
 
-    async def capture(self, incident_id: str, own: Awaitable[T], beating: Beating, record: Record) -> T:
+    async def capture(self, incident_id: str, own: Awaitable[T]) -> T:
         return await own
 
-    async def capture_alone(self, incident_id: str, beating: Beating, record: Record) -> None:
+    async def capture_alone(self, incident_id: str) -> None:
         return None
 
-    async def stop(self, own: Awaitable[bool], beating: Beating, record: Record) -> bool:
+    async def stop(self, own: Awaitable[bool]) -> bool:
         return await own
 
-    async def launch(self, rung: str, beating: Beating, record: Record) -> None:
+    async def launch(self, rung: str) -> None:
         return None
 
-    async def clearance(self, rung: str, by_group: bool, beating: Beating) -> Clearance:
+    async def clearance(self, rung: str, by_group: bool) -> Clearance:
         return Clearance(rung)
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
@@ -158,7 +175,7 @@ class NoPeers:
     def bundle_doc(self, incident_id: str) -> Mapping[str, object] | None:
         return None
 
-    def exits_for_group(self, record: Record) -> bool:
+    def exits_for_group(self) -> bool:
         return False
 
     def refuses_reload(self, new: Settings, old: Settings) -> str | None:
@@ -172,6 +189,9 @@ class NoPeers:
 
     def report(self, snap: StatusSnapshot, history: History | None, obs: Observation | None, wall: float) -> NodeReport:
         raise LookupError("one node: no group to report to")
+
+    def member_api(self, monotonic: Callable[[], float]) -> MemberApi | None:
+        return None
 
     @property
     def exit_code(self) -> int | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from supervisor.common.configerror import ConfigError
 from supervisor.config.settings import Settings
-from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, State
+from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, Pending, State
 from supervisor.status.commands import Command, CommandResult
 
 
@@ -59,3 +59,18 @@ def refuse_restart_only_changes(old: Settings, new: Settings) -> None:
             f"{new.server.host}:{new.server.port}: a reload cannot move a running server; restart the "
             "daemon (systemctl restart) to apply it"
         )
+
+
+def target_rung(cmd: Command, settings: Settings, state: State, pending: Pending | None, current: int) -> int:
+    """The rung a start or restart launches: the one asked for; else the one a pending launch waits
+    to launch (the ladder's decision: a start during the backoff skips only the wait); out of
+    `failed`, the preferred rung, where the cooldown starts too (issue 38: the two agree); else the
+    current one."""
+    idx = settings.rung_index(cmd.rung) if cmd.rung else None
+    if idx is not None:
+        return idx
+    if state == State.FAILED:
+        return 0
+    if pending is not None and pending.what != "leave_failed":
+        return pending.rung
+    return current

@@ -36,6 +36,7 @@ from supervisor.common.configerror import ConfigError
 from supervisor.common.exitcodes import EXIT_HANDOFF
 from supervisor.config.settings import Settings
 from supervisor.daemon.owner import Owner
+from supervisor.daemon.server import child_env
 from supervisor.group import members as grouping
 from supervisor.group.peers import NoPeers, Peers
 from supervisor.host.apiguard import raise_nofile_limit, uvicorn_options
@@ -43,6 +44,7 @@ from supervisor.host.instance_lock import StateLock, acquire
 from supervisor.host.sdnotify import Notifier
 from supervisor.logs.view import LogRedaction, server_log_file
 from supervisor.metrics.exporter import SupervisorMetrics
+from supervisor.policy.group import NodeReport
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
 from supervisor.root.gpusource import open_nvml
@@ -127,7 +129,7 @@ async def start_api(
         journal=sup.journal,
         registry=registry,
         max_body_bytes=settings.api.max_body_bytes,
-        liveness=sup.heartbeat_age,
+        liveness=sup.pulse.age,
         version=__version__,
         log_file=server_log_file(settings),
         redact=redact,
@@ -135,16 +137,17 @@ async def start_api(
         hosts=host_policy(settings.api.host, settings.api.allowed_hosts),
     )
     served: ASGIApp = app
-    if isinstance(sup.peers, grouping.GroupPeers):  # the member API the group's leader calls (api/group.py)
-        peers = sup.peers
-        leads = peers.runtime.is_leader
-        join = (lambda n, i, f, c: peers.join(n, i, f, c, sup.record)) if leads else None
-        endpoint = grouping.GroupEndpoint(sup.snapshot, sup.group_report, sup.submit, join)
+    member_api = sup.peers.member_api(time.monotonic)
+    if member_api is not None:  # the member API the group's leader calls (api/group.py)
+        def report() -> NodeReport:  # this node's report to its group's leader
+            return sup.peers.report(sup.snapshot(), sup.server.history, sup.server.obs, time.time())
+
+        endpoint = grouping.GroupEndpoint(sup.snapshot, report, sup.submit, member_api.join)
         # Signed by the group's keys, outside the bearer-token app (api/groupgate.py).
-        check = grouping.request_check(peers.runtime, time.monotonic)
-        paths = LEADER_PATHS if leads else MEMBER_PATHS
+        paths = LEADER_PATHS if member_api.leads else MEMBER_PATHS
         limit = settings.api.max_body_bytes
-        served = GroupGate(app, group_app(endpoint), check, wall=time.time, max_body_bytes=limit, paths=paths)
+        gate = GroupGate(app, group_app(endpoint), member_api.check, wall=time.time, max_body_bytes=limit, paths=paths)
+        served = gate
     config = uvicorn.Config(
         served,
         log_config=None,
@@ -211,10 +214,10 @@ def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Ale
         journal=sup.journal,
         metrics=metrics,
         instance=instance_name(settings.server.host, settings.server.port),
-        hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
+        hook_env=child_env(sup.settings, sup.env, {}),  # the daemon's environment, less its API token and sockets
     )
     alerter.start()
-    sup.subscribe_journal(alerter.offer)
+    sup.recorder.subscribe_journal(alerter.offer)
     return alerter
 
 
@@ -307,7 +310,7 @@ async def _serve_locked(
             )
         if new.notify != current.notify or new.server.port != current.server.port:
             fresh = start_alerter(sup, new, notify_metrics)  # an unreadable secret file refuses the reload here
-            sup.unsubscribe_journal(alerter.offer)
+            sup.recorder.unsubscribe_journal(alerter.offer)
             retired.append(asyncio.create_task(alerter.close(grace_s=5.0)))  # its queue drains aside
             alerter = fresh
         if new.api != current.api:
@@ -321,7 +324,7 @@ async def _serve_locked(
                 raise
         current = new
 
-    sup.set_reload_hook(on_reload)
+    sup.on_reload = on_reload
     if signals:
         install_signals(sup, config_path, env)
     notifier.ready()
@@ -330,12 +333,12 @@ async def _serve_locked(
     try:
         await sup.run()
     finally:
-        if sup.handoff:
+        if sup.leaving == "handoff":
             lock.announce_handoff()
         await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
         await api.close()
         if sup.xid_watcher is not None:
             await asyncio.to_thread(sup.xid_watcher.stop)
     code = sup.peers.exit_code if sup.peers.exit_code is not None else 0
-    log.info("daemon_exit", state=sup.snapshot().state, handoff=sup.handoff, code=code)
-    return EXIT_HANDOFF if sup.handoff else code
+    log.info("daemon_exit", state=sup.snapshot().state, handoff=(sup.leaving == "handoff"), code=code)
+    return EXIT_HANDOFF if (sup.leaving == "handoff") else code

@@ -79,18 +79,19 @@ async def test_the_leaders_launch_request_does_not_launch_a_daemon_it_has_not_ac
     g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader=LEADER), None, KEYS)
     g.to_leader = leader  # type: ignore[assignment]
     peers = GroupPeers(g)
+    peers.attach(lambda *a, **kw: None, beating)
     s = worker(tmp_path)
     peers.fit(s)
     # Refused at its start-up ask; then the leader's group launch reaches it: it asks again, holds.
-    assert (await peers.clearance("base", False, beating)).rung is None
-    held = await peers.clearance("base", True, beating)
+    assert (await peers.clearance("base", False)).rung is None
+    held = await peers.clearance("base", True)
     assert held.rung is None and "tp-size (leader 2, this node 4)" in held.why and len(leader.asked) == 2
     # Accepted (its config fixed on the leader's side): the leader's later launches need no ask.
-    assert (await peers.clearance("base", False, beating)).rung == "base"
-    assert (await peers.clearance("second", True, beating)).rung == "second" and len(leader.asked) == 3
+    assert (await peers.clearance("base", False)).rung == "base"
+    assert (await peers.clearance("second", True)).rung == "second" and len(leader.asked) == 3
     # A reload that changes its config: the leader accepted the old one, so it asks again.
     peers.fit(worker(tmp_path, tp=4))
-    assert (await peers.clearance("base", True, beating)).rung == "base" and len(leader.asked) == 4
+    assert (await peers.clearance("base", True)).rung == "base" and len(leader.asked) == 4
     assert leader.asked[-1]["fingerprint"]["tp-size"] == "4"
     peers.fit(worker(tmp_path, tp=4))  # the same config again: still accepted
-    assert (await peers.clearance("base", True, beating)).rung == "base" and len(leader.asked) == 4
+    assert (await peers.clearance("base", True)).rung == "base" and len(leader.asked) == 4

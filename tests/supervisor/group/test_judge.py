@@ -147,14 +147,16 @@ async def test_a_launch_ends_the_verdict_a_worker_held_so_later_bundles_give_the
 
     g = GroupRuntime(GroupSettings(nnodes=2, node_rank=1, leader="h0:1"), None, KEYS)
     judge(g, DIED, "ready", Recorder())
-    peers = GroupPeers(g)
-    asked = peers.asked(Command(kind="diagnose", incident_id="A", source="group"))
-    assert asked is not None and asked.cause == "rank_died"
 
     async def beating(work):  # type: ignore[no-untyped-def]
         return await work
 
-    cleared = await peers.clearance("base", True, beating)  # the leader's relaunch of this node
+    peers = GroupPeers(g)
+    peers.attach(lambda *a, **kw: None, beating)
+    asked = peers.asked(Command(kind="diagnose", incident_id="A", source="group"))
+    assert asked is not None and asked.cause == "rank_died"
+
+    cleared = await peers.clearance("base", True)  # the leader's relaunch of this node
     assert cleared.rung == "base"
     asked = peers.asked(Command(kind="diagnose", incident_id="B", source="group"))
     assert asked is not None and asked.cause is None
