@@ -20,9 +20,6 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
-
-import structlog
 
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
@@ -46,9 +43,9 @@ from supervisor.daemon.evidence import (
     unique_incident_id,
 )
 from supervisor.daemon.observe import Observer
-from supervisor.daemon.persist import Decided, InHand, OpenIncident, Persisted, load, marker_for, save
-from supervisor.daemon.publish import Counters, Facts, WriteTally, build, stale_after
-from supervisor.daemon.server import NotAdopted, Server, SpawnRequest, child_env, log_files, port_holder_of, take_over
+from supervisor.daemon.persist import Decided, InHand, OpenIncident, Persisted, load, marker_for, save, why_not_adopted
+from supervisor.daemon.publish import Counters, WriteTally, build, gather
+from supervisor.daemon.server import Server, SpawnRequest, child_env, log_files, port_holder_of
 from supervisor.daemon.shmledger import ShmLedger
 from supervisor.daemon.stopping import StopTools
 from supervisor.daemon.xids import XidBook
@@ -61,6 +58,7 @@ from supervisor.host.sdnotify import Notifier
 from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.policy import recovery, validation
 from supervisor.policy.ladder import (
+    Decision,
     Incident,
     LadderState,
     fresh_start,
@@ -68,6 +66,7 @@ from supervisor.policy.ladder import (
     record_launch,
     record_ready,
     record_stable,
+    remap,
     resume_rung,
 )
 from supervisor.policy.lifecycle import RESTART_UNDER_WAY, RUNNING, SERVING, Leaving, Lifecycle, Pending, State
@@ -75,13 +74,11 @@ from supervisor.policy.watchdog import Mode, Verdict
 from supervisor.process.control import ProcessControl, RealProcessControl
 from supervisor.process.owners import STATE_DIR_ENV
 from supervisor.status.causes import HUNG_CAUSES, Cause
-from supervisor.status.commands import Command, CommandResult, finish
+from supervisor.status.commands import Command, CommandResult, finish, next_from
 from supervisor.status.eventnames import EventName
 from supervisor.status.snapshot import IncidentView, StatusSnapshot, StopView
 from supervisor.warmstart.warm import WarmStart
 
-log = structlog.get_logger(__name__)
-T = TypeVar("T")
 # A successor re-reads the log lines of at most this window (duplicates, never losses); each save
 # is one small fsynced write of state.json.
 LOG_POSITION_SAVE_S = 5.0
@@ -153,7 +150,9 @@ class Owner:
         self.peers.attach(self.record, self.pulse.beating)
         self.write_tally = WriteTally(self.metrics)  # write errors: /status and the counter, one source
         self.selfcheck = SelfChecks(self.record, clock.monotonic)  # tools, ptrace, GPM, the busy signal
-        self.warm = WarmStart(settings, self.record)  # timelines, learned windows, caches (issue 36)
+        # Warm start (issue 36): the launch environment and the window in force; it hears ready and stops.
+        self.warm = WarmStart(settings, self.record, monotonic=clock.monotonic)
+        self.recorder.bus.subscribe(lambda e: self.warm.hear(e.name, e.fields))
         self.bundles = Bundles(self.record, self.metrics, self.pulse.beating)  # evidence written and told
         self.publish()
 
@@ -191,20 +190,7 @@ class Owner:
     async def next_command(self, timeout: float) -> Command | None:
         """The next queued command, or None once `timeout` has passed on the injected clock."""
         self.pulse.beat()
-        if timeout <= 0:
-            try:
-                return self.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return None
-        get = asyncio.ensure_future(self.queue.get())
-        timer = asyncio.ensure_future(self.clock.sleep(timeout))
-        await asyncio.wait({get, timer}, return_when=asyncio.FIRST_COMPLETED)
-        timer.cancel()
-        if not get.done():
-            get.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await get
-        return get.result() if get.done() and not get.cancelled() else None
+        return await next_from(self.queue, self.clock.sleep, timeout)
 
     def stop_tools(self) -> StopTools:
         rs, srv = self.settings.restart, self.settings.server
@@ -221,8 +207,6 @@ class Owner:
         self.reason = reason
         if self.pending is not None and state != self.pending.waits_in:
             self.pending = None  # leaving the state a timer waits in cancels it
-        if state == State.STOPPED:
-            self.warm.cancel_outage()  # stopped by request: no outage against anyone's wish
         if old != state:
             self.since_wall = self.clock.wall()
             rung = self.current_rung_name()
@@ -236,19 +220,12 @@ class Owner:
         self.publish()
 
     def persist(self) -> None:
+        inhand, names = self.inhand, tuple(r.name for r in self.settings.ladder)
+        saved = Persisted(
+            self.marker, self.ladder, names, inhand.open_incident, self.server.saved_record(), self.stopped_by_request,
+            inhand.decided, last_incident=inhand.last_incident,
+        )  # fmt: skip
         try:
-            names = tuple(r.name for r in self.settings.ladder)
-            inhand = self.inhand
-            saved = Persisted(
-                self.marker,
-                self.ladder,
-                names,
-                inhand.open_incident,
-                self.server.saved_record(),
-                self.stopped_by_request,
-                inhand.decided,
-                last_incident=inhand.last_incident,
-            )
             save(self.state_dir / "state.json", saved)
             self.persisted_at = self.clock.monotonic()
         except OSError as err:
@@ -262,83 +239,32 @@ class Owner:
     # ---- observing and publishing ---------------------------------------------------------
 
     async def observe(self) -> Observation:
-        server = self.server
-        lines = server.new_lines()
-        if lines:
-            self.observer.feed(lines)
-            self.warm.lines(lines)
-        serving, metrics = self.lifecycle.state in SERVING, self._metrics_on[self.ladder.current]
-        look = self.lifecycle.state == State.STARTING and server.wants_look(
-            self.clock.monotonic(), self.warm.in_force(self.settings.watchdog)
-        )  # the look waits for half the window the verdict is judged by
-        target = server.target(marker=self.marker, serving=serving, metrics=metrics, look=look)
-        obs = await self.observer.observe(target)
+        server, st = self.server, self.lifecycle.state
+        look = self.warm.in_force(self.settings.watchdog) if st == State.STARTING else None  # the verdict's window
+        obs, lines = await server.observe(
+            self.observer, marker=self.marker, serving=st in SERVING, metrics=self._metrics_on[self.ladder.current],
+            look=look, now=self.clock.monotonic(),
+        )  # fmt: skip
+        self.warm.lines(lines)
         if obs.health is not None:
             self.metrics.health(obs.health.latency_s, obs.health.ok)
-        server.observed(obs)
         pids = obs.tree.pids if server.child is not None else ()
         if pids and self.shm_ledger.due(pids):
             await asyncio.to_thread(self.shm_ledger.note, pids, self.settings.restart.shm_dir)
         return obs
 
     def publish(self) -> None:
-        now = self.clock.monotonic()
-        st = self.lifecycle.state
-        server, inhand, counts = self.server, self.inhand, self.counters
-        running = st in RUNNING or st in (State.HUNG, State.DIAGNOSING)
-        nxt = None
-        if self.pending is not None and st == self.pending.waits_in:
-            nxt = round(max(0.0, self.pending.at - now), 3)
-        wd = self.settings.watchdog
-        last_good = self.ladder.last_good
-        self._snapshot = build(
-            Facts(
-                state=st.value,
-                reason=self.reason,
-                since_wall=self.since_wall,
-                state_age_s=now - self.lifecycle.since,
-                rung=self.current_rung_name(),
-                rung_index=self.ladder.current,
-                last_good=(
-                    self.settings.ladder[last_good].name
-                    if last_good is not None and last_good < len(self.settings.ladder)
-                    else None
-                ),
-                ladder=tuple(r.name for r in self.settings.ladder),
-                engine=self.engine().name,
-                ladder_engines=tuple(self.settings.engine_of(r) for r in self.settings.ladder),
-                pid=self.server.pid,
-                restarts=counts.restarts,
-                restarts_last_hour=self.ladder.restarts_within_hour(self.clock.wall()),
-                started_wall=server.launched_wall,
-                time_to_ready_s=server.time_to_ready_s if st in SERVING else None,
-                next_attempt_in_s=nxt,
-                last_incident=inhand.last_incident,
-                incidents=counts.incidents,
-                selfcheck=self.selfcheck.checks,
-                diagnosing=inhand.diagnosing,
-                version=self.version,
-                now=now,
-                history=server.history,
-                observation=server.obs,
-                health=self.observer.last_health,
-                serving=self.observer.last_serving,
-                running=running,
-                loop_errors=counts.loop_errors,
-                write_errors=self.write_tally.view(
-                    self.journal.write_errors,
-                    self.server.log_write_errors(),
-                    counts.state_write_errors,
-                    self.bundles.write_errors,
-                ),
-                log_keeper=server.keeper_view(counts.keepers_replaced),
-                last_stop=self.last_stop,
-                adopted=server.adopted and running,
-                takeover_s=server.takeover_s if st in SERVING else None,
-                stale_after_s=stale_after(wd.metrics_interval_s, wd.serving_stall_s),
-                busy=self.observer.last_busy,
-            )
-        )
+        write_errors = self.write_tally.view(
+            self.journal.write_errors, self.server.log_write_errors(), self.counters.state_write_errors,
+            self.bundles.write_errors,
+        )  # fmt: skip
+        facts = gather(
+            now=self.clock.monotonic(), wall=self.clock.wall(), lifecycle=self.lifecycle, reason=self.reason,
+            since_wall=self.since_wall, settings=self.settings, ladder=self.ladder, server=self.server,
+            counters=self.counters, inhand=self.inhand, pending=self.pending, observer=self.observer,
+            selfcheck=self.selfcheck.checks, write_errors=write_errors, last_stop=self.last_stop, version=self.version,
+        )  # fmt: skip
+        self._snapshot = build(facts)
         if self.xids.recent or self.xids.blocked is not None:
             update = {"gpu_xids": self.xids.views(), "gpu_blocked": self.xids.blocked_reason()}
             self._snapshot = self._snapshot.model_copy(update=update)
@@ -629,34 +555,32 @@ class Owner:
 
     async def recover(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> None:
         """Stop the server (and a group's members with it), ask the ladder, then relaunch now (no
-        backoff) or set the pending timer."""
-        if self.decided_for_recreation(incident, forced_rung=forced_rung, manual=manual):
-            return  # LWS recreates the group, on the rung just decided and saved
+        backoff) or set the pending timer. `[group] restart = "lws"` on the leader: the ladder decides
+        first (as after a verified stop) and the decision is saved before the exit, so the recreated
+        group starts on the decided rung and the hourly budget counts (issue 34); out of rungs, or a
+        launch blocked, there is no exit (a recreation would run into the same end): the group is
+        stopped and failed here."""
+        g = self.settings.group
+        if g is not None and recovery.exits_for_group(g.is_leader, g.restart):
+            early = self._after_incident(incident, True, manual, forced_rung, self.clock.wall())
+            if not isinstance(early, recovery.Failed) and early.decision.action == "relaunch":
+                self.decided(incident, early, self.clock.wall())  # saved: the recreated leader resumes it
+                self.peers.exits_for_group()
+                self.leaving = "group_restart"
+                self.persist()
+                return  # LWS recreates the group, on the rung just decided and saved
         if self.lifecycle.state != State.RESTARTING:
             self.move(State.RESTARTING, f"stopping after {incident.cause}")
         rs = self.settings.restart  # a hung tree's graceful exit cannot come: a short grace (issue 36)
         grace = min(rs.stop_grace_s, rs.hung_stop_grace_s) if incident.cause in HUNG_CAUSES else None
-        stop = self.stop_server(f"incident {incident.cause}", grace_s=grace)
-        ok = await self.peers.stop(stop)
+        ok = await self.peers.stop(self.stop_server(f"incident {incident.cause}", grace_s=grace))
         self.warm.stopped(self.clock.monotonic())
         now_wall = self.clock.wall()
         outcome = self._after_incident(incident, ok, manual, forced_rung, now_wall)
         if isinstance(outcome, recovery.Failed):
             self.move(State.FAILED, outcome.reason)
             return
-        self.ladder, decision = outcome.ladder, outcome.decision
-        self.metrics.restart(incident.cause)  # manual restarts count too (cause "manual")
-        if decision.action == "relaunch":  # saved before the backoff: a successor relaunches this rung
-            name = self.settings.ladder[decision.rung].name
-            self.inhand.decided = Decided(name, decision.reason, now_wall + decision.backoff_s)
-        self.persist()
-        self.record(
-            "ladder_decision",
-            action=decision.action,
-            rung=decision.rung,
-            reason=decision.reason,
-            backoff_s=round(decision.backoff_s, 3),
-        )
+        decision = self.decided(incident, outcome, now_wall)
         if decision.action == "give_up":
             self.fail(decision.reason, decision.reason)
             return
@@ -674,49 +598,24 @@ class Owner:
         """The ladder's pure decision after a stop, for a relaunch here or an LWS recreation."""
         # rand is for the ladder's backoff (next_rung); a manual restart or a rung asked for needs none
         rand = self.rand() if not manual and forced_rung is None else 0.0
+        after = recovery.AfterStop(released=released, xid_blocked=self.xids.blocked_reason())
         return recovery.after_incident(
-            self.settings.ladder,
-            self.ladder,
-            incident,
-            recovery.AfterStop(released=released, xid_blocked=self.xids.blocked_reason()),
-            self.settings.restart,
-            manual=manual,
-            forced_rung=forced_rung,
-            now_wall=now_wall,
-            rand=rand,
-            speculative=self._speculative,
-        )
+            self.settings.ladder, self.ladder, incident, after, self.settings.restart, manual=manual,
+            forced_rung=forced_rung, now_wall=now_wall, rand=rand, speculative=self._speculative,
+        )  # fmt: skip
 
-    def decided_for_recreation(self, incident: Incident, *, forced_rung: int | None, manual: bool) -> bool:
-        """`[group] restart = "lws"` on the leader: the ladder decides now (as after a verified
-        stop) and the decision is saved to state.json before the exit, so the recreated group
-        starts on the decided rung and the hourly budget counts (issue 34). Out of rungs, or a
-        launch blocked: no exit (a recreation would run into the same end); the normal path stops
-        and fails the group here. True when the daemon leaves for the recreation."""
-        g = self.settings.group
-        if g is None or not recovery.exits_for_group(g.is_leader, g.restart):
-            return False
-        now_wall = self.clock.wall()
-        outcome = self._after_incident(incident, True, manual, forced_rung, now_wall)
-        if isinstance(outcome, recovery.Failed) or outcome.decision.action != "relaunch":
-            return False
-        decision = outcome.decision
-        self.ladder = outcome.ladder
-        self.metrics.restart(incident.cause)
-        name = self.settings.ladder[decision.rung].name
-        self.inhand.decided = Decided(name, decision.reason, now_wall + decision.backoff_s)
-        self.record(
-            "ladder_decision",
-            action=decision.action,
-            rung=decision.rung,
-            reason=decision.reason,
-            backoff_s=round(decision.backoff_s, 3),
-        )
-        self.persist()  # before the exit: the recreated leader resumes this decision
-        self.peers.exits_for_group()
-        self.leaving = "group_restart"
+    def decided(self, incident: Incident, outcome: recovery.Recovery, now_wall: float) -> Decision:
+        """The ladder's decision taken: counted, saved before any backoff (a successor relaunches this
+        rung), journalled."""
+        self.ladder, decision = outcome.ladder, outcome.decision
+        self.metrics.restart(incident.cause)  # manual restarts count too (cause "manual")
+        if decision.action == "relaunch":
+            name = self.settings.ladder[decision.rung].name
+            self.inhand.decided = Decided(name, decision.reason, now_wall + decision.backoff_s)
         self.persist()
-        return True
+        fields = {"action": decision.action, "rung": decision.rung, "reason": decision.reason}
+        self.record("ladder_decision", **fields, backoff_s=round(decision.backoff_s, 3))
+        return decision
 
     # ---- stop -------------------------------------------------------------------------------
 
@@ -761,16 +660,10 @@ class Owner:
         """The server's log keeper, every poll: a dead one is replaced on the same pipe (no server
         restart, no line lost), a stopped one is named; each change is journalled once."""
         now = await self.server.tend_keeper(self.control, log_files(self.settings))
-        if now is None:
-            return
-        fields = {"pid": now.pid, "old_pid": now.old_pid, "why": now.why, "pipe_bytes": now.pipe_bytes}
-        if now.condition == "replaced":
-            self.counters.keepers_replaced += 1
-            self.record("log_keeper_replaced", "warning", **fields)
-        elif now.condition == "stopped":
-            self.record("log_keeper_stopped", "error", **fields)
-        elif now.condition == "lost":
-            self.record("log_keeper_lost", "error", **fields)
+        if now is not None and now.condition in ("replaced", "stopped", "lost"):
+            self.counters.keepers_replaced += now.condition == "replaced"
+            event, level, fields = Server.keeper_news(now)
+            self.record(event, level, **fields)
 
     async def watch(self) -> None:
         """Observe the running server, let it judge itself by the window in force, act on the verdict."""
@@ -823,11 +716,9 @@ class Owner:
         self.persist()
         if ready.adopted:
             self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=ready.takeover_s)
-            self.warm.ready(now, None)
             self.move(State.READY, f"adopted server ready on rung {rung}")
             return
         self.record("server_ready", only="journal", rung=rung, time_to_ready_s=ready.time_to_ready_s)
-        self.warm.ready(now, ready.time_to_ready_s)
         self.move(State.READY, f"ready on rung {rung} in {ready.time_to_ready_s:.1f} s")
 
     async def act_serving(self, v: Verdict, now: float) -> None:
@@ -1021,18 +912,10 @@ class Owner:
             finish(cmd, CommandResult("invalid", str(err), self.lifecycle.state.value))
         else:  # thresholds and ladder change without touching a healthy server
             old_names = tuple(r.name for r in self.settings.ladder)
-            current = old_names[self.ladder.current] if self.ladder.current < len(old_names) else None
-            self.settings = new
-            self.warm.settings = new
+            self.settings = self.warm.settings = new
             self.observer.configure(new)
             self.observer.gpu.scope = DeviceScope.for_server(new.server.env, self.env)  # CUDA_VISIBLE_DEVICES
-            idx = new.rung_index(current) if current is not None else None
-            if idx is None:
-                idx = min(self.ladder.current, len(new.ladder) - 1)
-            last_good = self.ladder.last_good
-            if last_good is not None and last_good < len(old_names):
-                last_good = new.rung_index(old_names[last_good])
-            self.ladder = LadderState(**{**self.ladder.__dict__, "current": idx, "last_good": last_good})
+            self.ladder = remap(self.ladder, old_names, tuple(r.name for r in new.ladder))
             self.persist()
             self.record("config_reloaded", ladder=[r.name for r in new.ladder])
             self.publish()
@@ -1048,42 +931,39 @@ class Owner:
         A group's leader polls its members beside the loop (`Peers.start`) until the loop ends."""
         await self.peers.start(lambda: self.settings.watchdog.poll_interval_s, self.clock.sleep)
         try:
-            await self.loop(autostart)
+            try:
+                try:
+                    await self.startup(autostart)
+                except Exception as err:  # not even start-up may end the daemon
+                    await self.survive(err)
+                    if autostart and self.lifecycle.state == State.STOPPED and not self.stopped_by_request:
+                        # Start-up failed before the first launch: the tick tries it after `backoff_initial_s`.
+                        delay = self.settings.restart.backoff_initial_s
+                        rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
+                        self.move(State.RESTARTING, f"start-up failed ({err!r}); launching in {delay:g} s")
+                        self.wait_then(Pending("launch", rung, self.clock.monotonic() + delay))
+                next_tick = self.clock.monotonic()
+                while self.leaving is None:
+                    wake = next_tick if self.pending is None else min(next_tick, self.pending.at)
+                    try:
+                        cmd = await self.next_command(max(0.0, wake - self.clock.monotonic()))
+                        if cmd is not None:
+                            await self.handle(cmd)
+                            continue
+                        now = self.clock.monotonic()
+                        # A late poll (the daemon itself starved) must not eat the server's stall window.
+                        self.observer.loop_lag_s = max(0.0, now - next_tick)
+                        next_tick = now + self.settings.watchdog.poll_interval_s
+                        await self.tick()
+                    except Exception as err:  # the loop outlives any one poll, probe, write or command
+                        await self.survive(err)
+            finally:
+                if self.leaving == "handoff" and self.server.child is not None and self.server.record is not None:
+                    await self.hand_over()  # SIGUSR2: the server stays for the successor
+                else:
+                    await self.shutdown()
         finally:
             await self.peers.close()
-
-    async def loop(self, autostart: bool) -> None:
-        try:
-            try:
-                await self.startup(autostart)
-            except Exception as err:  # not even start-up may end the daemon
-                await self.survive(err)
-                if autostart and self.lifecycle.state == State.STOPPED and not self.stopped_by_request:
-                    # Start-up failed before the first launch: try it from the tick after `backoff_initial_s`.
-                    delay = self.settings.restart.backoff_initial_s
-                    rung = resume_rung(self.ladder, len(self.settings.ladder), self.settings.restart.start_from)
-                    self.move(State.RESTARTING, f"start-up failed ({err!r}); launching in {delay:g} s")
-                    self.wait_then(Pending("launch", rung, self.clock.monotonic() + delay))
-            next_tick = self.clock.monotonic()
-            while self.leaving is None:
-                wake = next_tick if self.pending is None else min(next_tick, self.pending.at)
-                try:
-                    cmd = await self.next_command(max(0.0, wake - self.clock.monotonic()))
-                    if cmd is not None:
-                        await self.handle(cmd)
-                        continue
-                    now = self.clock.monotonic()
-                    # A late poll (the daemon itself starved) must not eat the server's stall window.
-                    self.observer.loop_lag_s = max(0.0, now - next_tick)
-                    next_tick = now + self.settings.watchdog.poll_interval_s
-                    await self.tick()
-                except Exception as err:  # the loop outlives any one poll, probe, write or command
-                    await self.survive(err)
-        finally:
-            if self.leaving == "handoff" and self.server.child is not None and self.server.record is not None:
-                await self.hand_over()  # SIGUSR2: the server stays for the successor
-            else:
-                await self.shutdown()
 
     async def startup(self, autostart: bool) -> None:
         srv, api = self.settings.server, self.settings.api
@@ -1105,18 +985,12 @@ class Owner:
         if saved is not None and saved.open_incident is not None:
             await self.finish_interrupted(saved.open_incident)
         self.persist()
-        if saved is None:
-            not_adopted = f"no server record to adopt it by ({why})"
-        elif saved.server is None:
-            not_adopted = "state.json records no running server (its predecessor was stopping or launching it)"
-        else:
-            not_adopted = "its server record did not prove it ours (see adoption_refused)"
+        not_adopted = why_not_adopted(saved, why)
         if saved is None or saved.open_incident is None:
             if await self.adopt_server():
                 self.publish()
                 return
         else:  # the predecessor had judged this server and was stopping it: its verdict stands
-            not_adopted = f"incident {saved.open_incident.id} ({saved.open_incident.cause}) was under way"
             if (record := self.server.forget()) is not None:  # whatever carries the marker is stopped
                 self.record("adoption_refused", "warning", pid=record.pid, reason=not_adopted)
         await stopping.sweep(self.stop_tools(), (self.marker, marker_for(self.state_dir)), self.record, not_adopted)
@@ -1207,17 +1081,17 @@ class Owner:
         if record is None:
             return False
         rung = self.settings.rung_index(record.rung)
+        server = Server.fresh(self.clock.monotonic(), record.launched_wall, before=self.server)
+        server.restore(record)
         files, lines = log_files(self.settings), self.settings.logs.memory_lines
-        taken = await take_over(record, rung, self.marker, self.control, files, lines, self.clock)
-        if isinstance(taken, NotAdopted):
+        if (refused := await server.adopt(rung, self.marker, self.control, files, lines, self.clock)) is not None:
             self.server.forget()  # the caller stops whatever carries the marker
-            self.record("adoption_refused", "warning", pid=record.pid, reason=taken.why)
+            self.record("adoption_refused", "warning", pid=record.pid, reason=refused.why)
             return False
         assert rung is not None
         self.ladder = replace(self.ladder, current=rung)
         self.observer.reset(self.engine())
-        self.server = Server.fresh(self.clock.monotonic(), record.launched_wall, before=self.server)
-        self.server.adopt(taken, record)
+        self.server = server
         argv = render_rung(self.settings.server, self.settings.ladder[rung]).argv
         self.warm.adopting(argv, record.rung, self.clock.monotonic(), record.launched_wall)
         self.recorder.rebind(rung=self.current_rung_name(), pid=self.server.pid)

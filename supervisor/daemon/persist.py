@@ -240,3 +240,15 @@ class InHand:
     restart_pending: bool = False
     resume_after_error: bool = False  # a restart was cut short by an exception: finish it
     incident_ids: list[str] = field(default_factory=list)  # recent ids, so two in one second differ
+
+
+def why_not_adopted(saved: Persisted | None, why: str) -> str:
+    """Why a start sweeps what carries the marker instead of adopting it (`leftovers_stopped.reason`):
+    the journal must say why a server that was serving is reloaded. `why`: how state.json loaded."""
+    if saved is None:
+        return f"no server record to adopt it by ({why})"
+    if saved.open_incident is not None:  # the predecessor had judged this server: its verdict stands
+        return f"incident {saved.open_incident.id} ({saved.open_incident.cause}) was under way"
+    if saved.server is None:
+        return "state.json records no running server (its predecessor was stopping or launching it)"
+    return "its server record did not prove it ours (see adoption_refused)"

@@ -14,8 +14,15 @@ from probes.types import (
     TreeObservation,
 )
 from supervisor.clock import iso
+from supervisor.config.settings import Settings
+from supervisor.daemon.observe import Observer
+from supervisor.daemon.persist import InHand
+from supervisor.daemon.server import Server
+from supervisor.engines import profile_of
 from supervisor.metrics.exporter import SupervisorMetrics
 from supervisor.policy.gpuwait import where
+from supervisor.policy.ladder import LadderState
+from supervisor.policy.lifecycle import RUNNING, SERVING, Lifecycle, Pending, State
 from supervisor.policy.watchdog import History, mean_accept
 from supervisor.status.snapshot import (
     BusyView,
@@ -161,6 +168,72 @@ def token_staleness(
     return moved_s, busy and moved_s > stale_after_s
 
 
+def gather(
+    *,
+    now: float,
+    wall: float,
+    lifecycle: Lifecycle,
+    reason: str,
+    since_wall: float,
+    settings: Settings,
+    ladder: LadderState,
+    server: Server,
+    counters: Counters,
+    inhand: InHand,
+    pending: Pending | None,
+    observer: Observer,
+    selfcheck: tuple[ToolCheck, ...],
+    write_errors: WriteErrorsView,
+    last_stop: StopView | None,
+    version: str,
+) -> Facts:
+    """The snapshot's facts, read from the owner's records as they stand (nothing is kept here)."""
+    st = lifecycle.state
+    running = st in RUNNING or st in (State.HUNG, State.DIAGNOSING)
+    nxt = round(max(0.0, pending.at - now), 3) if pending is not None and st == pending.waits_in else None
+    names = tuple(r.name for r in settings.ladder)
+    current = settings.ladder[min(ladder.current, len(names) - 1)]
+    good = ladder.last_good
+    wd = settings.watchdog
+    return Facts(
+        state=st.value,
+        reason=reason,
+        since_wall=since_wall,
+        state_age_s=now - lifecycle.since,
+        rung=current.name,
+        rung_index=ladder.current,
+        last_good=names[good] if good is not None and good < len(names) else None,
+        ladder=names,
+        engine=profile_of(settings.engine_of(current)).name,
+        ladder_engines=tuple(settings.engine_of(r) for r in settings.ladder),
+        pid=server.pid,
+        restarts=counters.restarts,
+        restarts_last_hour=ladder.restarts_within_hour(wall),
+        started_wall=server.launched_wall,
+        time_to_ready_s=server.time_to_ready_s if st in SERVING else None,
+        next_attempt_in_s=nxt,
+        last_incident=inhand.last_incident,
+        incidents=counters.incidents,
+        selfcheck=selfcheck,
+        diagnosing=inhand.diagnosing,
+        version=version,
+        now=now,
+        history=server.history,
+        observation=server.obs,
+        health=observer.last_health,
+        serving=observer.last_serving,
+        running=running,
+        loop_errors=counters.loop_errors,
+        write_errors=write_errors,
+        log_keeper=server.keeper_view(counters.keepers_replaced),
+        last_stop=last_stop,
+        adopted=server.adopted and running,
+        takeover_s=server.takeover_s if st in SERVING else None,
+        stale_after_s=stale_after(wd.metrics_interval_s, wd.serving_stall_s),
+        busy=observer.last_busy,
+    )
+
+
 def build(f: Facts) -> StatusSnapshot:
     obs = f.observation if f.running else None
     h = f.history if f.running else None
@@ -243,20 +316,6 @@ def build(f: Facts) -> StatusSnapshot:
         adopted=f.adopted,
         takeover_s=f.takeover_s,
     )
-
-
-# A monotonic total fed by a reading that may start again at 0 (a counter in a file that each new
-# writer recreates): what /status shows and what the Prometheus counter is fed from, one source.
-@dataclass
-class RestartingCount:
-    total: int = 0
-    seen: int = 0  # the reading at the last call
-
-    def feed(self, reading: int) -> int:
-        """The total after `reading`: growth counts; a drop is a fresh counter, all of it new."""
-        self.total += reading - self.seen if reading >= self.seen else reading
-        self.seen = reading
-        return self.total
 
 
 @dataclass

@@ -20,8 +20,7 @@ from supervisor.clock import Clock
 from supervisor.config.settings import RestartSettings, Settings, WatchdogSettings
 from supervisor.daemon import stopping
 from supervisor.daemon.adopt import ServerRecord, refusal, starttime_of
-from supervisor.daemon.observe import Target
-from supervisor.daemon.publish import RestartingCount
+from supervisor.daemon.observe import Observer, Target
 from supervisor.daemon.stopping import StopTools
 from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
 from supervisor.logs.reader import LogCapture
@@ -32,6 +31,7 @@ from supervisor.policy.recovery import ServingStep, serving_step
 from supervisor.policy.watchdog import History, Mode, Verdict, assess, new_history, ras_incident
 from supervisor.process.control import Child, LogFiles, ProcessControl, SpawnError, port_holder
 from supervisor.process.leftovers import kept_on_port
+from supervisor.status.eventnames import EventName
 from supervisor.status.snapshot import LogKeeperView
 
 # ---- launching: is the port free, then spawn the rung's command with its output captured ----
@@ -135,6 +135,22 @@ async def take_over(
     return Adopted(child, capture)
 
 
+# A monotonic total fed by a reading that may start again at 0 (a counter in a file that each new
+# writer recreates): what /status shows and what the Prometheus counter is fed from, one source.
+@dataclass
+class RestartingCount:
+    total: int = 0
+    seen: int = 0  # the reading at the last call
+
+    def feed(self, reading: int) -> int:
+        """The total after `reading`: growth counts; a drop is a fresh counter, all of it new."""
+        self.total += reading - self.seen if reading >= self.seen else reading
+        self.seen = reading
+        return self.total
+
+
+
+
 @dataclass(frozen=True)
 class Ready:
     """What reaching ready was for this launch: a load's time to ready, or an adoption's takeover."""
@@ -193,10 +209,20 @@ class Server:
         self.child, self.capture, self.record = spawned.child, spawned.capture, spawned.record
         return None
 
-    def adopt(self, taken: Adopted, record: ServerRecord) -> None:
-        """Hold a predecessor's tree (`take_over` proved it ours)."""
+    async def adopt(
+        self, rung: int | None, marker: str, control: ProcessControl, files: LogFiles, lines: int, clock: Clock
+    ) -> NotAdopted | None:
+        """Hold the tree a predecessor left running when `take_over` proves it ours (its record,
+        restored at start, names it); why not otherwise (the record is then forgotten)."""
+        record = self.record
+        assert record is not None
+        taken = await take_over(record, rung, marker, control, files, lines, clock)
+        if isinstance(taken, NotAdopted):
+            self.record = None
+            return taken
         self.adopted = True
-        self.capture, self.child, self.record = taken.capture, taken.child, record
+        self.capture, self.child = taken.capture, taken.child
+        return None
 
     def restore(self, record: ServerRecord | None) -> None:
         """At the daemon's start: the record its predecessor saved, to adopt the tree by."""
@@ -229,8 +255,24 @@ class Server:
             look=look,
         )
 
-    def observed(self, obs: Observation) -> None:
-        self.obs = obs
+    async def observe(
+        self,
+        observer: Observer,
+        *,
+        marker: str,
+        serving: bool,
+        metrics: bool,
+        look: WatchdogSettings | None,
+        now: float,
+    ) -> tuple[Observation, list[LogLine]]:
+        """One poll of this tree: its new log lines fed to the observer, then every channel read.
+        `look`: while starting, the window in force (a py-spy look once CPU alone moved half of it)."""
+        lines = self.new_lines()
+        if lines:
+            observer.feed(lines)
+        wants = look is not None and self.wants_look(now, look)
+        self.obs = await observer.observe(self.target(marker=marker, serving=serving, metrics=metrics, look=wants))
+        return self.obs, lines
 
     def wants_look(self, now: float, wd: WatchdogSettings) -> bool:
         """A py-spy look at the busy threads while starting, once CPU alone moved half of `wd`'s
@@ -337,6 +379,15 @@ class Server:
         if now.condition != "replaced" and now.condition == (before.condition if before is not None else None):
             return None
         return now
+
+    @staticmethod
+    def keeper_news(now: KeeperStatus) -> tuple[EventName, str, dict[str, object]]:
+        """The journal line for a change of the keeper: replaced (a warning), stopped or lost (errors)."""
+        fields: dict[str, object] = {"pid": now.pid, "old_pid": now.old_pid, "why": now.why}
+        fields["pipe_bytes"] = now.pipe_bytes
+        if now.condition == "replaced":
+            return "log_keeper_replaced", "warning", fields
+        return ("log_keeper_stopped" if now.condition == "stopped" else "log_keeper_lost"), "error", fields
 
     def describe_keeper(self) -> str:
         return self.keeper.describe() if self.keeper is not None else ""

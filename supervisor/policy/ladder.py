@@ -188,3 +188,14 @@ def resume_rung(state: LadderState, ladder_len: int, start_from: Literal["last_g
     if state.last_good is not None:
         pos = max(pos, state.last_good)
     return min(max(pos, 0), ladder_len - 1)
+
+
+def remap(state: LadderState, old: tuple[str, ...], new: tuple[str, ...]) -> LadderState:
+    """A reload's ladder: the current and last-good rungs follow their names into the new ladder
+    (a current rung that is gone leaves the position, capped to the new ladder's length)."""
+    current = old[state.current] if state.current < len(old) else None
+    idx = new.index(current) if current in new else min(state.current, len(new) - 1)
+    good = state.last_good
+    if good is not None and good < len(old):
+        good = new.index(old[good]) if old[good] in new else None
+    return replace(state, current=idx, last_good=good)

@@ -7,6 +7,8 @@ future the submitter may await for the outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -52,3 +54,23 @@ class SupervisorHandle(Protocol):
     def snapshot(self) -> StatusSnapshot: ...
 
     async def submit(self, command: Command) -> CommandResult: ...
+
+
+async def next_from(
+    queue: asyncio.Queue[Command], sleep: Callable[[float], Awaitable[None]], timeout: float
+) -> Command | None:
+    """The next queued command, or None once `timeout` has passed on the injected clock's `sleep`."""
+    if timeout <= 0:
+        try:
+            return queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+    get = asyncio.ensure_future(queue.get())
+    timer = asyncio.ensure_future(sleep(timeout))
+    await asyncio.wait({get, timer}, return_when=asyncio.FIRST_COMPLETED)
+    timer.cancel()
+    if not get.done():
+        get.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await get
+    return get.result() if get.done() and not get.cancelled() else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -107,7 +108,15 @@ class _Launch:
 
 
 class WarmStart:
-    def __init__(self, settings: Settings, record: Record, *, host: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        record: Record,
+        *,
+        host: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.monotonic = monotonic
         self.settings = settings
         self.record = record
         self.host = host or host_name()
@@ -177,6 +186,15 @@ class WarmStart:
         cache = self.settings.cache_dir / self.current.key.fingerprint
         if self.settings.caches.pin and cache.is_dir():
             self.current.cache = CacheView(dir=str(cache), state="hit")
+
+    def hear(self, event: str, fields: Mapping[str, object]) -> None:
+        """The owner's events it follows on the bus: a server ready (the timeline, the book, the
+        outage's end) and a stop by request (no outage against anyone's wish)."""
+        if event == "server_ready":
+            ready_s = fields.get("time_to_ready_s")
+            self.ready(self.monotonic(), None if fields.get("adopted") or ready_s is None else float(str(ready_s)))
+        elif event == "state_changed" and fields.get("new") == "stopped":
+            self.outage = None
 
     def lines(self, lines: Sequence[LogLine]) -> None:
         if self.current is not None and not self.current.adopted:
@@ -286,10 +304,6 @@ class WarmStart:
         (no evidence, a fast stop) still waits about the whole backoff, doubling to its cap."""
         at = self.verdict_at
         return backoff_s if at is None else max(0.0, backoff_s - max(0.0, now - at))
-
-    def cancel_outage(self) -> None:
-        """Stopped by request: nothing is out of service against anyone's wish."""
-        self.outage = None
 
     def _end_outage(self, now: float, rung: str) -> None:
         o = self.outage

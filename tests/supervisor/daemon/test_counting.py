@@ -1,8 +1,8 @@
-"""publish.RestartingCount: one monotonic count from a reading that restarts (write_errors.server_log)."""
+"""server.RestartingCount: one monotonic count from a reading that restarts (write_errors.server_log)."""
 
 from __future__ import annotations
 
-from supervisor.daemon.publish import RestartingCount
+from supervisor.daemon.server import RestartingCount
 
 
 def test_a_count_that_restarts_at_zero_feeds_a_monotonic_total() -> None:
