@@ -64,6 +64,27 @@ async def test_cancelling_the_capture_kills_the_tool() -> None:
     assert not live_children(code)
 
 
+async def test_a_cancelled_run_ends_only_once_the_tool_is_reaped() -> None:
+    """The daemon stopping cancels a capture and closes its loop at once: a run that ended before the
+    tool's exit was seen left its transport and pipes open (an 'unclosed transport' warning)."""
+    import asyncio
+
+    code = "import time; time.sleep(61)"
+    task = asyncio.create_task(run_tool((sys.executable, "-c", code), 30))
+    found: list[int] = []
+
+    async def started() -> None:
+        while not found:
+            found.extend(live_children(code))
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(started(), 30)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert not psutil.pid_exists(found[0])  # killed and reaped, not a zombie waiting for the loop
+
+
 async def test_helpers_the_tool_forked_do_not_outlive_it(wait_until: WaitFn) -> None:
     # cuda-gdb leaves a backend per attach; a tool's helpers go with the tool.
     res = await run_tool(("/bin/sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"), 10)
