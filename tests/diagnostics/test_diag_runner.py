@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 import psutil
+import pytest
 
 from supervisor.common.toolproc import run_tool
 
@@ -28,6 +29,7 @@ async def test_output_and_exit_status() -> None:
     assert not res.timed_out and not res.truncated
 
 
+@pytest.mark.integration  # waits out the tool's timeout
 async def test_timeout_kills_the_tool_and_keeps_partial_output() -> None:
     code = "import time; print('partial', flush=True); time.sleep(60)"
     start = time.monotonic()
@@ -100,6 +102,7 @@ async def test_helpers_the_tool_forked_do_not_outlive_it(wait_until: WaitFn) -> 
     assert wait_until(gone, timeout=10)
 
 
+@pytest.mark.integration  # waits out the timeout and the TERM grace
 async def test_a_tool_that_ignores_sigterm_is_killed_at_its_timeout() -> None:
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('x', flush=True); time.sleep(60)"
     start = time.monotonic()
