@@ -15,6 +15,7 @@ from pathlib import Path
 
 import freeport
 import pytest
+import structlog
 import waiting
 
 from probes.proctree import scan_tree
@@ -33,6 +34,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Ctrl-C they test. Exec resets a handler (not an ignore) to the default, so children get SIGINT back.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # What the daemon has not configured (the API or a part tested alone) logs through structlog's
+    # defaults, which render an exception with rich: every frame's locals, highlighted, took 3-4 s a
+    # logged traceback on a loaded machine. The same defaults, the traceback as plain text.
+    plain = structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
+    structlog.configure(processors=[*structlog.get_config()["processors"][:-1], plain])
 
 
 def _wait_until(cond: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> bool:

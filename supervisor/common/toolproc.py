@@ -78,6 +78,14 @@ def _kill_marked(var: str, value: str, proc_root: str = "/proc") -> int:
     return found
 
 
+async def _reaped(proc: asyncio.subprocess.Process) -> None:
+    """Wait, bounded, until the killed tool's exit is seen. Its transport closes only then: a caller
+    that cancelled the run and closed its loop at once (the daemon stopping, a test ending) left the
+    transport and its pipes open, Python's 'unclosed transport' ResourceWarning."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), _KILL_GRACE_S)
+
+
 def _text(buf: bytearray) -> str:
     return bytes(buf).decode("utf-8", errors="replace")
 
@@ -156,6 +164,8 @@ async def run_tool(
             readers.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await readers
+        if proc.returncode is None:  # cancelled: the exit is not seen yet
+            await _reaped(proc)
     return RunResult(
         exit_code=code,
         stdout=_text(out),

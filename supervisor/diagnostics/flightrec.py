@@ -384,7 +384,7 @@ async def _run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float = A
         return "", f"cannot run {argv[0]}: {e.strerror or e}"
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)  # our own child's session, never the server's
         await proc.wait()
@@ -392,6 +392,9 @@ async def _run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float = A
     except asyncio.CancelledError:  # the daemon shutting down: the child goes with the task
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
+        # Its exit seen before the task ends: a loop closed at once left the transport open.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 2.0)
         raise
     text = out.decode("utf-8", "replace")
     if proc.returncode != 0:

@@ -37,6 +37,7 @@ def test_the_bench_package_is_found() -> None:
     assert len(ENTRY_POINTS) >= 20
 
 
+@pytest.mark.integration  # a fresh interpreter imports every bench module
 def test_every_bench_module_imports() -> None:
     code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\nprint('ok', len(sys.argv) - 1)"
     done = _run("-c", code, *MODULES)
@@ -44,6 +45,7 @@ def test_every_bench_module_imports() -> None:
     assert done.stdout.strip() == f"ok {len(MODULES)}"
 
 
+@pytest.mark.integration  # an interpreter per benchmark
 @pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_every_bench_command_line_answers_help(module: str) -> None:
     done = _run("-m", module, "--help")

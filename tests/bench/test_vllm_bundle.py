@@ -66,6 +66,7 @@ def test_units_put_big_files_alone_and_group_the_rest_by_directory(tmp_path: Pat
     assert every == sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
 
 
+@pytest.mark.integration  # builds xz parts
 def test_parts_stay_under_the_limit_and_unpack_alone_to_the_same_files(tmp_path: Path) -> None:
     limit = 45_000
     stage, parts, bins = _build(tmp_path, limit)
@@ -95,6 +96,7 @@ def test_parts_stay_under_the_limit_and_unpack_alone_to_the_same_files(tmp_path:
     assert not os.access(out / "site/top.py", os.X_OK)
 
 
+@pytest.mark.integration  # builds xz parts, runs tar
 @pytest.mark.skipif(not (shutil.which("tar") and shutil.which("xz")), reason="needs GNU tar and xz")
 def test_gnu_tar_reads_the_concatenated_streams(tmp_path: Path) -> None:
     _, parts, _ = _build(tmp_path, 45_000)
@@ -120,6 +122,7 @@ def test_a_written_part_over_the_limit_is_refused(tmp_path: Path) -> None:
         vb.write_parts([[unit]], tmp_path, limit=5_000)
 
 
+@pytest.mark.integration  # builds xz parts twice
 def test_rebuilding_reuses_the_cache_and_replaces_stale_parts(tmp_path: Path) -> None:
     cache = tmp_path / "xz"
     _, parts, _ = _build(tmp_path / "a", 45_000, cache)
@@ -134,6 +137,7 @@ def test_rebuilding_reuses_the_cache_and_replaces_stale_parts(tmp_path: Path) ->
     assert [p.read_bytes() for p in again] == first  # same content, same parts, byte for byte
 
 
+@pytest.mark.integration  # builds xz parts, runs the script
 def test_the_device_script_refuses_an_incomplete_set_of_parts(tmp_path: Path) -> None:
     _, parts, _ = _build(tmp_path, 45_000)
     env = {**os.environ, "VLLM": str(tmp_path / "dev")}

@@ -123,6 +123,7 @@ async def test_no_pipe_says_fr_had_nothing_and_a_stale_pipe_is_no_reader(tmp_pat
     assert off.status == "off"
 
 
+@pytest.mark.integration  # waits out the dump bound
 async def test_a_pipe_written_but_no_dump_waits_only_the_bound(tmp_path: Path) -> None:
     env = fr_env(tmp_path)
     fifo = tmp_path / "pipe_rank_0.pipe"

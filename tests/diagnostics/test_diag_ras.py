@@ -87,6 +87,7 @@ def test_garbage_is_an_error_with_a_reason(servers: list[FakeRas], mode: str, st
     assert r.status == status and words in r.reason, r
 
 
+@pytest.mark.integration  # waits out the query's timeout
 @pytest.mark.parametrize("mode", ["hang", "hang_report"])
 def test_a_hung_service_costs_the_timeout_and_no_more(servers: list[FakeRas], mode: str) -> None:
     s = _serve(servers, report([comm([1])]), mode)

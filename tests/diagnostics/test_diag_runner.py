@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 import psutil
+import pytest
 
 from supervisor.common.toolproc import run_tool
 
@@ -28,6 +29,7 @@ async def test_output_and_exit_status() -> None:
     assert not res.timed_out and not res.truncated
 
 
+@pytest.mark.integration  # waits out the tool's timeout
 async def test_timeout_kills_the_tool_and_keeps_partial_output() -> None:
     code = "import time; print('partial', flush=True); time.sleep(60)"
     start = time.monotonic()
@@ -64,6 +66,27 @@ async def test_cancelling_the_capture_kills_the_tool() -> None:
     assert not live_children(code)
 
 
+async def test_a_cancelled_run_ends_only_once_the_tool_is_reaped() -> None:
+    """The daemon stopping cancels a capture and closes its loop at once: a run that ended before the
+    tool's exit was seen left its transport and pipes open (an 'unclosed transport' warning)."""
+    import asyncio
+
+    code = "import time; time.sleep(61)"
+    task = asyncio.create_task(run_tool((sys.executable, "-c", code), 30))
+    found: list[int] = []
+
+    async def started() -> None:
+        while not found:
+            found.extend(live_children(code))
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(started(), 30)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert not psutil.pid_exists(found[0])  # killed and reaped, not a zombie waiting for the loop
+
+
 async def test_helpers_the_tool_forked_do_not_outlive_it(wait_until: WaitFn) -> None:
     # cuda-gdb leaves a backend per attach; a tool's helpers go with the tool.
     res = await run_tool(("/bin/sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"), 10)
@@ -79,6 +102,7 @@ async def test_helpers_the_tool_forked_do_not_outlive_it(wait_until: WaitFn) -> 
     assert wait_until(gone, timeout=10)
 
 
+@pytest.mark.integration  # waits out the timeout and the TERM grace
 async def test_a_tool_that_ignores_sigterm_is_killed_at_its_timeout() -> None:
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('x', flush=True); time.sleep(60)"
     start = time.monotonic()

@@ -144,6 +144,7 @@ def test_quiet_processes_are_not_looked_at(tmp_path: Path) -> None:
     assert sample.pids == () and sample.error == "" and sample_kind(sample) == "none"
 
 
+@pytest.mark.integration  # waits out the tool's timeout
 def test_py_spy_failing_or_hanging_is_bounded_and_recorded(tmp_path: Path) -> None:
     failing = tmp_path / "py-spy-fails"
     failing.write_text("#!/bin/sh\necho 'Error: Permission Denied (os error 13)' >&2\nexit 1\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
 from fake_ras import FakeRas, comm, report
 
 from probes.ras import RasProbe, RasReport
@@ -23,6 +24,7 @@ def until(probe: RasProbe, clock: list[float], step: float = 0.0, deadline_s: fl
     raise AssertionError("no RAS report came back")
 
 
+@pytest.mark.integration  # waits out the query's timeout
 def test_a_service_that_never_answers_does_not_hold_the_poll() -> None:
     ras = FakeRas(lambda: report([]), mode="hang")  # accepts, then says nothing for 30 s
     try:

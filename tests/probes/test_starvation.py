@@ -87,6 +87,7 @@ DEADLOCKED = (
 )
 
 
+@pytest.mark.integration  # CPU hogs and children for seconds
 def test_a_starved_process_waits_and_a_deadlocked_one_does_not() -> None:
     probe = StarvationProbe()
     with _processes(STARVED, DEADLOCKED) as (starved, deadlocked):
@@ -108,6 +109,7 @@ def test_a_starved_process_waits_and_a_deadlocked_one_does_not() -> None:
     assert d_cpu < 0.05, d_cpu
 
 
+@pytest.mark.integration  # a spinning child for seconds
 def test_a_spinner_at_normal_priority_gets_cpu() -> None:
     """The other side of the first test: a spinner at nice 0 beside one hog is always runnable, so
     every wall second is either run or run-queue wait; how it splits depends on the machine's load

@@ -14,6 +14,8 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
+import pytest
+
 import supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +33,7 @@ def test_the_version_is_written_once_and_pyproject_reads_it() -> None:
     assert tuple(int(part) for part in m.groups()) > (0, 1, 0), "0.1.0 was the development version"
 
 
+@pytest.mark.integration  # runs the CLI
 def test_version_flag_prints_it() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "supervisor", "--version"], capture_output=True, text=True, timeout=60, check=False

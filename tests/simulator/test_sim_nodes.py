@@ -112,6 +112,7 @@ def test_a_line_without_end_is_cut_off() -> None:
     link.close()
 
 
+@pytest.mark.integration  # waits out a rendezvous timeout
 def test_store_forms_the_group_and_holds_latecomers() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -134,6 +135,7 @@ def test_store_forms_the_group_and_holds_latecomers() -> None:
     store.close()
 
 
+@pytest.mark.integration  # waits out a rendezvous timeout
 def test_store_times_out_waiting_for_clients() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -156,6 +158,7 @@ def test_store_port_in_use_is_torchs_error() -> None:
             StoreServer("127.0.0.1", port, 2)
 
 
+@pytest.mark.integration  # waits out a rendezvous timeout
 def test_a_client_with_no_store_times_out() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -139,6 +139,7 @@ def test_secret_files_must_be_private_and_readable(tmp_path: Path) -> None:
     assert pd.redact("key R0UTING at x") == "key <redacted> at x"
 
 
+@pytest.mark.integration  # waits out two 2 s delivery timeouts
 async def test_a_full_queue_drops_the_oldest_and_counts_it(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "events.jsonl")
     registry = CollectorRegistry()

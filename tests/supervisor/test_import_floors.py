@@ -10,6 +10,7 @@ are printed: `pytest -s tests/supervisor/test_import_floors.py`, or `make layers
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,8 +61,11 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return name or None
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
-    """Module -> the product modules it imports (`from a import b` names a.b when b is a module)."""
+    """Module -> the product modules it imports (`from a import b` names a.b when b is a module).
+    Read once per process (the tests share it and never change it): parsing every module is most
+    of this file's time."""
     known = modules()
     edges: dict[str, set[str]] = {}
     for mod, path in known.items():
@@ -82,6 +86,7 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
+@functools.cache
 def package(mod: str) -> str:
     """The floor's key: the longest FLOORS name that `mod` is or lies under."""
     best = ""

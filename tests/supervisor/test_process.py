@@ -184,6 +184,7 @@ def test_stop_tree_of_schedulers(spawn: SpawnFn, marker: str, free_port: int, wa
     assert port_is_free("127.0.0.1", free_port)
 
 
+@pytest.mark.integration  # waits out the stop's grace
 def test_stop_kills_tree_ignoring_sigterm(spawn: SpawnFn, marker: str, free_port: int, wait_until: WaitFn) -> None:
     proc = spawn(python_argv(TREE, 2, free_port), {"T_IGNORE_TERM": "1"})
     assert wait_until(lambda: _members_up(proc, marker, 3) and port_accepts("127.0.0.1", free_port))
@@ -224,6 +225,7 @@ def test_escaped_descendant_found_by_marker_and_port_freed(
     assert port_is_free("127.0.0.1", free_port)
 
 
+@pytest.mark.integration  # a tree forking through a real stop
 def test_members_forked_during_stop_are_caught(spawn: SpawnFn, marker: str, free_port: int, wait_until: WaitFn) -> None:
     proc = spawn(python_argv(RESPAWNER))
     assert wait_until(lambda: _members_up(proc, marker, 4))

@@ -27,10 +27,13 @@ CLI = Path(sys.executable).with_name("sglang-supervisor")
 # The server's program as config.toml names it after the edit step: one every user may run.
 SERVER_PYTHON = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), "/bin/sh")
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root and setpriv (util-linux) to act as the service user",
-)
+pytestmark = [
+    pytest.mark.integration,  # runs the install's shell steps and the CLI as root and as the user
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("setpriv") is None,
+        reason="needs root and setpriv (util-linux) to act as the service user",
+    ),
+]
 
 
 def shell_blocks(text: str) -> list[str]:

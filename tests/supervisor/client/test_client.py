@@ -386,6 +386,7 @@ def _into_a_closed_pipe(argv: list[str]) -> tuple[int, str]:
     return proc.wait(30), err
 
 
+@pytest.mark.integration  # runs the CLI twice
 def test_a_reader_that_goes_away_ends_the_command_quietly(daemon: Daemon, tmp_path: Path) -> None:
     journal = Journal(tmp_path / "events.jsonl")
     for i in range(1000):  # 1000 events of about 700 bytes: far more than a pipe's 64 KiB buffer

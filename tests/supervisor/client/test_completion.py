@@ -23,6 +23,7 @@ def complete(words: list[str]) -> list[str]:
     return out.split()
 
 
+@pytest.mark.integration  # the CLI and bash, five times each
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 def test_bash_completes_verbs_options_and_event_names() -> None:
     assert complete(["sglang-supervisor", "st"]) == ["status", "stop", "start"]

@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from supervisor.config.settings import GroupSettings
 from supervisor.group.client import GroupClient
@@ -88,6 +89,7 @@ async def test_every_member_is_asked_at_once_signed_with_its_own_key_and_no_toke
     ]
 
 
+@pytest.mark.integration  # waits out real request timeouts
 async def test_a_member_that_times_out_or_answers_garbage_is_unreachable_and_counted() -> None:
     clock = Clock()
 

@@ -223,6 +223,7 @@ def _numbered(lo: int, hi: int) -> bytes:
     return b"".join(b"%06d %s\n" % (i, b"x" * 90) for i in range(lo, hi))
 
 
+@pytest.mark.integration  # a keeper process through 40 rotations
 @pytest.mark.parametrize("backups", [0, 3])
 def test_follows_rotations_without_losing_a_line(
     backups: int, keeper: Callable[..., Keeper], follow: Callable[..., LogCapture], wait_until: WaitFn
@@ -405,6 +406,7 @@ def test_both_streams_of_a_real_child(tmp_path: Path, spawn: SpawnFn, keeper: Ca
     assert _texts(cap) == ["out", "err"]
 
 
+@pytest.mark.integration  # a daemon process and its server writing for seconds
 def test_the_server_outlives_its_daemon_and_loses_no_line(tmp_path: Path, wait_until: WaitFn) -> None:
     """A daemon SIGKILLed mid-output: the server keeps writing (no SIGPIPE, no block), the files get every line."""
     daemon = textwrap.dedent(DAEMON)
@@ -448,6 +450,7 @@ out.flush()
 """
 
 
+@pytest.mark.integration  # 220 MB through a keeper process
 def test_flood_of_220_mb_never_blocks_and_memory_stays_bounded(
     tmp_path: Path, spawn: SpawnFn, keeper: Callable[..., Keeper]
 ) -> None:
