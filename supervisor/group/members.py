@@ -517,13 +517,13 @@ async def _unattached_await(work: Awaitable[Any]) -> Any:
 
 
 class GroupPeers:
-    """The owner's peers in a multi-node group (docs/MULTINODE.md).
+    """The owner's peers on a worker of a multi-node group (docs/MULTINODE.md), and what a leader
+    shares with it.
 
     A worker holds its own incident (`hung`, for the leader) instead of acting on it, is not scraped
     for token counters (its /metrics is SGLang's dummy health server's), never promotes itself, and
-    captures a bundle under the leader's id when asked. The leader polls its members beside the
-    loop, acts on the group's verdict, and does every incident's capture, stop and launch with all
-    its members at once."""
+    captures a bundle under the leader's id when asked; its own capture, stop and launch are the
+    plain owner's. The leader is `LeaderPeers`."""
 
     def __init__(self, runtime: GroupRuntime) -> None:
         self.runtime = runtime
@@ -550,63 +550,31 @@ class GroupPeers:
         return self.runtime.is_leader
 
     async def start(self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
-        g = self.runtime
-        if g.leader is None:
-            return
-        g.leader.start(poll_interval_s, sleep)
-        self.record("group_started", node=g.node, nnodes=g.settings.nnodes, members=list(g.settings.members))
+        return None
 
     async def close(self) -> None:
-        if self.runtime.leader is not None:
-            await self.runtime.leader.close()
+        return None
 
     def judge(self, v: Verdict, own_state: str) -> Judged:
         return judge(self.runtime, v, own_state, self.record)
 
     async def capture(self, incident_id: str, own: Awaitable[T]) -> T:
-        g = self.runtime
-        if g.leader is None:
-            return await own
-        g.captured = incident_id  # every member's bundle at the same moment as this one
-        return await together(own, capture_members(g, incident_id, self.beating, self.record))
+        return await own
 
     async def capture_alone(self, incident_id: str) -> None:
-        g = self.runtime
-        if g.leader is None:
-            return
-        g.captured = incident_id
-        await capture_members(g, incident_id, self.beating, self.record)
+        return None
 
     async def stop(self, own: Awaitable[bool]) -> bool:
-        g = self.runtime
-        if g.leader is None:
-            return await own
-        return await together(own, stop_members(g, self.beating, self.record))
+        return await own
 
     async def launch(self, rung: str) -> None:
-        beating, record = self.beating, self.record
-        g = self.runtime
-        if g.leader is None:
-            return
-        if not g.served:
-            # This daemon's first node 0 server, none adopted (a successor whose node 0 server died
-            # with its predecessor or was stopped as a leftover): a member that runs a server met the
-            # old node 0 at the rendezvous, or waits for it there, and can never take the new one. The
-            # group starts together: every member is stopped and launched with it, on this rung
-            # (issue 34: node 0 lost and back moves no ladder). A first start finds none running.
-            g.served = True
-            if await members_running(g, beating):
-                await stop_members(g, beating, record)
-        await launch_members(g, rung, beating, record)
+        return None
 
     async def clearance(self, rung: str, by_group: bool) -> Clearance:
         # A launch ends the verdict this node held for the old server: a later bundle or report
         # gives its own cause, not the old one's (issue 34).
         self.runtime.held_cause, self.runtime.held_reason = None, ""
         return await clearance(self.runtime, rung, by_group, self.beating)
-
-    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool) -> JoinAnswer:
-        return answer_join_request(self.runtime, node, instance, theirs, check, self.record)
 
     def publish(self, snap: StatusSnapshot) -> StatusSnapshot:
         self.runtime.own_state, self.runtime.own_rung, self.runtime.own_phase = snap.state, snap.rung, snap.phase
@@ -627,11 +595,7 @@ class GroupPeers:
         return None
 
     def refuses_command(self, cmd: Command) -> str | None:
-        """The leader refuses a start or restart to a rung a member's config lacks (issue 34)."""
-        g = self.runtime
-        if g.leader is None or cmd.kind not in ("start", "restart") or not cmd.rung or cmd.source == "group":
-            return None
-        return lacking(cmd.rung, g.leader.views())
+        return None
 
     def asked(self, cmd: Command) -> Asked | None:
         if cmd.source != "group" or cmd.incident_id is None:
@@ -643,9 +607,67 @@ class GroupPeers:
         return report(self.runtime, snap, history, obs, wall)
 
     def member_api(self, monotonic: Callable[[], float]) -> MemberApi:
-        leads = self.runtime.is_leader
-        return MemberApi(leads, self.join if leads else None, request_check(self.runtime, monotonic))
+        return MemberApi(False, None, request_check(self.runtime, monotonic))
 
     @property
     def exit_code(self) -> int | None:
         return self.runtime.exit_code
+
+
+class LeaderPeers(GroupPeers):
+    """Node 0's peers: it polls its members beside the loop, acts on the group's verdict, answers
+    joins, and does every incident's capture, stop and launch with all its members at once."""
+
+    def __init__(self, runtime: GroupRuntime) -> None:
+        assert runtime.leader is not None
+        super().__init__(runtime)
+        self.leader = runtime.leader
+
+    async def start(self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
+        g = self.runtime
+        self.leader.start(poll_interval_s, sleep)
+        self.record("group_started", node=g.node, nnodes=g.settings.nnodes, members=list(g.settings.members))
+
+    async def close(self) -> None:
+        await self.leader.close()
+
+    async def capture(self, incident_id: str, own: Awaitable[T]) -> T:
+        self.runtime.captured = incident_id  # every member's bundle at the same moment as this one
+        return await together(own, capture_members(self.runtime, incident_id, self.beating, self.record))
+
+    async def capture_alone(self, incident_id: str) -> None:
+        self.runtime.captured = incident_id
+        await capture_members(self.runtime, incident_id, self.beating, self.record)
+
+    async def stop(self, own: Awaitable[bool]) -> bool:
+        return await together(own, stop_members(self.runtime, self.beating, self.record))
+
+    async def launch(self, rung: str) -> None:
+        g, beating, record = self.runtime, self.beating, self.record
+        if not g.served:
+            # This daemon's first node 0 server, none adopted (a successor whose node 0 server died
+            # with its predecessor or was stopped as a leftover): a member that runs a server met the
+            # old node 0 at the rendezvous, or waits for it there, and can never take the new one. The
+            # group starts together: every member is stopped and launched with it, on this rung
+            # (issue 34: node 0 lost and back moves no ladder). A first start finds none running.
+            g.served = True
+            if await members_running(g, beating):
+                await stop_members(g, beating, record)
+        await launch_members(g, rung, beating, record)
+
+    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool) -> JoinAnswer:
+        return answer_join_request(self.runtime, node, instance, theirs, check, self.record)
+
+    def refuses_command(self, cmd: Command) -> str | None:
+        """The leader refuses a start or restart to a rung a member's config lacks (issue 34)."""
+        if cmd.kind not in ("start", "restart") or not cmd.rung or cmd.source == "group":
+            return None
+        return lacking(cmd.rung, self.leader.views())
+
+    def member_api(self, monotonic: Callable[[], float]) -> MemberApi:
+        return MemberApi(True, self.join, request_check(self.runtime, monotonic))
+
+
+def group_peers(runtime: GroupRuntime) -> GroupPeers:
+    """The peers a group daemon's owner holds: node 0's lead, the others follow."""
+    return LeaderPeers(runtime) if runtime.leader is not None else GroupPeers(runtime)

@@ -185,7 +185,7 @@ def make_owner(
     scope = DeviceScope.for_server(settings.server.env, env)
     log.info("gpu_scope", gpus=scope.describe(), source=settings.gpu.describe())
     runtime = grouping.make_runtime(settings, clock.monotonic)
-    peers: Peers = grouping.GroupPeers(runtime) if runtime is not None else NoPeers()
+    peers: Peers = grouping.group_peers(runtime) if runtime is not None else NoPeers()
     watcher = XidWatcher(open_nvml(settings.gpu))  # its own NVML handle: waits block in its thread
     sup = Owner(
         settings,

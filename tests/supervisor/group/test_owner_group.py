@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from probes.gpu import GpuProbe
 from supervisor.config.settings import Settings, settings_from_mapping
 from supervisor.daemon.owner import Owner
-from supervisor.group.members import GroupPeers, make_runtime
+from supervisor.group.members import group_peers, make_runtime
 from supervisor.group.peers import NoPeers, Peers
 from supervisor.metrics.exporter import SupervisorMetrics
 
@@ -34,7 +34,7 @@ def build(s: Settings) -> Owner:
     """As the composition root builds it: GroupPeers from [group], else NoPeers."""
     clock = FakeClock()
     runtime = make_runtime(s, clock.monotonic)
-    peers: Peers = GroupPeers(runtime) if runtime is not None else NoPeers()
+    peers: Peers = group_peers(runtime) if runtime is not None else NoPeers()
     return Owner(
         s,
         clock=clock,
