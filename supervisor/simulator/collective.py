@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from supervisor.simulator import crashes, hangs
+from supervisor.simulator import hangs
 from supervisor.simulator.gpu.kernel import SpinningKernel
 from supervisor.simulator.links import Done, Link, Peer
 from supervisor.simulator.loglines import LogWriter
@@ -27,9 +27,10 @@ from supervisor.simulator.ncclwait import wait_for as _wait
 from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
-from supervisor.simulator.schedwatchdog import start_watchdog
-from supervisor.simulator.segfault import die_of_segfault
-from supervisor.simulator.startup import RankContext
+from supervisor.simulator.sglang import crashes
+from supervisor.simulator.sglang.schedwatchdog import start_watchdog
+from supervisor.simulator.sglang.segfault import die_of_segfault
+from supervisor.simulator.sglang.startup import RankContext
 
 
 class LeaderMesh:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.simulator.argv import parse_args, split_unknown
-from supervisor.simulator.exposition import render
 from supervisor.simulator.messages import SchedulerStats
 from supervisor.simulator.modelcard import capture_batch_sizes, model_facts
 from supervisor.simulator.options import Scenario, SettingsError, effective_scenario, flag_given, load_settings
-from supervisor.simulator.serverargs import server_args_line
-from supervisor.simulator.tokenizer import Histogram, MetricsSnapshot
+from supervisor.simulator.sglang.exposition import render
+from supervisor.simulator.sglang.serverargs import server_args_line
+from supervisor.simulator.sglang.tokenizer import Histogram, MetricsSnapshot
 
 
 def test_known_and_unknown_flags() -> None:

@@ -14,7 +14,7 @@ from supervisor.simulator.messages import Ack, FiredUp, Step
 from supervisor.simulator.modelcard import model_facts
 from supervisor.simulator.nodes import TORCH_NCCL_DEFAULT_TIMEOUT_S, layout_error, node_layout, split_addr
 from supervisor.simulator.rendezvous import RendezvousError, StoreServer, join_store
-from supervisor.simulator.serverargs import server_args_line
+from supervisor.simulator.sglang.serverargs import server_args_line
 
 
 def layout(*flags: str, tp: int = 2) -> object:

@@ -9,18 +9,19 @@ import time
 from multiprocessing.connection import Connection
 from typing import NoReturn
 
-from supervisor.simulator import crashes, hangs
+from supervisor.simulator import hangs
 from supervisor.simulator.collective import Follower, LeaderMesh
-from supervisor.simulator.decode_loop import ServingLoop
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
 from supervisor.simulator.ncclwait import GlooError
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import become_child, import_sglang, log_prefix, scheduler_title, start_heartbeat
 from supervisor.simulator.rendezvous import RendezvousError
-from supervisor.simulator.segfault import die_of_segfault, victim_rank
-from supervisor.simulator.shm import open_segment
-from supervisor.simulator.startup import RankContext, Startup
+from supervisor.simulator.sglang import crashes
+from supervisor.simulator.sglang.decode_loop import ServingLoop
+from supervisor.simulator.sglang.segfault import die_of_segfault, victim_rank
+from supervisor.simulator.sglang.shm import open_segment
+from supervisor.simulator.sglang.startup import RankContext, Startup
 
 
 def follow(ctx: RankContext, log: LogWriter, leader: Connection) -> NoReturn:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from supervisor.simulator import crashes, hangs
+from supervisor.simulator import hangs
 from supervisor.simulator.collective import LeaderMesh
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import (
@@ -34,9 +34,10 @@ from supervisor.simulator.messages import (
 from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
-from supervisor.simulator.schedwatchdog import start_watchdog
-from supervisor.simulator.segfault import die_of_segfault
-from supervisor.simulator.startup import RankContext
+from supervisor.simulator.sglang import crashes
+from supervisor.simulator.sglang.schedwatchdog import start_watchdog
+from supervisor.simulator.sglang.segfault import die_of_segfault
+from supervisor.simulator.sglang.startup import RankContext
 
 SPEC_STEP_COST = 1.74  # a verify step costs this many plain decode steps
 ACCEPT_LEN_OK = 3.12

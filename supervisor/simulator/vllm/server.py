@@ -32,17 +32,17 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import NoReturn
 
-from supervisor.simulator import vllm_crashes, vllm_lines
 from supervisor.simulator.flood import flood
 from supervisor.simulator.gpu.kernel import settle
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
-from supervisor.simulator.vllm_client import EngineClient, stop_engine
-from supervisor.simulator.vllm_context import VllmContext
-from supervisor.simulator.vllm_engine import process_name, run_engine_core
-from supervisor.simulator.vllm_http import VllmHTTPServer, route_lines
-from supervisor.simulator.vllm_log import VllmLog
-from supervisor.simulator.vllm_messages import EngineReady, Serving
+from supervisor.simulator.vllm import crashes, lines
+from supervisor.simulator.vllm.client import EngineClient, stop_engine
+from supervisor.simulator.vllm.context import VllmContext
+from supervisor.simulator.vllm.engine import process_name, run_engine_core
+from supervisor.simulator.vllm.http import VllmHTTPServer, route_lines
+from supervisor.simulator.vllm.log import VllmLog
+from supervisor.simulator.vllm.messages import EngineReady, Serving
 
 WATCHDOG_S = 5.0  # launcher.py:162 VLLM_WATCHDOG_TIME_S
 FINALIZER_TIMEOUT_S = 5.0  # v1/utils.py:598-601: shutdown() without a timeout keeps 5 s of grace
@@ -89,8 +89,8 @@ class ApiServer:
 
     def _setup_server(self) -> socket.socket:
         a = self.ctx.args
-        self.log.record(vllm_lines.LOGO, vllm_lines.VLLM_VERSION, a.model)
-        self.log.record(vllm_lines.NON_DEFAULT_ARGS, dict(a.non_default))
+        self.log.record(lines.LOGO, lines.VLLM_VERSION, a.model)
+        self.log.record(lines.NON_DEFAULT_ARGS, dict(a.non_default))
         host = a.host or ""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -98,7 +98,7 @@ class ApiServer:
         try:
             sock.bind((host, a.port))  # bound now, listening only when uvicorn serves (vllm#8204)
         except OSError as e:
-            self.log.stderr(vllm_crashes.bind_failed(e.errno or 0, e.strerror or str(e)))
+            self.log.stderr(crashes.bind_failed(e.errno or 0, e.strerror or str(e)))
             sys.stdout.flush()
             os._exit(1)
         return sock
@@ -106,17 +106,17 @@ class ApiServer:
     def _config_lines(self) -> None:
         """create_engine_config's lines (config/model.py:623,1788; config/scheduler.py:252; config/vllm.py)."""
         a, f = self.ctx.args, self.ctx.facts
-        self.log.record(vllm_lines.RESOLVED_ARCHITECTURE, f.architecture)
-        self.log.record(vllm_lines.MAX_MODEL_LEN, f.max_model_len)
-        self.log.record(vllm_lines.CHUNKED_PREFILL, f.max_num_batched_tokens)
+        self.log.record(lines.RESOLVED_ARCHITECTURE, f.architecture)
+        self.log.record(lines.MAX_MODEL_LEN, f.max_model_len)
+        self.log.record(lines.CHUNKED_PREFILL, f.max_num_batched_tokens)
         async_scheduling = True
         if a.speculative is not None and a.speculative.method == "ngram":
-            self.log.record(vllm_lines.ASYNC_SCHEDULING_UNSUPPORTED, "ngram")
+            self.log.record(lines.ASYNC_SCHEDULING_UNSUPPORTED, "ngram")
             async_scheduling = False
-        self.log.record(vllm_lines.ASYNC_SCHEDULING, "enabled" if async_scheduling else "disabled")
+        self.log.record(lines.ASYNC_SCHEDULING, "enabled" if async_scheduling else "disabled")
         if a.enforce_eager:
-            self.log.record(vllm_lines.ENFORCE_EAGER)
-            self.log.record(vllm_lines.CUDAGRAPH_EAGER)
+            self.log.record(lines.ENFORCE_EAGER)
+            self.log.record(lines.CUDAGRAPH_EAGER)
 
     def _launch_engine(self) -> tuple[BaseProcess, Connection]:
         mp = multiprocessing.get_context("spawn")
@@ -140,7 +140,7 @@ class ApiServer:
             if not proc.is_alive():
                 proc.join(1)
                 failed = {proc.name: proc.exitcode if proc.exitcode is not None else 1}
-                self.log.stderr(vllm_crashes.engine_init_failed(failed))
+                self.log.stderr(crashes.engine_init_failed(failed))
                 sys.stdout.flush()
                 os._exit(1)
 
@@ -150,7 +150,7 @@ class ApiServer:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.engine is not None:
             stop_engine(self.engine, FINALIZER_TIMEOUT_S, self.log)
-        self.log.stderr(vllm_crashes.interrupted())
+        self.log.stderr(crashes.interrupted())
         sys.stdout.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -158,11 +158,11 @@ class ApiServer:
     # --- serving -------------------------------------------------------------------------------------------------
     def _serve(self, sock: socket.socket, client: EngineClient) -> VllmHTTPServer:
         a = self.ctx.args
-        self.log.record(vllm_lines.SUPPORTED_TASKS, ("generate",))
-        self.log.record(vllm_lines.STARTING_SERVER, listen_address(a.host, a.port))
-        self.log.record(vllm_lines.ROUTES)
+        self.log.record(lines.SUPPORTED_TASKS, ("generate",))
+        self.log.record(lines.STARTING_SERVER, listen_address(a.host, a.port))
+        self.log.record(lines.ROUTES)
         for path, methods in route_lines():
-            self.log.record(vllm_lines.ROUTE, path, methods)
+            self.log.record(lines.ROUTE, path, methods)
         access = self.log.access if not a.disable_uvicorn_access_log else _no_access
         server = VllmHTTPServer(sock, client, access, self.stop.set)
         self.log.uvicorn(f"Started server process [{os.getpid()}]")  # uvicorn/server.py:101-103
@@ -211,12 +211,12 @@ class ApiServer:
         shutdown, then the engine client's (api_server.py:200-201) with `shutdown_timeout` 0."""
         if self.signalled:
             client.stopping = True
-            self.log.record(vllm_lines.API_SHUTDOWN_TRIGGERED)
-            self.log.record(vllm_lines.API_STOPPING_CLIENT, "abort", 0)
+            self.log.record(lines.API_SHUTDOWN_TRIGGERED)
+            self.log.record(lines.API_STOPPING_CLIENT, "abort", 0)
             client.shutdown(0)
-            self.log.record(vllm_lines.API_CLIENT_STOPPED)
-            self.log.record(vllm_lines.API_SIGNALLING_HTTP)
-            self.log.record(vllm_lines.API_SHUTTING_DOWN_HTTP)
+            self.log.record(lines.API_CLIENT_STOPPED)
+            self.log.record(lines.API_SIGNALLING_HTTP)
+            self.log.record(lines.API_SHUTTING_DOWN_HTTP)
         self.log.uvicorn("Shutting down")  # uvicorn/server.py:282
         server.socket.close()
         self.log.uvicorn("Waiting for application shutdown.")  # uvicorn/lifespan/on.py:67
@@ -242,9 +242,9 @@ def run_api_server(ctx: VllmContext) -> NoReturn:
 def main(argv: list[str]) -> int:
     """`python -m supervisor.simulator --engine vllm <vllm serve's arguments>`."""
     from supervisor.simulator.options import SettingsError, load_settings
-    from supervisor.simulator.vllm_argv import fold_underscores, parse_vllm_args
-    from supervisor.simulator.vllm_facts import vllm_facts
-    from supervisor.simulator.vllm_headless import run_headless
+    from supervisor.simulator.vllm.argv import fold_underscores, parse_vllm_args
+    from supervisor.simulator.vllm.facts import vllm_facts
+    from supervisor.simulator.vllm.headless import run_headless
 
     try:
         settings = load_settings(os.environ, fold_underscores(argv))

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.simulator import vllm_lines
-from supervisor.simulator.crashes import PKG
-from supervisor.simulator.vllm_lines import SourceText
+from supervisor.simulator.sglang.crashes import PKG
+from supervisor.simulator.vllm import lines
+from supervisor.simulator.vllm.lines import SourceText
 
 _VLLM = f"{PKG}/vllm"
 _STDLIB = "/usr/lib/python3.12"
@@ -416,4 +416,4 @@ def cited_frames() -> list[SourceText]:
 
 def all_source_texts() -> list[SourceText]:
     """Every text the simulator cites from vLLM's source: the lines' and the traceback frames'."""
-    return vllm_lines.own_source_texts() + cited_frames()
+    return lines.own_source_texts() + cited_frames()

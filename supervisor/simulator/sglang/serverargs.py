@@ -5,8 +5,8 @@ from __future__ import annotations
 import zlib
 
 from supervisor.simulator.argv import SimArgs
-from supervisor.simulator.crashes import PKG
 from supervisor.simulator.modelcard import ModelFacts
+from supervisor.simulator.sglang.crashes import PKG
 
 Value = str | int | float | bool | None
 

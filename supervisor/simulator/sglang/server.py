@@ -14,12 +14,9 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
-from supervisor.simulator import crashes
 from supervisor.simulator.argv import SimArgs, parse_args
 from supervisor.simulator.flood import flood
 from supervisor.simulator.gpu.kernel import settle
-from supervisor.simulator.httpd import Front, SimHTTPServer
-from supervisor.simulator.launch import Children, kill_process_tree, launch
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import FiredUp
 from supervisor.simulator.modelcard import ModelFacts, model_facts
@@ -27,11 +24,14 @@ from supervisor.simulator.nodes import layout_error, node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario, SettingsError, SimSettings, load_settings
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
-from supervisor.simulator.serverargs import ENTRYPOINT_WARNING as _ENTRYPOINT_WARNING
-from supervisor.simulator.serverargs import deprecation_warnings, server_args_line
-from supervisor.simulator.startup import RankContext
-from supervisor.simulator.tokenizer import ServerStatus, TokenizerManager
-from supervisor.simulator.workernode import WorkerNode
+from supervisor.simulator.sglang import crashes
+from supervisor.simulator.sglang.httpd import Front, SimHTTPServer
+from supervisor.simulator.sglang.launch import Children, kill_process_tree, launch
+from supervisor.simulator.sglang.serverargs import ENTRYPOINT_WARNING as _ENTRYPOINT_WARNING
+from supervisor.simulator.sglang.serverargs import deprecation_warnings, server_args_line
+from supervisor.simulator.sglang.startup import RankContext
+from supervisor.simulator.sglang.tokenizer import ServerStatus, TokenizerManager
+from supervisor.simulator.sglang.workernode import WorkerNode
 
 DRAIN_LOG_EVERY_S = 5.0
 WATCHDOG_INTERVAL_S = 1.0  # SGLang's SubprocessWatchdog polls its children every second

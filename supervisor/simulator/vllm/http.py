@@ -20,10 +20,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-from supervisor.simulator.httpd import UvicornHandler, UvicornServer, prompt_tokens
-from supervisor.simulator.vllm_client import ClientGone, Completion, EngineClient, EngineDeadError
-from supervisor.simulator.vllm_lines import VLLM_VERSION
-from supervisor.simulator.vllm_metrics import CONTENT_TYPE
+from supervisor.simulator.sglang.httpd import UvicornHandler, UvicornServer, prompt_tokens
+from supervisor.simulator.vllm.client import ClientGone, Completion, EngineClient, EngineDeadError
+from supervisor.simulator.vllm.lines import VLLM_VERSION
+from supervisor.simulator.vllm.metrics import CONTENT_TYPE
 
 GET_ROUTES = ("/load", "/version", "/health", "/metrics", "/v1/models", "/ping")
 POST_ROUTES = ("/ping", "/v1/chat/completions", "/v1/completions")

@@ -12,13 +12,13 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-from supervisor.simulator import vllm_lines
 from supervisor.simulator.gpu.kernel import settle
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import import_sglang
-from supervisor.simulator.vllm_context import VllmContext
-from supervisor.simulator.vllm_executor import Fatal, MultiprocExecutor
-from supervisor.simulator.vllm_log import VllmLog
+from supervisor.simulator.vllm import lines
+from supervisor.simulator.vllm.context import VllmContext
+from supervisor.simulator.vllm.executor import Fatal, MultiprocExecutor
+from supervisor.simulator.vllm.log import VllmLog
 
 
 def run_headless(ctx: VllmContext) -> NoReturn:
@@ -41,7 +41,7 @@ def run_headless(ctx: VllmContext) -> NoReturn:
     else:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-    log.record(vllm_lines.HEADLESS, vllm_lines.VLLM_VERSION, f"{a.master_addr}:{a.master_port}")
+    log.record(lines.HEADLESS, lines.VLLM_VERSION, f"{a.master_addr}:{a.master_port}")
     try:
         executor.start_headless()
     except Fatal as e:  # a worker ended before READY: the exception leaves `vllm serve` (exit 1)

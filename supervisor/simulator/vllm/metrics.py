@@ -24,7 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from supervisor.simulator.vllm_messages import EngineOutputs
+from supervisor.simulator.vllm.messages import EngineOutputs
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABELS = ["model_name", "engine"]

@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.onset import write_onset
-from supervisor.simulator.startup import RankContext
+from supervisor.simulator.sglang.startup import RankContext
 
 _SEGV_DUMP = """Fatal Python error: Segmentation fault
 

@@ -24,13 +24,13 @@ from multiprocessing.connection import Connection
 from types import FrameType
 from typing import NoReturn
 
-from supervisor.simulator import vllm_lines
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
-from supervisor.simulator.vllm_context import VllmContext
-from supervisor.simulator.vllm_executor import Executor, Fatal, make_executor
-from supervisor.simulator.vllm_log import VllmLog
-from supervisor.simulator.vllm_messages import (
+from supervisor.simulator.vllm import lines
+from supervisor.simulator.vllm.context import VllmContext
+from supervisor.simulator.vllm.executor import Executor, Fatal, make_executor
+from supervisor.simulator.vllm.log import VllmLog
+from supervisor.simulator.vllm.messages import (
     AbortRequest,
     AddRequest,
     EngineDead,
@@ -40,7 +40,7 @@ from supervisor.simulator.vllm_messages import (
     Serving,
     SpecStats,
 )
-from supervisor.simulator.vllm_worker import process_title
+from supervisor.simulator.vllm.worker import process_title
 
 EXECUTOR_FAILED = "EXECUTOR_FAILED"  # EngineCoreRequestType.EXECUTOR_FAILED, put by the executor's failure callback
 WAKEUP = "WAKEUP"
@@ -123,7 +123,7 @@ class EngineCore:
         """core.py:98-240: the config line, the executor, `_initialize_kv_caches`; a failure is `EngineCore failed
         to start.` and exit 1 (core.py:1328-1330)."""
         facts = self.ctx.facts
-        self.log.record(vllm_lines.INIT_ENGINE, vllm_lines.VLLM_VERSION, engine_config(self.ctx))
+        self.log.record(lines.INIT_ENGINE, lines.VLLM_VERSION, engine_config(self.ctx))
         try:
             self.executor.start(lambda: self.inputs.put(EXECUTOR_FAILED))
             tic = time.monotonic()
@@ -132,17 +132,17 @@ class EngineCore:
             compiled = (
                 max(0.0, time.monotonic() - tic - 0.2 * self.ctx.settings.pace) if self.ctx.args.torch_compile else 0.0
             )
-            self.log.record(vllm_lines.GPU_KV_CACHE_SIZE, f"{facts.kv_tokens:,}")
-            self.log.record(vllm_lines.MAX_CONCURRENCY, f"{facts.max_model_len:,}", facts.max_concurrency)
+            self.log.record(lines.GPU_KV_CACHE_SIZE, f"{facts.kv_tokens:,}")
+            self.log.record(lines.MAX_CONCURRENCY, f"{facts.max_model_len:,}", facts.max_concurrency)
             self.executor.rpc("capture")
         except Fatal as e:
-            self.log.record(vllm_lines.ENGINE_FAILED_TO_START, exc_text=e.text)
+            self.log.record(lines.ENGINE_FAILED_TO_START, exc_text=e.text)
             self.executor.shutdown()
             self._exit_with(e)
         if self.ctx.args.torch_compile:
-            self.log.record(vllm_lines.INIT_ENGINE_TOOK_COMPILED, time.monotonic() - tic, compiled)
+            self.log.record(lines.INIT_ENGINE_TOOK_COMPILED, time.monotonic() - tic, compiled)
         else:
-            self.log.record(vllm_lines.INIT_ENGINE_TOOK, time.monotonic() - tic)
+            self.log.record(lines.INIT_ENGINE_TOOK, time.monotonic() - tic)
 
     def _exit_with(self, error: Fatal) -> NoReturn:
         """multiprocessing's `_bootstrap` prints the re-raised exception, then the process ends 1."""
@@ -162,7 +162,7 @@ class EngineCore:
                 if self.waiting or self.running:
                     self._step()
         except Fatal as e:
-            self.log.record(vllm_lines.ENGINE_FATAL, exc_text=e.text)
+            self.log.record(lines.ENGINE_FATAL, exc_text=e.text)
             self._send(EngineDead())  # core.py:1569-1580: ENGINE_CORE_DEAD before anything else
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # core.py:1337-1340, before engine_core.shutdown()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -203,9 +203,9 @@ class EngineCore:
         elif isinstance(message, Serving):
             self.executor.serving()
         elif message == EXECUTOR_FAILED:
-            from supervisor.simulator import vllm_crashes
+            from supervisor.simulator.vllm import crashes
 
-            raise Fatal(vllm_crashes.executor_failed(False), vllm_crashes.executor_failed(True))
+            raise Fatal(crashes.executor_failed(False), crashes.executor_failed(True))
 
     def _step(self) -> None:
         """One engine step: prefill what waits, or decode what runs; the scheduler's stats go with the outputs."""
@@ -271,18 +271,18 @@ class EngineCore:
     # --- shutdown ------------------------------------------------------------------------------------------------
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         """core.py:1305-1318: log, mark the shutdown requested, wake the busy loop."""
-        self.log.record(vllm_lines.ENGINE_SIGNAL, signal.Signals(signum).name)
+        self.log.record(lines.ENGINE_SIGNAL, signal.Signals(signum).name)
         self.shutdown_requested = True
         self.inputs.put(WAKEUP)
 
     def _shut_down(self) -> NoReturn:
         """core.py:1423-1466 with `shutdown_timeout` 0 (abort), then SystemExit out of the busy loop."""
-        self.log.record(vllm_lines.ENGINE_SHUTDOWN_START, "abort", 0)
+        self.log.record(lines.ENGINE_SHUTDOWN_START, "abort", 0)
         unfinished = len(self.waiting) + len(self.running)
         if unfinished:
-            self.log.record(vllm_lines.ENGINE_SHUTDOWN_ABORTING, unfinished)
-        self.log.record(vllm_lines.ENGINE_SHUTDOWN_DONE)
-        self.log.record(vllm_lines.ENGINE_EXITING)
+            self.log.record(lines.ENGINE_SHUTDOWN_ABORTING, unfinished)
+        self.log.record(lines.ENGINE_SHUTDOWN_DONE)
+        self.log.record(lines.ENGINE_EXITING)
         self.executor.shutdown()
         sys.stdout.flush()
         os._exit(0)

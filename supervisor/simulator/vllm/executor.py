@@ -18,12 +18,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
-from supervisor.simulator import vllm_crashes, vllm_lines
 from supervisor.simulator.messages import Ack, FiredUp, Step
-from supervisor.simulator.vllm_context import VllmContext
-from supervisor.simulator.vllm_log import VllmLog
-from supervisor.simulator.vllm_messages import WorkerError
-from supervisor.simulator.vllm_worker import OomDuringLoad, WorkerRuntime, run_worker_process, worker_exception
+from supervisor.simulator.vllm import crashes, lines
+from supervisor.simulator.vllm.context import VllmContext
+from supervisor.simulator.vllm.log import VllmLog
+from supervisor.simulator.vllm.messages import WorkerError
+from supervisor.simulator.vllm.worker import OomDuringLoad, WorkerRuntime, run_worker_process, worker_exception
 
 SIGTERM_GRACE_S = 4.0  # multiproc_executor.py:448 `wait_for_termination(active_procs(), 4)`
 
@@ -58,7 +58,7 @@ class UniExecutor:
             self.runtime.load_model()
         except OomDuringLoad as e:
             facts = self.ctx.facts
-            raise Fatal(str(e), vllm_crashes.load_oom_bootstrap(facts.v2_runner, facts.llama, 0, os.getpid())) from e
+            raise Fatal(str(e), crashes.load_oom_bootstrap(facts.v2_runner, facts.llama, 0, os.getpid())) from e
 
     def rpc(self, kind: str) -> None:
         if kind == "profile":
@@ -104,10 +104,10 @@ class MultiprocExecutor:
         ctx, a = self.ctx, self.ctx.args
         cores = os.cpu_count() or 1
         if cores > 1 and "OMP_NUM_THREADS" not in os.environ:
-            self.log.record(vllm_lines.REDUCING_TORCH_PARALLELISM, cores, 1)
+            self.log.record(lines.REDUCING_TORCH_PARALLELISM, cores, 1)
         layout = ctx.layout()
         self.log.record(
-            vllm_lines.DP_GROUP_LEADER,
+            lines.DP_GROUP_LEADER,
             a.node_rank,
             a.node_rank,
             a.master_addr,
@@ -123,7 +123,7 @@ class MultiprocExecutor:
         """serve.py:200-218 `run_headless` on a node >= 1: this node's workers only, no DP group leader."""
         cores = os.cpu_count() or 1
         if cores > 1 and "OMP_NUM_THREADS" not in os.environ:
-            self.log.record(vllm_lines.REDUCING_TORCH_PARALLELISM, cores, 1)
+            self.log.record(lines.REDUCING_TORCH_PARALLELISM, cores, 1)
         self.spawn(list(self.ctx.layout().local_ranks), rank0_here=False)
         self._wait_for_ready()
 
@@ -177,7 +177,7 @@ class MultiprocExecutor:
                     conn.recv()
                 except (EOFError, OSError):
                     self.shutdown()  # the finally at multiproc_executor.py:246-254
-                    raise Fatal(vllm_crashes.workers_not_ready(False), vllm_crashes.workers_not_ready(True)) from None
+                    raise Fatal(crashes.workers_not_ready(False), crashes.workers_not_ready(True)) from None
 
     def _monitor(self, on_failure: Callable[[], None]) -> None:
         """The MultiprocWorkerMonitor thread (multiproc_executor.py:270-298)."""
@@ -187,7 +187,7 @@ class MultiprocExecutor:
             return
         proc = sentinels[died[0]]  # type: ignore[index]
         proc.join(1)
-        self.log.record(vllm_lines.WORKER_DIED, proc.name, proc.exitcode)
+        self.log.record(lines.WORKER_DIED, proc.name, proc.exitcode)
         self.failed.set()
         self.shutdown()
         on_failure()
@@ -201,12 +201,12 @@ class MultiprocExecutor:
         warned = 1
         while True:
             if self.failed.is_set():
-                raise Fatal(vllm_crashes.cancelled(False), vllm_crashes.cancelled(True))
+                raise Fatal(crashes.cancelled(False), crashes.cancelled(True))
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise Fatal(vllm_crashes.execute_model_timeout(False), vllm_crashes.execute_model_timeout(True))
+                raise Fatal(crashes.execute_model_timeout(False), crashes.execute_model_timeout(True))
             if now - started >= self.warn_s * warned:
-                self.log.record(vllm_lines.SHM_LONG_WAIT, int(self.warn_s))
+                self.log.record(lines.SHM_LONG_WAIT, int(self.warn_s))
                 warned += 1
             with contextlib.suppress(OSError):
                 if conn.poll(0.1):
@@ -229,7 +229,7 @@ class MultiprocExecutor:
             self.failed.wait()
         reply = self._await_rank0(time.monotonic() + timeout, "execute_model")
         if isinstance(reply, WorkerError):
-            raise Fatal(vllm_crashes.worker_failed(reply.text, False), vllm_crashes.worker_failed(reply.text, True))
+            raise Fatal(crashes.worker_failed(reply.text, False), crashes.worker_failed(reply.text, True))
         assert isinstance(reply, Ack)
 
     def serving(self) -> None:
@@ -253,18 +253,18 @@ class MultiprocExecutor:
         alive = [p for p in self.procs if p.is_alive()]
         if not alive:
             return
-        self.log.record(vllm_lines.EXECUTOR_WAITING, len(alive))
+        self.log.record(lines.EXECUTOR_WAITING, len(alive))
         grace = self.ctx.env_float("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", 5.0)  # envs.py:1679
         if _wait_gone(alive, grace):
-            self.log.record(vllm_lines.EXECUTOR_EXITED)
+            self.log.record(lines.EXECUTOR_EXITED)
             return
         alive = [p for p in alive if p.is_alive()]
-        self.log.record(vllm_lines.EXECUTOR_SIGTERM, len(alive))
+        self.log.record(lines.EXECUTOR_SIGTERM, len(alive))
         for p in alive:
             p.terminate()
         if not _wait_gone(alive, SIGTERM_GRACE_S):
             alive = [p for p in alive if p.is_alive()]
-            self.log.record(vllm_lines.EXECUTOR_SIGKILL, len(alive))
+            self.log.record(lines.EXECUTOR_SIGKILL, len(alive))
             for p in alive:
                 p.kill()
 

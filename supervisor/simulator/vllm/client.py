@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from supervisor.simulator import vllm_crashes, vllm_lines
-from supervisor.simulator.detokenizer import WORDS
-from supervisor.simulator.vllm_context import VllmContext
-from supervisor.simulator.vllm_log import VllmLog
-from supervisor.simulator.vllm_messages import AbortRequest, AddRequest, EngineDead, EngineOutputs, SpecStats
-from supervisor.simulator.vllm_metrics import VllmMetrics
+from supervisor.simulator.sglang.detokenizer import WORDS
+from supervisor.simulator.vllm import crashes, lines
+from supervisor.simulator.vllm.context import VllmContext
+from supervisor.simulator.vllm.log import VllmLog
+from supervisor.simulator.vllm.messages import AbortRequest, AddRequest, EngineDead, EngineOutputs, SpecStats
+from supervisor.simulator.vllm.metrics import VllmMetrics
 
 DISCONNECT_CHECK_S = 4.0
 
@@ -104,7 +104,7 @@ class StatLogger:
         if idle:
             return  # loggers.py:260: logger.debug on an idle engine, not shown at INFO
         self.log.record(
-            vllm_lines.STATS, 0, prompt_tp, generation_tp, self.running, self.waiting, self.kv_usage * 100, 0.0
+            lines.STATS, 0, prompt_tp, generation_tp, self.running, self.waiting, self.kv_usage * 100, 0.0
         )
         if self.spec and drafts and sum(d.num_drafts for d in drafts):
             n = sum(d.num_drafts for d in drafts)
@@ -115,7 +115,7 @@ class StatLogger:
                 sum(d.accepted_per_pos[i] for d in drafts if i < len(d.accepted_per_pos)) / n for i in range(width)
             ]
             self.log.record(
-                vllm_lines.SPEC_DECODING,
+                lines.SPEC_DECODING,
                 1 + accepted / n,
                 accepted / spec_elapsed,
                 proposed / spec_elapsed,
@@ -202,7 +202,7 @@ class EngineClient:
                 if isinstance(message, EngineOutputs):
                     self._process(message)
         except EngineDeadError:
-            self.log.record(vllm_lines.OUTPUT_HANDLER_FAILED, exc_text=vllm_crashes.output_handler_dead())
+            self.log.record(lines.OUTPUT_HANDLER_FAILED, exc_text=crashes.output_handler_dead())
             self.handler_done = True
             self._fail_all()
 
@@ -249,7 +249,7 @@ class EngineClient:
         if self.engine_dead:
             return
         self.engine_dead = True
-        self.log.record(vllm_lines.ENGINE_CORE_EXITED)
+        self.log.record(lines.ENGINE_CORE_EXITED)
         self.shutdown(None)
 
     def shutdown(self, timeout: float | None) -> None:
@@ -258,13 +258,13 @@ class EngineClient:
         if self.client_shut:
             return
         self.client_shut = True
-        self.log.record(vllm_lines.CLIENT_SHUTDOWN_START, "default" if timeout is None else f"{timeout:g}s")
-        self.log.record(vllm_lines.CLIENT_STOPPING_MANAGER)
+        self.log.record(lines.CLIENT_SHUTDOWN_START, "default" if timeout is None else f"{timeout:g}s")
+        self.log.record(lines.CLIENT_STOPPING_MANAGER)
         stop_engine(self.proc, 5.0 if timeout is None else timeout, self.log)
-        self.log.record(vllm_lines.CLIENT_MANAGER_STOPPED)
-        self.log.record(vllm_lines.CLIENT_CLEANING_UP)
+        self.log.record(lines.CLIENT_MANAGER_STOPPED)
+        self.log.record(lines.CLIENT_CLEANING_UP)
         self.engine_dead = True  # the output task is cancelled: the handler gets EngineDeadError
-        self.log.record(vllm_lines.CLIENT_SHUTDOWN_COMPLETE)
+        self.log.record(lines.CLIENT_SHUTDOWN_COMPLETE)
 
 
 def stop_engine(proc: BaseProcess, timeout: float, log: VllmLog) -> None:
@@ -278,7 +278,7 @@ def stop_engine(proc: BaseProcess, timeout: float, log: VllmLog) -> None:
     while proc.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     if proc.is_alive() and proc.pid is not None:
-        log.record(vllm_lines.FORCE_KILLING, 1)
+        log.record(lines.FORCE_KILLING, 1)
         with contextlib.suppress(psutil.Error):  # kill_process_tree (utils/system_utils.py:253-275)
             parent = psutil.Process(proc.pid)
             for child in parent.children(recursive=True):

@@ -15,8 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from supervisor.simulator.httpstats import HttpStats
-from supervisor.simulator.tokenizer import MetricsSnapshot
+from supervisor.simulator.sglang.httpstats import HttpStats
+from supervisor.simulator.sglang.tokenizer import MetricsSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

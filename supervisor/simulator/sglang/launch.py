@@ -15,10 +15,10 @@ from multiprocessing.process import BaseProcess
 
 import psutil
 
-from supervisor.simulator.detokenizer import run_detokenizer_process
 from supervisor.simulator.loglines import LogWriter
-from supervisor.simulator.scheduler import run_scheduler_process
-from supervisor.simulator.startup import RankContext
+from supervisor.simulator.sglang.detokenizer import run_detokenizer_process
+from supervisor.simulator.sglang.scheduler import run_scheduler_process
+from supervisor.simulator.sglang.startup import RankContext
 
 
 @dataclass

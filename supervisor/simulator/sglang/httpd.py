@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from supervisor.simulator import exposition as metrics
 from supervisor.simulator.argv import SimArgs
-from supervisor.simulator.httpstats import HttpStats
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.modelcard import ModelFacts
 from supervisor.simulator.options import SimSettings
-from supervisor.simulator.serverargs import server_args_items
-from supervisor.simulator.tokenizer import ClientDisconnected, GenerateResult, ServerStatus, TokenizerManager
+from supervisor.simulator.sglang import exposition as metrics
+from supervisor.simulator.sglang.httpstats import HttpStats
+from supervisor.simulator.sglang.serverargs import server_args_items
+from supervisor.simulator.sglang.tokenizer import ClientDisconnected, GenerateResult, ServerStatus, TokenizerManager
 
 SGLANG_VERSION = "0.5.16"
 DEFAULT_MAX_NEW_TOKENS = 128

@@ -19,18 +19,18 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import NoReturn
 
-from supervisor.simulator import crashes
 from supervisor.simulator.argv import SimArgs
-from supervisor.simulator.dummyhealth import DummyHealthServer
-from supervisor.simulator.launch import kill_process_tree, launch_ranks
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.modelcard import ModelFacts
 from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario, SimSettings
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
-from supervisor.simulator.serverargs import ENTRYPOINT_WARNING, deprecation_warnings, server_args_line
-from supervisor.simulator.startup import RankContext
+from supervisor.simulator.sglang import crashes
+from supervisor.simulator.sglang.dummyhealth import DummyHealthServer
+from supervisor.simulator.sglang.launch import kill_process_tree, launch_ranks
+from supervisor.simulator.sglang.serverargs import ENTRYPOINT_WARNING, deprecation_warnings, server_args_line
+from supervisor.simulator.sglang.startup import RankContext
 
 UVICORN_STARTUP_FAILURE = 3
 READY_POLL_S = 5.0  # _wait_for_scheduler_ready's poll

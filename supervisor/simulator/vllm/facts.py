@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.simulator.modelcard import _architecture, _config, shard_files
-from supervisor.simulator.vllm_argv import VllmArgs
+from supervisor.simulator.vllm.argv import VllmArgs
 
 GPU_TOTAL_GIB = 139.81  # an H200 as torch.cuda.mem_get_info reports it
 DEFAULT_ARCHITECTURE = "LlamaForCausalLM"

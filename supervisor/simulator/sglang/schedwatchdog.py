@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from supervisor.simulator.loglines import LogWriter
-from supervisor.simulator.selfdump import pyspy_dump_self
+from supervisor.simulator.sglang.selfdump import pyspy_dump_self
 
 
 def _watch(timeout: float, forward_since: Callable[[], float | None], log: LogWriter, main_pid: int) -> None:

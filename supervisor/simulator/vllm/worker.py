@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import NoReturn
 
-from supervisor.simulator import hangs, kernelcache, vllm_lines
+from supervisor.simulator import hangs, kernelcache
 from supervisor.simulator.bars import Bar
 from supervisor.simulator.collective import LeaderMesh
 from supervisor.simulator.gpu.kernel import SpinningKernel
@@ -38,11 +38,12 @@ from supervisor.simulator.ncclwait import wait_for
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import import_sglang, start_heartbeat
 from supervisor.simulator.rendezvous import meet
-from supervisor.simulator.segfault import segfault
-from supervisor.simulator.vllm_context import VllmContext
-from supervisor.simulator.vllm_crashes import load_oom
-from supervisor.simulator.vllm_log import VllmLog
-from supervisor.simulator.vllm_messages import WorkerError
+from supervisor.simulator.sglang.segfault import segfault
+from supervisor.simulator.vllm import lines
+from supervisor.simulator.vllm.context import VllmContext
+from supervisor.simulator.vllm.crashes import load_oom
+from supervisor.simulator.vllm.log import VllmLog
+from supervisor.simulator.vllm.messages import WorkerError
 from supervisor.simulator.weights import WeightReader
 
 MB = 1024 * 1024
@@ -109,7 +110,7 @@ class WorkerRuntime:
         """gpu_worker.py:297-380: torch.distributed init (parallel_state.py:1615, 1946), then the runner choice."""
         a, layout = self.ctx.args, self.ctx.layout()
         method = f"tcp://{a.master_addr}:{a.master_port}" if a.multinode else f"tcp://127.0.0.1:{dist_port}"
-        self.log.record(vllm_lines.DIST_INIT, a.world_size, self.rank, self.local_rank, method, "nccl")
+        self.log.record(lines.DIST_INIT, a.world_size, self.rank, self.local_rank, method, "nccl")
         if layout.multinode:  # every rank of every node meets at --master-addr:--master-port, silently
             links = meet(layout, self.rank, a.master_addr)
             if self.rank == 0:
@@ -119,20 +120,20 @@ class WorkerRuntime:
         time.sleep(0.3 * self.pace)
         ep = str(self.rank % a.tp) if self.ctx.facts.is_moe else "N/A"
         self.log.record(
-            vllm_lines.RANK_ASSIGNED, self.rank, a.world_size, 0, self.rank // a.tp, 0, self.rank % a.tp, ep, "N/A"
+            lines.RANK_ASSIGNED, self.rank, a.world_size, 0, self.rank // a.tp, 0, self.rank % a.tp, ep, "N/A"
         )
         if self.ctx.facts.v2_runner:
-            self.log.record(vllm_lines.V2_MODEL_RUNNER)
+            self.log.record(lines.V2_MODEL_RUNNER)
 
     def load_model(self) -> None:
         """The runner's `load_model` (gpu/model_runner.py:276-306, or gpu_model_runner.py:5247-5348 for V1)."""
         facts = self.ctx.facts
         if facts.v2_runner:
-            self.log.record(vllm_lines.LOADING_FROM_SCRATCH)
+            self.log.record(lines.LOADING_FROM_SCRATCH)
         else:
-            self.log.record(vllm_lines.STARTING_TO_LOAD, self.ctx.args.model)
+            self.log.record(lines.STARTING_TO_LOAD, self.ctx.args.model)
         tic = time.monotonic()
-        self.log.record(vllm_lines.ATTENTION_BACKEND, "FLASH_ATTN", ATTENTION_BACKENDS)
+        self.log.record(lines.ATTENTION_BACKEND, "FLASH_ATTN", ATTENTION_BACKENDS)
         if self.scenario is Scenario.CRASH_ON_LOAD and self.local_rank == 0:
             time.sleep(0.2 * self.pace)
             self.ctx.onset()
@@ -140,10 +141,10 @@ class WorkerRuntime:
         self._load_weights(facts.num_shards, facts.weights_gib, first=True)
         if self.ctx.args.speculative is not None and self.ctx.args.speculative.method != "ngram":
             if not facts.v2_runner:
-                self.log.record(vllm_lines.LOADING_DRAFTER)
+                self.log.record(lines.LOADING_DRAFTER)
             self._load_weights(1, facts.draft_gib, first=False)
         elapsed = time.monotonic() - tic
-        site = vllm_lines.MODEL_LOADING_TOOK_V2 if facts.v2_runner else vllm_lines.MODEL_LOADING_TOOK_V1
+        site = lines.MODEL_LOADING_TOOK_V2 if facts.v2_runner else lines.MODEL_LOADING_TOOK_V1
         self.log.record(site, _gib(facts.weights_gib + facts.draft_gib), elapsed)
         self._after_load_faults()
 
@@ -152,8 +153,8 @@ class WorkerRuntime:
     def _load_weights(self, shards: int, gib: float, first: bool) -> None:
         """default_loader.py:410-431 over weight_utils.py:840-930's safetensors iterator; the bar on rank 0 only."""
         settings = self.ctx.settings
-        self.log.record(vllm_lines.FILESYSTEM, "EXT4", gib * self.ctx.args.world_size, 1007.51)
-        self.log.record(vllm_lines.NO_PREFETCH, "EXT4")
+        self.log.record(lines.FILESYSTEM, "EXT4", gib * self.ctx.args.world_size, 1007.51)
+        self.log.record(lines.NO_PREFETCH, "EXT4")
         tic = time.monotonic()
         if first and self.scenario is Scenario.SLOW_LOAD:
             self.ctx.onset()
@@ -174,7 +175,7 @@ class WorkerRuntime:
                 bar.update()
         if bar is not None:
             bar.close()
-        self.log.record(vllm_lines.LOADING_WEIGHTS_TOOK, time.monotonic() - tic)
+        self.log.record(lines.LOADING_WEIGHTS_TOOK, time.monotonic() - tic)
 
     def _after_load_faults(self) -> None:
         """The hangs right after `Model loading took`: inside the worker's constructor, before READY, so
@@ -197,17 +198,17 @@ class WorkerRuntime:
             tic = time.monotonic()
             root = os.environ.get("VLLM_CACHE_ROOT", os.path.expanduser("~/.cache/vllm"))
             cache = f"{root}/torch_compile_cache/{_hash(args.model)}/rank_{self.rank}_0/backbone"
-            self.log.record(vllm_lines.COMPILE_CACHE_DIR, cache)
+            self.log.record(lines.COMPILE_CACHE_DIR, cache)
             warm = kernelcache.entry(os.environ, "vllm_backbone")
             cached = warm is not None and warm.is_file()
             if self.scenario is Scenario.LONG_COMPILE:
                 self.ctx.onset()  # Dynamo and inductor at one core: no line, no read, no memory change, GPU idle
                 compile_fx_inner("backbone", 8, settings.compile_seconds)
             time.sleep(0.2 * self.pace)
-            self.log.record(vllm_lines.DYNAMO_TIME, time.monotonic() - tic)
+            self.log.record(lines.DYNAMO_TIME, time.monotonic() - tic)
             if cached:
                 self.log.record(
-                    vllm_lines.AOT_LOADED,
+                    lines.AOT_LOADED,
                     f"{root}/torch_compile_cache/torch_aot_compile/"
                     f"{_hash(args.model + 'aot')}/rank_{self.rank}_0/model",
                 )
@@ -215,14 +216,14 @@ class WorkerRuntime:
             held = import_sglang(kernelcache.compile_seconds(os.environ, "vllm_backbone", cold))
             kernelcache.store(os.environ, "vllm_backbone")
             if not cached:
-                self.log.record(vllm_lines.CACHE_THE_GRAPH, facts.compile_range)
-                self.log.record(vllm_lines.COMPILING_GRAPH, facts.compile_range, time.monotonic() - tic)
+                self.log.record(lines.CACHE_THE_GRAPH, facts.compile_range)
+                self.log.record(lines.COMPILING_GRAPH, facts.compile_range, time.monotonic() - tic)
             del held
-            self.log.record(vllm_lines.TORCH_COMPILE_TOOK, time.monotonic() - tic)
+            self.log.record(lines.TORCH_COMPILE_TOOK, time.monotonic() - tic)
         tic = time.monotonic()
         time.sleep(0.2 * self.pace)
-        self.log.record(vllm_lines.PROFILING_RUN_TOOK, time.monotonic() - tic)
-        self.log.record(vllm_lines.AVAILABLE_KV_MEMORY, _gib(facts.available_kv_gib))
+        self.log.record(lines.PROFILING_RUN_TOOK, time.monotonic() - tic)
+        self.log.record(lines.AVAILABLE_KV_MEMORY, _gib(facts.available_kv_gib))
 
     def capture(self) -> None:
         """gpu_worker.py:746-790: the capture (rank 0 draws the bars), then `Graph capturing finished` on every rank."""
@@ -253,7 +254,7 @@ class WorkerRuntime:
                 tuple(sorted(sizes, reverse=True)),
                 hang=self.scenario is Scenario.BUSY_CAPTURE_HANG and index == hang_in,
             )
-        site = vllm_lines.GRAPH_CAPTURING_FINISHED_V2 if facts.v2_runner else vllm_lines.GRAPH_CAPTURING_FINISHED_V1
+        site = lines.GRAPH_CAPTURING_FINISHED_V2 if facts.v2_runner else lines.GRAPH_CAPTURING_FINISHED_V1
         self.log.record(site, time.monotonic() - tic, facts.graph_gib)
 
     def _capture_group(self, desc: str, sizes: tuple[int, ...], hang: bool) -> None:
@@ -395,7 +396,7 @@ def _watch_death_pipe(death: Connection, log: VllmLog) -> None:
     try:
         death.recv()
     except (EOFError, OSError):
-        log.record(vllm_lines.PARENT_EXITED)
+        log.record(lines.PARENT_EXITED)
         os._exit(0)
 
 
@@ -432,7 +433,7 @@ def run_worker_process(
         log.decorate(name)
         runtime.load_model()
     except OomDuringLoad as e:
-        log.record(vllm_lines.WORKER_FAILED_TO_START, exc_text=str(e))
+        log.record(lines.WORKER_FAILED_TO_START, exc_text=str(e))
         return  # worker_main swallows it: the process ends 0, the executor sees the ready pipe close
     threading.Thread(target=_watch_death_pipe, args=(death, log), name="DeathPipeMonitor", daemon=True).start()
     ready.send({"status": "READY", "rank": rank})
@@ -468,13 +469,13 @@ def serve_rank0(runtime: WorkerRuntime, rpc: Connection, log: VllmLog) -> NoRetu
             return
         error = runtime.forward(message.kind)
         if error is not None:
-            log.record(vllm_lines.WORKER_HIT_EXCEPTION, exc_text=worker_exception())
+            log.record(lines.WORKER_HIT_EXCEPTION, exc_text=worker_exception())
         rpc.send(error if error is not None else Ack(runtime.rank))
 
     WorkerProc(dequeue, handle).worker_busy_loop()
 
 
 def worker_exception() -> str:
-    from supervisor.simulator.vllm_crashes import forward_crash
+    from supervisor.simulator.vllm.crashes import forward_crash
 
     return forward_crash() + ILLEGAL_ACCESS

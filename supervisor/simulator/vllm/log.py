@@ -21,7 +21,7 @@ import threading
 import time
 
 from supervisor.simulator.loglines import STDERR_FD, STDOUT_FD, write_all
-from supervisor.simulator.vllm_lines import LogSite
+from supervisor.simulator.vllm.lines import LogSite
 
 
 class DecoratedStream:

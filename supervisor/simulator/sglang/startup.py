@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from supervisor.simulator import crashes, hangs, kernelcache
+from supervisor.simulator import hangs, kernelcache
 from supervisor.simulator.argv import SimArgs
 from supervisor.simulator.bars import SHARDS_FORMAT, Bar
 from supervisor.simulator.gpu.kernel import SpinningKernel
@@ -28,6 +28,7 @@ from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario, SimSettings
 from supervisor.simulator.procutil import import_sglang
 from supervisor.simulator.rendezvous import meet
+from supervisor.simulator.sglang import crashes
 from supervisor.simulator.weights import WeightReader
 
 MB = 1024 * 1024

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from supervisor.simulator.nodes import NodeLayout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import SimSettings
-from supervisor.simulator.vllm_argv import VllmArgs
-from supervisor.simulator.vllm_facts import VllmFacts
+from supervisor.simulator.vllm.argv import VllmArgs
+from supervisor.simulator.vllm.facts import VllmFacts
 
 
 @dataclass(frozen=True)
