@@ -7,13 +7,8 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from supervisor.simulator.messages import TokenOut
+from supervisor.simulator.modelcard import WORDS
 from supervisor.simulator.procutil import become_child, import_sglang, sleep_forever, start_heartbeat
-
-WORDS = (
-    " Paris", " is", " the", " capital", " of", " France", ".", " It", " has", " a", " population",
-    " of", " about", " two", " million", " people", ",", " and", " is", " known", " for", " its",
-    " museums", " and", " cafes",
-)
 
 
 def run_detokenizer_process(ignore_sigterm: bool, inbox: Connection, outbox: Connection, import_s: float) -> None:

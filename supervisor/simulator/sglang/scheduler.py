@@ -10,7 +10,7 @@ from multiprocessing.connection import Connection
 from typing import NoReturn
 
 from supervisor.simulator import hangs
-from supervisor.simulator.collective import Follower, LeaderMesh
+from supervisor.simulator.collective import LeaderMesh
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
 from supervisor.simulator.ncclwait import GlooError
@@ -19,6 +19,7 @@ from supervisor.simulator.procutil import become_child, import_sglang, log_prefi
 from supervisor.simulator.rendezvous import RendezvousError
 from supervisor.simulator.sglang import crashes
 from supervisor.simulator.sglang.decode_loop import ServingLoop
+from supervisor.simulator.sglang.follower import Follower
 from supervisor.simulator.sglang.segfault import die_of_segfault, victim_rank
 from supervisor.simulator.sglang.shm import open_segment
 from supervisor.simulator.sglang.startup import RankContext, Startup

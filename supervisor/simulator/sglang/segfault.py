@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
-import faulthandler
-import os
-import resource
 from typing import NoReturn
 
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.onset import write_onset
+from supervisor.simulator.procutil import segfault
 from supervisor.simulator.sglang.startup import RankContext
 
 _SEGV_DUMP = """Fatal Python error: Segmentation fault
@@ -44,11 +41,3 @@ def die_of_segfault(ctx: RankContext, log: LogWriter) -> NoReturn:
     write_onset(s.onset_file, s.scenario.value, s.requested.value, ctx.main_pid, ctx.args.unknown_flags)
     log.raw(_SEGV_DUMP.format(other=0x7F3B2EFFD640 + ctx.rank, current=0x7F3C61E8E740 + ctx.rank))
     segfault()
-
-
-def segfault() -> NoReturn:
-    """A real SIGSEGV and nothing printed (a process without faulthandler, as vLLM's are)."""
-    faulthandler.disable()  # its own dump would show this file's path
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in whatever the cwd is
-    ctypes.string_at(0)
-    os._exit(139)  # not reached: the read above faults

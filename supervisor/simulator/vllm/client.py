@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from supervisor.simulator.sglang.detokenizer import WORDS
+from supervisor.simulator.modelcard import WORDS
 from supervisor.simulator.vllm import crashes, lines
 from supervisor.simulator.vllm.context import VllmContext
 from supervisor.simulator.vllm.log import VllmLog

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.simulator.sglang.crashes import PKG
 from supervisor.simulator.vllm import lines
 from supervisor.simulator.vllm.lines import SourceText
 
+PKG = "/usr/local/lib/python3.12/dist-packages"  # where a pip-installed vLLM lives (SGLang's image too)
 _VLLM = f"{PKG}/vllm"
 _STDLIB = "/usr/lib/python3.12"
 

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from supervisor.simulator.sglang.httpd import UvicornHandler, UvicornServer, prompt_tokens
+from supervisor.simulator.httpbase import UvicornHandler, UvicornServer, prompt_tokens
 from supervisor.simulator.vllm.client import ClientGone, Completion, EngineClient, EngineDeadError
 from supervisor.simulator.vllm.lines import VLLM_VERSION
 from supervisor.simulator.vllm.metrics import CONTENT_TYPE

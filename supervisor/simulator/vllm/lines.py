@@ -396,5 +396,5 @@ def all_log_sites() -> list[LogSite]:
 
 
 def own_source_texts() -> list[SourceText]:
-    """This module's cited texts; `vllm_crashes.all_source_texts` adds the traceback frames'."""
+    """This module's cited texts; `crashes.all_source_texts` adds the traceback frames'."""
     return [value for value in globals().values() if isinstance(value, SourceText)]

@@ -8,7 +8,7 @@ VllmConfig's own lines), the engine core started and waited for with no deadline
 (v1/engine/utils.py:1225-1360), then the app: `Supported tasks`, `Starting vLLM server on`, the route
 list, and uvicorn, which starts listening once `Application startup complete.` is printed.
 
-After ready: `/health` is a flag (vllm_client.py); the watchdog (launcher.py:155-180, every 5 s) shuts the
+After ready: `/health` is a flag (client.py); the watchdog (launcher.py:155-180, every 5 s) shuts the
 server down once the engine client has errored, and the process ends 0. SIGTERM (launcher.py:95-150
 and uvicorn's own handler) stops the engine client (the engine core SIGTERMed, then SIGKILLed at
 once: `shutdown_timeout` is 0) and the HTTP server; the process ends 0. SIGTERM before ready is

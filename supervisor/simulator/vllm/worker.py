@@ -36,9 +36,8 @@ from supervisor.simulator.mirror.vllm.v1.worker.gpu.model_runner import GPUModel
 from supervisor.simulator.modelcard import shard_files
 from supervisor.simulator.ncclwait import wait_for
 from supervisor.simulator.options import Scenario
-from supervisor.simulator.procutil import import_sglang, start_heartbeat
+from supervisor.simulator.procutil import import_sglang, segfault, start_heartbeat
 from supervisor.simulator.rendezvous import meet
-from supervisor.simulator.sglang.segfault import segfault
 from supervisor.simulator.vllm import lines
 from supervisor.simulator.vllm.context import VllmContext
 from supervisor.simulator.vllm.crashes import load_oom
@@ -50,7 +49,7 @@ MB = 1024 * 1024
 LOAD_RATE = 64 * MB
 SLOW_RATE = 2 * MB
 QUIET_RATE = 8 * MB
-SPEC_STEP_COST = 1.74  # a verify step costs this many plain decode steps (as decode_loop.py)
+SPEC_STEP_COST = 1.74  # a verify step costs this many plain decode steps (as sglang/decode_loop.py)
 ATTENTION_BACKENDS = "['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION']"  # platforms/cuda.py:482
 AFTER_LOAD = {
     Scenario.DEADLOCK_AFTER_LOAD: hangs.deadlock_forever,
