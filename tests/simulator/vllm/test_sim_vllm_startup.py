@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from conftest import Sim, SimStarter
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 READY = "Application startup complete."
 RECORD = re.compile(r"^\((?P<name>[A-Za-z_0-9]+) pid=(?P<pid>\d+)\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d \[")

@@ -141,7 +141,9 @@ def test_serving_stall_admits_but_never_decodes(sim: SimStarter) -> None:
     # SGLang 0.5.16's HTTP middleware keeps counting the requests it holds open.
     text = s.request("/metrics")[1].decode()
     assert 'sglang:http_requests_active{endpoint="/generate",method="POST"} 2.0' in text
-    assert 'sglang:http_responses_total{endpoint="/health",method="GET",status_code="200"}' in text
+    # The response is counted once the handler is done with it, after the client has its body: poll.
+    health_ok = 'sglang:http_responses_total{endpoint="/health",method="GET",status_code="200"}'
+    assert s.wait_until(lambda: health_ok in s.request("/metrics")[1].decode(), 10)
     assert s.onset()["scenario"] == "serving_stall"
 
 
