@@ -22,13 +22,13 @@ def _engine(argv: list[str]) -> tuple[str, list[str]]:
 def _main() -> int:
     engine, argv = _engine(sys.argv[1:])
     if engine == "vllm":
-        from supervisor.simulator.vllm_server import main as vllm_main
+        from supervisor.simulator.vllm.server import main as vllm_main
 
         return vllm_main(argv)
     if engine != "sglang":
         print(f"simulator: --engine {engine!r} is unknown; use sglang or vllm", file=sys.stderr)
         return 2
-    from supervisor.simulator.server import main
+    from supervisor.simulator.sglang.server import main
 
     return main(argv)
 

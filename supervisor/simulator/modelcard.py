@@ -29,6 +29,13 @@ _DRAFT_CLASSES = {
     "MTP": "DeepseekV3ForCausalLMNextN",
 }
 
+# What the simulated model says, one word a token, over and over (both engines' detokenizers).
+WORDS = (
+    " Paris", " is", " the", " capital", " of", " France", ".", " It", " has", " a", " population",
+    " of", " about", " two", " million", " people", ",", " and", " is", " known", " for", " its",
+    " museums", " and", " cafes",
+)
+
 
 def _config(path: str | None) -> dict[str, object]:
     if not path:

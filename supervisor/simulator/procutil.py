@@ -1,4 +1,5 @@
-"""What every SGLang child does first, and the background thread every real process has."""
+"""What every child of either engine does first, the background thread every real process has, and a
+death by a real SIGSEGV."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import faulthandler
 import functools
 import itertools
 import os
+import resource
 import signal
 import sysconfig
 import threading
 import time
+from typing import NoReturn
 
 import setproctitle
 
@@ -101,3 +104,11 @@ def start_heartbeat(name: str, period_s: float = 0.1) -> threading.Event:
 def sleep_forever() -> None:
     while True:
         time.sleep(3600)
+
+
+def segfault() -> NoReturn:
+    """A real SIGSEGV and nothing printed (a process without faulthandler, as vLLM's are)."""
+    faulthandler.disable()  # its own dump would show this file's path
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in whatever the cwd is
+    ctypes.string_at(0)
+    os._exit(139)  # not reached: the read above faults

@@ -31,8 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from probes.proctree import MARKER_ENV
 from supervisor.process import kill_marked
-from supervisor.simulator import vllm_crashes, vllm_lines
-from supervisor.simulator.vllm_metrics import build_1_2_5_buckets
+from supervisor.simulator.vllm import crashes as vllm_crashes
+from supervisor.simulator.vllm import lines as vllm_lines
+from supervisor.simulator.vllm.metrics import build_1_2_5_buckets
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
