@@ -21,7 +21,7 @@ from api.errors import error_response
 from supervisor.diagnostics.culprit import NONE_NAMED
 from supervisor.group.joining import JoinAnswer
 from supervisor.group.report import to_wire
-from supervisor.policy.group import NodeReport
+from supervisor.group.verdict import NodeReport
 from supervisor.status.commands import Command, CommandResult
 from supervisor.status.snapshot import StatusSnapshot
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from supervisor.group.fingerprint import differing
-from supervisor.policy.group import PHASES, MemberView
+from supervisor.group.verdict import PHASES, MemberView
 
 JoinVerdict = Literal["launch", "wait", "refused"]
 _UP = frozenset({"starting", "ready", "degraded"})

@@ -19,7 +19,7 @@ import structlog
 from supervisor.config.settings import GroupSettings
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.report import from_wire
-from supervisor.policy.group import MemberView
+from supervisor.group.verdict import MemberView
 
 log = structlog.get_logger(__name__)
 

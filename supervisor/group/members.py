@@ -2,7 +2,7 @@
 
 A worker (node_rank >= 1) never acts on its own verdict: it holds it (`hung`, waiting for the
 leader), reports it, and captures, stops and launches when the leader asks. The leader combines
-its own verdict with its members' reports (supervisor.policy.group), and on a group incident asks
+its own verdict with its members' reports (supervisor.group.verdict), and on a group incident asks
 every member at once: capture under the same incident id, stop and verify, launch one rung.
 
 `GroupPeers` is the owner's `Peers` (supervisor.group.peers) in a group: the owner
@@ -32,8 +32,8 @@ from supervisor.group.peers import Asked, Beating, Clearance, Judged, MemberApi,
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.signing import NonceBook, RequestCheck
+from supervisor.group.verdict import GroupVerdict, NodeReport, OwnVerdict, combine
 from supervisor.group.view import group_view
-from supervisor.policy.group import GroupVerdict, NodeReport, OwnVerdict, combine
 from supervisor.policy.recovery import exits_for_group
 from supervisor.policy.watchdog import History, Verdict
 from supervisor.status.commands import Command, CommandResult

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from probes.types import Observation
 from supervisor.config.settings import Settings
-from supervisor.policy.group import NodeReport
+from supervisor.group.verdict import NodeReport
 from supervisor.policy.watchdog import History, Verdict
 from supervisor.status.commands import Command
 from supervisor.status.eventnames import EventName

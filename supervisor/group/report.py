@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from supervisor.policy.group import NodeReport, RankView
+from supervisor.group.verdict import NodeReport, RankView
 from supervisor.status.causes import Cause
 from supervisor.status.snapshot import StatusSnapshot
 

@@ -17,7 +17,7 @@ from supervisor.group.client import GroupClient
 from supervisor.group.credentials import GroupKeys
 from supervisor.group.joining import JoinAnswer
 from supervisor.group.leader import GroupLeader
-from supervisor.policy.group import GroupVerdict
+from supervisor.group.verdict import GroupVerdict
 from supervisor.status.causes import Cause
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from supervisor.group.runtime import GroupRuntime
-from supervisor.policy.group import MemberView, group_serves
+from supervisor.group.verdict import MemberView, group_serves
 from supervisor.policy.lifecycle import SERVING_NAMES
 from supervisor.status.snapshot import GroupNodeView, GroupView, StatusSnapshot
 

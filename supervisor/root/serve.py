@@ -39,12 +39,12 @@ from supervisor.daemon.owner import Owner
 from supervisor.daemon.server import child_env
 from supervisor.group import members as grouping
 from supervisor.group.peers import NoPeers, Peers
+from supervisor.group.verdict import NodeReport
 from supervisor.host.apiguard import raise_nofile_limit, uvicorn_options
 from supervisor.host.instance_lock import StateLock, acquire
 from supervisor.host.sdnotify import Notifier
 from supervisor.logs.view import LogRedaction, server_log_file
 from supervisor.metrics.exporter import SupervisorMetrics
-from supervisor.policy.group import NodeReport
 from supervisor.process.cgroup import CgroupRoot, become_subreaper
 from supervisor.process.control import RealProcessControl
 from supervisor.root.gpusource import open_nvml

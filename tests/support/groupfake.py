@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from supervisor.policy.group import NodeReport, RankView
+from supervisor.group.verdict import NodeReport, RankView
 from supervisor.status.commands import Command, CommandResult
 from supervisor.status.snapshot import StatusSnapshot, StopView
 

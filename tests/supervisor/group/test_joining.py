@@ -6,7 +6,7 @@ from __future__ import annotations
 from supervisor.config.settings import settings_from_mapping
 from supervisor.group.fingerprint import argv_print, differing, fingerprint
 from supervisor.group.joining import answer_join, formed, lacking
-from supervisor.policy.group import MemberView, NodeReport
+from supervisor.group.verdict import MemberView, NodeReport
 
 FP = {"nnodes": "2", "tp-size": "2", "ladder": "base"}
 

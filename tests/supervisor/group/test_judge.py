@@ -8,7 +8,7 @@ from supervisor.config.settings import GroupSettings
 from supervisor.group.credentials import GroupKeys
 from supervisor.group.members import judge, report
 from supervisor.group.runtime import GroupRuntime
-from supervisor.policy.group import MemberView, NodeReport
+from supervisor.group.verdict import MemberView, NodeReport
 from supervisor.policy.watchdog import Verdict
 from supervisor.status.snapshot import ProcessView, StatusSnapshot
 

@@ -16,7 +16,7 @@ from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.report import to_wire
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.signing import NONCE, NonceBook, RequestCheck, node_key, sign_answer
-from supervisor.policy.group import NodeReport
+from supervisor.group.verdict import NodeReport
 
 GROUP = GroupSettings(nnodes=3, node_rank=0, members=("h1:8900", "h2:8900"))
 ADDRESSES = {1: "h1:8900", 2: "h2:8900"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.policy.group import (
+from supervisor.group.verdict import (
     GroupVerdict,
     MemberView,
     NodeReport,
