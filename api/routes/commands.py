@@ -150,5 +150,7 @@ async def promote(handle: Supervisor, by: Requester, body: Annotated[PromoteRequ
     if inc is not None and inc.rung == preferred:
         memory = f"; {preferred} last failed with {inc.cause}" + (f"/{inc.hang_class}" if inc.hang_class else "")
         memory += f" at {inc.at} (bundle {inc.bundle or 'none'})"
-    message = f"promoting from {snap.rung} to {preferred}{memory}"
+    back = snap.last_good_rung if snap.last_good_rung not in (None, preferred) else None
+    then = f"; if it fails before it serves: back to {back}, no backoff" if back else ""
+    message = f"promoting from {snap.rung} to {preferred}{memory}{then}"
     return RestartAccepted(incident_id=result.incident_id, state=result.state or snap.state, message=message)

@@ -145,7 +145,8 @@ def _line(command: str, line: str, as_json: bool) -> str:
 
 def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, as_json: bool) -> int:
     """Send stop/start/restart, then poll `/status` until `clientwait.settled` says it is done."""
-    verb: Verb = "stop" if command == "stop" else "start" if command == "start" else "restart"
+    verbs: dict[str, Verb] = {"stop": "stop", "start": "start", "promote": "promote"}
+    verb = verbs.get(command, "restart")
     before_doc = conn.status()
     if before_doc is None:
         raise httpx.ConnectError("no status answer before the command")

@@ -87,7 +87,7 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             )
         if name in ("stop", "promote"):
             p.add_argument("--reason", default="", help="recorded in the journal")
-        if name in ("stop", "start", "restart"):
+        if name in ("stop", "start", "restart", "promote"):
             what = "stopped and its port and GPUs verified free" if name == "stop" else "a new server serves"
             p.add_argument("--wait", action="store_true", help=f"wait until the server is {what}")
             p.add_argument(
@@ -148,7 +148,7 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
             return clientstream.watch(conn, args.watch, as_json=args.json, out=sys.stdout, err=sys.stderr)
         if command in ("logs", "events") and (command == "logs" or args.follow):
             return clientstream.stream(conn, command, _stream_params(command, args), as_json=args.json)
-        if command in ("stop", "start", "restart") and args.wait:
+        if command in ("stop", "start", "restart", "promote") and args.wait:
             return clientstream.command_and_wait(
                 conn, command, _request_for(command, args), args.wait_timeout, as_json=args.json
             )

@@ -39,9 +39,10 @@ STATE_EXIT: Mapping[str, int] = {
     "failed": EXIT_FAILED,
 }
 SERVING = ("ready", "degraded")
-DEFAULT_WAIT_S = {"stop": 300.0, "start": 1800.0, "restart": 1800.0}  # a 600 GB load takes minutes
+# a 600 GB load takes minutes; a failed promote is two of them (the preferred rung, then back)
+DEFAULT_WAIT_S = {"stop": 300.0, "start": 1800.0, "restart": 1800.0, "promote": 3600.0}
 
-Verb = Literal["stop", "start", "restart"]
+Verb = Literal["stop", "start", "restart", "promote"]
 
 
 def state_exit(state: object) -> int:
@@ -87,6 +88,8 @@ def settled(verb: Verb, before: Before, now: Mapping[str, Any], moved: bool) -> 
     new_server = bool(started) and str(started) != before.started_at
     if new_server and state in SERVING:
         pid = now.get("pid")
+        if verb == "promote" and now.get("rung_index"):  # the preferred rung failed: back on the one that served
+            return Settled(status_exit(now), f"{state} on rung {now.get('rung')}, pid {pid}: the preferred rung failed")
         return Settled(state_exit(state), f"{state} on rung {now.get('rung')}, pid {pid}")
     if state == "failed" and (moved or new_server):
         return Settled(EXIT_FAILED, f"failed: {now.get('reason') or 'see sglang-supervisor events'}")

@@ -74,7 +74,7 @@ from supervisor.policy.watchdog import Mode, Verdict
 from supervisor.process.control import ProcessControl, RealProcessControl
 from supervisor.process.owners import STATE_DIR_ENV
 from supervisor.status.causes import HUNG_CAUSES, Cause
-from supervisor.status.commands import Command, CommandResult, finish, next_from
+from supervisor.status.commands import Command, CommandResult, fail_queued, finish, next_from
 from supervisor.status.eventnames import EventName
 from supervisor.status.snapshot import IncidentView, StatusSnapshot, StopView
 from supervisor.warmstart.warm import WarmStart
@@ -448,9 +448,11 @@ class Owner:
         forced_rung: int | None = None,
         diagnose: bool = True,
         incident_id: str | None = None,
+        requested: bool = False,
     ) -> None:
+        """`requested`: an operator's restart or promote (its stop is not the daemon's share)."""
         incident_id = incident_id or self.unique_incident_id(cause)
-        self.warm.incident(incident_id, cause, verdict, self.clock.monotonic())  # the outage begins
+        self.warm.incident(incident_id, cause, verdict, self.clock.monotonic(), requested=requested)  # the outage
         alive = obs is not None and obs.tree.root_alive and bool(obs.tree.processes)
         captures = diagnose and alive and obs is not None and cause in HUNG_CAUSES | {"manual", "spec_regression"}
         if diagnose and not captures:  # no bundle of its own: a group's members still take theirs
@@ -499,7 +501,8 @@ class Owner:
             culprit=culprit,
         )
         self.book_incident(view, **({"xids": xids.as_records(named)} if named else {}))
-        await self.recover(Incident(cause, hang_class), forced_rung=forced_rung, manual=cause == "manual")
+        incident = Incident(cause, hang_class, gpu_fault=bool(named))
+        await self.recover(incident, forced_rung=forced_rung, manual=cause == "manual")
         self.recorder.unbind("incident")  # a relaunch has already bound its own context
 
     def book_incident(self, view: IncidentView, **extra: object) -> None:
@@ -646,11 +649,7 @@ class Owner:
         self.persist()
         await self.observer.close()
         await self.bundles.close()  # an analyzer still running goes with its child
-        self.answer_queued("daemon shut down", State.STOPPED.value)
-
-    def answer_queued(self, why: str, state: str) -> None:
-        while not self.queue.empty():
-            finish(self.queue.get_nowait(), CommandResult("failed", why, state))
+        fail_queued(self.queue, "daemon shut down", State.STOPPED.value)
 
     # ---- the tick's watch over a running server ------------------------------------------
     # One step each: drain the Xid watcher, reap orphans, tend the log keeper, observe, let the
@@ -712,7 +711,7 @@ class Owner:
         now, rung = self.clock.monotonic(), self.current_rung_name()
         ready = self.server.became_ready(now)
         self.observer.mark_serving()  # vLLM prints no ready line; an adopted server printed it long ago
-        self.ladder = record_ready(self.ladder)
+        self.ladder = record_ready(self.ladder, self.clock.wall())
         self.persist()
         if ready.adopted:
             self.record("server_ready", only="journal", rung=rung, adopted=True, takeover_s=ready.takeover_s)
@@ -862,10 +861,10 @@ class Owner:
         pending_id = self.unique_incident_id("manual")
         finish(cmd, CommandResult("accepted", hint, st.value, incident_id=pending_id))
         idx = self.settings.rung_index(cmd.rung) if cmd.rung else None
-        # A restart of the running server asked for: a `manual` incident.
-        v = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")
-        obs, diagnose = self.server.obs, cmd.diagnose
-        await self.incident("manual", v, obs, forced_rung=idx, diagnose=diagnose, incident_id=pending_id)
+        v = Verdict(status="incident", cause="manual", reason=cmd.reason or "restart requested")  # asked for
+        await self.incident(
+            "manual", v, self.server.obs, forced_rung=idx, diagnose=cmd.diagnose, incident_id=pending_id, requested=True
+        )
 
     async def handle_diagnose(self, cmd: Command) -> None:
         """A bundle now. The group leader's `POST /group/capture` asks for one under its incident id,
@@ -1109,7 +1108,7 @@ class Owner:
         assert record is not None
         self.record("daemon_handoff", pid=record.pid, rung=record.rung, state=self.lifecycle.state.value)
         await self.observer.close()
-        self.answer_queued("daemon handed over to its successor", self.lifecycle.state.value)
+        fail_queued(self.queue, "daemon handed over to its successor", self.lifecycle.state.value)
 
     # ---- the daemon's care of itself -------------------------------------------------------
 

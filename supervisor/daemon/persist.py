@@ -70,6 +70,12 @@ def save(path: Path, p: Persisted) -> None:
             else None
         ),
         "failures_on_current": p.ladder.failures_on_current,
+        "free_relaunches": p.ladder.free_relaunches,
+        "trial_from": (
+            p.rung_names[p.ladder.trial_from]
+            if p.ladder.trial_from is not None and p.ladder.trial_from < len(p.rung_names)
+            else None
+        ),
         "consecutive_failures": p.ladder.consecutive_failures,
         "restart_times": list(p.ladder.restart_times),
         "attempts": [asdict(a) for a in p.ladder.attempts],
@@ -127,13 +133,14 @@ def _attempt(a: object) -> Attempt:
     rung, outcome, hang = a.get("rung"), a.get("outcome", "running"), a.get("hang_class")
     if not isinstance(rung, str) or not isinstance(outcome, str) or not (hang is None or isinstance(hang, str)):
         raise Malformed("an attempt's rung, outcome or hang_class is not text")
-    ended = a.get("ended_at")
+    ended, ready = a.get("ended_at"), a.get("ready_at")
     return Attempt(
         rung=rung[:200],
         started_at=_time(a.get("started_at"), "an attempt's started_at"),
         outcome=outcome[:200],
         hang_class=hang[:200] if hang is not None else None,
         ended_at=_time(ended, "an attempt's ended_at") if ended is not None else None,
+        ready_at=_time(ready, "an attempt's ready_at") if ready is not None else None,
     )
 
 
@@ -152,6 +159,7 @@ def parse(doc: object, rung_names: tuple[str, ...]) -> Persisted:
         raise Malformed("attempts must be a list")
     index = {n: i for i, n in enumerate(rung_names)}
     current_name, last_good_name = _opt_str(doc, "current"), _opt_str(doc, "last_good")
+    trial_name = _opt_str(doc, "trial_from")
     current = index.get(current_name) if current_name is not None else None
     failures = _int(doc, "failures_on_current")
     ladder = LadderState(
@@ -159,6 +167,8 @@ def parse(doc: object, rung_names: tuple[str, ...]) -> Persisted:
         failures_on_current=failures if current is not None else 0,
         consecutive_failures=_int(doc, "consecutive_failures"),
         last_good=index.get(last_good_name) if last_good_name is not None else None,
+        trial_from=index.get(trial_name) if trial_name is not None else None,
+        free_relaunches=min(_int(doc, "free_relaunches"), 1),
         restart_times=tuple(_time(t, "a restart time") for t in times_raw),
         attempts=tuple(_attempt(a) for a in attempts_raw)[-MAX_ATTEMPTS:],
     )

@@ -4,6 +4,11 @@ Rung 0 is the base configuration, then the `[[fallback]]` rungs in order. After 
 a rung further down whose `on` list names the incident's hang class or cause is jumped to; else
 the same rung is retried up to `retries_per_rung` times; else the ladder steps down one rung;
 past the last rung, or over the hourly restart budget, the supervisor gives up (`failed`).
+
+The recovery policy (docs/DECISIONS.md "Recovery never lengthens the outage") weighs what comes
+before `next_rung` in `supervisor.policy.recovery.after_incident`: a try of a better rung that fails
+goes straight back to the rung that served, and a rung that served keeps its standing. The state
+that needs is here: `trial_from`, `free_relaunches`, and which attempt reached ready.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class Attempt:
     outcome: str = "running"  # "running", "ready", or the cause that ended it
     hang_class: str | None = None
     ended_at: float | None = None
+    ready_at: float | None = None  # wall clock of ready: the attempt served (kept once it ends)
 
 
 @dataclass(frozen=True)
@@ -35,15 +41,27 @@ class LadderState:
     last_good: int | None = None  # the rung that most recently reached ready
     restart_times: tuple[float, ...] = ()  # wall clock of relaunches after incidents
     attempts: tuple[Attempt, ...] = ()  # newest last, bounded
+    # A try of a rung above one that served (a promote, `promote_after_s`, a start from the
+    # preferred rung): the rung to go back to if the try fails before it serves stably.
+    trial_from: int | None = None
+    # Same-rung relaunches that spent no retry (a fault after the rung served that its configuration
+    # did not cause, a GPU fault) since the rung was entered or last served stably: at most one in a row.
+    free_relaunches: int = 0
 
     def restarts_within_hour(self, now_wall: float) -> int:
         return sum(1 for t in self.restart_times if now_wall - t < HOUR_S)
+
+    @property
+    def served(self) -> bool:
+        """The newest attempt reached ready (the incident now judged came after it served)."""
+        return bool(self.attempts) and (self.attempts[-1].outcome == "ready" or self.attempts[-1].ready_at is not None)
 
 
 @dataclass(frozen=True)
 class Incident:
     cause: Cause
     hang_class: HangClass | None = None
+    gpu_fault: bool = False  # the incident named a GPU fault (an Xid): the host's, not the rung's
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,19 @@ def backoff(consecutive_failures: int, s: RestartSettings, rand: float) -> float
     raw = s.backoff_initial_s * (2.0 ** min(consecutive_failures - 1, MAX_EXPONENT))
     base = min(raw, s.backoff_max_s)
     return max(0.0, base * (1.0 + s.backoff_jitter * (2.0 * rand - 1.0)))
+
+
+def configuration_shaped(
+    ladder: Sequence[Rung], state: LadderState, incident: Incident, speculative: Sequence[bool] = ()
+) -> bool:
+    """Whether the evidence says the rung's configuration caused the incident: a rung below answers
+    it (`on` names its hang class or cause), or a speculative regression with a rung below that has
+    no speculation. A GPU fault (Xid) never is: it is the host's."""
+    if incident.gpu_fault:
+        return False
+    if incident.cause == "spec_regression":
+        return any(i < len(speculative) and not speculative[i] for i in range(state.current + 1, len(ladder)))
+    return _matching_rung(ladder, state.current, incident) is not None
 
 
 def _matching_rung(ladder: Sequence[Rung], current: int, incident: Incident) -> int | None:
@@ -136,14 +167,19 @@ def record_incident(state: LadderState, incident: Incident, now_wall: float) -> 
 def record_launch(
     state: LadderState, rung_index: int, rung_name: str, now_wall: float, *, after_incident: bool
 ) -> LadderState:
+    """A launch of `rung_index`. One above the rung that last served is a try of a better rung
+    (`trial_from` names the rung to go back to); one on or below it is not."""
     moved = rung_index != state.current
     times = tuple(t for t in state.restart_times if now_wall - t < HOUR_S)
     if after_incident:
         times += (now_wall,)
+    good = state.last_good
     return replace(
         state,
         current=rung_index,
         failures_on_current=0 if moved else state.failures_on_current,
+        free_relaunches=0 if moved else state.free_relaunches,
+        trial_from=good if good is not None and rung_index < good else None,
         restart_times=times,
         attempts=(*state.attempts, Attempt(rung=rung_name, started_at=now_wall))[-MAX_ATTEMPTS:],
     )
@@ -158,16 +194,24 @@ def record_end(state: LadderState, outcome: str, now_wall: float) -> LadderState
     return replace(state, attempts=attempts)
 
 
-def record_ready(state: LadderState) -> LadderState:
+def record_ready(state: LadderState, now_wall: float | None = None) -> LadderState:
+    """Ready: the rung served. The backoff belongs to the launches that failed before it, never to
+    the next, unrelated incident (it starts afresh); the retries spent before it served are given
+    back, unless it already had its free relaunch since it was last stable (a rung that serves and
+    fails again and again is judged by its retries, so such a loop steps down)."""
     attempts = state.attempts
     if attempts and attempts[-1].outcome == "running":
-        attempts = (*attempts[:-1], replace(attempts[-1], outcome="ready"))
-    return replace(state, last_good=state.current, attempts=attempts)
+        attempts = (*attempts[:-1], replace(attempts[-1], outcome="ready", ready_at=now_wall))
+    failures = 0 if state.free_relaunches == 0 else state.failures_on_current
+    return replace(
+        state, last_good=state.current, attempts=attempts, consecutive_failures=0, failures_on_current=failures
+    )
 
 
 def record_stable(state: LadderState) -> LadderState:
-    """After `stable_s` of service the retry counters start afresh."""
-    return replace(state, failures_on_current=0, consecutive_failures=0)
+    """After `stable_s` of service the retry counters start afresh, and a try of this rung has
+    succeeded (nothing to go back to)."""
+    return replace(state, failures_on_current=0, consecutive_failures=0, free_relaunches=0, trial_from=None)
 
 
 def fresh_start(state: LadderState) -> LadderState:
@@ -183,7 +227,9 @@ def resume_rung(state: LadderState, ladder_len: int, start_from: Literal["last_g
     on an experiment (a promotion back to the preferred rung) that was under way.
     """
     if start_from == "preferred":
-        return 0
+        # ... unless a try of it was under way: the rung that served is known, and the try had not
+        # proven itself (issue 49: never the top again because the daemon restarted mid-try).
+        return state.trial_from if state.trial_from is not None else 0
     pos = state.current
     if state.last_good is not None:
         pos = max(pos, state.last_good)

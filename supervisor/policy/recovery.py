@@ -10,7 +10,7 @@ carries out what it returns: no I/O, no clock reads, no logging here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from supervisor.config.settings import RestartSettings, Rung
@@ -20,6 +20,7 @@ from supervisor.policy.ladder import (
     Incident,
     LadderState,
     backoff,
+    configuration_shaped,
     next_rung,
     record_end,
     record_incident,
@@ -74,13 +75,22 @@ def after_incident(
     rand: float,
     speculative: Sequence[bool] = (),
 ) -> Failed | Recovery:
-    """What follows an incident once its server is stopped.
+    """What follows an incident once its server is stopped: the relaunch that brings the model back
+    soonest (docs/DECISIONS.md "Recovery never lengthens the outage").
 
     A GPU that needs a reset fails at once (a relaunch onto it fails the same way); so does a server
     that kept its port or GPU memory under `release_policy = "fail"`. A manual restart ends the
     attempt as `manual` and relaunches the rung asked for (else the current one) at once; a rung
     forced by the group (a node was away) is relaunched at once too, the attempt ended with the
-    incident's cause but none of the rung's retries spent; otherwise the ladder decides (`next_rung`)."""
+    incident's cause but none of the rung's retries spent. Then, in order:
+    - a try of a rung above the one that served (a promote) that fails before it served stably goes
+      straight back to that rung: no walk down the ladder, no backoff, the try not repeated;
+    - a rung that served keeps its standing: an incident after it served, or a GPU fault (Xid), is
+      relaunched on the same rung at once, spending no retry, unless the evidence says the rung's
+      configuration caused it (`configuration_shaped`); one such free relaunch in a row, so a rung
+      that keeps failing is judged by its retries;
+    - otherwise the ladder decides (`next_rung`: `on` jumps, retries, steps down, the budget).
+    Every relaunch after an incident counts against the hourly budget."""
     if stop.xid_blocked is not None:
         return Failed(stop.xid_blocked)
     if not stop.released and s.release_policy == "fail":
@@ -95,9 +105,36 @@ def after_incident(
         # retries; the hourly restart budget still counts the relaunch.
         state = record_end(state, incident.cause, now_wall)
         return Recovery(state, Decision("relaunch", forced_rung, GROUP_SAME_RUNG, 0.0))
+    used = state.restarts_within_hour(now_wall)
+    name = ladder[state.current].name
+    back = state.trial_from
+    if back is not None and back > state.current and used < s.max_restarts_per_hour:
+        state = replace(_ended(state, incident, now_wall), trial_from=None)
+        why = f"the try of rung {name} failed ({_what(incident)}) before it served stably"
+        why += f": back to rung {ladder[back].name}, which served"
+        return Recovery(state, Decision("relaunch", back, why, 0.0))
+    free = (state.served or incident.gpu_fault) and not configuration_shaped(ladder, state, incident, speculative)
+    if free and state.free_relaunches == 0 and used < s.max_restarts_per_hour:
+        state = replace(_ended(state, incident, now_wall), free_relaunches=1)
+        what = "a GPU fault (Xid)" if incident.gpu_fault else f"{_what(incident)} after it served"
+        why = f"rung {name} keeps its standing: {what}, not its configuration; relaunched on it"
+        return Recovery(state, Decision("relaunch", state.current, why, 0.0))
     state = record_incident(state, incident, now_wall)
     decision = next_rung(ladder, state, incident, s, now_wall=now_wall, rand=rand, speculative=tuple(speculative))
     return Recovery(state, decision)
+
+
+def _what(incident: Incident) -> str:
+    return incident.cause + (f"/{incident.hang_class}" if incident.hang_class else "")
+
+
+def _ended(state: LadderState, incident: Incident, now_wall: float) -> LadderState:
+    """The attempt ends with the incident, which spends none of the rung's retries."""
+    attempts = state.attempts
+    if attempts and attempts[-1].outcome in ("running", "ready"):
+        last = replace(attempts[-1], outcome=incident.cause, hang_class=incident.hang_class, ended_at=now_wall)
+        attempts = (*attempts[:-1], last)
+    return replace(state, attempts=attempts)
 
 
 # ---- a refused launch -------------------------------------------------------------------------

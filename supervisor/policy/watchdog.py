@@ -135,6 +135,7 @@ class History:
     ready_at: float | None = None
     ranks: frozenset[int] = frozenset()  # scheduler/detokenizer pids seen while serving
     health_failures: int = 0
+    health_failing_since: float | None = None  # the first failed check of the run in a row
     health_seen: int = 0
     tokens: float | None = None
     tokens_moved_at: float | None = None
@@ -409,7 +410,10 @@ def assess_serving(
     # Health.
     if obs.health is not None:
         fails = 0 if obs.health.ok else h.health_failures + 1
-        h = replace(h, health_failures=fails, health_seen=h.health_seen + 1)
+        # The first failed check began `latency_s` before its answer: the server failed since then.
+        first = obs.health.at - max(0.0, obs.health.latency_s)
+        since = None if obs.health.ok else (h.health_failing_since if h.health_failures else first)
+        h = replace(h, health_failures=fails, health_failing_since=since, health_seen=h.health_seen + 1)
     if h.health_failures >= s.health_failures:
         err = obs.health.error if obs.health is not None else ""
         return (
@@ -418,7 +422,11 @@ def assess_serving(
                 cause="unhealthy",
                 reason=f"{h.health_failures} health checks failed in a row ({err})",
                 phase="serving",
-                figures=(("health_failures", float(h.health_failures)),),
+                # How long it has failed: the outage's detection counts from the first failed check.
+                figures=(
+                    ("health_failures", float(h.health_failures)),
+                    ("since_first_failure_s", round(max(0.0, now - (h.health_failing_since or now)), 3)),
+                ),
             ),
             h,
         )

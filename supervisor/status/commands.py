@@ -74,3 +74,9 @@ async def next_from(
         with contextlib.suppress(asyncio.CancelledError):
             await get
     return get.result() if get.done() and not get.cancelled() else None
+
+
+def fail_queued(queue: asyncio.Queue[Command], why: str, state: str) -> None:
+    """Every command still queued when the loop ends is answered, never left waiting."""
+    while not queue.empty():
+        finish(queue.get_nowait(), CommandResult("failed", why, state))

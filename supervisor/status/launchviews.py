@@ -99,5 +99,8 @@ class OutageView(_Frozen):
     cause: str
     total_s: float | None = None  # incident (the start of detection) to serving again; None while under way
     parts: dict[str, float] = {}  # detection, evidence, stop_release, backoff, relaunch
-    daemon_s: float | None = None  # verdict to the relaunch's spawn: the daemon's own share
+    daemon_s: float | None = None  # what the daemon chose: its capture, its stop, its backoff
     rung: str | None = None
+    # The incident that took over before serving again (a hang in the relaunch of an operator's
+    # restart is an outage of its own); None: it ended serving.
+    ended_by: str | None = None

@@ -213,6 +213,8 @@ class OutageClock:
     cause: str
     began_at: float  # the first verdict, monotonic
     detection_s: float
+    # An operator's restart or promote: its evidence and stop were asked for, not the daemon's choice.
+    requested: bool = False
     parts: dict[str, float] = field(default_factory=dict)
     mark: float = 0.0  # the last step's end
     step: str = "evidence"  # what the time since `mark` is counted as
@@ -241,7 +243,11 @@ class OutageClock:
 
     @property
     def daemon_s(self) -> float:
-        return round(self.parts["evidence"] + self.parts["stop_release"] + self.parts["backoff"], 3)
+        """What the daemon chose: its capture, its stop and its backoff (not a stop the operator asked for)."""
+        chosen = self.parts["backoff"]
+        if not self.requested:
+            chosen += self.parts["evidence"] + self.parts["stop_release"]
+        return round(chosen, 3)
 
     @property
     def total_s(self) -> float:

@@ -44,7 +44,7 @@ from supervisor.warmstart.timeline import (
 Record = Callable[..., None]  # the owner's `record(event, level, /, *, only=None, **fields)`
 BOOK = "launches.json"
 # The verdict's figure that says how long the server had shown nothing before it was judged.
-_QUIET_FIGURES = ("since_progress_s", "since_tokens_s", "tokens_quiet_s")
+_QUIET_FIGURES = ("since_progress_s", "since_tokens_s", "tokens_quiet_s", "since_first_failure_s")
 
 
 def host_name() -> str:
@@ -268,11 +268,21 @@ class WarmStart:
 
     # ---- an incident ----------------------------------------------------------------------
 
-    def incident(self, incident_id: str, cause: str, verdict: Verdict | None, now: float) -> None:
-        """A verdict: the outage begins (or, before serving again, goes on); the weights are looked at."""
+    def incident(
+        self, incident_id: str, cause: str, verdict: Verdict | None, now: float, *, requested: bool = False
+    ) -> None:
+        """A verdict: the outage begins at the fault's onset as best known (the verdict's quiet time,
+        the first failed health check); before serving again, it goes on, except that a fault in the
+        relaunch of an operator's restart or promote (`requested`) is an outage of its own."""
         self.verdict_at = now
+        detection = detection_of(verdict)
+        if self.outage is not None and self.outage.requested and not requested:
+            onset = max(self.outage.mark, now - detection)
+            self.outage.close_step(onset, "relaunch")
+            self._record_outage(self.outage, self.current.key.rung if self.current else None, ended_by=incident_id)
+            self.outage = None
         if self.outage is None:
-            self.outage = OutageClock(incident_id, cause, now, detection_of(verdict))
+            self.outage = OutageClock(incident_id, cause, now, detection, requested=requested)
         else:
             self.outage.again(now)
         self.window_now = None
@@ -311,9 +321,13 @@ class WarmStart:
             return
         o.close_step(now, "relaunch")
         self.outage = None
+        self._record_outage(o, rung)
+
+    def _record_outage(self, o: OutageClock, rung: str | None, *, ended_by: str | None = None) -> None:
         self.last_outage = OutageView(
-            incident=o.incident, cause=o.cause, total_s=o.total_s, parts=dict(o.parts), daemon_s=o.daemon_s, rung=rung
-        )
+            incident=o.incident, cause=o.cause, total_s=o.total_s, parts=dict(o.parts), daemon_s=o.daemon_s,
+            rung=rung, ended_by=ended_by,
+        )  # fmt: skip
         self.record("outage", **self.last_outage.model_dump())
 
     def _look_at_weights(self) -> None:

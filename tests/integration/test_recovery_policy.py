@@ -68,3 +68,61 @@ async def test_manual_start_out_of_failed_has_fresh_counters(daemon, sim) -> Non
     assert first["action"] == "relaunch" and first["backoff_s"] == pytest.approx(0.4)
     assert "retry 1/2" in first["reason"]
     assert named(s.paths.state_dir, "failed_left")
+
+
+LADDER3 = [
+    {"name": "smaller-graphs", "args": {"cuda-graph-max-bs": 8}},
+    {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}},
+]
+
+
+async def test_a_failed_promote_goes_straight_back_to_the_rung_that_served(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    """Issue 49: the operator promotes while the preferred rung's cause persists (it deadlocks after
+    the load unless --disable-cuda-graph): base is tried once, then no-cuda-graph is relaunched at
+    once. Two launches, no backoff, no walk down smaller-graphs (before: 4 failed launches)."""
+    s = sim(
+        "deadlock_after_load",
+        env={"SGLANG_SIM_UNLESS": "disable-cuda-graph"},
+        restart={**FAST, "backoff_initial_s": 3.0, "retries_per_rung": 1, "failed_cooldown_s": 0},
+        fallback=LADDER3,
+    )
+    r = await daemon(s)
+    await r.wait_for(lambda x: x.state == "ready" and x.rung == "no-cuda-graph", 120, "serving on no-cuda-graph")
+    before = len(named(s.paths.state_dir, "server_launched"))
+    async with httpx.AsyncClient() as c:
+        res = await c.post(f"{r.api}/promote", json={})
+    assert res.status_code == 202, res.text
+    assert "if it fails before it serves: back to no-cuda-graph" in res.json()["message"]
+    await r.wait_for(
+        lambda x: x.state == "ready" and len(named(s.paths.state_dir, "server_launched")) > before + 1,
+        90,
+        "back on no-cuda-graph after the promote",
+    )
+    launched = [e["rung"] for e in named(s.paths.state_dir, "server_launched")][before:]
+    assert launched == ["base", "no-cuda-graph"], launched
+    decisions = named(s.paths.state_dir, "ladder_decision")
+    back = decisions[-1]
+    assert (back["rung"], back["backoff_s"]) == (2, 0.0) and "back to rung no-cuda-graph" in back["reason"]
+    snap = await r.wait_for(lambda x: x.state == "ready", 10, "ready")
+    assert snap.rung == "no-cuda-graph"
+
+
+async def test_a_rung_that_served_keeps_its_standing_after_an_unrelated_fault(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 49: base serves, then crashes once (a fault its configuration does not cause): it is
+    relaunched on base at once, spending no retry, even with retries_per_rung = 0 (before: stepped
+    down to no-cuda-graph after the backoff)."""
+    s = sim(
+        "crash_after_ready",
+        env={
+            "SGLANG_SIM_FAULT_AFTER_S": "1.0",
+            "SGLANG_SIM_FAULT_ONCE": "1",
+            "SGLANG_SIM_ONSET_FILE": str(tmp_path / "onset.json"),  # the fault's once (the bench's file)
+        },
+        restart={**FAST, "backoff_initial_s": 3.0, "retries_per_rung": 0, "failed_cooldown_s": 0},
+        fallback=[{"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}],
+    )
+    r = await daemon(s)
+    await r.wait_for(lambda x: x.restarts >= 1 and x.state == "ready", 90, "serving again after the crash")
+    assert [e["rung"] for e in named(s.paths.state_dir, "server_launched")] == ["base", "base"]
+    decision = named(s.paths.state_dir, "ladder_decision")[0]
+    assert decision["backoff_s"] == 0.0 and "keeps its standing" in decision["reason"], decision

@@ -69,3 +69,14 @@ def test_ready_on_a_fallback_rung_is_its_own_exit_code() -> None:
     assert status_exit({"state": "degraded", "rung_index": 1}) == EXIT_DEGRADED  # the worse condition wins
     assert status_exit({"state": "failed", "rung_index": 1}) == 9
     assert status_exit({"state": "ready"}) == 0
+
+
+def test_a_promote_waits_for_a_new_server_and_says_when_the_preferred_rung_failed() -> None:
+    """`promote --wait` (issue 49): done when a new server serves; back on a fallback rung it exits
+    10 (`status`'s fallback code) and says the preferred rung failed."""
+    assert settled("promote", BEFORE, {"state": "starting", "started_at": NEW, "rung_index": 0}, True) is None
+    up = settled("promote", BEFORE, {"state": "ready", "started_at": NEW, "rung": "base", "rung_index": 0}, True)
+    assert up is not None and up.code == 0
+    back = {"state": "ready", "started_at": NEW, "rung": "no-cuda-graph", "rung_index": 2, "pid": 9}
+    out = settled("promote", BEFORE, back, True)
+    assert out is not None and out.code == 10 and "the preferred rung failed" in out.message

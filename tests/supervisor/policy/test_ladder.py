@@ -119,8 +119,11 @@ def test_delays_grow_through_records() -> None:
 def test_records_ready_and_stable() -> None:
     st = record_launch(LadderState(), 1, "smaller-graphs", NOW, after_incident=True)
     st = record_incident(st, Incident("exited"), NOW)
-    st = record_ready(record_launch(st, 1, "smaller-graphs", NOW, after_incident=True))
-    assert st.last_good == 1 and st.failures_on_current == 1 and st.attempts[-1].outcome == "ready"
+    st = record_ready(record_launch(st, 1, "smaller-graphs", NOW, after_incident=True), NOW + 5)
+    # Ready gives back the retries spent before it and starts the backoff afresh (issue 49): a rung
+    # that served keeps its standing, and the next, unrelated incident waits no leftover backoff.
+    assert st.last_good == 1 and st.failures_on_current == 0 and st.consecutive_failures == 0
+    assert st.attempts[-1].outcome == "ready" and st.attempts[-1].ready_at == NOW + 5 and st.served
     st = record_stable(st)
     assert st.failures_on_current == 0 and st.consecutive_failures == 0
 

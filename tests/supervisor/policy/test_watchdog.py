@@ -201,6 +201,8 @@ def test_health_failures_degrade_then_unhealthy() -> None:
     assert v.status == "degraded"
     v, h = assess(h, obs(8, health=health(8, False)), 8, S, mode="serving")
     assert v.cause == "unhealthy"
+    # The outage counts from the first failed check's start (issue 49: detection was 0.0 here).
+    assert dict(v.figures)["since_first_failure_s"] == 8 - (2 - health(2, False).latency_s)
 
 
 def test_slow_successful_health_is_healthy_and_recovers() -> None:

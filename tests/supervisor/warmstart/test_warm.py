@@ -107,3 +107,34 @@ async def test_the_weights_are_measured_at_an_incident_only_where_configured(tmp
             assert c.current is not None and c.current.residency is not None
         else:
             assert looked == [] and not c.tasks
+
+
+async def test_a_hang_in_the_relaunch_of_an_operators_restart_is_an_outage_of_its_own(tmp_path: Path) -> None:
+    """Issue 49: the operator's restart is booked as requested (its stop is not the daemon's share);
+    a start-up hang in its relaunch ends that record at the hang's onset and opens its own, whose
+    detection counts from the last progress (before: one record, detection 0.0, daemon share 8 s)."""
+    from supervisor.policy.watchdog import Verdict
+
+    events: list[tuple[Any, ...]] = []
+    s = settings_from_mapping({"server": {"command": ["python3"]}, "paths": {"state_dir": str(tmp_path)}})
+    c = WarmStart(s, lambda *a, **kw: events.append((a, kw)), host="h", monotonic=lambda: 0.0)
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/m"]
+    await c.launching(argv, "base", {}, 0.0, 1000.0)
+    c.incident("i-manual", "manual", None, 100.0, requested=True)
+    c.stopped(108.0)  # stopping the healthy server on request took 8 s
+    await c.launching(argv, "base", {}, 108.0, 1108.0)
+    hang = Verdict(status="incident", cause="startup_stall", reason="", figures=(("since_progress_s", 20.0),))
+    c.incident("i-hang", "startup_stall", hang, 150.0)
+    outages = [kw for a, kw in events if a and a[0] == "outage"]
+    (manual,) = outages
+    assert manual["incident"] == "i-manual" and manual["ended_by"] == "i-hang"
+    assert manual["total_s"] == 30.0  # 100 -> 130, the hang's onset
+    assert manual["daemon_s"] == 0.0  # the stop was asked for
+    c.stopped(151.0)
+    await c.launching(argv, "base", {}, 152.0, 1152.0)
+    c.ready(160.0, 8.0)
+    outages = [kw for a, kw in events if a and a[0] == "outage"]
+    hung = outages[-1]
+    assert hung["incident"] == "i-hang" and hung["ended_by"] is None
+    assert hung["parts"]["detection"] == 20.0 and hung["total_s"] == 30.0  # onset 130 -> ready 160
+    assert hung["daemon_s"] == 2.0  # its capture/stop (1 s) and the backoff to the launch (1 s)
