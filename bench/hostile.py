@@ -4,6 +4,8 @@
 The attacks, all on loopback against `python -m supervisor run` supervising the simulator:
   metrics_pipeline  260 connections pipelining `GET /metrics`, never reading an answer
   livez_pipeline    40 connections pipelining `GET /livez`, never reading
+  probe_pipeline    260 connections pipelining 2,000 `GET /livez` a send with a 1 KiB receive buffer
+                    (issue 50), never reading; `/status` asked meanwhile
   follow_streams    260 `GET /events?follow=true` streams, read as they come
   giant_line        8 `GET /logs` at once on a log whose last line is 300 MB
   stalled_followers 20 `GET /logs?follow=true` that stop reading during a 200 MB log flood, then go
@@ -41,7 +43,14 @@ import httpx
 from bench.hostile_peers import PEER_ATTACKS
 from bench.report import REPORT, table
 
-API_ATTACKS = ("metrics_pipeline", "livez_pipeline", "follow_streams", "giant_line", "stalled_followers")
+API_ATTACKS = (
+    "metrics_pipeline",
+    "livez_pipeline",
+    "probe_pipeline",
+    "follow_streams",
+    "giant_line",
+    "stalled_followers",
+)
 ATTACKS = (*API_ATTACKS, *PEER_ATTACKS)
 GAP = "output_gap"  # not an attack on the API: what the server writes while daemon and keeper are gone
 GAP_REQUESTS = 200
@@ -129,20 +138,28 @@ class Watch:
         }
 
 
-def _connect(port: int) -> socket.socket | None:
+def _connect(port: int, rcvbuf: int | None = None) -> socket.socket | None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if rcvbuf is not None:  # before connect: the window the daemon may fill
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
     except OSError:
+        s.close()
         return None
     s.setblocking(False)
     return s
 
 
 @contextlib.contextmanager
-def pipelining(port: int, n: int, path: str) -> Iterator[dict[str, int]]:
-    """`n` connections that send pipelined `GET path` as fast as the daemon takes them and never
-    read an answer; a connection the daemon closes is opened again (an attacker persists)."""
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * 64
+def pipelining(
+    port: int, n: int, path: str, *, repeat: int = 64, rcvbuf: int | None = None
+) -> Iterator[dict[str, int]]:
+    """`n` connections that send `repeat` pipelined `GET path` at a time as fast as the daemon takes
+    them and never read an answer (`rcvbuf`: their receive buffer); a connection the daemon closes is
+    opened again (an attacker persists)."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * repeat
     counts = {"opened": 0, "closed_by_daemon": 0}
     stop = threading.Event()
 
@@ -152,7 +169,7 @@ def pipelining(port: int, n: int, path: str) -> Iterator[dict[str, int]]:
             for i in range(n):
                 s = socks[i]
                 if s is None:
-                    s = socks[i] = _connect(port)
+                    s = socks[i] = _connect(port, rcvbuf)
                     if s is None:
                         continue
                     counts["opened"] += 1
@@ -282,6 +299,21 @@ def timed_gets(api: str, path: str, n: int, timeout: float) -> list[tuple[float,
     return out
 
 
+def status_answers(api: str, seconds: float) -> list[int]:
+    """`GET /status` on a fresh connection every 0.5 s for `seconds`: each answer's status (-1: none
+    within 5 s)."""
+    out: list[int] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            r = httpx.get(f"{api}/status", timeout=5, headers={"Connection": "close"}, trust_env=False)
+            out.append(r.status_code)
+        except httpx.HTTPError:
+            out.append(-1)
+        time.sleep(0.5)
+    return out
+
+
 def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: float) -> dict[str, Any]:
     """One attack for about `seconds`, with figures at rest before it and after it."""
     if name == "giant_line":  # the log holds the line before the attack: the daemon's own reader is done with it
@@ -300,6 +332,10 @@ def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: flo
             with pipelining(port, 40, "/livez") as c:
                 time.sleep(seconds)
             extra = dict(c)
+        elif name == "probe_pipeline":
+            with pipelining(port, 260, "/livez", repeat=2000, rcvbuf=1024) as c:
+                asked = status_answers(api, seconds)
+            extra = {**c, "status_200": f"{asked.count(200)} of {len(asked)}"}
         elif name == "follow_streams":
             with following(port, 260, "/events?follow=true", read=lambda _: True) as c:
                 time.sleep(seconds)

@@ -107,6 +107,24 @@ def test_40_connections_pipelining_livez_keep_the_daemon_small(running) -> None:
     assert max(w.rss) - base < RSS_GROWTH_MB, f"RSS {base:.0f} MB at rest, {max(w.rss):.0f} MB under attack"
 
 
+@pytest.mark.parametrize("path", ["/livez", "/readyz"])
+def test_260_probe_pipeliners_with_a_tiny_receive_buffer_leave_the_daemon_small_and_status_answering(
+    running, path: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 50: 260 connections pipelining 2,000 probes a send with a 1 KiB receive buffer took the
+    daemon from 71 MB to 4.7 GB in 33 s and `/status` answered 503 for 90 s (the probes were never
+    victims at the cap, and every request let uvicorn read 256 KiB more)."""
+    s, api, proc = running
+    with watch(api, proc.pid) as w, hostile.pipelining(s.api.port, 260, path, repeat=2000, rcvbuf=1024) as c:
+        time.sleep(3)
+        statuses = [status_within(f"{api}/status", 5.0) for _ in range(5)]
+        time.sleep(2)
+    livez_held(w)
+    assert statuses.count(200) >= 4, statuses
+    assert c["closed_by_daemon"] > 0, "pipeliners are closed for newcomers at the cap"
+    assert max(w.rss) < 300, f"RSS {max(w.rss):.0f} MB under attack"
+
+
 def test_follow_streams_are_capped_and_livez_answers_beside_260_of_them(running) -> None:  # type: ignore[no-untyped-def]
     s, api, proc = running
     with watch(api, proc.pid) as w, hostile.following(s.api.port, 260, "/events?follow=true", read=lambda _: True) as c:
