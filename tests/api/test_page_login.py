@@ -79,7 +79,7 @@ async def test_log_in_act_with_confirmation_and_log_out(
         assert r.status_code == 303 and "Max-Age=0" in r.headers["set-cookie"]
         assert (await c.get("/ui")).status_code == 401
         assert (await c.get("/status")).status_code == 401
-    names = [e["event"] for e in events(journal)]
+    names = [e["event"] for e in journal.read(100)]  # refused logins are kept apart (issue 50)
     assert names[-3:] == ["page_login_refused", "page_login", "page_logout"]
     assert token not in Path(journal.path).read_text()
 

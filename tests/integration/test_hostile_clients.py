@@ -173,3 +173,53 @@ def test_followers_that_stall_during_a_flood_then_go_do_not_balloon_the_daemon(r
     assert max(w.rss) - base < RSS_GROWTH_MB, f"RSS {base:.0f} MB at rest, {max(w.rss):.0f} MB peak"
     r = httpx.get(f"{api}/status", timeout=10)
     assert r.status_code == 200
+
+
+def test_a_flood_of_refused_logins_is_throttled_and_leaves_the_launch_records(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 50: 475,701 wrong `POST /ui/login` in 407 s (no throttle) each wrote a journal record and
+    rotated the incident and launch records out. Now an address has a few tries, then 429 unchecked;
+    refusals are one journal record per address per minute, in a file of their own."""
+    s = sim("ok", tp=1)
+    token = tmp_path / "token"
+    token.write_text(hostile.LOGIN_TOKEN + "\n")
+    token.chmod(0o600)
+    s = s.model_copy(update={"api": s.api.model_copy(update={"token_file": str(token)})})
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    api = f"http://127.0.0.1:{s.api.port}"
+    proc = start(cfg, dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while hostile.readyz_state(api) != "ready":
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon never became ready"
+            time.sleep(0.5)
+        got = hostile.login_flood(api, 6.0)
+        assert got["tries"] > 100 and got["other"] == 0, got
+        assert got["refused_401"] <= 20, got  # a burst of 10, and the refill: the rest unchecked
+        assert got["throttled_429"] == got["tries"] - got["refused_401"]
+        bearer = {"Authorization": f"Bearer {hostile.LOGIN_TOKEN}"}
+        r = httpx.get(f"{api}/events", params={"event": "page_login_refused"}, headers=bearer, timeout=10)
+        assert r.status_code == 200, r.text
+        records = r.json()["events"]
+        assert 1 <= len(records) <= 2, records  # one a minute for this address
+        assert records[0]["count"] == 1 and records[0]["throttled"] == 0
+        launches = httpx.get(f"{api}/events", params={"event": "server_launched"}, headers=bearer, timeout=10)
+        assert launches.status_code == 200 and launches.json()["events"], launches.text
+        assert "page_login_refused" not in (Path(s.paths.state_dir) / "events.jsonl").read_text()
+        # The operator's right token gets in once this address's bucket refills (one try in 6 s).
+        answers = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and 303 not in answers:
+            answers.append(
+                httpx.post(
+                    f"{api}/ui/login",
+                    content=f"token={hostile.LOGIN_TOKEN}".encode(),
+                    headers={"Content-Type": "application/x-www-form-urlencoded"},
+                    timeout=10,
+                ).status_code
+            )
+            time.sleep(1.0)
+        assert answers[-1] == 303 and set(answers) <= {303, 429}, answers
+        assert httpx.get(f"{api}/status", headers=bearer, timeout=10).status_code == 200
+    finally:
+        cleanup(proc, str(s.paths.state_dir))
