@@ -25,7 +25,7 @@ from api.deps import ApiContext, Context, Supervisor
 from api.loginguard import Refusal
 from api.pageforms import ACTIONS, confirm_page, done_page, login_page
 from api.pagehtml import PageData, render
-from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, set_cookie_header
+from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, request_host, set_cookie_header
 from supervisor.status.commands import Command, SupervisorHandle
 
 LOG_TAIL_LINES = 60
@@ -122,7 +122,7 @@ async def login(request: Request, ctx: Context) -> Response:
     form = await _form(request)
     client = request.client.host if request.client else "?"
     wait_s = ctx.logins.admit(client)
-    made = ctx.sessions.login(form.get("token", ""), client) if wait_s == 0.0 else None
+    made = ctx.sessions.login(form.get("token", ""), client, request_host(request.scope)) if wait_s == 0.0 else None
     if made is None:
         due = ctx.logins.refused(client, throttled=wait_s > 0.0)
         if due is not None:

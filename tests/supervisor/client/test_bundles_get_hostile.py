@@ -39,7 +39,7 @@ class Fake:
 
 def _serve(fake: Fake) -> tuple[ThreadingHTTPServer, threading.Thread]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             fake.seen.append((self.path, self.headers.get("Authorization")))
             status, headers, body = fake.answer(self.path)
             self.send_response(status)
