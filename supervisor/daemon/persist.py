@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from supervisor.common.statefiles import read_regular
 from supervisor.daemon.adopt import ServerRecord
 from supervisor.policy.ladder import MAX_ATTEMPTS, Attempt, LadderState
 from supervisor.status.causes import CAUSES, Cause
@@ -250,7 +251,7 @@ def _open(v: object) -> OpenIncident | None:
 def load(path: Path, rung_names: tuple[str, ...]) -> tuple[Persisted | None, str]:
     """The saved state mapped onto the current ladder (rungs matched by name), or None and why."""
     try:
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(read_regular(path))  # no FIFO, link or device (issue 50)
     except FileNotFoundError:
         return None, "no saved state"
     except (OSError, ValueError, RecursionError) as err:
