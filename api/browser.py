@@ -6,7 +6,8 @@ no DNS-rebound name reaches it.
   `[api] allowed_hosts`; on any other bind those names, IP literals (a rebinding attack needs a
   name; Kubernetes probes and Prometheus use the pod's IP) and this machine's own names;
 - an `Origin` (when the browser sends one) that is neither the request's own host nor an allowed
-  one, and a `Sec-Fetch-Site: cross-site` on a state-changing request (403);
+  one on the request's own port (issue 50: a page on another port of the same host is another
+  origin), and a `Sec-Fetch-Site: cross-site` on a state-changing request (403);
 and `simple_post` (the command routes' dependency `api.deps.non_simple`, so unknown methods stay
 405s) refuses a state-changing request that a page could send without a CORS preflight (415): it
 needs a JSON body (`Content-Type: application/json`) or a non-simple header (`Authorization`,
@@ -147,7 +148,21 @@ def _origin_ok(origin: str, host: str, policy: HostPolicy | None) -> bool:
         return True  # same origin as the request itself
     if policy is None:
         return False
-    return policy.any_host or host_name(netloc) in policy.names
+    if policy.any_host:
+        return True
+    # Another name of this daemon, on the API's own port: a page served on another port of the same
+    # host is another origin (and the browser sends it the session cookie too: api/session.py).
+    return host_name(netloc) in policy.names and _port(parts.scheme, netloc) == _port(parts.scheme, host)
+
+
+def _port(scheme: str, netloc: str) -> int | None:
+    """The port of `netloc` (`host`, `host:port`, `[v6]:port`), the scheme's default when it has none;
+    None when it is not a port."""
+    try:
+        explicit = urlsplit(f"{scheme}://{netloc.strip()}").port
+    except ValueError:
+        return None
+    return explicit if explicit is not None else {"http": 80, "https": 443}.get(scheme)
 
 
 class BrowserGuard:

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from api.auth import CHALLENGE, UNAUTHORIZED_DETAIL, authorized, session_reads, who
 from api.browser import simple_post
+from api.loginguard import LoginGuard
 from api.pool import ApiPool
 from api.session import SessionStore
 from api.streams import FollowSlots
@@ -46,6 +47,7 @@ class ApiContext:
     follows: FollowSlots = field(default_factory=FollowSlots)  # open follow streams, capped
     scrapes: ScrapeCache = field(default_factory=lambda: ScrapeCache())  # /metrics, rendered once per window
     sessions: SessionStore | None = None  # the page's login sessions (api/session.py)
+    logins: LoginGuard = field(default_factory=LoginGuard)  # refused logins: throttled, coalesced
 
     @property
     def server_log(self) -> Path:

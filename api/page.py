@@ -10,6 +10,7 @@ command is journalled with who asked.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from api import bundles
 from api.auth import CHALLENGE, authorized, who
 from api.deps import ApiContext, Context, Supervisor
+from api.loginguard import Refusal
 from api.pageforms import ACTIONS, confirm_page, done_page, login_page
 from api.pagehtml import PageData, render
-from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, set_cookie_header
+from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, request_host, set_cookie_header
 from supervisor.status.commands import Command, SupervisorHandle
 
 LOG_TAIL_LINES = 60
@@ -119,16 +121,31 @@ async def login(request: Request, ctx: Context) -> Response:
         return RedirectResponse("/ui", status_code=303)
     form = await _form(request)
     client = request.client.host if request.client else "?"
-    made = ctx.sessions.login(form.get("token", ""), client)
+    wait_s = ctx.logins.admit(client)
+    made = ctx.sessions.login(form.get("token", ""), client, request_host(request.scope)) if wait_s == 0.0 else None
     if made is None:
-        await ctx.pool.run(ctx.journal.append, "page_login_refused", client=client)
+        due = ctx.logins.refused(client, throttled=wait_s > 0.0)
+        if due is not None:
+            await ctx.pool.run(_journal_refusals, ctx, due)
+        if wait_s > 0.0:
+            retry = max(1, math.ceil(wait_s))
+            page = _html(login_page(f"too many refused logins from {client}; try again in {retry} s"), 429)
+            page.headers["Retry-After"] = str(retry)
+            return page
         return _html(login_page("that is not the token of this daemon"), 401)
     value, session = made
+    held = ctx.logins.flush(client)
+    if held is not None:
+        await ctx.pool.run(_journal_refusals, ctx, held)
     await ctx.pool.run(ctx.journal.append, "page_login", session=session.name, client=client)
     out = RedirectResponse("/ui", status_code=303)
     out.headers["Set-Cookie"] = set_cookie_header(value, ctx.sessions.ttl_s, _secure(request))
     out.headers["Cache-Control"] = "no-store"
     return out
+
+
+def _journal_refusals(ctx: ApiContext, due: Refusal) -> None:
+    ctx.journal.append("page_login_refused", client=due.client, count=due.count, throttled=due.throttled)
 
 
 @router.post("/ui/logout", include_in_schema=False, response_class=HTMLResponse, status_code=303)

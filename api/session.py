@@ -7,6 +7,14 @@ carry it; api/browser.py lets only those forms through without a JSON body). Ses
 daemon's memory only: logging out ends one at once, and rotating the token (which takes a daemon
 restart to be read) ends them all. A session admits the page, the safe (GET) routes it links to and
 the page's own forms; every other state-changing route needs the bearer token.
+
+A browser sends a host's cookies to every port of it (cookies predate origins: RFC 6265 scopes
+them by host and path, never by port), so a session cookie for the API on 127.0.0.1:8900 also
+reaches whatever serves 127.0.0.1:3000 (issue 50). A session is therefore bound to the origin it
+was made on, the login request's `Host` (host and port): presented with another `Host` it admits
+nothing. That stops the cookie from working through a browser on another port (and a second
+daemon on the same host); a local service that receives the cookie and replays it to this port
+with this port's `Host` is not stopped by anything a cookie can carry (docs/SAFETY.md).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ class Session:
     csrf: str
     expires_at: float  # wall-clock seconds
     client: str
+    origin: str = ""  # the login's Host (host:port, lower case); another Host is not this session's
 
 
 class SessionStore:
@@ -50,8 +59,9 @@ class SessionStore:
     def ttl_s(self) -> float:
         return self._ttl_s
 
-    def login(self, offered: str, client: str) -> tuple[str, Session] | None:
-        """A new session (cookie value, record) when `offered` is the token; None otherwise."""
+    def login(self, offered: str, client: str, origin: str = "") -> tuple[str, Session] | None:
+        """A new session (cookie value, record) for `origin` (the request's Host) when `offered` is
+        the token; None otherwise."""
         if self._token is None or not hmac.compare_digest(offered.strip().encode("utf-8"), self._token):
             return None
         self._prune()
@@ -59,17 +69,23 @@ class SessionStore:
             del self._sessions[min(self._sessions, key=lambda k: self._sessions[k].expires_at)]
         value = secrets.token_urlsafe(32)
         key = _key(value)
-        session = Session(key[:10], secrets.token_urlsafe(24), self._clock() + self._ttl_s, client)
+        session = Session(
+            key[:10], secrets.token_urlsafe(24), self._clock() + self._ttl_s, client, origin.strip().lower()
+        )
         self._sessions[key] = session
         return value, session
 
-    def get(self, value: str | None) -> Session | None:
+    def get(self, value: str | None, origin: str | None = None) -> Session | None:
+        """The live session of cookie `value`; with `origin` (the request's Host), only if it was
+        made on that origin."""
         if not value:
             return None
         key = _key(value)
         session = self._sessions.get(key)
         if session is not None and session.expires_at <= self._clock():
             del self._sessions[key]
+            return None
+        if session is not None and origin is not None and session.origin != origin.strip().lower():
             return None
         return session
 
@@ -84,7 +100,7 @@ class SessionStore:
         return session.csrf if session is not None else self._anon_csrf
 
     def from_scope(self, scope: Scope) -> Session | None:
-        return self.get(cookie(scope, SESSION_COOKIE))
+        return self.get(cookie(scope, SESSION_COOKIE), request_host(scope))
 
     def _prune(self) -> None:
         now = self._clock()
@@ -94,6 +110,14 @@ class SessionStore:
 
 def _key(value: str) -> str:
     return hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()
+
+
+def request_host(scope: Scope) -> str:
+    """The request's `Host` header as sent (host and port), or "" without one."""
+    for key, raw in scope.get("headers", ()):
+        if key.lower() == b"host":
+            return bytes(raw).decode("latin-1")
+    return ""
 
 
 def cookie(scope: Scope, name: str) -> str | None:

@@ -4,6 +4,9 @@
 The attacks, all on loopback against `python -m supervisor run` supervising the simulator:
   metrics_pipeline  260 connections pipelining `GET /metrics`, never reading an answer
   livez_pipeline    40 connections pipelining `GET /livez`, never reading
+  probe_pipeline    260 connections pipelining 2,000 `GET /livez` a send with a 1 KiB receive buffer
+                    (issue 50), never reading; `/status` asked meanwhile
+  login_flood       4 clients posting wrong tokens to `/ui/login` as fast as they are answered (issue 50)
   follow_streams    260 `GET /events?follow=true` streams, read as they come
   giant_line        8 `GET /logs` at once on a log whose last line is 300 MB
   stalled_followers 20 `GET /logs?follow=true` that stop reading during a 200 MB log flood, then go
@@ -41,7 +44,15 @@ import httpx
 from bench.hostile_peers import PEER_ATTACKS
 from bench.report import REPORT, table
 
-API_ATTACKS = ("metrics_pipeline", "livez_pipeline", "follow_streams", "giant_line", "stalled_followers")
+API_ATTACKS = (
+    "metrics_pipeline",
+    "livez_pipeline",
+    "probe_pipeline",
+    "login_flood",
+    "follow_streams",
+    "giant_line",
+    "stalled_followers",
+)
 ATTACKS = (*API_ATTACKS, *PEER_ATTACKS)
 GAP = "output_gap"  # not an attack on the API: what the server writes while daemon and keeper are gone
 GAP_REQUESTS = 200
@@ -129,20 +140,28 @@ class Watch:
         }
 
 
-def _connect(port: int) -> socket.socket | None:
+def _connect(port: int, rcvbuf: int | None = None) -> socket.socket | None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if rcvbuf is not None:  # before connect: the window the daemon may fill
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
     except OSError:
+        s.close()
         return None
     s.setblocking(False)
     return s
 
 
 @contextlib.contextmanager
-def pipelining(port: int, n: int, path: str) -> Iterator[dict[str, int]]:
-    """`n` connections that send pipelined `GET path` as fast as the daemon takes them and never
-    read an answer; a connection the daemon closes is opened again (an attacker persists)."""
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * 64
+def pipelining(
+    port: int, n: int, path: str, *, repeat: int = 64, rcvbuf: int | None = None
+) -> Iterator[dict[str, int]]:
+    """`n` connections that send `repeat` pipelined `GET path` at a time as fast as the daemon takes
+    them and never read an answer (`rcvbuf`: their receive buffer); a connection the daemon closes is
+    opened again (an attacker persists)."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * repeat
     counts = {"opened": 0, "closed_by_daemon": 0}
     stop = threading.Event()
 
@@ -152,7 +171,7 @@ def pipelining(port: int, n: int, path: str) -> Iterator[dict[str, int]]:
             for i in range(n):
                 s = socks[i]
                 if s is None:
-                    s = socks[i] = _connect(port)
+                    s = socks[i] = _connect(port, rcvbuf)
                     if s is None:
                         continue
                     counts["opened"] += 1
@@ -282,6 +301,86 @@ def timed_gets(api: str, path: str, n: int, timeout: float) -> list[tuple[float,
     return out
 
 
+def status_answers(api: str, seconds: float) -> list[int]:
+    """`GET /status` on a fresh connection every 0.5 s for `seconds`: each answer's status (-1: none
+    within 5 s)."""
+    out: list[int] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            r = httpx.get(f"{api}/status", timeout=5, headers={"Connection": "close"}, trust_env=False)
+            out.append(r.status_code)
+        except httpx.HTTPError:
+            out.append(-1)
+        time.sleep(0.5)
+    return out
+
+
+LOGIN_TOKEN = "hostile-login-flood-token-" + "z" * 16
+
+
+def login_flood(api: str, seconds: float, clients: int = 4) -> dict[str, int]:
+    """`clients` keep-alive clients posting a wrong token to `/ui/login` for `seconds`: how many
+    tries, and how many were refused by the token (401) or by the throttle unchecked (429)."""
+    counts = {"tries": 0, "refused_401": 0, "throttled_429": 0, "other": 0}
+    lock = threading.Lock()
+    end = time.monotonic() + seconds
+
+    def one(i: int) -> None:
+        with httpx.Client(base_url=api, timeout=10, trust_env=False) as c:
+            n = 0
+            while time.monotonic() < end:
+                n += 1
+                try:
+                    code = c.post(
+                        "/ui/login",
+                        content=f"token=guess-{i}-{n}".encode(),
+                        headers={"Content-Type": "application/x-www-form-urlencoded"},
+                    ).status_code
+                except httpx.HTTPError:
+                    code = -1
+                key = {401: "refused_401", 429: "throttled_429"}.get(code, "other")
+                with lock:
+                    counts["tries"] += 1
+                    counts[key] += 1
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+    return counts
+
+
+def readyz_state(api: str) -> str | None:
+    """The state `/readyz` names (an open route: no token needed), or None."""
+    try:
+        state = httpx.get(f"{api}/readyz", timeout=3, trust_env=False).json().get("state")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return state if isinstance(state, str) else None
+
+
+def journal_counts(state_dir: Path) -> dict[str, int]:
+    """Records in the daemon's journal files: refused logins (and the refusals they stand for), and
+    the main file's launch records."""
+    import json
+
+    out = {"login_records": 0, "login_refusals": 0, "launch_records": 0}
+    for path in sorted(state_dir.glob("events*.jsonl*")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == "page_login_refused":
+                out["login_records"] += 1
+                out["login_refusals"] += int(rec.get("count", 1))
+            elif rec.get("event") == "server_launched" and path.name.startswith("events.jsonl"):
+                out["launch_records"] += 1
+    return out
+
+
 def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: float) -> dict[str, Any]:
     """One attack for about `seconds`, with figures at rest before it and after it."""
     if name == "giant_line":  # the log holds the line before the attack: the daemon's own reader is done with it
@@ -300,6 +399,13 @@ def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: flo
             with pipelining(port, 40, "/livez") as c:
                 time.sleep(seconds)
             extra = dict(c)
+        elif name == "probe_pipeline":
+            with pipelining(port, 260, "/livez", repeat=2000, rcvbuf=1024) as c:
+                asked = status_answers(api, seconds)
+            extra = {**c, "status_200": f"{asked.count(200)} of {len(asked)}"}
+        elif name == "login_flood":
+            got = login_flood(api, seconds)
+            extra = {**got, **journal_counts(log.parent.parent)}
         elif name == "follow_streams":
             with following(port, 260, "/events?follow=true", read=lambda _: True) as c:
                 time.sleep(seconds)
@@ -504,7 +610,13 @@ def render(
         "open descriptors of the daemon sampled every 0.25 s, for 3 s at rest before and after. Before "
         "issue 33's fix: 260 `/metrics` pipeliners kept `/livez` failing for 45 s; 40 `/livez` pipeliners "
         "took the daemon from 68 MB to 1,033 MB; a 300 MB line kept `GET /logs` unanswered past 240 s "
-        "and the loop still for 300 s; 20 stalled followers took it to 2.1 GB. "
+        "and the loop still for 300 s; 20 stalled followers took it to 2.1 GB. Before issue 50's fix: 260 "
+        "connections pipelining 2,000 `/livez` a send with a 1 KiB receive buffer (`probe_pipeline`) took "
+        "it from 71 MB to 2,146 MB in 20 s, and `/status` answered 503 from the third second on; 475,701 "
+        "refused logins in 407 s (no throttle) each wrote a journal record and rotated the incident and "
+        "launch records out (`login_flood`: `tries` and what answered them, `login_records` the journal's "
+        "records of refused logins and `login_refusals` the refusals they stand for, `launch_records` the "
+        "`server_launched` records left in events.jsonl). "
         "The two `peer_` rows are the leader of a real two-node group (simulator, tp 2 a node; "
         "bench/hostile_peers.py) whose member "
         "address is a fake served by the benchmark: at rest and after, the fake relays to node 1's real "
@@ -540,6 +652,7 @@ def render(
 def main(argv: list[str] | None = None) -> int:
     from bench.common import Daemon, publish, save_result, sim_settings, workdir
     from bench.hostile_peers import run_peer_attack
+    from supervisor.common.waiting import wait_for
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument(
@@ -560,11 +673,19 @@ def main(argv: list[str] | None = None) -> int:
             continue
         wd = workdir(f"hostile-{name}")
         settings = sim_settings(wd, "ok", tp=1)
+        if name == "login_flood":  # a page login needs a token to refuse
+            token = wd / "token"
+            token.write_text(LOGIN_TOKEN + "\n")
+            token.chmod(0o600)
+            settings = settings.model_copy(update={"api": settings.api.model_copy(update={"token_file": str(token)})})
         with Daemon(settings, wd) as d:
-            d.wait(lambda s: s.get("state") == "ready", 120, "ready")
+            if settings.api.token_file:  # /status wants the token: /readyz says the state without it
+                wait_for(lambda: readyz_state(d.api), lambda st: st == "ready", 120, what="ready")
+            else:
+                d.wait(lambda s: s.get("state") == "ready", 120, "ready")
             log = settings.state_dir / "logs" / "server.log"
             res = run_attack(name, d.api, d.pid, settings.api.port, log, a.seconds)
-            res["state_after"] = (d.status() or {}).get("state")
+            res["state_after"] = readyz_state(d.api) if settings.api.token_file else (d.status() or {}).get("state")
             results.append(res)
             print(res, flush=True)
     save_result("hostile", results)

@@ -89,18 +89,21 @@ def _gpus(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
 
 
 def _api(settings: Settings, env: Mapping[str, str]) -> list[Finding]:
-    from supervisor.common.apitoken import is_loopback, load_token  # the very checks `run` makes
+    from supervisor.common.apitoken import is_loopback, load_token, too_short  # the very checks `run` makes
 
     api = settings.api
     if api.token_file:
         try:
-            load_token(api, env)
+            token = load_token(api, env)
         except ConfigError as err:
             return [Finding("error", "api.token_file", str(err).removeprefix("[api] token_file "))]
-        return []
+        short = too_short(token or "")
+        return [Finding("error", "api.token_file", f"{api.token_file!r}: {short}")] if short else []
+    from_env = env.get(api.token_env, "").strip()
+    if from_env:
+        short = too_short(from_env)
+        return [Finding("error", "api.token_env", f"${api.token_env}: {short}")] if short else []
     if is_loopback(api.host):
-        return []
-    if env.get(api.token_env, "").strip():
         return []
     return [
         Finding(

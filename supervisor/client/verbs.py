@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import quote
 
 import httpx
 
+from supervisor.client import savefiles
 from supervisor.client import stream as clientstream
 from supervisor.client.format import TOKEN_ENV, format_answer, format_bundle, format_error
 from supervisor.client.locate import CONFIG_ENV, ClientConfigError, api_settings, choose_config
@@ -199,9 +201,7 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
     elif choice.path is not None:
         where = f"from [api] of {choice.path}"
     else:
-        where = (
-            f"the default: no --url, no --config, ${CONFIG_ENV} unset and no /etc/sglang-supervisor/config.toml"
-        )
+        where = f"the default: no --url, no --config, ${CONFIG_ENV} unset and no /etc/sglang-supervisor/config.toml"
     return url or DEFAULT_URL, token, where
 
 
@@ -302,7 +302,9 @@ def _send(
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:
-        with httpx.Client(base_url=url.rstrip("/"), timeout=timeout, headers=headers, trust_env=False) as client:
+        with httpx.Client(
+            base_url=url.rstrip("/"), timeout=timeout, headers=headers, trust_env=False, follow_redirects=False
+        ) as client:
             return client.request(method, path, json=body, params=tuple(params or ()))
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as err:
         raise UsageError(f"--url {url!r}: {err}") from None
@@ -349,43 +351,122 @@ def _foreign(response: httpx.Response) -> str:
 
 def _get_bundle(url: str, words: list[str], output: str | None, token: str | None, timeout: float) -> int:
     """`bundles get ID [FILE]`: one file (to ./FILE, or stdout with `-o -`), or every file of the
-    bundle into ./ID/ (or `-o DIR`); what exists already is not overwritten."""
+    bundle into ./ID/ (or `-o DIR`), a directory this call creates; what exists already is not
+    overwritten. The file names come from the daemon's answer: only plain names are taken, and each
+    file is created new without following a link (supervisor/client/savefiles.py, issue 50)."""
     if not words or len(words) > 2:
         raise UsageError(
             "bundles get ID [FILE]: name the bundle (see `sglang-supervisor bundles`) and optionally a file"
         )
     bundle_id, name = words[0], (words[1] if len(words) == 2 else None)
-    detail = _send(url, "GET", f"/diagnostics/{bundle_id}", None, token, timeout)
+    for word in (bundle_id, name):
+        if word is not None and not savefiles.plain_name(word):
+            raise UsageError(f"bundles get: {word!r} is not a bundle or file name (no '/', '..' or control characters)")
+    detail = _send_here(url, f"/diagnostics/{quote(bundle_id, safe='')}", token, timeout)
     if detail.status_code != 200:
-        return report("bundles", detail, as_json=False, out=sys.stdout, err=sys.stderr)
-    files = [str(f) for f in (detail.json().get("files") or ())]
+        return _not_saved(detail)
+    try:
+        listed: Any = detail.json().get("files")
+    except (ValueError, AttributeError):
+        listed = None
+    if not isinstance(listed, list):
+        print(f"error: {_foreign(detail)}", file=sys.stderr)
+        return EXIT_ERROR
+    bad = [f for f in listed if not savefiles.plain_name(f)]
+    if bad:
+        print(
+            f"error: the answer for bundle {bundle_id} names {bad[0]!r}, not a plain file name; nothing written "
+            "(is something else answering at this address?)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    files = [str(f) for f in listed]
     if name is not None and name not in files:
         print(f"error: bundle {bundle_id} has no file {name!r}; it has: {', '.join(files) or 'none'}", file=sys.stderr)
         return EXIT_ERROR
     if name is not None and output == "-":
-        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/{name}", None, token, timeout)
+        answer = _send_here(url, f"/diagnostics/{quote(bundle_id, safe='')}/{quote(name, safe='')}", token, timeout)
         if answer.status_code != 200:
-            return report("bundles", answer, as_json=False, out=sys.stdout, err=sys.stderr)
+            return _not_saved(answer)
         sys.stdout.buffer.write(answer.content)
         sys.stdout.flush()
         return EXIT_OK
     if name is not None:
-        targets = [(name, Path(output) if output else Path(name))]
-    else:
-        where = Path(output) if output else Path(bundle_id)
-        targets = [(f, where / f) for f in files]
-    for _, dest in targets:
-        if dest.exists():
-            print(f"error: {dest} exists; not overwritten (choose another place with -o)", file=sys.stderr)
-            return EXIT_ERROR
-    for f, dest in targets:
-        answer = _send(url, "GET", f"/diagnostics/{bundle_id}/{f}", None, token, timeout)
-        if answer.status_code != 200:
-            return report("bundles", answer, as_json=False, out=sys.stdout, err=sys.stderr)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(answer.content)
-        print(f"{dest} ({len(answer.content)} bytes)")
+        dest = Path(output) if output else Path(name)
+        return _save_one(url, bundle_id, name, dest, token, timeout)
+    where = Path(output) if output else Path(bundle_id)
+    try:
+        dir_fd = savefiles.make_private_dir(where)
+    except FileExistsError:
+        print(f"error: {where} exists; not overwritten (choose another place with -o)", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as err:
+        print(f"error: cannot create {where}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        for f in files:
+            answer = _send_here(url, f"/diagnostics/{quote(bundle_id, safe='')}/{quote(f, safe='')}", token, timeout)
+            if answer.status_code != 200:
+                return _not_saved(answer)
+            try:
+                savefiles.write_new(f, answer.content, dir_fd=dir_fd)
+            except OSError as err:
+                print(f"error: {where / f} not written: {err.strerror or err}", file=sys.stderr)
+                return EXIT_ERROR
+            print(f"{where / f} ({len(answer.content)} bytes)")
+    finally:
+        os.close(dir_fd)
     return EXIT_OK
+
+
+def _save_one(url: str, bundle_id: str, name: str, dest: Path, token: str | None, timeout: float) -> int:
+    """One file of a bundle to `dest` (the operator's choice of place), created new, no link followed."""
+    if dest.exists() or dest.is_symlink():
+        print(f"error: {dest} exists; not overwritten (choose another place with -o)", file=sys.stderr)
+        return EXIT_ERROR
+    answer = _send_here(url, f"/diagnostics/{quote(bundle_id, safe='')}/{quote(name, safe='')}", token, timeout)
+    if answer.status_code != 200:
+        return _not_saved(answer)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        savefiles.write_new(str(dest), answer.content)
+    except FileExistsError:
+        print(f"error: {dest} exists; not overwritten (choose another place with -o)", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as err:
+        print(f"error: {dest} not written: {err.strerror or err}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"{dest} ({len(answer.content)} bytes)")
+    return EXIT_OK
+
+
+def _send_here(url: str, path: str, token: str | None, timeout: float) -> httpx.Response:
+    """A GET that carries the token only to the configured address: a URL whose scheme, host or
+    port is not the configured one is refused before anything is sent, and a redirect is never
+    followed (`_not_saved` reports it)."""
+    target = httpx.URL(url.rstrip("/") + path)
+    if not _same_origin(url, target):
+        raise UsageError(f"refused: {path!r} would go to {target}, not to {url}; the token goes nowhere else")
+    return _send(url, "GET", path, None, token, timeout)
+
+
+def _not_saved(answer: httpx.Response) -> int:
+    """An answer other than 200 to a download: a redirect is refused (the token is not sent on), the
+    rest reported as the daemon's error or a foreign answer."""
+    if answer.is_redirect:
+        where = answer.headers.get("location", "?")
+        print(
+            f"error: {answer.request.url} answered a redirect ({answer.status_code}) to {where!r}; not followed: "
+            "the token goes only to the configured address",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return report("bundles", answer, as_json=False, out=sys.stdout, err=sys.stderr)
+
+
+def _same_origin(configured: str, sent: httpx.URL) -> bool:
+    base = httpx.URL(configured)
+    return (base.scheme, base.host, base.port) == (sent.scheme, sent.host, sent.port)
 
 
 def _transport_reason(err: Exception) -> str:

@@ -68,6 +68,20 @@ def read_token_file(path: Path, where: str | None = None) -> str:
     return token
 
 
+MIN_TOKEN_BYTES = 16  # 128 bits of a random hex or base64 token; a page login is throttled, not free
+
+
+def too_short(token: str) -> str | None:
+    """Why `token` is too short to stand for the daemon (None: long enough); never quotes it."""
+    n = len(token.encode("utf-8"))
+    if n >= MIN_TOKEN_BYTES:
+        return None
+    return (
+        f"the token is {n} bytes, shorter than {MIN_TOKEN_BYTES}: anyone who reaches the API could guess it; "
+        "put a long random one in it (`openssl rand -hex 32`)"
+    )
+
+
 def is_loopback(host: str) -> bool:
     name = host.strip().strip("[]").lower()
     if name == "localhost":

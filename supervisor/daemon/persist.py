@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.common.atomicfile import atomic_write
+from supervisor.common.statefiles import read_regular
 from supervisor.daemon.adopt import ServerRecord
 from supervisor.policy.ladder import MAX_ATTEMPTS, Attempt, LadderState
 from supervisor.status.causes import CAUSES, Cause
@@ -227,7 +228,7 @@ def _open(v: object) -> OpenIncident | None:
 def load(path: Path, rung_names: tuple[str, ...]) -> tuple[Persisted | None, str]:
     """The saved state mapped onto the current ladder (rungs matched by name), or None and why."""
     try:
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(read_regular(path))  # no FIFO, link or device (issue 50)
     except FileNotFoundError:
         return None, "no saved state"
     except (OSError, ValueError, RecursionError) as err:

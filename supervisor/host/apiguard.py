@@ -17,6 +17,16 @@ resumes reading after each pipelined request, so input and answers piled up with
 nothing more is read while an answer is pending, unprocessed input is capped, an answer left
 unread for WRITE_TIMEOUT_S closes its connection, a stalled reader is a victim at the cap, and the
 probes keep PROBE_SLOTS reserved connections beyond the cap (docs/DECISIONS.md, issue 33).
+
+That bound leaked (issue 50): 260 connections pipelining `GET /livez` with a 1 KiB receive buffer
+grew the daemon to 4.7 GB. A route that awaits its request's body (`BodyLimit` does, for every
+route) makes uvicorn resume reading on the transport, so each pipelined request let one more read
+(up to 256 KiB) into h11's buffer whatever the cap said; and a pipeliner between answers was neither
+stalled nor waiting, so it was never a victim and 256 of them held every slot. Now the guard's flow
+control refuses to resume reading while the input held is over the cap, whoever asks (the bound is
+on bytes held per connection, not on the route), and a connection that sends a request before its
+previous answer is done is a pipeliner: pipeliners are victims before fresh connections at the cap,
+and together hold at most PIPELINER_SHARE of it.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 # The daemon needs descriptors of its own (the server's pipes, /proc, NVML, the probes' sockets,
@@ -51,6 +62,11 @@ MAX_BUFFERED_INPUT = 64 * 1024  # unprocessed input (pipelined requests) held pe
 # Connections beyond the cap for the probes when every other one is busy answering.
 PROBE_SLOTS = 8
 PROBE_PATHS = frozenset({"/livez", "/readyz"})
+# Pipeliners (a request sent before the previous answer was done: no browser, CLI or scraper does
+# that) hold at most this share of the cap; the oldest goes for a new one beyond it.
+PIPELINER_SHARE = 0.5
+# What one read from a connection may add to its input (asyncio reads 256 KiB at once by default).
+READ_CHUNK = 16 * 1024
 
 
 @dataclass
@@ -60,6 +76,7 @@ class GuardStats:
     write_timeouts: int = 0  # connections closed: the client did not read its answer in time
     reads_paused: int = 0  # times reading was held: an answer pending or too much input waiting
     probe_slot: int = 0  # connections served on a reserved probe slot
+    pipeliners_closed: int = 0  # pipelining connections closed for others (the cap or their share)
 
 
 def connection_cap(soft_nofile: int | None = None) -> int:
@@ -115,19 +132,37 @@ def guarded_protocol(
     receiving: dict[H11Protocol, None] = {}  # accept order: connections without a complete request
     stalled: dict[H11Protocol, None] = {}  # since when: answers the client does not read
     probe_only: set[H11Protocol] = set()  # the reserved slots in use
+    pipelining: dict[H11Protocol, None] = {}  # since when: connections that sent ahead of an answer
+    pipeliner_budget = max(1, int(max_connections * PIPELINER_SHARE))
 
     def evict_one(pool: Callable[[H11Protocol], bool]) -> bool:
         """Close the longest-stalled connection of `pool` (a client not reading its answer), else the
-        longest-waiting incomplete one. Stalled first: a fresh connection is incomplete for the
-        moment its request takes to arrive, and attackers reconnecting must not close a probe's."""
-        for group in (stalled, receiving):
+        oldest pipeliner (whatever its route), else the longest-waiting incomplete one. Stalled and
+        pipelining first: a fresh connection is incomplete for the moment its request takes to
+        arrive, and attackers reconnecting must not close a probe's."""
+        for group in (stalled, pipelining, receiving):
             victim = next((c for c in group if pool(c) and not (group is receiving and _probe_waiting(c))), None)
             if victim is not None:
+                if group is pipelining:
+                    stats.pipeliners_closed += 1
                 receiving.pop(victim, None)
                 stalled.pop(victim, None)
+                pipelining.pop(victim, None)
                 victim.transport.abort()
                 return True
         return False
+
+    class GuardedFlow(FlowControl):
+        """uvicorn's flow control, except that reading never resumes while the connection holds
+        more unprocessed input than the cap (uvicorn resumes it whenever a route awaits a message)."""
+
+        def __init__(self, transport: asyncio.Transport, held: Callable[[], int]) -> None:
+            super().__init__(transport)
+            self._held = held
+
+        def resume_reading(self) -> None:
+            if self._held() <= input_cap:
+                super().resume_reading()
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
@@ -139,6 +174,9 @@ def guarded_protocol(
             # the kernel holds little of it (SO_SNDBUF): a client that does not read stalls within a
             # few answers instead of having the daemon generate megabytes of them for it.
             transport.set_write_buffer_limits(high=0)
+            self.flow = GuardedFlow(transport, self._buffered_input)
+            if hasattr(transport, "max_size"):  # asyncio's selector transport reads this much at once
+                transport.max_size = READ_CHUNK  # type: ignore[attr-defined]
             sock = transport.get_extra_info("socket")
             if sock is not None:
                 with contextlib.suppress(OSError):
@@ -158,7 +196,14 @@ def guarded_protocol(
             super().data_received(data)
             if self._request_received():
                 self._cancel_header_deadline()
+                if self._buffered_input() > 0 and self not in pipelining and not self.transport.is_closing():
+                    self._became_pipeliner()
             self._bound_input()
+
+        def _became_pipeliner(self) -> None:
+            pipelining[self] = None
+            while len(pipelining) > pipeliner_budget and evict_one(lambda c: c in pipelining and c is not self):
+                pass
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -180,6 +225,7 @@ def guarded_protocol(
             self._cancel_header_deadline()
             self._cancel_write_deadline()
             probe_only.discard(self)
+            pipelining.pop(self, None)
             super().connection_lost(exc)
 
         def _buffered_input(self) -> int:

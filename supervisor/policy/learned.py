@@ -10,6 +10,7 @@ NVIDIA resiliency-ext learns its hang timeouts the same way (about 5 x the longe
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -99,6 +100,9 @@ def window_for(learned: Learned | None, phase: str, configured_s: float, s: Lear
     quiet = learned.quiet_s.get(phase)
     if quiet is None:
         why = f"phase {phase} was never seen on a good start of this model and rung: the configured window"
+        return Window(phase, configured_s, "configured", why)
+    if not math.isfinite(quiet) or quiet < 0:  # NaN compares false both ways: it would turn the window off
+        why = f"the learned quiet {quiet!r} s in {phase} is not a number of seconds: the configured window"
         return Window(phase, configured_s, "configured", why)
     raw = s.multiple * quiet
     floor = min(s.floor_s, configured_s)

@@ -3,6 +3,11 @@
 Writing must never take the daemon down: a full disk or a vanished directory costs journal lines
 (counted in `write_errors`), not the supervision. Reading tolerates what a crash leaves behind:
 a torn last line, garbage lines, a rotation between two reads.
+
+Kinds that whoever reaches the API can make in volume (HIGH_VOLUME: a refused login) are written
+apart, to `events.access.jsonl` with its own rotation, so no flood of them rotates the incident and
+launch records out of `events.jsonl` (issue 50: 475,701 refused logins had emptied `/events` of
+incidents). `read` merges both by time; a follow stream tails `events.jsonl` only.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from supervisor.status.eventnames import EventName
 
 MiB = 1024 * 1024
 _READ_CHUNK = 64 * 1024
+HIGH_VOLUME: frozenset[str] = frozenset({"page_login_refused"})
 
 
 def _iso(ts: float) -> str:
@@ -48,10 +54,17 @@ class Journal:
         max_bytes: int = 10 * MiB,
         backups: int = 3,
         wall: Callable[[], float] = time.time,
+        apart: frozenset[str] = HIGH_VOLUME,
+        apart_max_bytes: int = 2 * MiB,
+        apart_backups: int = 1,
     ) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.backups = backups
+        self.apart = apart
+        self.apart_path = self.path.with_name(f"{self.path.stem}.access{self.path.suffix}")
+        self.apart_max_bytes = apart_max_bytes
+        self.apart_backups = apart_backups
         self._wall = wall
         self._lock = threading.Lock()
         self.write_errors = 0
@@ -68,45 +81,71 @@ class Journal:
         try:
             line = json.dumps(_finite(record), default=str, allow_nan=False, ensure_ascii=False) + "\n"
             data = line.encode("utf-8", errors="replace")
+            apart = event in self.apart
+            path, max_bytes, backups = (
+                (self.apart_path, self.apart_max_bytes, self.apart_backups)
+                if apart
+                else (self.path, self.max_bytes, self.backups)
+            )
             with self._lock:
-                self._rotate_if_needed(len(data))
-                _append_whole(self.path, data)
+                _rotate_if_needed(path, max_bytes, backups, len(data))
+                _append_whole(path, data)
         except Exception:  # a journal line is never worth the daemon
             self.write_errors += 1
 
     def _backup(self, n: int) -> Path:
-        return self.path.with_name(f"{self.path.name}.{n}")
-
-    def _rotate_if_needed(self, incoming: int) -> None:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return
-        if size == 0 or size + incoming <= self.max_bytes:
-            return
-        if self.backups == 0:
-            self.path.unlink()
-            return
-        for n in range(self.backups - 1, 0, -1):
-            src = self._backup(n)
-            if src.exists():
-                os.replace(src, self._backup(n + 1))
-        os.replace(self.path, self._backup(1))
+        return _backup(self.path, n)
 
     def read(self, limit: int, match: Callable[[dict[str, object]], bool] | None = None) -> list[dict[str, object]]:
-        """The last `limit` well-formed records (that `match`), oldest first, newest last (across rotations)."""
+        """The last `limit` well-formed records (that `match`), oldest first, newest last (across
+        rotations, and across the main file and the high-volume one, merged by time)."""
         if limit <= 0:
             return []
-        newest_first: list[dict[str, object]] = []
-        for path in (self.path, *(self._backup(n) for n in range(1, self.backups + 1))):
-            for line in _lines_backwards(path):
-                record = _parse(line)
-                if record is not None and (match is None or match(record)):
-                    newest_first.append(record)
-                    if len(newest_first) >= limit:
-                        return newest_first[::-1]
-        return newest_first[::-1]
+        main = _read_last(self.path, self.backups, limit, match)
+        if not self.apart:
+            return main
+        side = _read_last(self.apart_path, self.apart_backups, limit, match)
+        if not side:
+            return main
+        merged = sorted(main + side, key=lambda r: str(r.get("ts", "")))  # stable: each file stays in order
+        return merged[-limit:]
+
+
+def _backup(path: Path, n: int) -> Path:
+    return path.with_name(f"{path.name}.{n}")
+
+
+def _rotate_if_needed(path: Path, max_bytes: int, backups: int, incoming: int) -> None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return
+    if size == 0 or size + incoming <= max_bytes:
+        return
+    if backups == 0:
+        path.unlink()
+        return
+    for n in range(backups - 1, 0, -1):
+        src = _backup(path, n)
+        if src.exists():
+            os.replace(src, _backup(path, n + 1))
+    os.replace(path, _backup(path, 1))
+
+
+def _read_last(
+    path: Path, backups: int, limit: int, match: Callable[[dict[str, object]], bool] | None
+) -> list[dict[str, object]]:
+    """The last `limit` well-formed records of `path` and its backups that `match`, oldest first."""
+    newest_first: list[dict[str, object]] = []
+    for one in (path, *(_backup(path, n) for n in range(1, backups + 1))):
+        for line in _lines_backwards(one):
+            record = _parse(line)
+            if record is not None and (match is None or match(record)):
+                newest_first.append(record)
+                if len(newest_first) >= limit:
+                    return newest_first[::-1]
+    return newest_first[::-1]
 
 
 def _append_whole(path: Path, data: bytes) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from probes.logs import clean, split_prefix
 from probes.types import LogLine
 from supervisor.common.atomicfile import atomic_write
+from supervisor.common.statefiles import book_entries, read_regular
 from supervisor.engines import SGLANG
 from supervisor.engines.profile import LogGrammar
 from supervisor.engines.profile import Milestone as EngineMilestone
@@ -143,7 +144,7 @@ class LaunchBook:
 
     def load(self) -> LaunchBook:
         try:
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(read_regular(self.path))  # no FIFO, link or device (issue 50)
         except FileNotFoundError:
             return self
         except (OSError, ValueError) as err:
@@ -153,8 +154,9 @@ class LaunchBook:
             if doc.get("version") != BOOK_VERSION:
                 self.load_error = f"{self.path}: version {doc.get('version')!r}, expected {BOOK_VERSION}"
                 return self
-            for k, e in doc.get("entries", {}).items():
-                self.entries[k] = _entry(e)
+            kept, dropped = book_entries(doc.get("entries", {}))  # a NaN or negative number drops its entry
+            self.entries.update((k, _entry(e)) for k, e in kept.items())
+            self.load_error = f"{self.path}: malformed: " + "; ".join(dropped) if dropped else None
         except (AttributeError, KeyError, TypeError, ValueError) as err:
             self.entries.clear()
             self.load_error = f"{self.path}: malformed ({err!r})"

@@ -100,3 +100,18 @@ def test_allowed_hosts_refuses_a_url_with_the_key_named() -> None:
     assert ok.api.allowed_hosts == ("gpu-host-1.example", "*")
     with pytest.raises(ConfigError, match=r"api.allowed_hosts.*'http://x' is not a host name"):
         settings_from_mapping({**base, "api": {"allowed_hosts": ["http://x"]}})
+
+
+async def test_a_page_on_another_port_of_the_same_host_is_another_origin(make_app: Callable[..., FastAPI]) -> None:
+    """Issue 50: the origin check compared names only, so a page served on 127.0.0.1:3000 passed
+    for the API on 127.0.0.1:8900."""
+    app = make_app(hosts=LOOPBACK)
+    async with bare(app) as c:
+        for origin in ("http://127.0.0.1:3000", "http://localhost:8901", "http://127.0.0.1", "https://localhost"):
+            r = await c.get("/status", headers={"Origin": origin})
+            assert (r.status_code, r.json()["error"]) == (403, "cross_origin"), origin
+        for origin in ("http://127.0.0.1:8900", "http://localhost:8900", "http://[::1]:8900"):
+            assert (await c.get("/status", headers={"Origin": origin})).status_code == 200, origin
+    async with bare(app, "localhost") as c:  # no port in Host: the scheme's default
+        assert (await c.get("/status", headers={"Origin": "http://127.0.0.1"})).status_code == 200
+        assert (await c.get("/status", headers={"Origin": "http://127.0.0.1:8900"})).status_code == 403

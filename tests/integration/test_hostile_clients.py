@@ -107,6 +107,24 @@ def test_40_connections_pipelining_livez_keep_the_daemon_small(running) -> None:
     assert max(w.rss) - base < RSS_GROWTH_MB, f"RSS {base:.0f} MB at rest, {max(w.rss):.0f} MB under attack"
 
 
+@pytest.mark.parametrize("path", ["/livez", "/readyz"])
+def test_260_probe_pipeliners_with_a_tiny_receive_buffer_leave_the_daemon_small_and_status_answering(
+    running, path: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 50: 260 connections pipelining 2,000 probes a send with a 1 KiB receive buffer took the
+    daemon from 71 MB to 4.7 GB in 33 s and `/status` answered 503 for 90 s (the probes were never
+    victims at the cap, and every request let uvicorn read 256 KiB more)."""
+    s, api, proc = running
+    with watch(api, proc.pid) as w, hostile.pipelining(s.api.port, 260, path, repeat=2000, rcvbuf=1024) as c:
+        time.sleep(3)
+        statuses = [status_within(f"{api}/status", 5.0) for _ in range(5)]
+        time.sleep(2)
+    livez_held(w)
+    assert statuses.count(200) >= 4, statuses
+    assert c["closed_by_daemon"] > 0, "pipeliners are closed for newcomers at the cap"
+    assert max(w.rss) < 300, f"RSS {max(w.rss):.0f} MB under attack"
+
+
 def test_follow_streams_are_capped_and_livez_answers_beside_260_of_them(running) -> None:  # type: ignore[no-untyped-def]
     s, api, proc = running
     with watch(api, proc.pid) as w, hostile.following(s.api.port, 260, "/events?follow=true", read=lambda _: True) as c:
@@ -155,3 +173,53 @@ def test_followers_that_stall_during_a_flood_then_go_do_not_balloon_the_daemon(r
     assert max(w.rss) - base < RSS_GROWTH_MB, f"RSS {base:.0f} MB at rest, {max(w.rss):.0f} MB peak"
     r = httpx.get(f"{api}/status", timeout=10)
     assert r.status_code == 200
+
+
+def test_a_flood_of_refused_logins_is_throttled_and_leaves_the_launch_records(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 50: 475,701 wrong `POST /ui/login` in 407 s (no throttle) each wrote a journal record and
+    rotated the incident and launch records out. Now an address has a few tries, then 429 unchecked;
+    refusals are one journal record per address per minute, in a file of their own."""
+    s = sim("ok", tp=1)
+    token = tmp_path / "token"
+    token.write_text(hostile.LOGIN_TOKEN + "\n")
+    token.chmod(0o600)
+    s = s.model_copy(update={"api": s.api.model_copy(update={"token_file": str(token)})})
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    api = f"http://127.0.0.1:{s.api.port}"
+    proc = start(cfg, dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while hostile.readyz_state(api) != "ready":
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon never became ready"
+            time.sleep(0.5)
+        got = hostile.login_flood(api, 6.0)
+        assert got["tries"] > 100 and got["other"] == 0, got
+        assert got["refused_401"] <= 20, got  # a burst of 10, and the refill: the rest unchecked
+        assert got["throttled_429"] == got["tries"] - got["refused_401"]
+        bearer = {"Authorization": f"Bearer {hostile.LOGIN_TOKEN}"}
+        r = httpx.get(f"{api}/events", params={"event": "page_login_refused"}, headers=bearer, timeout=10)
+        assert r.status_code == 200, r.text
+        records = r.json()["events"]
+        assert 1 <= len(records) <= 2, records  # one a minute for this address
+        assert records[0]["count"] == 1 and records[0]["throttled"] == 0
+        launches = httpx.get(f"{api}/events", params={"event": "server_launched"}, headers=bearer, timeout=10)
+        assert launches.status_code == 200 and launches.json()["events"], launches.text
+        assert "page_login_refused" not in (Path(s.paths.state_dir) / "events.jsonl").read_text()
+        # The operator's right token gets in once this address's bucket refills (one try in 6 s).
+        answers = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and 303 not in answers:
+            answers.append(
+                httpx.post(
+                    f"{api}/ui/login",
+                    content=f"token={hostile.LOGIN_TOKEN}".encode(),
+                    headers={"Content-Type": "application/x-www-form-urlencoded"},
+                    timeout=10,
+                ).status_code
+            )
+            time.sleep(1.0)
+        assert answers[-1] == 303 and set(answers) <= {303, 429}, answers
+        assert httpx.get(f"{api}/status", headers=bearer, timeout=10).status_code == 200
+    finally:
+        cleanup(proc, str(s.paths.state_dir))

@@ -66,9 +66,29 @@ def test_a_token_file_that_run_refuses_is_an_error(check: Check, tmp_path: Path,
 
 def test_a_private_token_file_is_fine(check: Check, tmp_path: Path) -> None:
     token = tmp_path / "token"
-    token.write_text("s3cret-token\n")
+    token.write_text("s3cret-token-0123\n")  # 16 bytes: the least check-config takes
     token.chmod(0o600)
     code, out, _ = check(base(f'[api]\nhost = "0.0.0.0"\ntoken_file = "{token}"'))
+    assert code == 0, out
+
+
+def test_a_token_shorter_than_16_bytes_is_an_error(
+    check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50: nothing in the way of 1,000 guesses a second at a page login made a short token a
+    matter of time; the login is throttled now, and check-config refuses a token under 16 bytes."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-01\n")  # 15 bytes
+    token.chmod(0o600)
+    code, out, _ = check(base(f'[api]\ntoken_file = "{token}"'))
+    assert code == 1, out
+    line = next(x for x in out.splitlines() if x.startswith("error: api.token_file"))
+    assert "15 bytes, shorter than 16" in line and "s3cret" not in out
+    monkeypatch.setenv("SGLANG_SUPERVISOR_TOKEN", "short")
+    code, out, _ = check(base())
+    assert code == 1 and "error: api.token_env: $SGLANG_SUPERVISOR_TOKEN: the token is 5 bytes" in out, out
+    monkeypatch.setenv("SGLANG_SUPERVISOR_TOKEN", "a-long-enough-token-0123")
+    code, out, _ = check(base())
     assert code == 0, out
 
 
@@ -148,9 +168,7 @@ def test_a_server_program_this_user_cannot_reach_is_an_error_not_a_crash(
     assert code == 1 and "error: server.command: '/root/venv/bin/python3': Permission denied" in out
 
 
-def test_a_gpu_another_process_holds_is_reported(
-    check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_gpu_another_process_holds_is_reported(check: Check, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
     import os
 
@@ -160,7 +178,7 @@ def test_a_gpu_another_process_holds_is_reported(
     # Under the strict form of waiting: any holder (the default judges by need: test_slatecheck.py).
     gpu = f'[gpu]\nsource = "simulator"\nfile = "{nvml}"\n[slate]\ngpu_strangers = "wait"\n'
     code, out, _ = check(base(gpu))
-    assert f"gpu: the simulator's GPU from {nvml} ([gpu] source = \"simulator\"), not a real NVML" in out
+    assert f'gpu: the simulator\'s GPU from {nvml} ([gpu] source = "simulator"), not a real NVML' in out
     assert "warning: slate.gpu_strangers: the launch of rung base would wait now" in out
     assert f"GPU 1: 138.4 GiB free of 140 GiB, the rung's need is unknown; held by pid {os.getpid()} (" in out
     assert code == 0  # a warning: under --strict it fails
@@ -186,7 +204,7 @@ def test_the_environment_never_switches_check_config_to_a_simulated_gpu(
 
 def test_a_simulated_gpu_without_its_file_is_refused_or_warned(check: Check, tmp_path: Path) -> None:
     code, out, err = check(base('[gpu]\nsource = "simulator"\n'))
-    assert code == 1 and "gpu: Value error, source = \"simulator\" reads a JSON file: set [gpu] file" in err
+    assert code == 1 and 'gpu: Value error, source = "simulator" reads a JSON file: set [gpu] file' in err
     code, _, err = check(base(f'[gpu]\nfile = "{tmp_path}/x.json"\n'))
     assert code == 1 and 'file is read only with source = "simulator"' in err
     missing = tmp_path / "absent.json"

@@ -186,3 +186,27 @@ def test_a_line_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pyte
     assert j.write_errors == 1
     j.append("after")
     assert [r["event"] for r in j.read(10)] == ["before", "after"]
+
+
+def test_a_flood_of_refused_logins_rotates_no_incident_or_launch_out(tmp_path: Path) -> None:
+    """Issue 50: 475,701 refused logins rotated the incident and launch records out of the journal.
+    High-volume kinds go to their own file with its own rotation; `read` merges both by time."""
+    clock = iter(float(t) for t in range(1_000_000_000, 1_000_100_000))
+    journal = Journal(
+        tmp_path / "events.jsonl", max_bytes=4096, backups=1, apart_max_bytes=4096, wall=lambda: next(clock)
+    )
+    journal.append("server_launched", pid=1)
+    journal.append("incident", cause="startup_stall")
+    for i in range(5000):
+        journal.append("page_login_refused", client=f"10.0.0.{i % 250}", count=1, throttled=0)
+    journal.append("server_launched", pid=2)
+    assert [r["event"] for r in journal.read(10, lambda r: r["event"] != "page_login_refused")] == [
+        "server_launched",
+        "incident",
+        "server_launched",
+    ]
+    assert not (tmp_path / "events.jsonl.1").exists(), "the main file was never rotated"
+    assert (tmp_path / "events.access.jsonl.1").exists()
+    merged = journal.read(3)
+    assert [r["event"] for r in merged] == ["page_login_refused", "page_login_refused", "server_launched"]
+    assert [r["ts"] for r in merged] == sorted(str(r["ts"]) for r in merged)
