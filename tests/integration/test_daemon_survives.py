@@ -137,12 +137,12 @@ async def test_slow_header_connections_are_capped_and_timed_out(daemon, sim, mon
 
 
 async def test_an_exception_during_start_up_is_survived_and_the_server_started(daemon, sim, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from supervisor.daemon.owner import Owner
+    from supervisor.daemon import stopping
 
-    async def broken(sup: Any, why: str) -> Any:
+    async def broken(*args: Any) -> Any:  # the start-up's sweep of a predecessor's leftovers
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(Owner, "stop_leftovers", broken)
+    monkeypatch.setattr(stopping, "sweep", broken)
     r = await daemon(sim("ok", tp=1))
     snap = await r.wait_for(lambda x: x.state == "ready", 60, "ready despite the failed start-up")
     assert snap.loop_errors == 1 and not r.task.done()

@@ -78,7 +78,10 @@ def test_group_starts_and_the_leader_shows_every_node(nodes_of) -> None:  # type
 
 def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: ignore[no-untyped-def]
     leader, worker = nodes_of(
-        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}], restart={"retries_per_rung": 0}
+        # `on`: a dead rank is the rung's configuration's (custom all-reduce), so the served group steps
+        # down (issue 49: a fault after serving that no rung answers is relaunched on the same rung).
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}, "on": ["rank_died"]}],
+        restart={"retries_per_rung": 0},
     )
     leader.wait(group_ready, 60, "the group ready")
     before = worker.status()
@@ -96,7 +99,7 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
     assert inc["cause"] == "rank_died" and "node 1" in inc["detail"]
     wst = worker.wait(ready, 20, "the worker ready again")
     assert wst["pid"] != before["pid"]
-    # The whole group moved down the ladder together (retries_per_rung 0).
+    # The whole group moved down the ladder together (the rung below answers rank_died).
     assert st["rung"] == "second" and wst["rung"] == "second"
     # Every node captured a bundle under the same incident id, and each says which node it is.
     for node in (leader, worker):

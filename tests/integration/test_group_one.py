@@ -148,7 +148,8 @@ def test_lws_recreation_starts_every_node_on_the_rung_decided_before_the_exit(tm
     leader, worker = group_of(
         tmp_path,
         group={"restart": "lws"},
-        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}}],
+        # `on`: the served group's dead rank is the rung's configuration's, so the ladder steps (issue 49)
+        fallback=[{"name": "second", "args": {"disable-custom-all-reduce": True}, "on": ["rank_died"]}],
         restart={"retries_per_rung": 0},
     )
     made.extend((leader, worker))
