@@ -126,3 +126,39 @@ async def test_a_rung_that_served_keeps_its_standing_after_an_unrelated_fault(da
     assert [e["rung"] for e in named(s.paths.state_dir, "server_launched")] == ["base", "base"]
     decision = named(s.paths.state_dir, "ladder_decision")[0]
     assert decision["backoff_s"] == 0.0 and "keeps its standing" in decision["reason"], decision
+
+
+async def test_an_unhealthy_outage_counts_from_the_first_failed_health_check(daemon, sim, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 49: the outage record of an `unhealthy` incident begins at the first failed health check,
+    so its total matches what clients saw (fault onset to serving again) within a health interval and
+    a poll; before, its detection was 0.0 and the total was short by the checks that failed."""
+    import contextlib
+    import json
+    import time
+    from pathlib import Path
+    from typing import Any
+
+    onset_file = Path(tmp_path) / "onset.json"
+    s = sim(
+        "health_hangs",
+        env={"SGLANG_SIM_FAULT_AFTER_S": "1.0", "SGLANG_SIM_FAULT_ONCE": "1", "SGLANG_SIM_ONSET_FILE": str(onset_file)},
+        restart={**FAST, "failed_cooldown_s": 0},
+    )
+    r = await daemon(s)
+    onsets: list[float] = []
+
+    def served_again(x: Any) -> bool:  # the relaunch (fault once) rewrites the file with no onset: keep the first
+        with contextlib.suppress(OSError, ValueError):
+            at = json.loads(onset_file.read_text()).get("onset_monotonic")
+            if at is not None and not onsets:
+                onsets.append(float(at))
+        return x.restarts >= 1 and x.state == "ready"
+
+    await r.wait_for(served_again, 90, "serving again after the hang")
+    ready_at = time.monotonic()
+    onset = onsets[0]
+    (outage,) = named(s.paths.state_dir, "outage")
+    assert outage["cause"] == "unhealthy" and outage["parts"]["detection"] > 0.0, outage
+    clients = ready_at - onset
+    slack = s.watchdog.health_interval_s + s.watchdog.poll_interval_s
+    assert abs(outage["total_s"] - clients) <= slack + 0.5, (outage, clients)
