@@ -18,10 +18,10 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from api import bundles
+from api import bundles, promote
 from api.auth import CHALLENGE, authorized, who
 from api.deps import ApiContext, Context, Supervisor
-from api.pageforms import ACTIONS, confirm_page, done_page, login_page
+from api.pageforms import POSTABLE, confirm_page, done_page, login_page
 from api.pagehtml import PageData, render
 from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, set_cookie_header
 from supervisor.status.commands import Command, SupervisorHandle
@@ -112,6 +112,12 @@ async def status_page(request: Request, handle: Supervisor, ctx: Context) -> HTM
     return _html(render(data))
 
 
+# A load balancer's or a person's `curl -I` check of the page answers as GET does (200), not 405.
+@router.head("/ui", include_in_schema=False, response_class=HTMLResponse)
+async def status_page_head(request: Request, handle: Supervisor, ctx: Context) -> HTMLResponse:
+    return await status_page(request, handle, ctx)
+
+
 @router.post("/ui/login", include_in_schema=False, response_class=HTMLResponse, status_code=303)
 async def login(request: Request, ctx: Context) -> Response:
     """Form field `token`: the API token. Right: a session cookie and back to /ui; wrong: the form again."""
@@ -148,7 +154,7 @@ async def logout(request: Request, ctx: Context) -> Response:
 
 @router.post("/ui/action", include_in_schema=False, response_class=HTMLResponse)
 async def action(request: Request, handle: Supervisor, ctx: Context) -> Response:
-    """A page button: `action` (restart, stop, start, diagnose) and `csrf`; the first post answers a
+    """A page button: `action` (restart, stop, start, diagnose, promote) and `csrf`; the first post answers a
     confirmation page, the second (`confirm=yes`) submits the command, journalled with who asked."""
     viewer = Viewer(request, ctx)
     if not viewer.allowed:
@@ -157,13 +163,22 @@ async def action(request: Request, handle: Supervisor, ctx: Context) -> Response
     if ctx.sessions is None or not ctx.sessions.csrf_ok(viewer.session, form.get("csrf", "")):
         return _html(done_page("refused: the form's CSRF token is missing or stale; reload the page"), 403)
     kind = form.get("action", "")
-    if kind not in ACTIONS:
-        return _html(done_page(f"refused: no action {kind[:40]!r}; the page offers {', '.join(ACTIONS)}"), 400)
+    if kind not in POSTABLE:
+        return _html(done_page(f"refused: no action {kind[:40]!r}; the page offers {', '.join(POSTABLE)}"), 400)
+    snap = handle.snapshot()
+    refused = promote.refusal(snap) if kind == "promote" else None
+    if refused is not None:
+        return _html(done_page(f"promote: refused ({refused.message})"), refused.status)
     if form.get("confirm") != "yes":
-        return _html(confirm_page(kind, viewer.csrf, handle.snapshot()))
+        return _html(confirm_page(kind, viewer.csrf, snap))
     by = who(request.scope, ctx.sessions, ctx.token)
     reason = f"from the status page ({by})"
-    result = await handle.submit(Command(kind=kind, reason=reason if kind != "diagnose" else "", requested_by=by))  # type: ignore[arg-type]
+    if kind == "promote":  # a manual restart onto the preferred rung, as `POST /promote` sends it
+        command = Command(kind="restart", rung=snap.ladder[0], reason=f"promote {reason}", requested_by=by)
+    else:
+        command = Command(kind=kind, reason=reason if kind != "diagnose" else "", requested_by=by)  # type: ignore[arg-type]
+    result = await handle.submit(command)
     ok = result.outcome in ("accepted", "done")
-    text = f"{kind}: {result.outcome}" + (f" ({result.message})" if result.message else "")
+    message = promote.accepted_message(snap) if kind == "promote" and ok else result.message
+    text = f"{kind}: {result.outcome}" + (f" ({message})" if message else "")
     return _html(done_page(text), 200 if ok else 409)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from api.pageforms import action_bar
+from api import promote
+from api.pageforms import action_bar, action_form
 from api.pagelaunch import launch_section
 from supervisor.status.snapshot import StatusSnapshot
 from supervisor.status.timeline import TimelinePoint
@@ -36,9 +37,10 @@ REFRESH_S = 5
 
 CSS = """
 body{margin:0;font:14px/1.4 system-ui,sans-serif;color:#1f2328;background:#fff}
-header{display:flex;align-items:center;gap:16px;padding:0 16px 0 0;border-bottom:1px solid #d0d7de}
-#state{width:220px;height:64px;display:flex;align-items:center;justify-content:center;color:#fff;
- font-size:22px;font-weight:600;text-transform:uppercase;letter-spacing:1px}
+header{display:flex;flex-wrap:wrap;align-items:center;gap:16px;padding:0 16px 0 0;border-bottom:1px solid #d0d7de}
+#state{min-width:220px;height:64px;box-sizing:border-box;padding:0 16px;display:flex;align-items:center;
+ justify-content:center;color:#fff;font-size:22px;font-weight:600;text-transform:uppercase;letter-spacing:1px;
+ white-space:nowrap;flex:none}
 main{padding:8px 16px;display:grid;grid-template-columns:1fr 1fr;gap:8px 24px}
 section{min-width:0} h2{font-size:15px;margin:12px 0 4px} .wide{grid-column:1/3}
 table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px;border-bottom:1px solid #eaeef2;
@@ -49,7 +51,10 @@ table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px
 #logbox{display:flex;flex-direction:column-reverse;overflow:auto;max-height:360px;background:#f6f8fa}
 #logbox pre{max-height:none;overflow:visible} #log .newest{background:#fff8c5}
 #fallback{background:#fff8c5;border-left:4px solid #d4a72c;padding:4px 8px;margin:8px 16px 0}
-#states{display:flex;flex-wrap:wrap;gap:4px} .st{color:#fff;padding:1px 8px;border-radius:8px;font-size:12px}
+#failed-next{background:#ffebe9;border-left:4px solid #82071e;padding:4px 8px;margin:8px 16px 0}
+#states{display:flex;flex-wrap:wrap;gap:4px} .st{color:#fff;padding:1px 8px;border-radius:8px;font-size:12px;
+ white-space:nowrap}
+#incidents td{overflow-wrap:anywhere;white-space:normal} .links a{white-space:nowrap;margin-right:6px}
 #actions{margin-left:auto} #actions button{font:inherit;font-size:12px}
 """
 
@@ -89,7 +94,8 @@ def render(d: PageData) -> str:
         f"<header><div id='state' data-state='{e(s.state)}' data-fallback='{str(fallback).lower()}' "
         f"style='background:{colour}'>{badge}</div>",
         f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s)}</div></div>{actions}</header>",
-        _fallback(s) if fallback else "",
+        _fallback(s, d.csrf) if fallback else "",
+        _failed(s, d.csrf) if s.state == "failed" else "",
         "<main>",
         _section("Ladder", _ladder(s)),
         _section("Server", _server(s)),
@@ -142,17 +148,40 @@ def _log(lines: Sequence[str]) -> str:
     return f"<div id='logbox'><pre id='log'>{body}{chr(10) if body else ''}{newest}</pre></div>"
 
 
-def _fallback(s: StatusSnapshot) -> str:
+def _fallback(s: StatusSnapshot, csrf: str) -> str:
     preferred = s.ladder[0] if s.ladder else "the preferred rung"
     why = ""
     if s.last_incident is not None:
         i = s.last_incident
         why = f"; the last failure: {e(i.cause)}{' (' + e(i.hang_class) + ')' if i.hang_class else ''} at {e(i.at)}"
     since = f" since {e(s.started_at)}" if s.started_at else ""
+    control = (
+        f"<div>{action_form('promote', csrf, f'promote to {preferred}', 'banner')}"
+        f"<span class='muted' id='promote-if-fails'>{e(promote.if_it_fails(s))}</span></div>"
+        if csrf
+        else f"<div class='muted' id='promote-if-fails'>{e(promote.if_it_fails(s))}</div>"
+    )
     return (
         f"<div id='fallback'><b>serving on fallback rung {e(s.rung)}</b>{since}, not on the preferred "
         f"{e(preferred)}{why}. <span class='muted'>promote: try the preferred rung again "
-        "(sglang-supervisor promote)</span></div>"
+        f"(sglang-supervisor promote)</span>{control}</div>"
+    )
+
+
+def _failed(s: StatusSnapshot, csrf: str) -> str:
+    """FAILED: not serving, and the next step in words, with the button that takes it."""
+    preferred = s.ladder[0] if s.ladder else "the preferred rung"
+    retry = (
+        f" The daemon tries again by itself from {e(preferred)} in {s.next_attempt_in_s:.0f} s (failed_cooldown_s)."
+        if s.next_attempt_in_s is not None
+        else " The daemon does not try again by itself (failed_cooldown_s is 0): it waits for you."
+    )
+    control = action_form("start", csrf, f"start on {preferred}", "banner") if csrf else ""
+    return (
+        f"<div id='failed-next'><b>Not serving: every rung failed.</b> Next: open the newest incident's "
+        f"summary.txt below (what failed, the stacks), fix the cause (a driver, a flag, the model path), then "
+        f"start the server: it begins again at the preferred rung {e(preferred)} "
+        f"(sglang-supervisor start).{retry} {control}</div>"
     )
 
 
@@ -255,18 +284,21 @@ def _incidents(s: StatusSnapshot, bundles: Sequence[tuple[str, dict[str, Any] | 
         sm = summary or {}
         reasons = sm.get("reasons") if isinstance(sm.get("reasons"), list) else []
         frames = sm.get("frames") if isinstance(sm.get("frames"), list) else []
-        why = e("; ".join(str(r) for r in (reasons or [])[:2])[:400])
+        # Whole, wrapped by the browser: a cut reason ("holding the GIL, no") misleads at 3 am.
+        why = e("; ".join(str(r) for r in (reasons or [])))
         if frames:
-            why += f" <span class='muted'>at {e(str(frames[0])[:160])}</span>"
+            why += f" <span class='muted'>at {e(str(frames[0]))}</span>"
         culprit = sm.get("culprit")
         if isinstance(culprit, dict) and culprit.get("text"):  # the thread that stopped progress, first
-            why = f"<div class='culprit'><b>{e(str(culprit['text'])[:300])}</b></div>" + why
+            why = f"<div class='culprit'><b>{e(str(culprit['text']))}</b></div>" + why
         where = " / ".join(str(x) for x in (sm.get("rung"), sm.get("phase")) if x)
         rows.append(
             f"<tr><td>{e(bid)}</td><td>{e(sm.get('cause') or sm.get('trigger') or '')}</td>"
             f"<td>{e(sm.get('hang_class') or '')}</td><td>{e(sm.get('created_at') or '')}</td>"
             f"<td>{why}"
-            f"<div class='muted'>{e(where)}</div></td><td><a href='/diagnostics/{e(bid)}'>summary</a></td></tr>"
+            f"<div class='muted'>{e(where)}</div></td><td class='links'>"
+            f"<a href='/diagnostics/{e(bid)}/summary.txt' class='summary-txt'>summary.txt</a>"
+            f"<a href='/diagnostics/{e(bid)}/summary.json' class='summary-json'>JSON</a></td></tr>"
         )
     if not rows:
         return "<p class='muted'>none</p>"
