@@ -212,6 +212,7 @@ def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Ale
         metrics=metrics,
         instance=instance_name(settings.server.host, settings.server.port),
         hook_env=sup.child_env({}),  # the daemon's environment without its API token or systemd's sockets
+        preferred=lambda: sup.settings.ladder[0].name if sup.settings.ladder else None,  # as reloaded
     )
     alerter.start()
     sup.subscribe_journal(alerter.offer)
