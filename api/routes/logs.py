@@ -86,7 +86,7 @@ async def logs(
             def render(new: list[bytes]) -> list[bytes]:
                 return rendered(new, ctx.redact)
 
-            async for chunk in follow_chunks(follower, render, FOLLOW_POLL_S, ctx.pool):
+            async for chunk in follow_chunks(follower, render, FOLLOW_POLL_S, ctx.pool, ctx.follows):
                 yield chunk
 
     headers = {"X-Content-Type-Options": "nosniff"}

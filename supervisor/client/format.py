@@ -12,7 +12,9 @@ from supervisor.status.wording import restarts_text
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
 
 
-def format_error(status: int, data: Any) -> str:
+def format_error(status: int, data: Any, token_from: str = "") -> str:
+    """The daemon's error in one line (and a hint); `token_from`: where the token sent was read, said
+    on a 401 so a person knows which file (or variable) holds the wrong one."""
     if not isinstance(data, dict):
         return f"error: HTTP {status}"
     detail = data.get("detail")
@@ -24,16 +26,25 @@ def format_error(status: int, data: Any) -> str:
     if data.get("rungs") and not all(r in str(detail) for r in data["rungs"]):  # the detail may list them
         line += f"\nrungs: {', '.join(data['rungs'])}"
     if status == 401:
-        line += f"\nhint: pass --token-file FILE or set {TOKEN_ENV}"
+        if token_from.startswith("no token"):
+            line += f"\nhint: {token_from}; pass --token-file FILE or set {TOKEN_ENV}"
+        elif token_from:
+            line += f"\nhint: the token sent was read from {token_from}, and this daemon refused it; "
+            line += f"pass --token-file FILE or set {TOKEN_ENV} to the daemon's token"
+        else:
+            line += f"\nhint: pass --token-file FILE or set {TOKEN_ENV}"
     return line
 
 
-def format_answer(command: str, data: Any) -> str:
+def format_answer(command: str, data: Any, *, waiting: bool = False) -> str:
+    """The answer to a command in words; `waiting`: `--wait` was given, so no hint to pass it."""
     if command == "status":
         return format_status(data)
     if command == "restart":
         # The answer's state is the one before the restart: not the result, so it is not shown.
         inc = f"incident {data['incident_id']}" if data.get("incident_id") else "no incident (nothing was running)"
+        if waiting:
+            return f"restart accepted: {inc}; waiting for it"
         return f"restart accepted: {inc}; follow it with `status --watch`, or pass --wait"
     if command == "diagnose":
         return format_diagnose(data)
@@ -45,7 +56,8 @@ def format_answer(command: str, data: Any) -> str:
         return f"reload: {data.get('message') or 'done'} (state {data.get('state') or '-'})"
     message = data.get("message")
     if command in ("stop", "start"):
-        hint = "" if message == "already stopped" else "; --wait waits for it"
+        already = str(message or "").startswith("already ")
+        hint = "" if already else "; waiting for it" if waiting else "; --wait waits for it"
         return f"{command} accepted ({message or {'stop': 'stopping', 'start': 'starting'}[command]}){hint}"
     return f"{command} accepted: state {data.get('state') or '-'}" + (f" ({message})" if message else "")
 

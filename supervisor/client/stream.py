@@ -41,6 +41,7 @@ class Conn:
     token: str | None
     timeout: float
     send: Send
+    token_from: str = ""  # where the token was read (said on a 401)
 
     def request(self, method: str, path: str, body: dict[str, object] | None = None, params: Any = None) -> Any:
         return self.send(self.url, method, path, body, self.token, self.timeout, params)
@@ -77,7 +78,7 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                 r = conn.request("GET", "/status")
                 data = _json(r)
                 if r.status_code == 401:
-                    print(format_error(401, data), file=err)
+                    print(format_error(401, data, conn.token_from), file=err)
                     return EXIT_AUTH
                 code = status_exit(data) if isinstance(data, dict) else EXIT_ERROR
                 frame = json.dumps(data) if as_json else format_status(data)
@@ -114,7 +115,7 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
         ):
             if r.status_code != 200:
                 r.read()
-                print(format_error(r.status_code, _json(r)), file=sys.stderr)
+                print(format_error(r.status_code, _json(r), conn.token_from), file=sys.stderr)
                 return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
             if r.headers.get("x-launch"):  # logs --previous: which launch this is
                 print(f"the launch before this one: {r.headers['x-launch']}", file=sys.stderr)
@@ -124,6 +125,10 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
                     shown = _line(command, line, as_json)
                     print(sanitize(shown) if tty else shown, flush=True)
             except (httpx.RemoteProtocolError, httpx.ReadError):
+                ended = True
+            else:
+                ended = follow  # a follow never ends by itself: the daemon ended it as it stopped
+            if ended:
                 print("error: the daemon closed the stream (it stopped or is restarting)", file=sys.stderr)
                 return EXIT_UNREACHABLE
     except KeyboardInterrupt:
@@ -157,10 +162,13 @@ def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, a
         if as_json:
             print(json.dumps(answer, indent=2))
         else:
-            print(format_error(r.status_code, answer), file=sys.stderr)
+            print(format_error(r.status_code, answer, conn.token_from), file=sys.stderr)
         return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
     if not as_json:
-        print(format_answer(command, answer), flush=True)
+        print(format_answer(command, answer, waiting=True), flush=True)
+    said = answer.get("message") if isinstance(answer, dict) else None
+    if verb == "start" and str(said or "").startswith("already running"):
+        before = Before(before.state, None)  # nothing new will start: the server that runs settles it
     moved, last = False, before_doc
 
     def outcome_now() -> Settled | None:

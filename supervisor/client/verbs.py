@@ -135,9 +135,9 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
     url = getattr(args, "url", None) or DEFAULT_URL
     where = "--url"
     try:
-        url, token, where = _address(args, environ)
+        url, token, where, token_from = _address(args, environ)
         timeout = args.timeout if args.timeout is not None else _default_timeout(command)
-        conn = clientstream.Conn(url, token, timeout, _send)
+        conn = clientstream.Conn(url, token, timeout, _send, token_from)
         if command == "bundles" and getattr(args, "id", None) == "get":
             return _get_bundle(url, args.get_args, args.output, token, timeout)
         if command == "bundles" and getattr(args, "get_args", None):
@@ -165,15 +165,16 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
             file=sys.stderr,
         )
         return EXIT_UNREACHABLE
-    return report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr)
+    return report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr, token_from=token_from)
 
 
-def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None, str]:
-    """(base URL, token, where the URL came from): explicit flags first, then the daemon's config
-    ([api] only), then the defaults, said as such (never a silent fallback)."""
+def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None, str, str]:
+    """(base URL, token, where the URL came from, where the token came from): explicit flags first,
+    then the daemon's config ([api] only), then the defaults, said as such (never a silent fallback)."""
     url: str | None = getattr(args, "url", None)
     token_file: str | None = getattr(args, "token_file", None)
     token: str | None = None
+    token_from = ""
     choice = choose_config(getattr(args, "config", None), env)
     if choice.path is not None:
         from supervisor.common.apitoken import load_token
@@ -187,22 +188,28 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
                 url = f"http://{_connect_host(api.host)}:{api.port}"
             if token_file is None:
                 token = load_token(api, env)
+                if api.token_file:
+                    token_from = f"[api] token_file {api.token_file} (of {choice.path})"
+                elif token is not None:
+                    token_from = f"${api.token_env} (named by [api] token_env of {choice.path})"
         except (ClientConfigError, ConfigError) as err:
             where = "--config" if getattr(args, "config", None) else (CONFIG_ENV if choice.explicit else "config")
             raise UsageError(f"{where}: {err}") from None
     if token_file:
         token = _token(token_file, env)
+        token_from = f"--token-file {token_file}"
     elif token is None:
         token = _token(None, env)
+        token_from = f"${TOKEN_ENV}" if token is not None else ""
+    if token is None:
+        token_from = f"no token was sent (no --token-file, no [api] token_file, ${TOKEN_ENV} unset)"
     if getattr(args, "url", None):
         where = "from --url"
     elif choice.path is not None:
         where = f"from [api] of {choice.path}"
     else:
-        where = (
-            f"the default: no --url, no --config, ${CONFIG_ENV} unset and no /etc/sglang-supervisor/config.toml"
-        )
-    return url or DEFAULT_URL, token, where
+        where = f"the default: no --url, no --config, ${CONFIG_ENV} unset and no /etc/sglang-supervisor/config.toml"
+    return url or DEFAULT_URL, token, where, token_from
 
 
 def _connect_host(host: str) -> str:
@@ -394,7 +401,9 @@ def _transport_reason(err: Exception) -> str:
     return str(err) or type(err).__name__
 
 
-def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO, err: TextIO) -> int:
+def report(
+    command: str, response: httpx.Response, *, as_json: bool, out: TextIO, err: TextIO, token_from: str = ""
+) -> int:
     """Print the daemon's answer (or its error) and return the exit code."""
     try:
         data: Any = response.json()
@@ -411,7 +420,7 @@ def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO
         print(json.dumps(data, indent=2, sort_keys=False), file=out)
         return code
     if http != EXIT_OK:
-        print(format_error(response.status_code, data), file=err)
+        print(format_error(response.status_code, data, token_from), file=err)
         return code
     print(format_answer(command, data), file=out)
     return code

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp
 from api.app import create_app
 from api.browser import host_policy
 from api.groupgate import LEADER_PATHS, MEMBER_PATHS, GroupGate, group_app
+from api.streams import FollowSlots
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
@@ -96,8 +97,11 @@ class Api:
     server: _ApiServer
     task: asyncio.Task[None]
     sock: socket.socket
+    follows: FollowSlots | None = None
 
     async def close(self) -> None:
+        if self.follows is not None:  # open follows end their answers before uvicorn's grace runs out
+            self.follows.close()
         self.server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.task, timeout=5)
@@ -162,7 +166,7 @@ async def start_api(
     if task.done():
         task.result()
     log.info("api_listening", host=settings.api.host, port=settings.api.port, auth=token is not None)
-    return Api(server, task, sock)
+    return Api(server, task, sock, app.state.context.follows)
 
 
 def make_owner(
