@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from api import bundles, promote
+from api import bundles, logview, promote
 from api.auth import CHALLENGE, authorized, who
 from api.deps import ApiContext, Context, Supervisor
 from api.pageforms import POSTABLE, confirm_page, done_page, login_page
@@ -27,7 +27,7 @@ from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, se
 from supervisor.status.commands import Command, SupervisorHandle
 
 LOG_TAIL_LINES = 60
-LOG_TAIL_BYTES = 64 * 1024  # read from the end of the log file: a line flood cannot slow the page
+LOG_TAIL_BYTES = 256 * 1024  # read from the end of the log files: a line flood cannot slow the page
 MAX_BUNDLES = 10
 STATE_CHANGES = 16  # the "Recent states" strip
 # A page with server log lines in it: nothing may load or run, whatever a line contains.
@@ -57,9 +57,21 @@ def tail_lines(path: Path, n: int, max_bytes: int = LOG_TAIL_BYTES) -> list[str]
     return [ln[:500] for ln in lines if ln.strip()][-n:]
 
 
-def _gather(handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: bool = False) -> PageData:
+def page_log(ctx: ApiContext, show_all: bool) -> list[str]:
+    """The log panel's lines: the daemon's own polls hidden unless `show_all`, each launch's start
+    marked (api/logview.py); a progress bar's line as a terminal shows it; each cut at 500."""
+    keep = logview.probe_filter(ctx.probe_paths, show_all)
+    known = logview.launches(ctx.journal)
+    raw = logview.marked_tail(ctx.server_log, LOG_TAIL_LINES, known, keep, budget=LOG_TAIL_BYTES)
+    text = (line.decode("utf-8", "replace").rsplit("\r", 1)[-1][:500] for line in raw)
+    return [ctx.redact(t) for t in text if t.strip()]
+
+
+def _gather(
+    handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: bool = False, show_all: bool = False
+) -> PageData:
     listed = bundles.list_bundles(ctx.diag_dir)[:MAX_BUNDLES]
-    lines = [ctx.redact(line) for line in tail_lines(ctx.server_log, LOG_TAIL_LINES)]
+    lines = page_log(ctx, show_all)
     return PageData(
         snapshot=handle.snapshot(),
         bundles=[(b.id, b.summary) for b in listed],
@@ -68,6 +80,7 @@ def _gather(handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: 
         transitions=ctx.journal.read(STATE_CHANGES, lambda r: r.get("event") == "state_changed"),
         csrf=csrf,
         session=session,
+        all_logs=show_all,
     )
 
 
@@ -102,20 +115,27 @@ LOGIN_FORM: dict[int | str, dict[str, Any]] = {
 
 
 @router.get("/ui", response_class=HTMLResponse, responses={200: {"content": {"text/html": {}}}})
-async def status_page(request: Request, handle: Supervisor, ctx: Context) -> HTMLResponse:
+async def status_page(
+    request: Request,
+    handle: Supervisor,
+    ctx: Context,
+    # `logs=all`: the log panel shows the daemon's polls too; any other value is the default (a page
+    # answers its login form, not a 422, to a request without credentials).
+    logs: Annotated[str | None, Query(include_in_schema=False)] = None,
+) -> HTMLResponse:
     """The status page: state, ladder, incidents with their bundles, the log tail, the start-up
     timeline; without credentials (a token configured), the login form."""
     viewer = Viewer(request, ctx)
     if not viewer.allowed:
         return _html(login_page(""), 401)
-    data = await ctx.pool.run(_gather, handle, ctx, viewer.csrf, viewer.session is not None)
+    data = await ctx.pool.run(_gather, handle, ctx, viewer.csrf, viewer.session is not None, logs == "all")
     return _html(render(data))
 
 
 # A load balancer's or a person's `curl -I` check of the page answers as GET does (200), not 405.
 @router.head("/ui", include_in_schema=False, response_class=HTMLResponse)
 async def status_page_head(request: Request, handle: Supervisor, ctx: Context) -> HTMLResponse:
-    return await status_page(request, handle, ctx)
+    return await status_page(request, handle, ctx, None)
 
 
 @router.post("/ui/login", include_in_schema=False, response_class=HTMLResponse, status_code=303)

@@ -70,6 +70,7 @@ class PageData:
     transitions: Sequence[dict[str, Any]] = ()
     csrf: str = ""  # the page's forms carry it (api/session.py); empty: no action buttons
     session: bool = False  # viewed through a login session: offer "log out"
+    all_logs: bool = False  # the log panel shows the daemon's own polls of the server too
 
 
 def e(value: object) -> str:
@@ -103,7 +104,7 @@ def render(d: PageData) -> str:
         _section("Start-up timeline", _timeline(d.timeline), wide=True),
         _section("Launch and outage", launch_section(s), wide=True),
         _section("Incidents and evidence", _incidents(s, d.bundles), wide=True),
-        _section("Server log (newest last)", _log(d.log_lines), wide=True),
+        _section("Server log (newest last)", _log_note(d.all_logs) + _log(d.log_lines), wide=True),
         f"</main><footer class='muted' style='padding:8px 16px'>sglang-supervisor {e(s.version)}; refreshes every "
         f"{REFRESH_S} s; JSON: /status, /events, /diagnostics</footer></body></html>",
     ]
@@ -146,6 +147,19 @@ def _log(lines: Sequence[str]) -> str:
     body = "\n".join(e(ln) for ln in lines[:-1])
     newest = f"<span class='newest' id='log-newest'>{e(lines[-1])}</span>"
     return f"<div id='logbox'><pre id='log'>{body}{chr(10) if body else ''}{newest}</pre></div>"
+
+
+def _log_note(all_logs: bool) -> str:
+    if all_logs:
+        return (
+            "<p class='muted' id='log-note'>with the daemon's own health and metrics polls "
+            "(<a href='/ui'>hide them</a>)</p>"
+        )
+    return (
+        "<p class='muted' id='log-note'>the daemon's own health and metrics polls are hidden "
+        "(<a href='/ui?logs=all'>show them</a>; CLI: logs --all); a line "
+        "<code>=== sglang-supervisor: launch of rung ...</code> marks where each launch began</p>"
+    )
 
 
 def _fallback(s: StatusSnapshot, csrf: str) -> str:

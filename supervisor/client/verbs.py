@@ -115,6 +115,11 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             p.add_argument(
                 "-p", "--previous", action="store_true", help="the output of the launch before this one (a crash's)"
             )
+            p.add_argument(
+                "--all",
+                action="store_true",
+                help="also the access lines of the daemon's own health and metrics polls (hidden by default)",
+            )
         if name == "bundles":
             p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list ('get': download)")
             p.add_argument("get_args", nargs="*", metavar="ID [FILE]", help="with get: the bundle, and one file of it")
@@ -242,7 +247,8 @@ def _stream_params(command: str, args: argparse.Namespace) -> list[tuple[str, st
         if args.previous and args.follow:
             raise UsageError("logs --previous --follow: the previous launch has ended; leave out --follow")
         previous = [("launch", "previous")] if args.previous else []
-        return [("lines", str(args.lines)), *previous] + ([("follow", "true")] if args.follow else [])
+        shown = [("all", "true")] if args.all else []
+        return [("lines", str(args.lines)), *previous, *shown] + ([("follow", "true")] if args.follow else [])
     return _request_for(command, args)[3] + [("follow", "true")]
 
 

@@ -137,6 +137,8 @@ async def start_api(
         redact=redact,
         timeline=timeline,
         hosts=host_policy(settings.api.host, settings.api.allowed_hosts),
+        # the daemon's own polls of the server, whose access lines `logs` hides unless --all
+        probe_paths=frozenset({settings.watchdog.health_path, settings.watchdog.metrics_path, "/get_server_info"}),
     )
     served: ASGIApp = app
     if isinstance(sup.peers, grouping.GroupPeers):  # the member API the group's leader calls (api/group.py)
