@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli_scripting import Follower, cli
+from cliproc import Follower, cli
 from waiting import until
 
 pytestmark = pytest.mark.integration

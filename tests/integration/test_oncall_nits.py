@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from cliproc import Follower, cli
 from daemonproc import cleanup, wait_status
-from test_cli_scripting import Follower, cli
 
 from supervisor.config.render import dump_toml
 
