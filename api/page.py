@@ -11,6 +11,7 @@ command is journalled with who asked.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
@@ -81,6 +82,7 @@ def _gather(
         csrf=csrf,
         session=session,
         all_logs=show_all,
+        now=time.time(),
     )
 
 

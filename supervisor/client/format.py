@@ -7,9 +7,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor.client.groupformat import group_rows
+from supervisor.status.timetext import duration, when
 from supervisor.status.wording import restarts_text
 
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
+# The answer's fields that hold a moment: shown in the host's zone with the offset, or UTC (--utc).
+TIME_KEYS = frozenset({"ts", "at", "since", "started_at", "created_at", "last_failed_at", "last_ok_at"})
+
+
+def zoned(data: Any, utc: bool = False) -> Any:
+    """`data` with every moment (a TIME_KEYS field that reads as a time) in the one format, in the
+    host's local zone or UTC (supervisor/status/timetext.py); the rest as it is."""
+    if isinstance(data, Mapping):
+        return {
+            k: when(v, utc=utc) if k in TIME_KEYS and isinstance(v, str) and v else zoned(v, utc)
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [zoned(v, utc) for v in data]
+    return data
 
 
 def format_error(status: int, data: Any, token_from: str = "") -> str:
@@ -36,10 +52,12 @@ def format_error(status: int, data: Any, token_from: str = "") -> str:
     return line
 
 
-def format_answer(command: str, data: Any, *, waiting: bool = False) -> str:
-    """The answer to a command in words; `waiting`: `--wait` was given, so no hint to pass it."""
+def format_answer(command: str, data: Any, *, waiting: bool = False, utc: bool = False) -> str:
+    """The answer to a command in words; `waiting`: `--wait` was given, so no hint to pass it;
+    `utc`: moments in UTC instead of the host's zone."""
+    data = zoned(data, utc)  # idempotent: the formatters below zone again with the same `utc`
     if command == "status":
-        return format_status(data)
+        return format_status(data, utc)
     if command == "restart":
         # The answer's state is the one before the restart: not the result, so it is not shown.
         inc = f"incident {data['incident_id']}" if data.get("incident_id") else "no incident (nothing was running)"
@@ -49,7 +67,7 @@ def format_answer(command: str, data: Any, *, waiting: bool = False) -> str:
     if command == "diagnose":
         return format_diagnose(data)
     if command == "events":
-        return "\n".join(format_event(e) for e in data.get("events") or ()) or "no events"
+        return "\n".join(format_event(e, utc) for e in data.get("events") or ()) or "no events"
     if command == "bundles":
         return "\n".join(format_bundle_line(b) for b in data.get("bundles") or ()) or "no bundles"
     if command == "reload":
@@ -100,7 +118,8 @@ def _tool_lines(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def format_event(e: Mapping[str, Any]) -> str:
+def format_event(e: Mapping[str, Any], utc: bool = False) -> str:
+    e = zoned(e, utc)
     rest = " ".join(f"{k}={_short(v)}" for k, v in e.items() if k not in ("ts", "event") and v not in (None, "", []))
     return f"{e.get('ts', '-')}  {e.get('event', '?')}  {rest}".rstrip()
 
@@ -117,7 +136,8 @@ def format_bundle_line(b: Mapping[str, Any]) -> str:
     return f"{b.get('id')}  {what}  {s.get('hang_class') or '-'}  rung {s.get('rung') or '-'}"
 
 
-def format_bundle(data: Mapping[str, Any], summary_txt: str) -> str:
+def format_bundle(data: Mapping[str, Any], summary_txt: str, utc: bool = False) -> str:
+    data = zoned(data, utc)
     s: Mapping[str, Any] = data.get("summary") or {}
     lines = [f"bundle {data.get('id')}"]
     for key in ("created_at", "trigger", "cause", "hang_class", "rung", "phase"):
@@ -131,15 +151,10 @@ def format_bundle(data: Mapping[str, Any], summary_txt: str) -> str:
 
 
 def _age(seconds: float | None) -> str:
+    """A duration: `12.0 s`, `3 min 10 s`, `2 h 5 min` (supervisor/status/timetext.py)."""
     if seconds is None:
         return "-"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
+    return f"{seconds:.1f} s" if seconds < 60 else duration(seconds)
 
 
 def _gib(n: float) -> str:
@@ -296,10 +311,10 @@ def _gpus(g: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def format_status(s: Any) -> str:
+def format_status(s: Any, utc: bool = False) -> str:
     if not isinstance(s, Mapping):
         return json.dumps(s)
-    rows = _rows(s)
+    rows = _rows(zoned(s, utc))
     width = max(len(k) for k, _ in rows) + 2
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
 

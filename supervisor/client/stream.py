@@ -42,6 +42,7 @@ class Conn:
     timeout: float
     send: Send
     token_from: str = ""  # where the token was read (said on a 401)
+    utc: bool = False  # moments in UTC, not the host's zone (--utc)
 
     def request(self, method: str, path: str, body: dict[str, object] | None = None, params: Any = None) -> Any:
         return self.send(self.url, method, path, body, self.token, self.timeout, params)
@@ -81,7 +82,7 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                     print(format_error(401, data, conn.token_from), file=err)
                     return EXIT_AUTH
                 code = status_exit(data) if isinstance(data, dict) else EXIT_ERROR
-                frame = json.dumps(data) if as_json else format_status(data)
+                frame = json.dumps(data) if as_json else format_status(data, conn.utc)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 code = EXIT_UNREACHABLE
                 frame = (
@@ -122,7 +123,7 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
             tty = sys.stdout.isatty()  # the server's escapes must not reach a terminal (client/terminal.py)
             try:
                 for line in r.iter_lines():
-                    shown = _line(command, line, as_json)
+                    shown = _line(command, line, as_json, conn.utc)
                     print(sanitize(shown) if tty else shown, flush=True)
             except (httpx.RemoteProtocolError, httpx.ReadError):
                 ended = True
@@ -136,7 +137,7 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
     return EXIT_OK
 
 
-def _line(command: str, line: str, as_json: bool) -> str:
+def _line(command: str, line: str, as_json: bool, utc: bool = False) -> str:
     if command == "logs":
         return json.dumps({"line": line}) if as_json else line
     if as_json:
@@ -145,7 +146,7 @@ def _line(command: str, line: str, as_json: bool) -> str:
         record = json.loads(line)
     except ValueError:
         return line
-    return format_event(record) if isinstance(record, dict) else line
+    return format_event(record, utc) if isinstance(record, dict) else line
 
 
 def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, as_json: bool) -> int:
@@ -165,7 +166,7 @@ def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, a
             print(format_error(r.status_code, answer, conn.token_from), file=sys.stderr)
         return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
     if not as_json:
-        print(format_answer(command, answer, waiting=True), flush=True)
+        print(format_answer(command, answer, waiting=True, utc=conn.utc), flush=True)
     said = answer.get("message") if isinstance(answer, dict) else None
     if verb == "start" and str(said or "").startswith("already running"):
         before = Before(before.state, None)  # nothing new will start: the server that runs settles it

@@ -67,6 +67,9 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             "--token-file", help=f"file holding the API token (default: from the config, else ${TOKEN_ENV} if set)"
         )
         p.add_argument("--json", action="store_true", help="print the daemon's JSON answer as it is")
+        p.add_argument(
+            "--utc", action="store_true", help="times in UTC (default: this host's zone, ISO 8601 with the offset)"
+        )
         p.add_argument("--timeout", type=float, help="seconds to wait for the answer")
         if name == "status":
             p.add_argument(
@@ -142,13 +145,13 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
     try:
         url, token, where, token_from = _address(args, environ)
         timeout = args.timeout if args.timeout is not None else _default_timeout(command)
-        conn = clientstream.Conn(url, token, timeout, _send, token_from)
+        conn = clientstream.Conn(url, token, timeout, _send, token_from, args.utc)
         if command == "bundles" and getattr(args, "id", None) == "get":
             return _get_bundle(url, args.get_args, args.output, token, timeout)
         if command == "bundles" and getattr(args, "get_args", None):
             raise UsageError(f"bundles {args.id} {' '.join(args.get_args)}: did you mean bundles get ID [FILE]?")
         if command == "bundles" and getattr(args, "id", None):
-            return _show_bundle(url, args.id, token, timeout, as_json=args.json)
+            return _show_bundle(url, args.id, token, timeout, as_json=args.json, utc=args.utc)
         if command == "status" and args.watch is not None:
             return clientstream.watch(conn, args.watch, as_json=args.json, out=sys.stdout, err=sys.stderr)
         if command in ("logs", "events") and (command == "logs" or args.follow):
@@ -170,7 +173,9 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
             file=sys.stderr,
         )
         return EXIT_UNREACHABLE
-    return report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr, token_from=token_from)
+    return report(
+        command, response, as_json=args.json, out=sys.stdout, err=sys.stderr, token_from=token_from, utc=args.utc
+    )
 
 
 def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None, str, str]:
@@ -321,7 +326,9 @@ def _send(
         raise UsageError(f"--url {url!r}: {err}") from None
 
 
-def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *, as_json: bool) -> int:
+def _show_bundle(
+    url: str, bundle_id: str, token: str | None, timeout: float, *, as_json: bool, utc: bool = False
+) -> int:
     """One bundle: its summary.txt (what a person reads first) and its files."""
     detail = _send(url, "GET", f"/diagnostics/{bundle_id}", None, token, timeout)
     if as_json or detail.status_code != 200:
@@ -332,7 +339,7 @@ def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *,
         answer = _send(url, "GET", f"/diagnostics/{bundle_id}/summary.txt", None, token, timeout)
         if answer.status_code == 200:
             text = answer.text.rstrip()
-    print(format_bundle(data, text))
+    print(format_bundle(data, text, utc))
     return EXIT_OK
 
 
@@ -408,7 +415,14 @@ def _transport_reason(err: Exception) -> str:
 
 
 def report(
-    command: str, response: httpx.Response, *, as_json: bool, out: TextIO, err: TextIO, token_from: str = ""
+    command: str,
+    response: httpx.Response,
+    *,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+    token_from: str = "",
+    utc: bool = False,
 ) -> int:
     """Print the daemon's answer (or its error) and return the exit code."""
     try:
@@ -428,7 +442,7 @@ def report(
     if http != EXIT_OK:
         print(format_error(response.status_code, data, token_from), file=err)
         return code
-    print(format_answer(command, data), file=out)
+    print(format_answer(command, data, utc=utc), file=out)
     return code
 
 
