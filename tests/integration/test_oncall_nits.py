@@ -132,3 +132,13 @@ def test_the_docs_cite_no_design_doc_that_is_not_shipped() -> None:
         if p.name != "DECISIONS.md" and "DESIGN.md" in p.read_text()
     ]
     assert citing == []
+
+
+async def test_head_of_the_page_answers_200(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    r = await daemon(sim("ok", tp=1))
+    async with httpx.AsyncClient(timeout=30) as c:
+        head = await c.head(f"{r.api}/ui")  # a load balancer's or `curl -I`'s check: was 405
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/html")
+        assert head.content == b""
