@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api import page
 from api.auth import BearerAuth
 from api.browser import BrowserGuard, HostPolicy
-from api.deps import ApiContext, bearer_scheme, no_unknown_query, require_token
+from api.deps import DEFAULT_PROBE_PATHS, ApiContext, bearer_scheme, no_unknown_query, require_token
 from api.errors import http_exception_handler, validation_exception_handler
 from api.middleware import BodyLimit, InternalErrors
 from api.responses import UNAUTHORIZED
@@ -47,6 +47,7 @@ def create_app(
     timeline: Timeline | None = None,
     redact: Callable[[str], str] | None = None,
     hosts: HostPolicy | None = None,
+    probe_paths: frozenset[str] | None = None,
 ) -> FastAPI:
     """The API app over `handle` (None: none attached yet; tests override `get_supervisor`).
 
@@ -78,6 +79,7 @@ def create_app(
         timeline=timeline,
         token=token,
         sessions=SessionStore(token),
+        probe_paths=probe_paths if probe_paths is not None else DEFAULT_PROBE_PATHS,
     )
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(RequestValidationError, validation_exception_handler)

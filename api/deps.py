@@ -30,6 +30,9 @@ from supervisor.status.timeline import Timeline
 bearer_scheme = HTTPBearer(scheme_name="bearer", auto_error=False)
 
 
+DEFAULT_PROBE_PATHS = frozenset({"/health", "/metrics", "/get_server_info"})
+
+
 @dataclass(frozen=True)
 class ApiContext:
     """Everything but the supervisor that the routes read: where bundles, the journal and logs are."""
@@ -48,6 +51,8 @@ class ApiContext:
     scrapes: ScrapeCache = field(default_factory=lambda: ScrapeCache())  # /metrics, rendered once per window
     sessions: SessionStore | None = None  # the page's login sessions (api/session.py)
     logins: LoginGuard = field(default_factory=LoginGuard)  # refused logins: throttled, coalesced
+    # The paths the daemon itself polls on the server: their access lines are hidden (api/logview.py).
+    probe_paths: frozenset[str] = DEFAULT_PROBE_PATHS
 
     @property
     def server_log(self) -> Path:

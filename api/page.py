@@ -12,24 +12,25 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from api import bundles
+from api import bundles, logview, promote
 from api.auth import CHALLENGE, authorized, who
 from api.deps import ApiContext, Context, Supervisor
 from api.loginguard import Refusal
-from api.pageforms import ACTIONS, confirm_page, done_page, login_page
+from api.pageforms import POSTABLE, confirm_page, done_page, login_page
 from api.pagehtml import PageData, render
 from api.session import SESSION_COOKIE, Session, clear_cookie_header, cookie, request_host, set_cookie_header
 from supervisor.status.commands import Command, SupervisorHandle
 
 LOG_TAIL_LINES = 60
-LOG_TAIL_BYTES = 64 * 1024  # read from the end of the log file: a line flood cannot slow the page
+LOG_TAIL_BYTES = 256 * 1024  # read from the end of the log files: a line flood cannot slow the page
 MAX_BUNDLES = 10
 STATE_CHANGES = 16  # the "Recent states" strip
 # A page with server log lines in it: nothing may load or run, whatever a line contains.
@@ -59,9 +60,21 @@ def tail_lines(path: Path, n: int, max_bytes: int = LOG_TAIL_BYTES) -> list[str]
     return [ln[:500] for ln in lines if ln.strip()][-n:]
 
 
-def _gather(handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: bool = False) -> PageData:
+def page_log(ctx: ApiContext, show_all: bool) -> list[str]:
+    """The log panel's lines: the daemon's own polls hidden unless `show_all`, each launch's start
+    marked (api/logview.py); a progress bar's line as a terminal shows it; each cut at 500."""
+    keep = logview.probe_filter(ctx.probe_paths, show_all)
+    known = logview.launches(ctx.journal)
+    raw = logview.marked_tail(ctx.server_log, LOG_TAIL_LINES, known, keep, budget=LOG_TAIL_BYTES)
+    text = (line.decode("utf-8", "replace").rsplit("\r", 1)[-1][:500] for line in raw)
+    return [ctx.redact(t) for t in text if t.strip()]
+
+
+def _gather(
+    handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: bool = False, show_all: bool = False
+) -> PageData:
     listed = bundles.list_bundles(ctx.diag_dir)[:MAX_BUNDLES]
-    lines = [ctx.redact(line) for line in tail_lines(ctx.server_log, LOG_TAIL_LINES)]
+    lines = page_log(ctx, show_all)
     return PageData(
         snapshot=handle.snapshot(),
         bundles=[(b.id, b.summary) for b in listed],
@@ -70,6 +83,8 @@ def _gather(handle: SupervisorHandle, ctx: ApiContext, csrf: str = "", session: 
         transitions=ctx.journal.read(STATE_CHANGES, lambda r: r.get("event") == "state_changed"),
         csrf=csrf,
         session=session,
+        all_logs=show_all,
+        now=time.time(),
     )
 
 
@@ -104,14 +119,27 @@ LOGIN_FORM: dict[int | str, dict[str, Any]] = {
 
 
 @router.get("/ui", response_class=HTMLResponse, responses={200: {"content": {"text/html": {}}}})
-async def status_page(request: Request, handle: Supervisor, ctx: Context) -> HTMLResponse:
+async def status_page(
+    request: Request,
+    handle: Supervisor,
+    ctx: Context,
+    # `logs=all`: the log panel shows the daemon's polls too; any other value is the default (a page
+    # answers its login form, not a 422, to a request without credentials).
+    logs: Annotated[str | None, Query(include_in_schema=False)] = None,
+) -> HTMLResponse:
     """The status page: state, ladder, incidents with their bundles, the log tail, the start-up
     timeline; without credentials (a token configured), the login form."""
     viewer = Viewer(request, ctx)
     if not viewer.allowed:
         return _html(login_page(""), 401)
-    data = await ctx.pool.run(_gather, handle, ctx, viewer.csrf, viewer.session is not None)
+    data = await ctx.pool.run(_gather, handle, ctx, viewer.csrf, viewer.session is not None, logs == "all")
     return _html(render(data))
+
+
+# A load balancer's or a person's `curl -I` check of the page answers as GET does (200), not 405.
+@router.head("/ui", include_in_schema=False, response_class=HTMLResponse)
+async def status_page_head(request: Request, handle: Supervisor, ctx: Context) -> HTMLResponse:
+    return await status_page(request, handle, ctx, None)
 
 
 @router.post("/ui/login", include_in_schema=False, response_class=HTMLResponse, status_code=303)
@@ -165,7 +193,7 @@ async def logout(request: Request, ctx: Context) -> Response:
 
 @router.post("/ui/action", include_in_schema=False, response_class=HTMLResponse)
 async def action(request: Request, handle: Supervisor, ctx: Context) -> Response:
-    """A page button: `action` (restart, stop, start, diagnose) and `csrf`; the first post answers a
+    """A page button: `action` (restart, stop, start, diagnose, promote) and `csrf`; the first post answers a
     confirmation page, the second (`confirm=yes`) submits the command, journalled with who asked."""
     viewer = Viewer(request, ctx)
     if not viewer.allowed:
@@ -174,13 +202,22 @@ async def action(request: Request, handle: Supervisor, ctx: Context) -> Response
     if ctx.sessions is None or not ctx.sessions.csrf_ok(viewer.session, form.get("csrf", "")):
         return _html(done_page("refused: the form's CSRF token is missing or stale; reload the page"), 403)
     kind = form.get("action", "")
-    if kind not in ACTIONS:
-        return _html(done_page(f"refused: no action {kind[:40]!r}; the page offers {', '.join(ACTIONS)}"), 400)
+    if kind not in POSTABLE:
+        return _html(done_page(f"refused: no action {kind[:40]!r}; the page offers {', '.join(POSTABLE)}"), 400)
+    snap = handle.snapshot()
+    refused = promote.refusal(snap) if kind == "promote" else None
+    if refused is not None:
+        return _html(done_page(f"promote: refused ({refused.message})"), refused.status)
     if form.get("confirm") != "yes":
-        return _html(confirm_page(kind, viewer.csrf, handle.snapshot()))
+        return _html(confirm_page(kind, viewer.csrf, snap))
     by = who(request.scope, ctx.sessions, ctx.token)
     reason = f"from the status page ({by})"
-    result = await handle.submit(Command(kind=kind, reason=reason if kind != "diagnose" else "", requested_by=by))  # type: ignore[arg-type]
+    if kind == "promote":  # a manual restart onto the preferred rung, as `POST /promote` sends it
+        command = Command(kind="restart", rung=snap.ladder[0], reason=f"promote {reason}", requested_by=by)
+    else:
+        command = Command(kind=kind, reason=reason if kind != "diagnose" else "", requested_by=by)  # type: ignore[arg-type]
+    result = await handle.submit(command)
     ok = result.outcome in ("accepted", "done")
-    text = f"{kind}: {result.outcome}" + (f" ({result.message})" if result.message else "")
+    message = promote.accepted_message(snap) if kind == "promote" and ok else result.message
+    text = f"{kind}: {result.outcome}" + (f" ({message})" if message else "")
     return _html(done_page(text), 200 if ok else 409)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import html
 
+from api import promote
 from supervisor.status.snapshot import StatusSnapshot
 
-ACTIONS = ("restart", "stop", "start", "diagnose")
+ACTIONS = ("restart", "stop", "start", "diagnose")  # the bar at the top of every page
+# What the page may post: the bar's, and `promote`, offered in the fallback banner only.
+POSTABLE = (*ACTIONS, "promote")
 # What each action does to the server, said on the confirmation page before anything happens.
 CONSEQUENCES = {
     "restart": "stops the server (requests in flight fail), verifies its GPUs are free and launches it again",
@@ -29,8 +32,7 @@ def _e(value: object) -> str:
 def login_page(error: str) -> str:
     err = f"<p class='err' id='login-error'>{_e(error)}</p>" if error else ""
     return (
-        _HEAD.format(title="log in")
-        + "<h1>sglang-supervisor</h1><p>This daemon needs its API token "
+        _HEAD.format(title="log in") + "<h1>sglang-supervisor</h1><p>This daemon needs its API token "
         "(the contents of <code>[api] token_file</code>).</p>"
         + err
         + "<form method='post' action='/ui/login'><input type='password' name='token' id='token' "
@@ -40,11 +42,15 @@ def login_page(error: str) -> str:
     )
 
 
+def consequence(kind: str, s: StatusSnapshot) -> str:
+    return promote.consequence(s) if kind == "promote" else CONSEQUENCES.get(kind, kind) + "."
+
+
 def confirm_page(kind: str, csrf: str, s: StatusSnapshot) -> str:
     where = f"state {s.state}" + (f", rung {s.rung}" if s.rung else "")
     return (
-        _HEAD.format(title=f"confirm {kind}")
-        + f"<h1>{_e(kind)}?</h1><p>The server is in {_e(where)}. This {_e(CONSEQUENCES.get(kind, kind))}.</p>"
+        _HEAD.format(title=f"confirm {kind}") + f"<h1>{_e(kind)}?</h1><p>The server is in {_e(where)}. "
+        f"<span id='consequence'>This {_e(consequence(kind, s))}</span></p>"
         "<p class='muted'>It is journalled with who asked.</p>"
         "<form method='post' action='/ui/action'>"
         f"<input type='hidden' name='action' value='{_e(kind)}'><input type='hidden' name='csrf' value='{_e(csrf)}'>"
@@ -60,14 +66,19 @@ def done_page(text: str) -> str:
     )
 
 
+def action_form(kind: str, csrf: str, label: str = "", where: str = "") -> str:
+    """One button that posts `kind`; the daemon answers a confirmation page first. `where` makes the
+    id unique when the same action is offered twice on one page (the bar and a banner)."""
+    return (
+        "<form method='post' action='/ui/action' style='display:inline'>"
+        f"<input type='hidden' name='action' value='{_e(kind)}'><input type='hidden' name='csrf' value='{_e(csrf)}'>"
+        f"<button type='submit' id='{where or 'act'}-{_e(kind)}'>{_e(label or kind)}</button></form> "
+    )
+
+
 def action_bar(csrf: str, session: bool) -> str:
     """The page's buttons: each posts a form that answers a confirmation page first."""
-    buttons = "".join(
-        "<form method='post' action='/ui/action' style='display:inline'>"
-        f"<input type='hidden' name='action' value='{a}'><input type='hidden' name='csrf' value='{_e(csrf)}'>"
-        f"<button type='submit' id='act-{a}'>{a}</button></form> "
-        for a in ACTIONS
-    )
+    buttons = "".join(action_form(a, csrf) for a in ACTIONS)
     logout = (
         "<form method='post' action='/ui/logout' style='display:inline'>"
         f"<input type='hidden' name='csrf' value='{_e(csrf)}'><button type='submit' id='logout'>log out</button></form>"

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from api.pageforms import action_bar
+from api import promote
+from api.pageforms import action_bar, action_form
 from api.pagelaunch import launch_section
 from supervisor.status.snapshot import StatusSnapshot
 from supervisor.status.timeline import TimelinePoint
+from supervisor.status.timetext import ago, duration, when
 from supervisor.status.wording import restarts_text
 
 # Each state its colour; hung and failed are red (failed the darker), as an operator expects.
@@ -36,9 +38,10 @@ REFRESH_S = 5
 
 CSS = """
 body{margin:0;font:14px/1.4 system-ui,sans-serif;color:#1f2328;background:#fff}
-header{display:flex;align-items:center;gap:16px;padding:0 16px 0 0;border-bottom:1px solid #d0d7de}
-#state{width:220px;height:64px;display:flex;align-items:center;justify-content:center;color:#fff;
- font-size:22px;font-weight:600;text-transform:uppercase;letter-spacing:1px}
+header{display:flex;flex-wrap:wrap;align-items:center;gap:16px;padding:0 16px 0 0;border-bottom:1px solid #d0d7de}
+#state{min-width:220px;height:64px;box-sizing:border-box;padding:0 16px;display:flex;align-items:center;
+ justify-content:center;color:#fff;font-size:22px;font-weight:600;text-transform:uppercase;letter-spacing:1px;
+ white-space:nowrap;flex:none}
 main{padding:8px 16px;display:grid;grid-template-columns:1fr 1fr;gap:8px 24px}
 section{min-width:0} h2{font-size:15px;margin:12px 0 4px} .wide{grid-column:1/3}
 table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px;border-bottom:1px solid #eaeef2;
@@ -49,7 +52,10 @@ table{border-collapse:collapse;width:100%} td,th{text-align:left;padding:2px 6px
 #logbox{display:flex;flex-direction:column-reverse;overflow:auto;max-height:360px;background:#f6f8fa}
 #logbox pre{max-height:none;overflow:visible} #log .newest{background:#fff8c5}
 #fallback{background:#fff8c5;border-left:4px solid #d4a72c;padding:4px 8px;margin:8px 16px 0}
-#states{display:flex;flex-wrap:wrap;gap:4px} .st{color:#fff;padding:1px 8px;border-radius:8px;font-size:12px}
+#failed-next{background:#ffebe9;border-left:4px solid #82071e;padding:4px 8px;margin:8px 16px 0}
+#states{display:flex;flex-wrap:wrap;gap:4px} .st{color:#fff;padding:1px 8px;border-radius:8px;font-size:12px;
+ white-space:nowrap}
+#incidents td{overflow-wrap:anywhere;white-space:normal} .links a{white-space:nowrap;margin-right:6px}
 #actions{margin-left:auto} #actions button{font:inherit;font-size:12px}
 """
 
@@ -65,10 +71,18 @@ class PageData:
     transitions: Sequence[dict[str, Any]] = ()
     csrf: str = ""  # the page's forms carry it (api/session.py); empty: no action buttons
     session: bool = False  # viewed through a login session: offer "log out"
+    all_logs: bool = False  # the log panel shows the daemon's own polls of the server too
+    now: float | None = None  # epoch seconds when rendered: "2 min ago" beside each time (None: none)
 
 
 def e(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
+
+
+def t(value: object, now: float | None) -> str:
+    """A time in the host's local zone with its offset, and how long ago beside it (escaped)."""
+    rel = ago(value, now) if now is not None else ""
+    return f"<time>{e(when(value))}</time>" + (f" <span class='muted rel'>({e(rel)})</span>" if rel else "")
 
 
 def on_fallback(s: StatusSnapshot) -> bool:
@@ -88,18 +102,19 @@ def render(d: PageData) -> str:
         f"<title>{e(s.state)} - sglang-supervisor</title><style>{CSS}</style></head><body>",
         f"<header><div id='state' data-state='{e(s.state)}' data-fallback='{str(fallback).lower()}' "
         f"style='background:{colour}'>{badge}</div>",
-        f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s)}</div></div>{actions}</header>",
-        _fallback(s) if fallback else "",
+        f"<div><div><b>{e(s.reason)}</b></div><div class='muted'>{_headline(s, d.now)}</div></div>{actions}</header>",
+        _fallback(s, d.csrf, d.now) if fallback else "",
+        _failed(s, d.csrf) if s.state == "failed" else "",
         "<main>",
         _section("Ladder", _ladder(s)),
-        _section("Server", _server(s)),
+        _section("Server", _server(s, d.now)),
         _section("Recent states", _states(d.transitions), wide=True),
         _section("Start-up timeline", _timeline(d.timeline), wide=True),
         _section("Launch and outage", launch_section(s), wide=True),
-        _section("Incidents and evidence", _incidents(s, d.bundles), wide=True),
-        _section("Server log (newest last)", _log(d.log_lines), wide=True),
+        _section("Incidents and evidence", _incidents(s, d.bundles, d.now), wide=True),
+        _section("Server log (newest last)", _log_note(d.all_logs) + _log(d.log_lines), wide=True),
         f"</main><footer class='muted' style='padding:8px 16px'>sglang-supervisor {e(s.version)}; refreshes every "
-        f"{REFRESH_S} s; JSON: /status, /events, /diagnostics</footer></body></html>",
+        f"{REFRESH_S} s; times in this host's zone; JSON: /status, /events, /diagnostics</footer></body></html>",
     ]
     return "".join(parts)
 
@@ -108,19 +123,17 @@ def _states(transitions: Sequence[dict[str, Any]]) -> str:
     """Each state entered, coloured, with when and for how long (to the next change), newest last."""
     if not transitions:
         return "<p class='muted'>no state change journalled yet</p>"
-    stamps = [_ts(t.get("ts")) for t in transitions]
+    stamps = [_ts(r.get("ts")) for r in transitions]
     cells = []
-    for i, t in enumerate(transitions):
-        state = str(t.get("new") or "")
+    for i, r in enumerate(transitions):
+        state = str(r.get("new") or "")
         held = ""
         if i + 1 < len(transitions) and stamps[i] is not None and stamps[i + 1] is not None:
-            dt = max(0.0, stamps[i + 1] - stamps[i])  # type: ignore[operator]
-            held = f"{dt * 1000:.0f} ms" if dt < 1 else f"{dt:.0f} s"
-        when = str(t.get("ts") or "")[11:19]
+            held = duration(max(0.0, stamps[i + 1] - stamps[i]))  # type: ignore[operator]
         cells.append(
-            f"<span class='st' data-state='{e(state)}' title='{e(t.get('reason'))}' "
+            f"<span class='st' data-state='{e(state)}' title='{e(r.get('reason'))}' "
             f"style='background:{STATE_COLOURS.get(state, '#6e7781')}'>{e(state)}"
-            f"<small> {e(when)}{' &middot; ' + held if held else ''}</small></span>"
+            f"<small> {e(when(r.get('ts')))}{' &middot; ' + e(held) if held else ''}</small></span>"
         )
     return f"<div id='states'>{''.join(cells)}</div>"
 
@@ -142,17 +155,55 @@ def _log(lines: Sequence[str]) -> str:
     return f"<div id='logbox'><pre id='log'>{body}{chr(10) if body else ''}{newest}</pre></div>"
 
 
-def _fallback(s: StatusSnapshot) -> str:
+def _log_note(all_logs: bool) -> str:
+    if all_logs:
+        return (
+            "<p class='muted' id='log-note'>with the daemon's own health and metrics polls "
+            "(<a href='/ui'>hide them</a>)</p>"
+        )
+    return (
+        "<p class='muted' id='log-note'>the daemon's own health and metrics polls are hidden "
+        "(<a href='/ui?logs=all'>show them</a>; CLI: logs --all); a line "
+        "<code>=== sglang-supervisor: launch of rung ...</code> marks where each launch began</p>"
+    )
+
+
+def _fallback(s: StatusSnapshot, csrf: str, now: float | None = None) -> str:
     preferred = s.ladder[0] if s.ladder else "the preferred rung"
     why = ""
     if s.last_incident is not None:
         i = s.last_incident
-        why = f"; the last failure: {e(i.cause)}{' (' + e(i.hang_class) + ')' if i.hang_class else ''} at {e(i.at)}"
-    since = f" since {e(s.started_at)}" if s.started_at else ""
+        cls = f" ({e(i.hang_class)})" if i.hang_class else ""
+        why = f"; the last failure: {e(i.cause)}{cls} at {t(i.at, now)}"
+    since = f" since {t(s.started_at, now)}" if s.started_at else ""
+    control = (
+        f"<div>{action_form('promote', csrf, f'promote to {preferred}', 'banner')}"
+        f"<span class='muted' id='promote-if-fails'>{e(promote.if_it_fails(s))}</span></div>"
+        if csrf
+        else f"<div class='muted' id='promote-if-fails'>{e(promote.if_it_fails(s))}</div>"
+    )
     return (
         f"<div id='fallback'><b>serving on fallback rung {e(s.rung)}</b>{since}, not on the preferred "
         f"{e(preferred)}{why}. <span class='muted'>promote: try the preferred rung again "
-        "(sglang-supervisor promote)</span></div>"
+        f"(sglang-supervisor promote)</span>{control}</div>"
+    )
+
+
+def _failed(s: StatusSnapshot, csrf: str) -> str:
+    """FAILED: not serving, and the next step in words, with the button that takes it."""
+    preferred = s.ladder[0] if s.ladder else "the preferred rung"
+    retry = (
+        f" The daemon tries again by itself from {e(preferred)} in {e(duration(s.next_attempt_in_s))} "
+        "(failed_cooldown_s)."
+        if s.next_attempt_in_s is not None
+        else " The daemon does not try again by itself (failed_cooldown_s is 0): it waits for you."
+    )
+    control = action_form("start", csrf, f"start on {preferred}", "banner") if csrf else ""
+    return (
+        f"<div id='failed-next'><b>Not serving: every rung failed.</b> Next: open the newest incident's "
+        f"summary.txt below (what failed, the stacks), fix the cause (a driver, a flag, the model path), then "
+        f"start the server: it begins again at the preferred rung {e(preferred)} "
+        f"(sglang-supervisor start).{retry} {control}</div>"
     )
 
 
@@ -161,8 +212,8 @@ def _section(title: str, body: str, *, wide: bool = False) -> str:
     return f"<section{cls}><h2>{e(title)}</h2>{body}</section>"
 
 
-def _headline(s: StatusSnapshot) -> str:
-    bits = [f"since {e(s.since)}" if s.since else "", f"rung {e(s.rung)}" if s.rung else ""]
+def _headline(s: StatusSnapshot, now: float | None = None) -> str:
+    bits = [f"since {t(s.since, now)}" if s.since else "", f"rung {e(s.rung)}" if s.rung else ""]
     if s.pid is not None:
         bits.append(f"pid {s.pid}")
     if s.phase and s.state == "starting":
@@ -170,7 +221,7 @@ def _headline(s: StatusSnapshot) -> str:
     if s.progress is not None and s.state == "starting":
         bits.append(f"{e(s.progress.label)} {s.progress.done}/{s.progress.total}")
     if s.next_attempt_in_s is not None:
-        bits.append(f"next attempt in {s.next_attempt_in_s:.0f} s")
+        bits.append(f"next attempt in {e(duration(s.next_attempt_in_s))}")
     return " &middot; ".join(b for b in bits if b)
 
 
@@ -189,16 +240,16 @@ def _ladder(s: StatusSnapshot) -> str:
     return f"<table id='ladder'>{head}{''.join(rows)}</table>"
 
 
-def _server(s: StatusSnapshot) -> str:
+def _server(s: StatusSnapshot, now: float | None = None) -> str:
     sv = s.serving
     rows: list[tuple[str, str]] = [
         ("restarts", e(restarts_text(s.restarts, s.restarts_last_hour))),
         ("incidents", f"{s.incidents} since the daemon started (the table below: the bundles kept)"),
     ]
     if s.time_to_ready_s is not None:
-        rows.append(("time to ready", f"{s.time_to_ready_s:.1f} s"))
+        rows.append(("time to ready", e(duration(s.time_to_ready_s))))
     if s.last_progress_s is not None and s.state == "starting":
-        rows.append(("since progress", f"{s.last_progress_s:.1f} s"))
+        rows.append(("since progress", e(duration(s.last_progress_s))))
     if s.state in ("ready", "degraded"):
         if sv.health_ok is not None:
             rows.append(("health", "ok" if sv.health_ok else f"failing ({e(sv.health_error)})"))
@@ -226,11 +277,11 @@ def _server(s: StatusSnapshot) -> str:
                 (
                     f"notify {e(n.target)}",
                     f"<span class='err'>{n.failed} failed, {n.dropped} dropped ({n.ok} ok); last: "
-                    f"{e(n.last_error)} at {e(n.last_failed_at)}</span>",
+                    f"{e(n.last_error)} at {t(n.last_failed_at, now)}</span>",
                 )
             )
         elif n.ok:
-            rows.append((f"notify {e(n.target)}", f"{n.ok} delivered, last at {e(n.last_ok_at)}"))
+            rows.append((f"notify {e(n.target)}", f"{n.ok} delivered, last at {t(n.last_ok_at, now)}"))
     w = s.write_errors
     if s.loop_errors or w.journal or w.server_log or w.state or w.bundle:
         rows.append(
@@ -243,30 +294,36 @@ def _server(s: StatusSnapshot) -> str:
     return "<table id='server'>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
 
-def _incidents(s: StatusSnapshot, bundles: Sequence[tuple[str, dict[str, Any] | None]]) -> str:
+def _incidents(
+    s: StatusSnapshot, bundles: Sequence[tuple[str, dict[str, Any] | None]], now: float | None = None
+) -> str:
     rows = []
     if s.last_incident is not None and s.last_incident.bundle is None:
         i = s.last_incident
         rows.append(
-            f"<tr><td>{e(i.id)}</td><td>{e(i.cause)}</td><td>{e(i.hang_class or '')}</td><td>{e(i.at)}</td>"
+            f"<tr><td>{e(i.id)}</td><td>{e(i.cause)}</td><td>{e(i.hang_class or '')}</td><td>{t(i.at, now)}</td>"
             f"<td>{e(i.detail)}</td><td class='muted'>no bundle</td></tr>"
         )
     for bid, summary in bundles:
         sm = summary or {}
         reasons = sm.get("reasons") if isinstance(sm.get("reasons"), list) else []
         frames = sm.get("frames") if isinstance(sm.get("frames"), list) else []
-        why = e("; ".join(str(r) for r in (reasons or [])[:2])[:400])
+        # Whole, wrapped by the browser: a cut reason ("holding the GIL, no") misleads at 3 am.
+        why = e("; ".join(str(r) for r in (reasons or [])))
         if frames:
-            why += f" <span class='muted'>at {e(str(frames[0])[:160])}</span>"
+            why += f" <span class='muted'>at {e(str(frames[0]))}</span>"
         culprit = sm.get("culprit")
         if isinstance(culprit, dict) and culprit.get("text"):  # the thread that stopped progress, first
-            why = f"<div class='culprit'><b>{e(str(culprit['text'])[:300])}</b></div>" + why
+            why = f"<div class='culprit'><b>{e(str(culprit['text']))}</b></div>" + why
         where = " / ".join(str(x) for x in (sm.get("rung"), sm.get("phase")) if x)
+        created = sm.get("created_at")
         rows.append(
             f"<tr><td>{e(bid)}</td><td>{e(sm.get('cause') or sm.get('trigger') or '')}</td>"
-            f"<td>{e(sm.get('hang_class') or '')}</td><td>{e(sm.get('created_at') or '')}</td>"
+            f"<td>{e(sm.get('hang_class') or '')}</td><td>{t(sm.get('created_at'), now) if created else ''}</td>"
             f"<td>{why}"
-            f"<div class='muted'>{e(where)}</div></td><td><a href='/diagnostics/{e(bid)}'>summary</a></td></tr>"
+            f"<div class='muted'>{e(where)}</div></td><td class='links'>"
+            f"<a href='/diagnostics/{e(bid)}/summary.txt' class='summary-txt'>summary.txt</a>"
+            f"<a href='/diagnostics/{e(bid)}/summary.json' class='summary-json'>JSON</a></td></tr>"
         )
     if not rows:
         return "<p class='muted'>none</p>"

@@ -66,6 +66,12 @@ class FollowSlots:
         self.limit = limit
         self.open = 0
         self.refused = 0
+        # Set when the daemon stops: each follow ends its answer within a poll, so uvicorn's graceful
+        # shutdown finds no stream to cancel (a cancelled one logged three error lines, issue 53).
+        self.closing = False
+
+    def close(self) -> None:
+        self.closing = True
 
     def take(self) -> bool:
         if self.open >= self.limit:
@@ -120,10 +126,14 @@ def joined(pieces: Iterable[bytes], size: int = CHUNK) -> list[bytes]:
 
 
 async def follow_chunks(
-    follower: Follower, render: Callable[[list[bytes]], list[bytes]], poll_s: float, pool: ApiPool
+    follower: Follower,
+    render: Callable[[list[bytes]], list[bytes]],
+    poll_s: float,
+    pool: ApiPool,
+    slots: FollowSlots | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """What `follower` reads, made into the answer's chunks by `render`, both on the API's pool: the
-    loop only sends the chunks."""
+    loop only sends the chunks. Ends (after what is already written) once `slots` is closing."""
 
     def step() -> tuple[bool, list[bytes]]:
         lines = follower.read_new()
@@ -131,9 +141,12 @@ async def follow_chunks(
 
     try:
         while True:
+            closing = slots is not None and slots.closing
             read_any, chunks = await pool.run(step)
             for chunk in chunks:
                 yield chunk
+            if closing:
+                return
             if not read_any:
                 await asyncio.sleep(poll_s)
     finally:
@@ -172,7 +185,7 @@ def follow_events(
     async def body() -> AsyncIterator[bytes]:
         # The follower was opened at the file's end before `first` was read: a record written in
         # between may be sent twice, never missed.
-        stream = follow_chunks(follower, render, poll_s, pool)
+        stream = follow_chunks(follower, render, poll_s, pool, slots)
         for chunk in joined((json.dumps(record, ensure_ascii=False) + "\n").encode() for record in first):
             yield chunk
         async for chunk in stream:

@@ -19,10 +19,15 @@ from supervisor.config.settings import load_settings
 
 
 def _run(args: argparse.Namespace) -> int:
+    from supervisor.common import ownpackage
     from supervisor.host.instance_lock import StateDirLocked, StateDirUnusable
     from supervisor.logs import setup as logsetup
     from supervisor.root.serve import serve
 
+    shadowed = ownpackage.check()  # before anything else: another program's `supervisor` package
+    if shadowed is not None:
+        print(f"sglang-supervisor: refused to start: {shadowed}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.preflight:
         return _preflight(args.config)
     logsetup.configure(json=args.log_json, level=args.log_level)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends
 from starlette.responses import JSONResponse
 
+from api import promote as promote_rule
 from api.deps import Requester, Supervisor, non_simple
 from api.errors import error_response
 from api.models import (
@@ -133,24 +134,17 @@ async def reload(handle: Supervisor, by: Requester) -> Any:
 @router.post("/promote", status_code=202, response_model=RestartAccepted)
 async def promote(handle: Supervisor, by: Requester, body: Annotated[PromoteRequest | None, Body()] = None) -> Any:
     """Try the preferred rung (rung 0) now: a manual restart onto it, which never counts against the
-    rung the server is on; 409 when the server already serves on it."""
+    rung the server is on; 409 when the server already serves on it, or when it is stopped (a
+    promotion never undoes a stop: `start --rung <preferred>` does)."""
     snap = handle.snapshot()
-    if not snap.ladder:
-        return error_response(503, "failed", "the ladder is not loaded yet", state=snap.state)
+    refused = promote_rule.refusal(snap)
+    if refused is not None:
+        return error_response(refused.status, refused.error, refused.message, state=snap.state)
     preferred = snap.ladder[0]
-    if snap.state in ("ready", "degraded", "starting") and (snap.rung_index or 0) == 0:
-        return error_response(409, "conflict", f"already on the preferred rung {preferred}", state=snap.state)
     why = (body or PromoteRequest()).reason or f"promote: try the preferred rung {preferred} now"
     command = Command(kind="restart", rung=preferred, reason=why, requested_by=by)
-    result, refused = await _submit(handle, command)
-    if refused is not None:
-        return refused
-    memory = ""
-    inc = snap.last_incident
-    if inc is not None and inc.rung == preferred:
-        memory = f"; {preferred} last failed with {inc.cause}" + (f"/{inc.hang_class}" if inc.hang_class else "")
-        memory += f" at {inc.at} (bundle {inc.bundle or 'none'})"
-    back = snap.last_good_rung if snap.last_good_rung not in (None, preferred) else None
-    then = f"; if it fails before it serves: back to {back}, no backoff" if back else ""
-    message = f"promoting from {snap.rung} to {preferred}{memory}{then}"
-    return RestartAccepted(incident_id=result.incident_id, state=result.state or snap.state, message=message)
+    result, refusal_ = await _submit(handle, command)
+    if refusal_ is not None:
+        return refusal_
+    state = result.state or snap.state
+    return RestartAccepted(incident_id=result.incident_id, state=state, message=promote_rule.accepted_message(snap))

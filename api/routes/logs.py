@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from starlette.responses import Response, StreamingResponse
 
-from api.deps import Context
+from api import logview
+from api.deps import ApiContext, Context
 from api.errors import error_response
-from api.follow import tail_lines
 from api.launchlog import NoPreviousLaunch, previous_launch
 from api.streams import FOLLOW_POLL_S, FollowResponse, follow_chunks, joined, start_following, too_many_follows
 
@@ -34,8 +34,9 @@ def rendered(lines: list[bytes], redact: Callable[[str], str]) -> list[bytes]:
     return joined(render_line(line, redact) for line in lines)
 
 
-def rendered_tail(log_file: Path, n: int, redact: Callable[[str], str]) -> list[bytes]:
-    return rendered(tail_lines(log_file, n), redact)  # bounded in bytes (api/follow.py)
+def rendered_tail(ctx: ApiContext, log_file: Path, n: int, keep: Callable[[bytes], bool]) -> list[bytes]:
+    """The last `n` lines `keep` keeps, each launch's start marked (api/logview.py); bounded in bytes."""
+    return rendered(logview.marked_tail(log_file, n, logview.launches(ctx.journal), keep), ctx.redact)
 
 
 @router.get(
@@ -51,8 +52,14 @@ async def logs(
     launch: Annotated[
         Literal["previous"] | None, Query(description="previous: the output of the launch before this one")
     ] = None,
+    all_lines: Annotated[
+        bool, Query(alias="all", description="also the access lines of the daemon's own health and metrics polls")
+    ] = False,
 ) -> Response:
-    """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted."""
+    """The server's output (stdout and stderr, as the log keeper wrote it), secrets redacted; the
+    daemon's own polls of the server hidden unless `all=true`, each launch's start marked by a line
+    `=== sglang-supervisor: launch of rung R, pid P, at T ===`."""
+    keep = logview.probe_filter(ctx.probe_paths, all_lines)
     log_file = ctx.server_log
     if launch == "previous":
         if follow:
@@ -61,7 +68,7 @@ async def logs(
             prev = await ctx.pool.run(previous_launch, ctx.journal, log_file, lines)
         except NoPreviousLaunch as why:
             return error_response(404, "not_found", f"no previous launch to show: {why}")
-        text = b"".join(await ctx.pool.run(rendered, prev.lines, ctx.redact))
+        text = b"".join(await ctx.pool.run(rendered, [x for x in prev.lines if keep(x)], ctx.redact))
         about = f"rung={prev.rung}; pid={prev.pid}; launched={prev.at}"
         return Response(
             text,
@@ -72,7 +79,9 @@ async def logs(
         return too_many_follows(ctx.follows)
     try:
         follower = await start_following(log_file, ctx.pool) if follow else None
-        tail = await ctx.pool.run(rendered_tail, log_file, lines, ctx.redact)
+        # the journal read as it grows: a launch's separator as it happens
+        launched = await start_following(ctx.journal.path, ctx.pool) if follow else None
+        tail = await ctx.pool.run(rendered_tail, ctx, log_file, lines, keep)
     except BaseException:
         if follow:
             ctx.follows.give_back()
@@ -81,13 +90,17 @@ async def logs(
     async def body() -> AsyncIterator[bytes]:
         for chunk in tail:
             yield chunk
-        if follower is not None:
+        if follower is not None and launched is not None:
 
             def render(new: list[bytes]) -> list[bytes]:
-                return rendered(new, ctx.redact)
+                marks = [x.separator() for x in logview.launches_in(launched.read_new())]
+                return rendered([*marks, *(line for line in new if keep(line))], ctx.redact)
 
-            async for chunk in follow_chunks(follower, render, FOLLOW_POLL_S, ctx.pool):
-                yield chunk
+            try:
+                async for chunk in follow_chunks(follower, render, FOLLOW_POLL_S, ctx.pool, ctx.follows):
+                    yield chunk
+            finally:
+                launched.close()
 
     headers = {"X-Content-Type-Options": "nosniff"}
     if follow:

@@ -73,11 +73,12 @@ class Alerter:
         instance: str,
         hook_env: Mapping[str, str],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        preferred: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._lanes = [_Lane(t, deliver.load_secrets(t), asyncio.Queue(t.queue_size)) for t in targets]
         self._journal = journal
         self._metrics = metrics
-        self._tracker = Tracker(instance)
+        self._tracker = Tracker(instance, preferred)
         self._hook_env = dict(hook_env)
         self._sleep = sleep
         self._tasks: list[asyncio.Task[None]] = []

@@ -7,7 +7,10 @@ what is sent and what is journalled the same story. The four events:
   the cause, hang class and bundle id. An operator's own `restart` (cause `manual`) is not one.
 - `failed`: the ladder or the restart budget is spent (state `failed`); the server stays down
   until `failed_cooldown_s` passes or someone acts.
-- `recovered`: the first `ready` after an incident or `failed`, naming the incident it ends.
+- `recovered`: the first `ready` after an incident or `failed`, naming the incident that opened
+  the episode with that incident's own cause and class (never one incident's id with another's
+  cause), how many incidents followed it and the last of them, the rung it serves on now and
+  whether that is the preferred rung or a fallback.
 - `stayed_stopped`: the daemon (re)started and left the server stopped, because an operator had
   stopped it before the daemon restarted. A heads-up that nothing is serving, by design.
 - `launch_blocked`: launches have been refused in a row until the refused-launch backoff reached
@@ -17,9 +20,25 @@ what is sent and what is journalled the same story. The four events:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from supervisor.config.alerting import EventKind
+
+
+@dataclass(frozen=True)
+class Opened:
+    """One incident as the journal recorded it: its id, cause and class belong together."""
+
+    id: str | None
+    cause: str | None
+    hang_class: str | None = None
+    bundle: str | None = None
+
+    def words(self) -> str:
+        cls = f", {self.hang_class}" if self.hang_class else ""
+        what = f" ({self.cause}{cls})" if self.cause else ""
+        return f"{self.id or 'the incident'}{what}" if self.id else (self.cause or "")
 
 
 @dataclass(frozen=True)
@@ -34,6 +53,12 @@ class NotifyEvent:
     hang_class: str | None = None
     bundle: str | None = None
     culprit: str | None = None  # the bundle's culprit line (issue 35)
+    # `recovered` only: the preferred rung (rung 0) and whether `rung` is it; the episode's
+    # incidents after the first (how many, and the last of them, with its own cause and class).
+    preferred_rung: str | None = None
+    on_preferred: bool | None = None
+    later_incidents: int = 0
+    last_incident: Opened | None = None
 
     @property
     def summary(self) -> str:
@@ -52,9 +77,17 @@ class NotifyEvent:
         if self.kind == "failed":
             return f"{where}: FAILED, not serving: {self.reason or 'the ladder is spent'}"
         if self.kind == "recovered":
-            after = f" after {self.incident_id}" if self.incident_id else ""
-            cause = f" ({self.cause}{', ' + self.hang_class if self.hang_class else ''})" if self.cause else ""
-            return f"{where}: recovered{after}{cause}, serving on rung {self.rung or '?'}"
+            first = Opened(self.incident_id, self.cause, self.hang_class).words()
+            after = f" after {first}" if self.incident_id else (f" out of {first}" if first else "")
+            if self.later_incidents and self.last_incident is not None:
+                more = "1 more incident" if self.later_incidents == 1 else f"{self.later_incidents} more incidents"
+                after += f" and {more}, the last {self.last_incident.words()}"
+            text = f"{where}: recovered{after}, serving on rung {self.rung or '?'}"
+            if self.on_preferred is True:
+                return text + " (the preferred rung)"
+            if self.on_preferred is False:
+                return text + f" (a fallback, not the preferred rung {self.preferred_rung}: `promote` tries it again)"
+            return text
         if self.kind == "launch_blocked":
             return f"{where}: not launching rung {self.rung or '?'}, still waiting: {self.reason}"
         return f"{where}: stayed stopped after the daemon restarted: {self.reason or 'stopped by request'}"
@@ -62,13 +95,16 @@ class NotifyEvent:
 
 @dataclass
 class Tracker:
-    """Turns journal records into events; remembers the incident a `recovered` will name."""
+    """Turns journal records into events; remembers the episode a `recovered` will name."""
 
     instance: str
+    # The preferred rung's name, asked when a `recovered` is told (a reload may change the ladder).
+    preferred: Callable[[], str | None] = field(default=lambda: None)
     open_incident: str | None = None  # the incident (or "failed") not yet followed by ready
     rung: str = ""
-    open_cause: str | None = None  # the cause a `recovered` names (issue 38: it was null)
-    open_hang_class: str | None = None
+    first: Opened | None = None  # the incident that opened the episode
+    last: Opened | None = None  # the newest incident of the episode
+    later: int = 0  # incidents of the episode after the first
 
     def feed(self, record: dict[str, object]) -> NotifyEvent | None:
         name = record.get("event")
@@ -78,9 +114,17 @@ class Tracker:
             self.rung = rung
         if name == "incident" and record.get("cause") != "manual":
             inc = _text(record.get("id")) or None
-            if self.open_incident is None or self.open_incident in ("failed", "blocked"):
-                self.open_cause = _text(record.get("cause")) or None  # the first incident of the episode
-                self.open_hang_class = _text(record.get("hang_class")) or None
+            this = Opened(
+                inc,
+                _text(record.get("cause")) or None,
+                _text(record.get("hang_class")) or None,
+                _text(record.get("bundle")) or None,
+            )
+            if self.first is None:
+                self.first = this
+            else:
+                self.later += 1
+            self.last = this
             self.open_incident = inc or self.open_incident or "incident"
             return NotifyEvent(
                 kind="incident",
@@ -89,26 +133,32 @@ class Tracker:
                 rung=rung,
                 reason=_text(record.get("detail"))[:500],
                 incident_id=inc,
-                cause=_text(record.get("cause")) or None,
-                hang_class=_text(record.get("hang_class")) or None,
-                bundle=_text(record.get("bundle")) or None,
+                cause=this.cause,
+                hang_class=this.hang_class,
+                bundle=this.bundle,
                 culprit=_text(record.get("culprit"))[:300] or None,
             )
         if name == "state_changed" and record.get("new") == "failed" and record.get("old") != "failed":
             return self._opening("failed", "failed", at, rung, record)
         if name == "server_ready" and self.open_incident is not None:
-            ended = self._incident_or_none()
-            cause = self.open_cause or (self.open_incident if self.open_incident in ("failed", "blocked") else None)
-            hang_class = self.open_hang_class
-            self.open_incident = self.open_cause = self.open_hang_class = None
+            marker = self.open_incident if self.open_incident in ("failed", "blocked") else None
+            first = self.first or Opened(None, marker)
+            later, last = self.later, self.last
+            self.open_incident, self.first, self.last, self.later = None, None, None, 0
+            preferred = self.preferred()
             return NotifyEvent(
                 kind="recovered",
                 at=at,
                 instance=self.instance,
                 rung=rung,
-                incident_id=ended,
-                cause=cause,
-                hang_class=hang_class,
+                incident_id=first.id,
+                cause=first.cause,
+                hang_class=first.hang_class,
+                bundle=first.bundle,
+                preferred_rung=preferred,
+                on_preferred=None if not preferred or not rung else rung == preferred,
+                later_incidents=later,
+                last_incident=last if later else None,
             )
         if name == "launch_blocked":
             return self._opening("launch_blocked", "blocked", at, rung, record)

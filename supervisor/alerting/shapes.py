@@ -31,6 +31,23 @@ def generic(ev: NotifyEvent) -> dict[str, Any]:
             if ev.incident_id is not None or ev.cause is not None
             else None
         ),
+        **(_recovered(ev) if ev.kind == "recovered" else {}),
+    }
+
+
+def _recovered(ev: NotifyEvent) -> dict[str, Any]:
+    """What a `recovered` adds: where it serves against the preferred rung, and the episode's later
+    incidents (each with its own id, cause and class)."""
+    last = ev.last_incident
+    return {
+        "preferred_rung": ev.preferred_rung,
+        "on_preferred_rung": ev.on_preferred,
+        "later_incidents": ev.later_incidents,
+        "last_incident": (
+            {"id": last.id, "cause": last.cause, "hang_class": last.hang_class, "bundle": last.bundle}
+            if last is not None
+            else None
+        ),
     }
 
 
@@ -120,4 +137,6 @@ def hook_env(ev: NotifyEvent) -> dict[str, str]:
         "SGLANG_SUPERVISOR_HANG_CLASS": ev.hang_class or "",
         "SGLANG_SUPERVISOR_BUNDLE": ev.bundle or "",
         "SGLANG_SUPERVISOR_CULPRIT": ev.culprit or "",
+        "SGLANG_SUPERVISOR_PREFERRED_RUNG": ev.preferred_rung or "",
+        "SGLANG_SUPERVISOR_ON_PREFERRED_RUNG": "" if ev.on_preferred is None else str(ev.on_preferred).lower(),
     }

@@ -7,12 +7,30 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor.client.groupformat import group_rows
+from supervisor.status.timetext import duration, when
 from supervisor.status.wording import restarts_text
 
 TOKEN_ENV = "SGLANG_SUPERVISOR_TOKEN"
+# The answer's fields that hold a moment: shown in the host's zone with the offset, or UTC (--utc).
+TIME_KEYS = frozenset({"ts", "at", "since", "started_at", "created_at", "last_failed_at", "last_ok_at"})
 
 
-def format_error(status: int, data: Any) -> str:
+def zoned(data: Any, utc: bool = False) -> Any:
+    """`data` with every moment (a TIME_KEYS field that reads as a time) in the one format, in the
+    host's local zone or UTC (supervisor/status/timetext.py); the rest as it is."""
+    if isinstance(data, Mapping):
+        return {
+            k: when(v, utc=utc) if k in TIME_KEYS and isinstance(v, str) and v else zoned(v, utc)
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [zoned(v, utc) for v in data]
+    return data
+
+
+def format_error(status: int, data: Any, token_from: str = "") -> str:
+    """The daemon's error in one line (and a hint); `token_from`: where the token sent was read, said
+    on a 401 so a person knows which file (or variable) holds the wrong one."""
     if not isinstance(data, dict):
         return f"error: HTTP {status}"
     detail = data.get("detail")
@@ -24,28 +42,40 @@ def format_error(status: int, data: Any) -> str:
     if data.get("rungs") and not all(r in str(detail) for r in data["rungs"]):  # the detail may list them
         line += f"\nrungs: {', '.join(data['rungs'])}"
     if status == 401:
-        line += f"\nhint: pass --token-file FILE or set {TOKEN_ENV}"
+        if token_from.startswith("no token"):
+            line += f"\nhint: {token_from}; pass --token-file FILE or set {TOKEN_ENV}"
+        elif token_from:
+            line += f"\nhint: the token sent was read from {token_from}, and this daemon refused it; "
+            line += f"pass --token-file FILE or set {TOKEN_ENV} to the daemon's token"
+        else:
+            line += f"\nhint: pass --token-file FILE or set {TOKEN_ENV}"
     return line
 
 
-def format_answer(command: str, data: Any) -> str:
+def format_answer(command: str, data: Any, *, waiting: bool = False, utc: bool = False) -> str:
+    """The answer to a command in words; `waiting`: `--wait` was given, so no hint to pass it;
+    `utc`: moments in UTC instead of the host's zone."""
+    data = zoned(data, utc)  # idempotent: the formatters below zone again with the same `utc`
     if command == "status":
-        return format_status(data)
+        return format_status(data, utc)
     if command == "restart":
         # The answer's state is the one before the restart: not the result, so it is not shown.
         inc = f"incident {data['incident_id']}" if data.get("incident_id") else "no incident (nothing was running)"
+        if waiting:
+            return f"restart accepted: {inc}; waiting for it"
         return f"restart accepted: {inc}; follow it with `status --watch`, or pass --wait"
     if command == "diagnose":
         return format_diagnose(data)
     if command == "events":
-        return "\n".join(format_event(e) for e in data.get("events") or ()) or "no events"
+        return "\n".join(format_event(e, utc) for e in data.get("events") or ()) or "no events"
     if command == "bundles":
         return "\n".join(format_bundle_line(b) for b in data.get("bundles") or ()) or "no bundles"
     if command == "reload":
         return f"reload: {data.get('message') or 'done'} (state {data.get('state') or '-'})"
     message = data.get("message")
     if command in ("stop", "start"):
-        hint = "" if message == "already stopped" else "; --wait waits for it"
+        already = str(message or "").startswith("already ")
+        hint = "" if already else "; waiting for it" if waiting else "; --wait waits for it"
         return f"{command} accepted ({message or {'stop': 'stopping', 'start': 'starting'}[command]}){hint}"
     return f"{command} accepted: state {data.get('state') or '-'}" + (f" ({message})" if message else "")
 
@@ -88,7 +118,8 @@ def _tool_lines(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def format_event(e: Mapping[str, Any]) -> str:
+def format_event(e: Mapping[str, Any], utc: bool = False) -> str:
+    e = zoned(e, utc)
     rest = " ".join(f"{k}={_short(v)}" for k, v in e.items() if k not in ("ts", "event") and v not in (None, "", []))
     return f"{e.get('ts', '-')}  {e.get('event', '?')}  {rest}".rstrip()
 
@@ -105,7 +136,8 @@ def format_bundle_line(b: Mapping[str, Any]) -> str:
     return f"{b.get('id')}  {what}  {s.get('hang_class') or '-'}  rung {s.get('rung') or '-'}"
 
 
-def format_bundle(data: Mapping[str, Any], summary_txt: str) -> str:
+def format_bundle(data: Mapping[str, Any], summary_txt: str, utc: bool = False) -> str:
+    data = zoned(data, utc)
     s: Mapping[str, Any] = data.get("summary") or {}
     lines = [f"bundle {data.get('id')}"]
     for key in ("created_at", "trigger", "cause", "hang_class", "rung", "phase"):
@@ -119,15 +151,10 @@ def format_bundle(data: Mapping[str, Any], summary_txt: str) -> str:
 
 
 def _age(seconds: float | None) -> str:
+    """A duration: `12.0 s`, `3 min 10 s`, `2 h 5 min` (supervisor/status/timetext.py)."""
     if seconds is None:
         return "-"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
+    return f"{seconds:.1f} s" if seconds < 60 else duration(seconds)
 
 
 def _gib(n: float) -> str:
@@ -284,10 +311,10 @@ def _gpus(g: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def format_status(s: Any) -> str:
+def format_status(s: Any, utc: bool = False) -> str:
     if not isinstance(s, Mapping):
         return json.dumps(s)
-    rows = _rows(s)
+    rows = _rows(zoned(s, utc))
     width = max(len(k) for k, _ in rows) + 2
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
 

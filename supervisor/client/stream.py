@@ -41,6 +41,8 @@ class Conn:
     token: str | None
     timeout: float
     send: Send
+    token_from: str = ""  # where the token was read (said on a 401)
+    utc: bool = False  # moments in UTC, not the host's zone (--utc)
 
     def request(self, method: str, path: str, body: dict[str, object] | None = None, params: Any = None) -> Any:
         return self.send(self.url, method, path, body, self.token, self.timeout, params)
@@ -77,10 +79,10 @@ def watch(conn: Conn, interval: float, *, as_json: bool, out: TextIO, err: TextI
                 r = conn.request("GET", "/status")
                 data = _json(r)
                 if r.status_code == 401:
-                    print(format_error(401, data), file=err)
+                    print(format_error(401, data, conn.token_from), file=err)
                     return EXIT_AUTH
                 code = status_exit(data) if isinstance(data, dict) else EXIT_ERROR
-                frame = json.dumps(data) if as_json else format_status(data)
+                frame = json.dumps(data) if as_json else format_status(data, conn.utc)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 code = EXIT_UNREACHABLE
                 frame = (
@@ -114,16 +116,20 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
         ):
             if r.status_code != 200:
                 r.read()
-                print(format_error(r.status_code, _json(r)), file=sys.stderr)
+                print(format_error(r.status_code, _json(r), conn.token_from), file=sys.stderr)
                 return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
             if r.headers.get("x-launch"):  # logs --previous: which launch this is
                 print(f"the launch before this one: {r.headers['x-launch']}", file=sys.stderr)
             tty = sys.stdout.isatty()  # the server's escapes must not reach a terminal (client/terminal.py)
             try:
                 for line in r.iter_lines():
-                    shown = _line(command, line, as_json)
+                    shown = _line(command, line, as_json, conn.utc)
                     print(sanitize(shown) if tty else shown, flush=True)
             except (httpx.RemoteProtocolError, httpx.ReadError):
+                ended = True
+            else:
+                ended = follow  # a follow never ends by itself: the daemon ended it as it stopped
+            if ended:
                 print("error: the daemon closed the stream (it stopped or is restarting)", file=sys.stderr)
                 return EXIT_UNREACHABLE
     except KeyboardInterrupt:
@@ -131,7 +137,7 @@ def stream(conn: Conn, command: str, params: list[tuple[str, str]], *, as_json: 
     return EXIT_OK
 
 
-def _line(command: str, line: str, as_json: bool) -> str:
+def _line(command: str, line: str, as_json: bool, utc: bool = False) -> str:
     if command == "logs":
         return json.dumps({"line": line}) if as_json else line
     if as_json:
@@ -140,7 +146,7 @@ def _line(command: str, line: str, as_json: bool) -> str:
         record = json.loads(line)
     except ValueError:
         return line
-    return format_event(record) if isinstance(record, dict) else line
+    return format_event(record, utc) if isinstance(record, dict) else line
 
 
 def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, as_json: bool) -> int:
@@ -158,10 +164,13 @@ def command_and_wait(conn: Conn, command: str, req: Request, wait_s: float, *, a
         if as_json:
             print(json.dumps(answer, indent=2))
         else:
-            print(format_error(r.status_code, answer), file=sys.stderr)
+            print(format_error(r.status_code, answer, conn.token_from), file=sys.stderr)
         return EXIT_AUTH if r.status_code == 401 else EXIT_ERROR
     if not as_json:
-        print(format_answer(command, answer), flush=True)
+        print(format_answer(command, answer, waiting=True, utc=conn.utc), flush=True)
+    said = answer.get("message") if isinstance(answer, dict) else None
+    if verb == "start" and str(said or "").startswith("already running"):
+        before = Before(before.state, None)  # nothing new will start: the server that runs settles it
     moved, last = False, before_doc
 
     def outcome_now() -> Settled | None:

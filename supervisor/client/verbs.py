@@ -69,6 +69,9 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             "--token-file", help=f"file holding the API token (default: from the config, else ${TOKEN_ENV} if set)"
         )
         p.add_argument("--json", action="store_true", help="print the daemon's JSON answer as it is")
+        p.add_argument(
+            "--utc", action="store_true", help="times in UTC (default: this host's zone, ISO 8601 with the offset)"
+        )
         p.add_argument("--timeout", type=float, help="seconds to wait for the answer")
         if name == "status":
             p.add_argument(
@@ -117,6 +120,11 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
             p.add_argument(
                 "-p", "--previous", action="store_true", help="the output of the launch before this one (a crash's)"
             )
+            p.add_argument(
+                "--all",
+                action="store_true",
+                help="also the access lines of the daemon's own health and metrics polls (hidden by default)",
+            )
         if name == "bundles":
             p.add_argument("id", nargs="?", help="show this bundle's summary instead of the list ('get': download)")
             p.add_argument("get_args", nargs="*", metavar="ID [FILE]", help="with get: the bundle, and one file of it")
@@ -137,15 +145,15 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
     url = getattr(args, "url", None) or DEFAULT_URL
     where = "--url"
     try:
-        url, token, where = _address(args, environ)
+        url, token, where, token_from = _address(args, environ)
         timeout = args.timeout if args.timeout is not None else _default_timeout(command)
-        conn = clientstream.Conn(url, token, timeout, _send)
+        conn = clientstream.Conn(url, token, timeout, _send, token_from, args.utc)
         if command == "bundles" and getattr(args, "id", None) == "get":
             return _get_bundle(url, args.get_args, args.output, token, timeout)
         if command == "bundles" and getattr(args, "get_args", None):
             raise UsageError(f"bundles {args.id} {' '.join(args.get_args)}: did you mean bundles get ID [FILE]?")
         if command == "bundles" and getattr(args, "id", None):
-            return _show_bundle(url, args.id, token, timeout, as_json=args.json)
+            return _show_bundle(url, args.id, token, timeout, as_json=args.json, utc=args.utc)
         if command == "status" and args.watch is not None:
             return clientstream.watch(conn, args.watch, as_json=args.json, out=sys.stdout, err=sys.stderr)
         if command in ("logs", "events") and (command == "logs" or args.follow):
@@ -167,15 +175,18 @@ def run_client(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
             file=sys.stderr,
         )
         return EXIT_UNREACHABLE
-    return report(command, response, as_json=args.json, out=sys.stdout, err=sys.stderr)
+    return report(
+        command, response, as_json=args.json, out=sys.stdout, err=sys.stderr, token_from=token_from, utc=args.utc
+    )
 
 
-def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None, str]:
-    """(base URL, token, where the URL came from): explicit flags first, then the daemon's config
-    ([api] only), then the defaults, said as such (never a silent fallback)."""
+def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str | None, str, str]:
+    """(base URL, token, where the URL came from, where the token came from): explicit flags first,
+    then the daemon's config ([api] only), then the defaults, said as such (never a silent fallback)."""
     url: str | None = getattr(args, "url", None)
     token_file: str | None = getattr(args, "token_file", None)
     token: str | None = None
+    token_from = ""
     choice = choose_config(getattr(args, "config", None), env)
     if choice.path is not None:
         from supervisor.common.apitoken import load_token
@@ -189,20 +200,28 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
                 url = f"http://{_connect_host(api.host)}:{api.port}"
             if token_file is None:
                 token = load_token(api, env)
+                if api.token_file:
+                    token_from = f"[api] token_file {api.token_file} (of {choice.path})"
+                elif token is not None:
+                    token_from = f"${api.token_env} (named by [api] token_env of {choice.path})"
         except (ClientConfigError, ConfigError) as err:
             where = "--config" if getattr(args, "config", None) else (CONFIG_ENV if choice.explicit else "config")
             raise UsageError(f"{where}: {err}") from None
     if token_file:
         token = _token(token_file, env)
+        token_from = f"--token-file {token_file}"
     elif token is None:
         token = _token(None, env)
+        token_from = f"${TOKEN_ENV}" if token is not None else ""
+    if token is None:
+        token_from = f"no token was sent (no --token-file, no [api] token_file, ${TOKEN_ENV} unset)"
     if getattr(args, "url", None):
         where = "from --url"
     elif choice.path is not None:
         where = f"from [api] of {choice.path}"
     else:
         where = f"the default: no --url, no --config, ${CONFIG_ENV} unset and no /etc/sglang-supervisor/config.toml"
-    return url or DEFAULT_URL, token, where
+    return url or DEFAULT_URL, token, where, token_from
 
 
 def _connect_host(host: str) -> str:
@@ -235,7 +254,8 @@ def _stream_params(command: str, args: argparse.Namespace) -> list[tuple[str, st
         if args.previous and args.follow:
             raise UsageError("logs --previous --follow: the previous launch has ended; leave out --follow")
         previous = [("launch", "previous")] if args.previous else []
-        return [("lines", str(args.lines)), *previous] + ([("follow", "true")] if args.follow else [])
+        shown = [("all", "true")] if args.all else []
+        return [("lines", str(args.lines)), *previous, *shown] + ([("follow", "true")] if args.follow else [])
     return _request_for(command, args)[3] + [("follow", "true")]
 
 
@@ -310,7 +330,9 @@ def _send(
         raise UsageError(f"--url {url!r}: {err}") from None
 
 
-def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *, as_json: bool) -> int:
+def _show_bundle(
+    url: str, bundle_id: str, token: str | None, timeout: float, *, as_json: bool, utc: bool = False
+) -> int:
     """One bundle: its summary.txt (what a person reads first) and its files."""
     detail = _send(url, "GET", f"/diagnostics/{bundle_id}", None, token, timeout)
     if as_json or detail.status_code != 200:
@@ -321,7 +343,7 @@ def _show_bundle(url: str, bundle_id: str, token: str | None, timeout: float, *,
         answer = _send(url, "GET", f"/diagnostics/{bundle_id}/summary.txt", None, token, timeout)
         if answer.status_code == 200:
             text = answer.text.rstrip()
-    print(format_bundle(data, text))
+    print(format_bundle(data, text, utc))
     return EXIT_OK
 
 
@@ -475,7 +497,16 @@ def _transport_reason(err: Exception) -> str:
     return str(err) or type(err).__name__
 
 
-def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO, err: TextIO) -> int:
+def report(
+    command: str,
+    response: httpx.Response,
+    *,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+    token_from: str = "",
+    utc: bool = False,
+) -> int:
     """Print the daemon's answer (or its error) and return the exit code."""
     try:
         data: Any = response.json()
@@ -492,9 +523,9 @@ def report(command: str, response: httpx.Response, *, as_json: bool, out: TextIO
         print(json.dumps(data, indent=2, sort_keys=False), file=out)
         return code
     if http != EXIT_OK:
-        print(format_error(response.status_code, data), file=err)
+        print(format_error(response.status_code, data, token_from), file=err)
         return code
-    print(format_answer(command, data), file=out)
+    print(format_answer(command, data, utc=utc), file=out)
     return code
 
 

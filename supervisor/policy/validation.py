@@ -38,7 +38,11 @@ def check(
         if state not in RUNNING and state != State.HUNG:
             return CommandResult("invalid", f"no server to diagnose (state {st})", st)
     if cmd.kind == "start" and state in RUNNING:
-        return CommandResult("conflict", f"already running (state {st})", st)
+        # Idempotent, as `stop` on a stopped server is: what a start asks for holds already. A start
+        # onto a named rung cannot be honoured by the server that runs (`restart --rung` does that).
+        if cmd.rung is not None:
+            return CommandResult("conflict", f"already running (state {st}); `restart --rung {cmd.rung}` moves it", st)
+        return CommandResult("done", f"already running (state {st})", st)
     if cmd.kind == "stop" and state == State.STOPPED:
         return CommandResult("done", "already stopped", st)
     return None

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp
 from api.app import create_app
 from api.browser import host_policy
 from api.groupgate import LEADER_PATHS, MEMBER_PATHS, GroupGate, group_app
+from api.streams import FollowSlots
 from probes.gpu import GpuProbe
 from probes.gpuscope import DeviceScope
 from probes.ports import port_holders
@@ -98,8 +99,11 @@ class Api:
     server: _ApiServer
     task: asyncio.Task[None]
     sock: socket.socket
+    follows: FollowSlots | None = None
 
     async def close(self) -> None:
+        if self.follows is not None:  # open follows end their answers before uvicorn's grace runs out
+            self.follows.close()
         self.server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.task, timeout=5)
@@ -135,6 +139,8 @@ async def start_api(
         redact=redact,
         timeline=timeline,
         hosts=host_policy(settings.api.host, settings.api.allowed_hosts),
+        # the daemon's own polls of the server, whose access lines `logs` hides unless --all
+        probe_paths=frozenset({settings.watchdog.health_path, settings.watchdog.metrics_path, "/get_server_info"}),
     )
     served: ASGIApp = app
     member_api = sup.peers.member_api(time.monotonic)
@@ -165,7 +171,7 @@ async def start_api(
     if task.done():
         task.result()
     log.info("api_listening", host=settings.api.host, port=settings.api.port, auth=token is not None)
-    return Api(server, task, sock)
+    return Api(server, task, sock, app.state.context.follows)
 
 
 def make_owner(
@@ -215,6 +221,7 @@ def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Ale
         metrics=metrics,
         instance=instance_name(settings.server.host, settings.server.port),
         hook_env=child_env(sup.settings, sup.env, {}),  # the daemon's environment, less its API token and sockets
+        preferred=lambda: sup.settings.ladder[0].name if sup.settings.ladder else None,  # as reloaded
     )
     alerter.start()
     sup.recorder.subscribe_journal(alerter.offer)

@@ -180,8 +180,8 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_client_quietly(daemon_proc
     assert p.first_line(CLIENT_TIMEOUT_S).strip()
     assert p.finish(CLIENT_TIMEOUT_S) == (EXIT_BROKEN_PIPE, "")
 
-    # A follow: the server's next access line (every poll) meets the closed pipe.
-    p = Pipeline(d.argv("logs", "-f", "-n", "5"), tmp_path / "logs.err")
+    # A follow: the server's next access line (every poll, shown with --all) meets the closed pipe.
+    p = Pipeline(d.argv("logs", "-f", "--all", "-n", "5"), tmp_path / "logs.err")
     assert p.first_line(CLIENT_TIMEOUT_S).strip()
     assert p.finish(CLIENT_TIMEOUT_S) == (EXIT_BROKEN_PIPE, "")
 

@@ -58,7 +58,8 @@ async def test_a_fallback_is_seen_and_promote_tries_the_preferred_rung(daemon, s
     assert await cli(r.api, "promote", "--reason", "driver fixed") == EXIT_OK
     answer = printed(capsys)
     assert "promoting from no-cuda-graph to base" in answer and "base last failed with exited" in answer
-    # base still crashes here: the ladder steps down again and serves on the fallback
+    assert "if it fails before it serves: back to no-cuda-graph, no backoff" in answer
+    # base still crashes here: straight back to the fallback that served (issue 49)
     def back(x) -> bool:  # type: ignore[no-untyped-def]
         return bool(x.state == "ready" and x.rung == "no-cuda-graph" and x.started_at != before)
 

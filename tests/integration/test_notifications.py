@@ -26,6 +26,8 @@ pytestmark = pytest.mark.integration
 
 NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}
 SECRET = "T0KEN-s3cr3t-b7f1"
+
+
 def notes(state_dir: str | Path) -> list[dict[str, Any]]:
     return [e for e in events(state_dir) if e["event"] == "notification"]
 
@@ -85,6 +87,12 @@ async def check_story(r: Any, s: Settings, got: Any, hung: Any, failing: Any, ou
         assert first["rung"] == "base" and first["version"] == 1 and inc.id in second["summary"]
         assert second["incident"]["id"] == inc.id and second["rung"] == "no-cuda-graph"
         assert second["incident"]["cause"] == "startup_stall"  # what it recovered from, not null (issue 38)
+        # one incident's id, cause and class together; where it serves now against the preferred rung (issue 53)
+        assert second["incident"] == {**first["incident"], "culprit": None}
+        assert (second["preferred_rung"], second["on_preferred_rung"]) == ("base", False)
+        assert second["later_incidents"] == 0 and second["last_incident"] is None
+        assert f"recovered after {inc.id} (startup_stall, {inc.hang_class})" in second["summary"], second["summary"]
+        assert "serving on rung no-cuda-graph (a fallback, not the preferred rung base" in second["summary"]
         # Slack: a message with text; PagerDuty: trigger then resolve on one dedup key
         slack = got.bodies("/slack")
         assert len(slack) == 2 and "startup_stall" in slack[0]["text"] and inc.bundle in slack[0]["text"]

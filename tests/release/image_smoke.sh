@@ -27,6 +27,12 @@ cleanup() {
 trap cleanup EXIT
 fail() { printf 'IMAGE SMOKE FAILED: %s\n' "$*" >&2; exit 1; }
 
+# The documented prerequisites (docs/RELEASE.md, "The image"), said before anything is built.
+command -v "${PODMAN%% *}" >/dev/null || fail "${PODMAN%% *} is not installed (apt-get install podman buildah)"
+if [[ $PODMAN == *"--runtime runc"* ]] && ! command -v runc >/dev/null; then
+  fail "PODMAN asks for runc, which is not installed: apt-get install runc (docs/RELEASE.md, \"The image\")"
+fi
+
 if [[ $BASE == standin ]]; then
   BASE=localhost/sglang-standin:bookworm
   if ! $PODMAN image exists "$BASE"; then

@@ -50,6 +50,33 @@ def test_incident_then_ready_is_a_recovery_naming_the_incident() -> None:
     assert t.feed({"event": "server_ready", "ts": "t", "rung": "no-graph"}) is None, "one recovery per incident"
 
 
+def test_a_recovery_names_one_incident_whole_and_says_whether_the_rung_is_the_preferred_one() -> None:
+    # issue 53: "recovered after <the last id> (<the first incident's cause>)" paired two incidents
+    t = Tracker("h:1", lambda: "base")
+    t.feed(INC)
+    t.feed({**INC, "id": "I2", "cause": "exited", "hang_class": None, "bundle": None, "rung": "base"})
+    t.feed({**INC, "id": "I3", "cause": "serving_stall", "hang_class": "busy_loop", "bundle": "I3", "rung": "mid"})
+    rec = t.feed({"event": "server_ready", "ts": "t", "rung": "no-graph"})
+    assert rec is not None
+    assert (rec.incident_id, rec.cause, rec.hang_class, rec.bundle) == ("I1", "startup_stall", "idle_deadlock", "I1")
+    assert rec.later_incidents == 2 and rec.last_incident is not None and rec.last_incident.id == "I3"
+    assert rec.summary == (
+        "SGLang h:1: recovered after I1 (startup_stall, idle_deadlock) and 2 more incidents, the last I3 "
+        "(serving_stall, busy_loop), serving on rung no-graph (a fallback, not the preferred rung base: "
+        "`promote` tries it again)"
+    )
+    body = shapes.generic(rec)
+    assert body["incident"]["id"] == "I1" and body["incident"]["cause"] == "startup_stall"
+    assert body["last_incident"] == {"id": "I3", "cause": "serving_stall", "hang_class": "busy_loop", "bundle": "I3"}
+    assert (body["preferred_rung"], body["on_preferred_rung"]) == ("base", False)
+    # the next episode starts afresh, and a recovery onto rung 0 says so
+    t.feed({**INC, "id": "I9", "cause": "exited", "hang_class": None})
+    rec = t.feed({"event": "server_ready", "ts": "t", "rung": "base"})
+    assert rec is not None
+    assert rec.summary == "SGLang h:1: recovered after I9 (exited), serving on rung base (the preferred rung)"
+    assert shapes.hook_env(rec)["SGLANG_SUPERVISOR_ON_PREFERRED_RUNG"] == "true"
+
+
 def test_ready_without_an_incident_and_manual_restarts_are_not_told() -> None:
     assert kinds(
         [

@@ -111,8 +111,11 @@ class FakeSupervisor:
             self.snap = self.snap.model_copy(update={"state": "stopped", "pid": None})
             return CommandResult("accepted", state="stopped")
         if command.kind == "start":
-            if self.snap.state != "stopped":
-                return CommandResult("conflict", f"already running ({self.snap.state})", state=self.snap.state)
+            if self.snap.state != "stopped":  # as the daemon answers (supervisor/policy/validation.py)
+                st = self.snap.state
+                if command.rung is not None:
+                    return CommandResult("conflict", f"already running (state {st})", state=st)
+                return CommandResult("done", f"already running (state {st})", state=st)
             self.snap = self.snap.model_copy(update={"state": "starting"})
             return CommandResult("accepted", state="starting")
         if command.kind == "reload":

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,9 @@ def test_status_table(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> Non
     assert rows["pid"] == "4242"
     assert rows["restarts"] == "2 since the daemon started; 1 in the last hour (the budget's window)"
     assert rows["last progress"] == "1.5 s ago"
-    assert rows["last incident"].startswith("startup_stall / idle_deadlock at 2025-01-01T00:00:00Z on base")
+    # one format for a moment: ISO 8601 with its offset, in this host's zone (issue 53)
+    local = datetime(2025, 1, 1, tzinfo=timezone.utc).astimezone().isoformat(timespec="seconds")
+    assert rows["last incident"].startswith(f"startup_stall / idle_deadlock at {local} on base")
     assert "health ok 12 ms" in rows["serving"] and "spec accept 3.10" in rows["serving"]
     assert "NVIDIA H200" in rows["GPUs"] and "95% util" in rows["GPUs"]
     for key in ("phase", "progress"):

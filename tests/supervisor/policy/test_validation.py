@@ -44,7 +44,9 @@ def test_what_the_state_makes_meaningless_is_refused_at_submit_and_in_the_queue(
     assert outcome(settings, "restart", State.READY, queued=queued, rung="no-graph") is None
     assert outcome(settings, "diagnose", State.STOPPED, queued=queued) == "invalid"
     assert outcome(settings, "diagnose", State.HUNG, queued=queued) is None
-    assert outcome(settings, "start", State.STARTING, queued=queued) == "conflict"
+    assert outcome(settings, "start", State.STARTING, queued=queued) == "done"  # idempotent (issue 53)
+    assert outcome(settings, "start", State.READY, queued=queued) == "done"
+    assert outcome(settings, "start", State.READY, queued=queued, rung="no-graph") == "conflict"
     assert outcome(settings, "start", State.RESTARTING, queued=queued) is None  # a start skips a backoff
     assert outcome(settings, "start", State.FAILED, queued=queued) is None
     assert outcome(settings, "stop", State.STOPPED, queued=queued) == "done"
