@@ -143,6 +143,8 @@ class History:
     busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy looks while starting (policy/gpuwait.py)
     ras: RasState = field(default_factory=RasState)  # NCCL RAS reports (policy/rasrule.py, issue 35)
     starved: Starved = field(default_factory=Starved)  # since the last progress (starting) or token (serving)
+    # pid -> the poll that first saw it stopped (state T), for the processes stopped at every poll since
+    stopped_since: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def last_progress_at(self) -> float:
@@ -410,6 +412,10 @@ def assess_serving(
     if obs.health is not None:
         fails = 0 if obs.health.ok else h.health_failures + 1
         h = replace(h, health_failures=fails, health_seen=h.health_seen + 1)
+    h = replace(h, stopped_since=stopped_members(h.stopped_since, obs, now))
+    held = stopped_verdict(h, obs, now)
+    if held is not None:
+        return held, h
     if h.health_failures >= s.health_failures:
         err = obs.health.error if obs.health is not None else ""
         return (
@@ -502,6 +508,52 @@ def assess_serving(
             h,
         )
     return Verdict(status="ready", reason="healthy", phase="serving"), h
+
+
+def stopped_members(before: Mapping[int, float], obs: Observation, now: float) -> dict[int, float]:
+    """The tree's processes in state T (SIGSTOP, or a debugger's group stop) at this poll, each with
+    the poll that first saw it so; a process that ran at a poll in between starts again. A tracer's
+    stop (state t: py-spy, gdb, the daemon's own capture) is not state T and is never counted."""
+    return {p.pid: before.get(p.pid, now) for p in obs.tree.processes if p.status == "stopped"}
+
+
+def _named(pid: int, obs: Observation) -> str:
+    p = next((x for x in obs.tree.processes if x.pid == pid), None)
+    if p is None:
+        return f"pid {pid}"
+    if p.role == "main":
+        return f"the server's main process (HTTP front end) pid {pid}"
+    rank = f" TP{p.rank}" if p.rank is not None else ""
+    return f"{p.role}{rank} pid {pid}"
+
+
+def stopped_verdict(h: History, obs: Observation, now: float) -> Verdict | None:
+    """Process state as evidence (issue 51): a process of the tree stopped for more than a poll (seen
+    in state T at this poll and the one before) while health fails is the hang, judged now rather
+    than after `health_failures` timeouts. A stop that ended by this poll, or one while health
+    answers (a person's debugger, briefly), is no verdict."""
+    if h.health_failures < 1:
+        return None
+    held = sorted((since, pid) for pid, since in h.stopped_since.items() if since < now)
+    if not held:
+        return None
+    since, pid = held[0]
+    names = ", ".join(_named(p, obs) for _, p in held)
+    err = obs.health.error if obs.health is not None and not obs.health.ok else "failed"
+    return Verdict(
+        status="incident",
+        cause="unhealthy",
+        reason=(
+            f"{names} stopped (state T: SIGSTOP or a debugger) for {now - since:.0f} s while the health check"
+            f" fails ({err}): a stopped process runs nothing, so the server cannot answer"
+        ),
+        phase="serving",
+        figures=(
+            ("health_failures", float(h.health_failures)),
+            ("stopped_pid", float(pid)),
+            ("stopped_s", round(now - since, 3)),
+        ),
+    )
 
 
 def assess(
