@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from probes.types import Observation, Phase
+from probes.types import Observation, Phase, ServingObservation
 from supervisor.config.settings import WatchdogSettings
 from supervisor.policy.gpuwait import NEUTRAL, BusyState, busy_figures, fold_busy, gpu_bound, gpu_spinning
 from supervisor.policy.rasrule import RasState, RasVerdict
@@ -386,6 +386,15 @@ def _sched_figures(st: Starved, obs: Observation, ext: float) -> tuple[tuple[str
     return tuple(figs)
 
 
+def _never_started(sv: ServingObservation) -> str:
+    """A wedge that /health may not see (issue 51: SGLang #40809, #28815): requests the engine accepted
+    (`num_queue_reqs`, vLLM's `num_requests_waiting`) and none running to start them."""
+    queued = sv.queue_reqs or 0
+    if queued <= 0 or (sv.running_reqs or 0) > 0:
+        return ""
+    return f"; {queued:.0f} accepted request{'' if queued == 1 else 's'} wait{'s' if queued == 1 else ''} and none runs"
+
+
 def _token_count(obs: Observation) -> float | None:
     sv = obs.serving
     if sv is None or not sv.available:
@@ -484,11 +493,14 @@ def assess_serving(
                     f"{(sv.running_reqs or 0):.0f} running and {(sv.queue_reqs or 0):.0f} queued requests"
                     + (f" ({sv.active_requests:.0f} open at the HTTP front)" if sv.active_requests else "")
                     + ", "
-                    f"no decode tokens for {now - h.tokens_moved_at:.0f} s" + (f"; {extended}" if extended else "")
+                    f"no decode tokens for {now - h.tokens_moved_at:.0f} s"
+                    + _never_started(sv)
+                    + (f"; {extended}" if extended else "")
                 ),
                 phase="serving",
                 figures=(
                     ("running_reqs", float(sv.running_reqs or 0)),
+                    ("queue_reqs", float(sv.queue_reqs or 0)),
                     ("tokens", float(tokens or 0)),
                     ("since_tokens_s", round(now - h.tokens_moved_at, 3)),
                     *_sched_figures(starved, obs, ext),

@@ -384,3 +384,68 @@ def test_a_stopped_process_while_health_fails_is_judged_at_the_next_poll(
     # One failed health check, not `health_failures` (3) of them.
     assert figures["health_failures"] == 1.0 and figures["stopped_s"] >= 2.0, figures
     assert figures["stopped_pid"] == float(int(named.split("pid ")[1].split()[0]))
+
+
+# ---- wedges with /health 200: accepted, never started (issue 51) ----------------------------------------
+
+SGLANG_QUEUED = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",tp_rank="0"} RUNNING
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",tp_rank="0"} QUEUED
+# TYPE sglang:realtime_tokens counter
+sglang:realtime_tokens_total{mode="decode",model_name="m"} TOKENS
+"""
+VLLM_QUEUED = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} RUNNING
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} QUEUED
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 40.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} TOKENS
+"""
+
+
+def scrape(engine: str, at: float, running: float, queued: float, tokens: float) -> ServingObservation:
+    from probes.serving import parse_metrics
+    from supervisor.engines import SGLANG, VLLM
+
+    text, names = (SGLANG_QUEUED, SGLANG.metrics) if engine == "sglang" else (VLLM_QUEUED, VLLM.metrics)
+    body = text.replace("RUNNING", str(running)).replace("QUEUED", str(queued)).replace("TOKENS", str(tokens))
+    return parse_metrics(body, at, names)
+
+
+# (case, per poll: running, queued, token counter at poll i; the poll the stall comes at or None)
+WEDGES = [
+    # SGLang #40809 / #28815 shapes: accepted, nothing runs, the counters stand, /health says 200.
+    ("accepted_never_started", lambda i: (0.0, 3.0, 5000.0), 30),
+    # A full batch with a queue behind it is serving: its tokens move.
+    ("queued_behind_a_moving_batch", lambda i: (8.0, 3.0, 5000.0 + 40 * i), None),
+    # An idle server's frozen counters are no wedge.
+    ("idle", lambda i: (0.0, 0.0, 5000.0), None),
+]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize(("case", "shape", "at"), WEDGES, ids=[w[0] for w in WEDGES])
+def test_requests_accepted_and_never_started_are_a_serving_stall_with_health_200(
+    engine: str, case: str, shape, at: int | None  # type: ignore[no-untyped-def]
+) -> None:
+    s = S.model_copy(update={"serving_stall_s": 60.0})
+    h = new_history(0.0)
+    v = None
+    for i in range(1, 80):
+        t = 2.0 * i
+        running, queued, tokens = shape(i)
+        o = obs(t, health=health(t, True), serving=scrape(engine, t, running, queued, tokens))
+        v, h = assess(h, o, t, s, mode="serving")
+        if v.is_incident:
+            break
+    assert v is not None
+    if at is None:
+        assert v.status == "ready", (engine, case, v)
+        return
+    assert v.cause == "serving_stall" and i == at + 1, (engine, case, i, v)  # 60 s after the first poll
+    assert "3 accepted requests wait and none runs" in v.reason, v.reason
+    assert dict(v.figures)["queue_reqs"] == 3.0
