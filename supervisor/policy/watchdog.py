@@ -17,6 +17,7 @@ from supervisor.config.settings import WatchdogSettings
 from supervisor.policy.gpuwait import NEUTRAL, BusyState, busy_figures, fold_busy, gpu_bound, gpu_spinning
 from supervisor.policy.rasrule import RasState, RasVerdict
 from supervisor.policy.sglangwd import cause_for, crash_error, dump_class, fired, reason
+from supervisor.policy.stopped import held_stopped, stopped_members
 from supervisor.status.causes import Cause
 
 Mode = Literal["starting", "serving"]
@@ -544,50 +545,12 @@ def assess_serving(
     return Verdict(status="ready", reason="healthy", phase="serving"), h
 
 
-def stopped_members(before: Mapping[int, float], obs: Observation, now: float) -> dict[int, float]:
-    """The tree's processes in state T (SIGSTOP, or a debugger's group stop) at this poll, each with
-    the poll that first saw it so; a process that ran at a poll in between starts again. A tracer's
-    stop (state t: py-spy, gdb, the daemon's own capture) is not state T and is never counted."""
-    return {p.pid: before.get(p.pid, now) for p in obs.tree.processes if p.status == "stopped"}
-
-
-def _named(pid: int, obs: Observation) -> str:
-    p = next((x for x in obs.tree.processes if x.pid == pid), None)
-    if p is None:
-        return f"pid {pid}"
-    if p.role == "main":
-        return f"the server's main process (HTTP front end) pid {pid}"
-    rank = f" TP{p.rank}" if p.rank is not None else ""
-    return f"{p.role}{rank} pid {pid}"
-
-
 def stopped_verdict(h: History, obs: Observation, now: float) -> Verdict | None:
-    """Process state as evidence (issue 51): a process of the tree stopped for more than a poll (seen
-    in state T at this poll and the one before) while health fails is the hang, judged now rather
-    than after `health_failures` timeouts. A stop that ended by this poll, or one while health
-    answers (a person's debugger, briefly), is no verdict."""
-    if h.health_failures < 1:
+    """A process of the tree stopped for more than a poll while health fails (policy/stopped.py)."""
+    found = held_stopped(h.stopped_since, h.health_failures, obs, now)
+    if found is None:
         return None
-    held = sorted((since, pid) for pid, since in h.stopped_since.items() if since < now)
-    if not held:
-        return None
-    since, pid = held[0]
-    names = ", ".join(_named(p, obs) for _, p in held)
-    err = obs.health.error if obs.health is not None and not obs.health.ok else "failed"
-    return Verdict(
-        status="incident",
-        cause="unhealthy",
-        reason=(
-            f"{names} stopped (state T: SIGSTOP or a debugger) for {now - since:.0f} s while the health check"
-            f" fails ({err}): a stopped process runs nothing, so the server cannot answer"
-        ),
-        phase="serving",
-        figures=(
-            ("health_failures", float(h.health_failures)),
-            ("stopped_pid", float(pid)),
-            ("stopped_s", round(now - since, 3)),
-        ),
-    )
+    return Verdict(status="incident", cause="unhealthy", reason=found.reason, phase="serving", figures=found.figures)
 
 
 def assess(
