@@ -11,7 +11,16 @@ from dataclasses import replace
 import pytest
 from observations import obs
 
-from probes.types import GpmDevice, GpmObservation, Observation, SchedObservation, ServingObservation
+from probes.types import (
+    BusySample,
+    BusyThread,
+    GpmDevice,
+    GpmObservation,
+    Observation,
+    PyFrame,
+    SchedObservation,
+    ServingObservation,
+)
 from supervisor.config.settings import WatchdogSettings
 from supervisor.policy.watchdog import STARVED_CEILING_WINDOWS, Verdict, assess, new_history
 
@@ -249,3 +258,17 @@ def test_a_serving_spin_beside_hogs_is_judged_at_its_window() -> None:
             break
     assert v is not None and v.cause == "serving_stall"
     assert WINDOW <= i - 1 <= WINDOW + 1 and "extended" not in v.reason, (i, v.reason)
+
+
+def test_py_spy_looks_in_a_gpu_wait_say_the_tree_spins_without_gpm() -> None:
+    """No GPM: the busy look (py-spy, non-blocking) finds the ranks' threads in `Event.synchronize`,
+    so their wait for a CPU is a spinner's, not starvation: judged at the window."""
+    sync = BusyThread(7, 7, "MainThread", (PyFrame("Event.synchronize", "/v/torch/cuda/streams.py", 225),))
+    seq = []
+    for i in range(1, 200):
+        o = loaded(float(i), 1.6, 0.2, 100.0, None)
+        seq.append(replace(o, busy=BusySample(at=float(i), pids=(7,), threads=(sync,))))
+    v, _ = first_incident(seq)
+    assert v.cause == "startup_stall" and WINDOW <= judged_at(v) <= WINDOW + 1, (judged_at(v), v.reason)
+    figures = dict(v.figures)
+    assert figures["window_extended_s"] <= 1.0 and figures["spin_wait_s"] > 0.5 * WINDOW, figures
