@@ -15,6 +15,8 @@
 # Issue 23: mn2 (real SGLang as two nodes of one group, one daemon per node; two GPUs).
 # Issue 35: i35 (lane i35 on one H200: power at idle/spin/work, the NCCL Flight Recorder pipe with a
 # one-rank group, real SGLang's LOCK_GIL hang after load then the capture spin: the culprit first line).
+# Issue 51: i51 (lane frontstop, bench/real/lanes51.py: the server's main process SIGSTOPped under four
+# clients: judged at the first failed health check, the front end named on line 1).
 # Issue 36: i36 (lane fast, bench/real/lanes36.py: cold start, serving stall and the warm relaunch, a
 # start-up deadlock under a learned window, a cold launch again; the outage in its parts; one H200, ~8 min);
 # i36xid (lane xid again: the relaunch after a real Xid, whose launch_timeline times the warm-up request).
@@ -62,6 +64,8 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
     i35)    python3 -m bench.real.run plan --plan "i35:0:0" --real "$REAL" --work "$REAL/work35" --deadline 540
             python3 -m bench.real.run pack --work "$REAL/work35" --out "$OUTDIR" ;;
+    i51)    python3 -m bench.real.run plan --plan "frontstop:0:0" --real "$REAL" --work "$REAL/work51" --deadline 540
+            python3 -m bench.real.run pack --work "$REAL/work51" --out "$OUTDIR" ;;
     mn2)    python3 -m bench.real.run lane mn2 --gpu 0,1 --real "$REAL" --work "$REAL/work23"
             cp "$REAL/work23/result.json" "$OUTDIR/mn2-result.json" 2>/dev/null ;;
     busy)   python3 -m bench.real.run plan --plan "busyhang:0:0" --real "$REAL" --work "$REAL/work22a" --deadline 400

@@ -6,7 +6,10 @@ cuda_graph_capture > collective > io_wait > busy_spin > idle_deadlock > unknown.
 Busy or idle is judged from the schedulers when the tree has them: the HTTP front end keeps
 burning a core for its clients while a scheduler is stopped or deadlocked, and that core says
 nothing about where the model's work hangs. A scheduler stopped by a signal (state T before any
-tool attached) runs nothing: it is named first and counts as idle. A tree whose schedulers all
+tool attached) runs nothing: it is named first and counts as idle. So does any other process of
+the tree that is stopped (issue 51): with the front end or the detokenizer stopped, the schedulers
+turn their loops with nothing to take, and that core is not the hang: the stop is, so
+`idle_deadlock` ranks before `busy_spin` then. A tree whose schedulers all
 exited (a detokenizer left, no rank) is `unknown`: busy or idle would describe the front end only.
 """
 
@@ -212,7 +215,11 @@ def _idle(views: list[ThreadView], ev: Evidence) -> _Finding | None:
     mine = _rank_views(views, ev)
     locked = [v for v in mine if v.kind == "lock" and not v.background]
     stopped = [p for p in _ranks(ev) if p.stopped]
-    if (not locked and not stopped) or any(v.kind == "running" for v in mine):
+    others = [p for p in ev.processes if p.stopped and not p.rank_like]
+    if others:  # a stopped front end or detokenizer: the ranks' loops turn with nothing to take
+        stopped += others
+        locked = [] if any(v.kind == "running" for v in mine) else locked
+    elif (not locked and not stopped) or any(v.kind == "running" for v in mine):
         return None
     reasons = [f"{p.label} is stopped: nothing in it runs" for p in stopped]
     if locked:
@@ -240,6 +247,9 @@ def classify(evidence: Evidence) -> Classification:
         ("busy_spin", busy),
         ("idle_deadlock", None if busy else _idle(views, evidence)),
     ]
+    if any(p.stopped and not p.rank_like for p in evidence.processes):
+        # A stopped front end or detokenizer is the hang; the ranks' CPU is their idle loop (issue 51).
+        rules[3:] = [("idle_deadlock", _idle(views, evidence)), ("busy_spin", busy)]
     matched = [(cls, f) for cls, f in rules if f is not None]
     figures = _figures(evidence)
     if not matched:

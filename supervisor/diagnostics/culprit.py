@@ -11,16 +11,21 @@ waiting by design; the person on call wants the one that matters first. Per rank
    non-helper thread in a wait of its own);
 5. the first thread that is not a helper.
 
-Across ranks the primary culprit is the rank that does not do what the others do: a stopped rank,
-the rank that never joined the collective the others wait in, a GIL holder, a spinner, else the
-lowest rank. Helper threads are folded into a count by kind.
+Across processes the primary culprit is the one the evidence points at, whatever its role (issue
+51): candidates are ranked by what their chosen thread shows (`STANDINGS`, strongest first: stopped,
+never joined or in D state, holding the GIL in native code, blocked in a lock or a native call,
+spinning, waiting on a peer, idle), ranks before other processes of the same standing, then the
+lowest rank. Every rank is a candidate; a process that is not a rank (the HTTP front end, the
+detokenizer, a controller) only on evidence that cannot be its normal wait (stopped, D state, the
+GIL held in native code): their main threads wait in a queue or a selector by design. Helper
+threads are folded into a count by kind.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from supervisor.diagnostics.capturerecords import Classification, Evidence, Frame, ProcEvidence
 from supervisor.diagnostics.waits import ThreadView, stdlib_sync_file, thread_views
@@ -56,6 +61,8 @@ class Culprit:
     gil: bool = False  # py-spy said it holds the GIL
     helpers: int = 0  # idle helper threads of this rank folded into a count
     helper_kinds: tuple[tuple[str, int], ...] = ()
+    kind: str = ""  # the chosen thread's wait kind (supervisor.diagnostics.waits.WaitKind)
+    standing: str = ""  # what the evidence says of it (STANDINGS), set by `culprits`
 
     def line(self) -> str:
         """`Culprit: scheduler TP0 pid 12 thread 'MainThread' tid 12 sleeps in clock_nanosleep at f (x.py:27) ...`."""
@@ -101,6 +108,7 @@ class Culprit:
             "evidence": list(self.evidence),
             "helpers": self.helpers,
             "helper_kinds": dict(self.helper_kinds),
+            "standing": self.standing or None,
             "text": self.line(),
         }
 
@@ -199,7 +207,8 @@ def _pick(views: Sequence[ThreadView], proc: ProcEvidence) -> tuple[ThreadView |
     if main is not None and main in work:
         short = main.site.function.rsplit(".", 1)[-1] if main.site else ""
         if short not in _JOIN and main.label not in _JOIN:
-            return main, ["it is the rank's main thread, where the scheduler loop runs"]
+            loop = "the scheduler loop" if proc.rank_like else "the process's own loop"
+            return main, [f"it is the {'rank' if proc.rank_like else 'process'}'s main thread, where {loop} runs"]
         others = [v for v in work if v is not main]
         if others:
             more = [f"{o.name} at {frames_of(o)[0]}" for o in others[1:3] if frames_of(o)]
@@ -225,6 +234,25 @@ def _own(views: Sequence[ThreadView], proc: ProcEvidence) -> list[ThreadView]:
     return [v for v in views if v.tid is None or v.tid in tasks]
 
 
+# What a candidate's chosen thread shows, strongest first (issue 51). Stopped: it runs nothing until
+# SIGCONT. Halted: the rank the others' collective waits for, or a thread the kernel will not wake (D).
+# GIL in native code: no other thread of the process runs Python. Blocked: a lock or a native call
+# (a CUDA wait). Spins: running code in a loop. Peer: waits for input (a selector, a socket, a pipe).
+STANDINGS = ("stopped", "halted", "gil_native", "blocked", "spins", "peer", "idle")
+_STRONG = frozenset({"stopped", "halted", "gil_native"})  # enough for a process that is not a rank
+_ROLE_WHY = {
+    "main": "it is the server's main process (HTTP front end and tokenizer manager): while it is stopped no"
+    " request is read or answered, and every health check times out",
+    "detokenizer": "it is the detokenizer: no output reaches the front end while it is stopped",
+    "controller": "it is the controller between the front end and the ranks: no request reaches a rank",
+}
+
+
+def _who(proc: ProcEvidence) -> str:
+    """`scheduler TP0 pid 12`; the server's main process is named for what it is."""
+    return f"front end (main) pid {proc.pid}" if proc.role == "main" else proc.label
+
+
 def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
     views = _own(thread_views(proc), proc)
     chosen, why = _pick(views, proc)
@@ -235,71 +263,79 @@ def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
         if v is not chosen and (k := helper_kind(v)) is not None:
             kinds[k] = kinds.get(k, 0) + 1
     same = _same_place(chosen)
-    return Culprit(
+    role_why = _ROLE_WHY.get(proc.role) if proc.stopped else None
+    c = Culprit(
         rank=proc.rank,
         pid=proc.pid,
-        process=proc.label,
+        process=_who(proc),
         thread=chosen.name or "?",
         tid=chosen.tid,
         doing=_doing(chosen),
         frames=frames_of(chosen),
         held_s=held_s,
-        evidence=tuple(why + ([same] if same else [])),
+        evidence=tuple(why + ([role_why] if role_why else []) + ([same] if same else [])),
         gil=holds_gil(chosen),
         helpers=sum(kinds.values()),
         helper_kinds=tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
+        kind=chosen.kind,
     )
+    return replace(c, standing=standing(c, frozenset()))
 
 
-def _score(c: Culprit, missing: set[int]) -> tuple[int, int]:
-    if c.doing.startswith("is stopped"):
-        order = 0
-    elif c.pid in missing or c.doing.startswith("is in D state"):
-        order = 1  # the rank the others wait for, or a thread the kernel will not wake
-    elif c.gil and not c.doing.startswith("runs"):
-        order = 2
-    elif c.doing.startswith("runs"):
-        order = 3
-    else:
-        order = 4
-    return order, c.rank if c.rank is not None else 1 << 20
+def standing(c: Culprit, missing: frozenset[int]) -> str:
+    """What the evidence says of a candidate (one of STANDINGS), from its chosen thread."""
+    if c.doing.startswith("is stopped") or c.kind == "stopped":
+        return "stopped"
+    if c.pid in missing or c.kind == "disk":
+        return "halted"
+    if c.gil and c.kind != "running":
+        return "gil_native"
+    if c.kind in ("lock", "gpu"):
+        return "blocked"
+    if c.kind == "running":
+        return "spins"
+    if c.kind == "io":
+        return "peer"
+    return "idle"
+
+
+def rank_key(c: Culprit, rank_like: bool) -> tuple[int, int, int, int]:
+    """The order of candidates: strongest standing, then ranks before other processes, then the
+    lowest rank, then the lowest pid."""
+    return (
+        STANDINGS.index(c.standing or "idle"),
+        0 if rank_like else 1,
+        c.rank if c.rank is not None else 1 << 20,
+        c.pid,
+    )
 
 
 def culprits(
     ev: Evidence, held_s: float | None, missing_pids: Sequence[int] = (), dead: Culprit | None = None
 ) -> tuple[Culprit, ...]:
-    """One culprit per rank (every process when the tree has no scheduler), primary first; a rank
-    that died (`dead`, from its last words in the log) comes before the ranks left waiting for it."""
-    ranks = [p for p in ev.processes if p.rank_like] or list(ev.processes)
-    found = [c for p in ranks if (c := rank_culprit(p, held_s)) is not None]
-    missing = set(missing_pids)
-    if missing:
-        why = "this rank never joined the collective the other ranks wait in"
-        found = [_with(c, why) if c.pid in missing else c for c in found]
-    ranked = tuple(sorted(found, key=lambda c: _score(c, missing)))
+    """One culprit per rank, and per other process whose evidence is strong (every process when the
+    tree has no rank), primary first; a rank that died (`dead`, from its last words in the log)
+    comes before the ranks left waiting for it."""
+    has_ranks = any(p.rank_like for p in ev.processes)
+    missing = frozenset(missing_pids)
+    why = "this rank never joined the collective the other ranks wait in"
+    found: list[tuple[Culprit, bool]] = []
+    for p in ev.processes:
+        c = rank_culprit(p, held_s)
+        if c is None:
+            continue
+        if c.pid in missing:
+            c = replace(c, evidence=(why, *c.evidence))
+        c = replace(c, standing=standing(c, missing))
+        if p.rank_like or not has_ranks or c.standing in _STRONG:
+            found.append((c, p.rank_like or not has_ranks))
+    ranked = tuple(c for c, _ in sorted(found, key=lambda x: rank_key(x[0], x[1])))
     return (dead, *ranked) if dead is not None else ranked
 
 
 def never_joined(cls: Classification) -> list[int]:
     """The pids the collective rule named as never having joined (\"TP1 (pid 42) never joined\")."""
     return [int(m) for r in cls.reasons if "never joined" in r for m in re.findall(r"\(pid (\d+)\)", r)]
-
-
-def _with(c: Culprit, why: str) -> Culprit:
-    return Culprit(
-        c.rank,
-        c.pid,
-        c.process,
-        c.thread,
-        c.tid,
-        c.doing,
-        c.frames,
-        c.held_s,
-        (why, *c.evidence),
-        c.gil,
-        c.helpers,
-        c.helper_kinds,
-    )
 
 
 _FATAL = re.compile(r"^Fatal Python error: (.+?)\s*$")

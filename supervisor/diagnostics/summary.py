@@ -269,7 +269,9 @@ def _culprit_head(s: dict[str, object]) -> list[str]:
     n = first.get("helpers")
     lines.append(f"  {n} idle helper thread{'' if n == 1 else 's'} folded" + (f" ({kind_text})" if kind_text else ""))
     for c in docs[1:]:
-        lines.append(f"  other rank: {str(c['text']).removeprefix('Culprit: ')} ({c.get('helpers')} helpers folded)")
+        # "also": a front end or a detokenizer with evidence of its own (issue 51)
+        who = "other rank" if c.get("rank") is not None else "also"
+        lines.append(f"  {who}: {str(c['text']).removeprefix('Culprit: ')} ({c.get('helpers')} helpers folded)")
     return [*lines, ""]
 
 

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from probes.types import Observation, Phase
+from probes.types import Observation, Phase, ServingObservation
 from supervisor.config.settings import WatchdogSettings
-from supervisor.policy.gpuwait import BusyState, busy_figures, fold_busy, gpu_bound
+from supervisor.policy.gpuwait import NEUTRAL, BusyState, busy_figures, fold_busy, gpu_bound, gpu_spinning
 from supervisor.policy.rasrule import RasState, RasVerdict
 from supervisor.policy.sglangwd import cause_for, crash_error, dump_class, fired, reason
+from supervisor.policy.stopped import held_stopped, stopped_members
 from supervisor.status.causes import Cause
 
 Mode = Literal["starting", "serving"]
@@ -61,12 +62,16 @@ class Baseline:
 class Starved:
     """Time the watch could not count against the server since its last progress (issue 32).
 
-    `waited_s`: the tree was runnable but not running: the increase of its summed run-queue wait,
-    clamped to the wall time between the two polls (N threads waiting together count once: the
-    question is whether the tree was held back, not by how many threads). A poll in which the tree
-    still ran at least `cpu_progress_cores` adds no wait: it had CPU to progress with (a spinner on
-    a busy host waits too), and the cpu-only rule already judges CPU-only movement. `late_s`: the
-    daemon's own poll started late (its loop lag), clamped to what is left of that wall time.
+    `waited_s`: the tree wanted a CPU it did not get (issue 51: wanted, unused CPU only): the increase
+    of its summed run-queue wait beyond the increase of its own on-CPU time, clamped to the wall time
+    between the two polls. Threads of one tree that queue behind each other (a spinning rank's wait
+    behind its own threads) wait about as long as the tree runs: that is the tree using its CPU, not
+    the host withholding it. A poll in which the tree still ran at least `cpu_progress_cores` adds no
+    wait: it had CPU to progress with, and the cpu-only rule already judges CPU-only movement. A poll
+    in which the tree is seen to spin (`spinning`: a GPU busy with no SM work, a GPU busy at idle power,
+    py-spy's looks in a GPU wait) adds none either: a tree that is runnable because it spins is not
+    starved, and its wait is kept apart in `spun_s`. `late_s`: the daemon's own poll started late (its
+    loop lag), clamped to what is left of that wall time.
     """
 
     waited_s: float = 0.0
@@ -74,34 +79,50 @@ class Starved:
     wait_ref: float | None = None  # the tree's summed run-queue wait at the previous poll
     cpu_ref: float | None = None  # its summed on-CPU time then
     at: float | None = None  # that poll's time
+    spun_s: float = 0.0  # run-queue wait while the tree spun: not credited
 
     @property
     def total_s(self) -> float:
         return self.waited_s + self.late_s
 
     def reset(self) -> Starved:
-        return replace(self, waited_s=0.0, late_s=0.0)
+        return replace(self, waited_s=0.0, late_s=0.0, spun_s=0.0)
 
 
-def _starved_step(st: Starved, obs: Observation, s: WatchdogSettings) -> Starved:
-    """Fold one poll's run-queue wait and loop lag into the accumulated starved time (each only
+def _starved_step(st: Starved, obs: Observation, s: WatchdogSettings, *, spinning: bool = False) -> Starved:
+    """Fold one poll's wanted, unused CPU and loop lag into the accumulated starved time (each only
     when it is more than jitter: `STARVED_MIN_SHARE`, `LATE_MIN_POLLS`)."""
     dt = max(0.0, obs.at - st.at) if st.at is not None else 0.0
     sched = obs.sched
-    wait = 0.0
+    wait = spun = 0.0
     wait_ref, cpu_ref = st.wait_ref, st.cpu_ref
     if sched.available:
         if wait_ref is not None and cpu_ref is not None and dt > 0:
             # A member that exited takes its counters with it: a drop is no negative wait.
-            ran = max(0.0, sched.on_cpu_s - cpu_ref) / dt
-            if ran < s.cpu_progress_cores:
-                wait = min(dt, max(0.0, sched.run_wait_s - wait_ref))
+            ran_s = max(0.0, sched.on_cpu_s - cpu_ref)
+            if ran_s / dt < s.cpu_progress_cores:
+                wait = min(dt, max(0.0, sched.run_wait_s - wait_ref - ran_s))
                 if wait < STARVED_MIN_SHARE * dt:
                     wait = 0.0
+            if spinning:
+                wait, spun = 0.0, wait
         wait_ref, cpu_ref = sched.run_wait_s, sched.on_cpu_s
     lag = max(0.0, obs.loop_lag_s)
     late = min(max(0.0, dt - wait), lag) if lag >= LATE_MIN_POLLS * s.poll_interval_s else 0.0
-    return Starved(st.waited_s + wait, st.late_s + late, wait_ref=wait_ref, cpu_ref=cpu_ref, at=obs.at)
+    return Starved(
+        st.waited_s + wait, st.late_s + late, wait_ref=wait_ref, cpu_ref=cpu_ref, at=obs.at, spun_s=st.spun_s + spun
+    )
+
+
+def spins(b: BusyState | None, obs: Observation, s: WatchdogSettings) -> bool:
+    """The tree is seen spinning at this poll: its GPU busy with almost no SM work (GPM), or busy at
+    about its idle power, or the last py-spy look that saw a busy thread found it in a GPU wait."""
+    if gpu_spinning(obs.gpu, obs.gpm, s.busy_gpu_percent, s.gpm_spin_sm_active):
+        return True
+    if b is None:
+        return False
+    looks = [k for k in b.kinds if k not in NEUTRAL]
+    return b.power_since is not None or (bool(looks) and looks[-1] == "gpu_wait")
 
 
 def extension(st: Starved, window_s: float) -> float:
@@ -144,6 +165,8 @@ class History:
     busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy looks while starting (policy/gpuwait.py)
     ras: RasState = field(default_factory=RasState)  # NCCL RAS reports (policy/rasrule.py, issue 35)
     starved: Starved = field(default_factory=Starved)  # since the last progress (starting) or token (serving)
+    # pid -> the poll that first saw it stopped (state T), for the processes stopped at every poll since
+    stopped_since: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def last_progress_at(self) -> float:
@@ -280,10 +303,10 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         from_log = ch in LOG_CHANNELS and line_at is not None and line_at <= now
         moved_at[ch] = line_at if from_log and line_at is not None else now
     strong = any(c in STRONG_CHANNELS for c in moved)
-    starved = _starved_step(h.starved, obs, s)
+    busy = fold_busy(h.busy, obs, now, strong, s)
+    starved = _starved_step(h.starved, obs, s, spinning=spins(busy, obs, s))
     if strong:  # starved time counts from the last progress
         starved = starved.reset()
-    busy = fold_busy(h.busy, obs, now, strong, s)
     h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=busy, starved=starved)
     phase = obs.logs.phase
     quiet = now - h.last_progress_at
@@ -356,11 +379,22 @@ def _sched_figures(st: Starved, obs: Observation, ext: float) -> tuple[tuple[str
         ("daemon_late_s", round(st.late_s, 3)),
         ("window_extended_s", round(ext, 3)),
     ]
+    if st.spun_s > 0:
+        figs.append(("spin_wait_s", round(st.spun_s, 3)))  # run-queue wait of a spinning tree: not credited
     if sched.available:
         figs.append(("tree_run_wait_s", round(sched.run_wait_s, 3)))
     if sched.psi_some_avg10 is not None:
         figs.append(("host_cpu_pressure_some_avg10", sched.psi_some_avg10))
     return tuple(figs)
+
+
+def _never_started(sv: ServingObservation) -> str:
+    """A wedge that /health may not see (issue 51: SGLang #40809, #28815): requests the engine accepted
+    (`num_queue_reqs`, vLLM's `num_requests_waiting`) and none running to start them."""
+    queued = sv.queue_reqs or 0
+    if queued <= 0 or (sv.running_reqs or 0) > 0:
+        return ""
+    return f"; {queued:.0f} accepted request{'' if queued == 1 else 's'} wait{'s' if queued == 1 else ''} and none runs"
 
 
 def _token_count(obs: Observation) -> float | None:
@@ -414,6 +448,10 @@ def assess_serving(
         first = obs.health.at - max(0.0, obs.health.latency_s)
         since = None if obs.health.ok else (h.health_failing_since if h.health_failures else first)
         h = replace(h, health_failures=fails, health_failing_since=since, health_seen=h.health_seen + 1)
+    h = replace(h, stopped_since=stopped_members(h.stopped_since, obs, now))
+    held = stopped_verdict(h, obs, now)
+    if held is not None:
+        return held, h
     if h.health_failures >= s.health_failures:
         err = obs.health.error if obs.health is not None else ""
         return (
@@ -440,7 +478,7 @@ def assess_serving(
         and sv.available
         and ((sv.running_reqs or 0) + (sv.queue_reqs or 0) > 0 or (sv.active_requests or 0) > 0)
     )
-    starved = _starved_step(h.starved, obs, s)
+    starved = _starved_step(h.starved, obs, s, spinning=spins(None, obs, s))
     if tokens is not None and (h.tokens is None or tokens > h.tokens):
         # the scrape's own time: its answer may be attached a poll after it was taken
         scraped = sv.at if sv is not None and sv.at <= now else now
@@ -464,11 +502,14 @@ def assess_serving(
                     f"{(sv.running_reqs or 0):.0f} running and {(sv.queue_reqs or 0):.0f} queued requests"
                     + (f" ({sv.active_requests:.0f} open at the HTTP front)" if sv.active_requests else "")
                     + ", "
-                    f"no decode tokens for {now - h.tokens_moved_at:.0f} s" + (f"; {extended}" if extended else "")
+                    f"no decode tokens for {now - h.tokens_moved_at:.0f} s"
+                    + _never_started(sv)
+                    + (f"; {extended}" if extended else "")
                 ),
                 phase="serving",
                 figures=(
                     ("running_reqs", float(sv.running_reqs or 0)),
+                    ("queue_reqs", float(sv.queue_reqs or 0)),
                     ("tokens", float(tokens or 0)),
                     ("since_tokens_s", round(now - h.tokens_moved_at, 3)),
                     *_sched_figures(starved, obs, ext),
@@ -510,6 +551,14 @@ def assess_serving(
             h,
         )
     return Verdict(status="ready", reason="healthy", phase="serving"), h
+
+
+def stopped_verdict(h: History, obs: Observation, now: float) -> Verdict | None:
+    """A process of the tree stopped for more than a poll while health fails (policy/stopped.py)."""
+    found = held_stopped(h.stopped_since, h.health_failures, obs, now)
+    if found is None:
+        return None
+    return Verdict(status="incident", cause="unhealthy", reason=found.reason, phase="serving", figures=found.figures)
 
 
 def assess(

@@ -44,7 +44,8 @@ from supervisor.warmstart.timeline import (
 Record = Callable[..., None]  # the owner's `record(event, level, /, *, only=None, **fields)`
 BOOK = "launches.json"
 # The verdict's figure that says how long the server had shown nothing before it was judged.
-_QUIET_FIGURES = ("since_progress_s", "since_tokens_s", "tokens_quiet_s", "since_first_failure_s")
+# A stopped process's stop is its onset (policy/stopped.py); an unhealthy one's, the first failed check.
+_QUIET_FIGURES = ("since_progress_s", "since_tokens_s", "tokens_quiet_s", "stopped_s", "since_first_failure_s")
 
 
 def host_name() -> str:

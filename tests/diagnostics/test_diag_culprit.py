@@ -341,3 +341,161 @@ def test_every_hang_class_names_its_culprit_first(
     if hang_class == "collective":
         assert first.evidence[0] == "this rank never joined the collective the other ranks wait in"
         assert " at load_weights (loader.py:80)" in line
+
+
+# ---- the culprit is the process the evidence points at, whatever its role (issue 51) ----------------
+
+FRONT, DETOK = 500, 600
+_LOOP = (("EpollSelector.select", "selectors.py", 468), ("run_forever", "asyncio/base_events.py", 1))
+_RECV = (("recv_pyobj", "zmq/sugar/socket.py", 990), ("event_loop", "detokenizer_manager.py", 1))
+
+
+def stopped_proc(pid: int, role: str, rank: int | None, *frames: tuple[str, str, int]) -> ProcEvidence:
+    """Stopped by SIGSTOP before any tool attached; pystack's frames of its main thread."""
+    t = (sample((pid, "python", "T", "do_signal_stop"), (pid + 1, "python", "T", "do_signal_stop")),) * 2
+    return ProcEvidence(pid, role, rank, "", t, python=(py(pid, "MainThread", *frames),), stopped=True)
+
+
+def front_end(stopped: bool = False) -> ProcEvidence:
+    """The HTTP front end: its event loop waits for clients in uvicorn's selector."""
+    if stopped:
+        return stopped_proc(FRONT, "main", None, *_LOOP)
+    s = (sample((FRONT, "python", "S", "do_epoll_wait")),) * 2
+    return ProcEvidence(FRONT, "main", None, "", s, python=(py(FRONT, "MainThread", *_LOOP),))
+
+
+def detok(stopped: bool = False) -> ProcEvidence:
+    if stopped:
+        return stopped_proc(DETOK, "detokenizer", None, *_RECV)
+    s = (sample((DETOK, "python", "S", "do_sys_poll")),) * 2
+    return ProcEvidence(DETOK, "detokenizer", None, "", s, python=(py(DETOK, "MainThread", *_RECV),))
+
+
+def rank_in(kind: str, rank: int) -> ProcEvidence:
+    """A scheduler rank whose main thread shows `kind` of evidence."""
+    pid = PID + 100 * (rank + 1)
+    if kind == "stopped":
+        return stopped_proc(pid, "scheduler", rank, ("event_loop_normal", "scheduler.py", 1))
+    shapes: dict[str, tuple[str, str, StackThread]] = {
+        "lock": ("S", "futex_do_wait", py(pid, "MainThread", ("acquire", "threading.py", 1), ("step", "s.py", 9))),
+        "spins": ("R", "0", py(pid, "MainThread", ("event_loop_normal", "scheduler.py", 1), status="active+gil")),
+        "peer": ("S", "do_sys_poll", py(pid, "MainThread", *_RECV[:1], ("recv_requests", "scheduler.py", 3))),
+        "idle": ("S", "hrtimer_nanosleep", py(pid, "MainThread", ("sleep", "time.py", 1), ("on_idle", "s.py", 4))),
+        "gil": (
+            "S",
+            "hrtimer_nanosleep",
+            py(pid, "MainThread", ("init_attention_backends", "model_runner.py", 14), status="idle+gil"),
+        ),
+    }
+    state, wchan, main = shapes[kind]
+    return proc(sample((pid, "python", state, wchan)), main, pid=pid, rank=rank)
+
+
+def tp(rank: int) -> int:
+    return PID + 100 * (rank + 1)
+
+
+# (case, the processes, the missing pids, the standing of each culprit in order, the first line's head)
+RANKING = [
+    (
+        "a stopped front end beats a scheduler spinning in its loop (the H100 run)",
+        lambda: (front_end(stopped=True), rank_in("spins", 0)),
+        (),
+        ["stopped", "spins"],
+        f"Culprit: front end (main) pid {FRONT} thread 'MainThread' tid {FRONT} is stopped",
+    ),
+    (
+        "a stopped front end beats idle ranks sleeping in their loops (the CPU stand-in)",
+        lambda: (rank_in("idle", 0), rank_in("idle", 1), front_end(stopped=True)),
+        (),
+        ["stopped", "idle", "idle"],
+        f"Culprit: front end (main) pid {FRONT} ",
+    ),
+    (
+        "a stopped detokenizer beats ranks waiting for requests",
+        lambda: (front_end(), rank_in("peer", 0), detok(stopped=True)),
+        (),
+        ["stopped", "peer"],
+        f"Culprit: detokenizer pid {DETOK} thread 'MainThread' tid {DETOK} is stopped",
+    ),
+    (
+        "one stopped rank of several beats its peers",
+        lambda: (front_end(), detok(), rank_in("peer", 0), rank_in("peer", 1), rank_in("stopped", 2)),
+        (),
+        ["stopped", "peer", "peer"],
+        f"Culprit: scheduler TP2 pid {tp(2)} ",
+    ),
+    (
+        "blocked in a lock beats a spinner and a peer waiter",
+        lambda: (rank_in("spins", 0), rank_in("peer", 1), rank_in("lock", 2), front_end()),
+        (),
+        ["blocked", "spins", "peer"],
+        f"Culprit: scheduler TP2 pid {tp(2)} thread 'MainThread' tid {tp(2)} waits in acquire",
+    ),
+    (
+        "the GIL held in native code beats a lock",
+        lambda: (rank_in("lock", 0), rank_in("gil", 1)),
+        (),
+        ["gil_native", "blocked"],
+        f"Culprit: scheduler TP1 pid {tp(1)} ",
+    ),
+    (
+        "the rank that never joined beats a GIL holder",
+        lambda: (rank_in("gil", 0), rank_in("peer", 1)),
+        (tp(1),),
+        ["halted", "gil_native"],
+        f"Culprit: scheduler TP1 pid {tp(1)} ",
+    ),
+    (
+        "waiting on a peer beats idle; at equal evidence the lowest rank",
+        lambda: (rank_in("idle", 0), rank_in("peer", 2), rank_in("peer", 1)),
+        (),
+        ["peer", "peer", "idle"],
+        f"Culprit: scheduler TP1 pid {tp(1)} ",
+    ),
+    (
+        "at equal evidence a rank before the front end",
+        lambda: (front_end(stopped=True), rank_in("stopped", 0)),
+        (),
+        ["stopped", "stopped"],
+        f"Culprit: scheduler TP0 pid {tp(0)} ",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "processes", "missing", "standings", "head"), RANKING, ids=[r[0] for r in RANKING])
+def test_candidates_are_ranked_by_their_evidence_whatever_their_role(
+    case: str,
+    processes: Callable[[], tuple[ProcEvidence, ...]],
+    missing: tuple[int, ...],
+    standings: list[str],
+    head: str,
+) -> None:
+    named = culprits(Evidence(processes()), None, missing)
+    assert [c.standing for c in named] == standings, (case, [(c.process, c.standing) for c in named])
+    line = named[0].line()
+    assert line.startswith(head), (case, line)
+    assert named[0].doc()["standing"] == standings[0]
+
+
+def test_a_stopped_front_end_says_why_it_matters_and_its_class_is_the_stop() -> None:
+    ev = Evidence((rank_in("spins", 0), front_end(stopped=True)), tree_cpu_cores=1.0)
+    first = culprits(ev, None)[0]
+    assert first.evidence[0] == "the process is stopped by a signal: it runs no code"
+    assert "HTTP front end" in first.evidence[1] and "every health check times out" in first.evidence[1]
+    assert first.frames[0] == "EpollSelector.select (selectors.py:468)"  # where its loop stopped
+    # The hang is the stop: the rank's loop turning with nothing to take does not make it busy.
+    cls = classify(ev)
+    assert cls.hang_class == "idle_deadlock", cls.reasons
+    assert cls.reasons[0].startswith(f"main pid {FRONT} stopped (state T"), cls.reasons
+    assert "also matched, lower precedence: busy_spin" in cls.reasons[-1], cls.reasons
+
+
+def test_a_front_end_waiting_in_its_queue_is_no_candidate() -> None:
+    """A front end's or a controller's main thread waits in a queue by design (vLLM's EngineCore in
+    `input_queue.get`, the simulator's main in `Event.wait`): a lock wait there says nothing."""
+    waits = py(FRONT, "MainThread", ("wait", "threading.py", 331), ("run", "server.py", 9))
+    s = (sample((FRONT, "python", "S", "futex_do_wait")),) * 2
+    queued = ProcEvidence(FRONT, "main", None, "", s, python=(waits,))
+    named = culprits(Evidence((queued, rank_in("peer", 0))), None)
+    assert [c.pid for c in named] == [tp(0)]

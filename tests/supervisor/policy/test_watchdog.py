@@ -303,3 +303,151 @@ def test_history_is_not_mutated() -> None:
     before = replace(h)
     assess(h, obs(2, lines=50), 2, S, mode="starting")
     assert h == before
+
+
+# ---- process state as evidence (issue 51) -------------------------------------------------------------
+
+TREE = (proc(100), proc(101, "scheduler"), proc(103, "detokenizer"))
+
+
+def with_state(pid: int, status: str) -> tuple:  # type: ignore[type-arg]
+    return tuple(replace(p, status=status) if p.pid == pid else p for p in TREE)
+
+
+def timeout(at: float) -> HealthObservation:
+    return HealthObservation(at=at, ok=False, status_code=None, latency_s=30.0, error="timeout")
+
+
+OK = "sleeping"
+# (case, per poll every 2 s: (the stopped pid or None, its status letter name, health at that poll: True ok,
+#  False failed, None none finished), the poll index of the verdict or None, what the reason names)
+STOPPED_CASES = [
+    (
+        "a front end stopped for polls, then its first failed health check: judged at that poll",
+        [(100, "stopped", None), (100, "stopped", None), (100, "stopped", None), (100, "stopped", False)],
+        3,
+        "the server's main process (HTTP front end) pid 100 stopped",
+    ),
+    (
+        "health failed first, the scheduler stopped at the next two polls: judged at the second",
+        [(None, OK, False), (101, "stopped", None), (101, "stopped", None)],
+        2,
+        "scheduler pid 101 stopped",
+    ),
+    (
+        "a detokenizer stopped at one poll only (then running) while health fails: no verdict of its own",
+        [(None, OK, False), (103, "stopped", None), (None, OK, None), (None, OK, None)],
+        None,
+        "",
+    ),
+    (
+        "a person's debugger stops the front end for polls while health answers: no verdict",
+        [(100, "stopped", True), (100, "stopped", True), (100, "stopped", None), (100, "stopped", True)],
+        None,
+        "",
+    ),
+    (
+        "the daemon's own capture (a tracer's stop, state t) while health fails once: no verdict",
+        [(101, "tracing-stop", None), (101, "tracing-stop", False), (101, "tracing-stop", None)],
+        None,
+        "",
+    ),
+    (
+        "a stop that ended before health failed is not held against the server",
+        [(100, "stopped", None), (100, "stopped", None), (None, OK, False), (None, OK, None)],
+        None,
+        "",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "polls", "at", "named"), STOPPED_CASES, ids=[c[0] for c in STOPPED_CASES])
+def test_a_stopped_process_while_health_fails_is_judged_at_the_next_poll(
+    case: str, polls: list[tuple[int | None, str, bool | None]], at: int | None, named: str
+) -> None:
+    h = new_history(0.0)
+    verdicts = []
+    for i, (pid, status, ok) in enumerate(polls):
+        t = 2.0 * (i + 1)
+        hv = None if ok is None else (health(t, True) if ok else timeout(t))
+        procs = with_state(pid, status) if pid is not None else TREE
+        v, h = assess(h, obs(t, procs=procs, health=hv), t, S, mode="serving")
+        verdicts.append(v)
+        if v.is_incident:
+            break
+    incidents = [i for i, v in enumerate(verdicts) if v.is_incident]
+    if at is None:
+        assert not incidents, (case, verdicts[-1])
+        return
+    assert incidents == [at], (case, [v.reason for v in verdicts])
+    v = verdicts[at]
+    assert v.cause == "unhealthy" and named in v.reason and "(state T" in v.reason, v.reason
+    figures = dict(v.figures)
+    # One failed health check, not `health_failures` (3) of them.
+    assert figures["health_failures"] == 1.0 and figures["stopped_s"] >= 2.0, figures
+    assert figures["stopped_pid"] == float(int(named.split("pid ")[1].split()[0]))
+
+
+# ---- wedges with /health 200: accepted, never started (issue 51) ----------------------------------------
+
+SGLANG_QUEUED = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",tp_rank="0"} RUNNING
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",tp_rank="0"} QUEUED
+# TYPE sglang:realtime_tokens counter
+sglang:realtime_tokens_total{mode="decode",model_name="m"} TOKENS
+"""
+VLLM_QUEUED = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} RUNNING
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} QUEUED
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 40.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} TOKENS
+"""
+
+
+def scrape(engine: str, at: float, running: float, queued: float, tokens: float) -> ServingObservation:
+    from probes.serving import parse_metrics
+    from supervisor.engines import SGLANG, VLLM
+
+    text, names = (SGLANG_QUEUED, SGLANG.metrics) if engine == "sglang" else (VLLM_QUEUED, VLLM.metrics)
+    body = text.replace("RUNNING", str(running)).replace("QUEUED", str(queued)).replace("TOKENS", str(tokens))
+    return parse_metrics(body, at, names)
+
+
+# (case, per poll: running, queued, token counter at poll i; the poll the stall comes at or None)
+WEDGES = [
+    # SGLang #40809 / #28815 shapes: accepted, nothing runs, the counters stand, /health says 200.
+    ("accepted_never_started", lambda i: (0.0, 3.0, 5000.0), 30),
+    # A full batch with a queue behind it is serving: its tokens move.
+    ("queued_behind_a_moving_batch", lambda i: (8.0, 3.0, 5000.0 + 40 * i), None),
+    # An idle server's frozen counters are no wedge.
+    ("idle", lambda i: (0.0, 0.0, 5000.0), None),
+]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize(("case", "shape", "at"), WEDGES, ids=[w[0] for w in WEDGES])
+def test_requests_accepted_and_never_started_are_a_serving_stall_with_health_200(
+    engine: str, case: str, shape, at: int | None  # type: ignore[no-untyped-def]
+) -> None:
+    s = S.model_copy(update={"serving_stall_s": 60.0})
+    h = new_history(0.0)
+    v = None
+    for i in range(1, 80):
+        t = 2.0 * i
+        running, queued, tokens = shape(i)
+        o = obs(t, health=health(t, True), serving=scrape(engine, t, running, queued, tokens))
+        v, h = assess(h, o, t, s, mode="serving")
+        if v.is_incident:
+            break
+    assert v is not None
+    if at is None:
+        assert v.status == "ready", (engine, case, v)
+        return
+    assert v.cause == "serving_stall" and i == at + 1, (engine, case, i, v)  # 60 s after the first poll
+    assert "3 accepted requests wait and none runs" in v.reason, v.reason
+    assert dict(v.figures)["queue_reqs"] == 3.0

@@ -11,7 +11,16 @@ from dataclasses import replace
 import pytest
 from observations import obs
 
-from probes.types import Observation, SchedObservation, ServingObservation
+from probes.types import (
+    BusySample,
+    BusyThread,
+    GpmDevice,
+    GpmObservation,
+    Observation,
+    PyFrame,
+    SchedObservation,
+    ServingObservation,
+)
 from supervisor.config.settings import WatchdogSettings
 from supervisor.policy.watchdog import STARVED_CEILING_WINDOWS, Verdict, assess, new_history
 
@@ -180,3 +189,86 @@ def test_a_spinner_that_gets_cpu_on_a_busy_host_is_not_starved() -> None:
     assert v is not None and v.cause == "startup_stall" and "only CPU moved" in v.reason
     assert 3 * WINDOW <= judged_at(v) <= 3 * WINDOW + 1 and dict(v.figures)["window_extended_s"] == 0.0
     assert v.stall_class == "idle"  # 0.5 cores is under busy_cpu_cores; never "starved"
+
+
+# ---- starvation credit only for wanted, unused CPU (issue 51) ---------------------------------------
+
+SPIN_GPM = GpmObservation("ok", "", (GpmDevice(0, "GPU-0", 0.005, 0.0001),))  # busy by NVML, no SM work
+IDLE_GPM = GpmObservation("ok", "", (GpmDevice(0, "GPU-0", 0.0, 0.0),))
+
+
+def loaded(t: float, wait_rate: float, cpu_rate: float, gpu_util: float, gpm: GpmObservation | None) -> Observation:
+    """Nothing strong moves; per second of wall time the tree's threads waited `wait_rate` s in the run
+    queue and ran `cpu_rate` s (both summed over its threads), under the CPU-progress threshold."""
+    sched = SchedObservation(available=True, run_wait_s=wait_rate * t, on_cpu_s=cpu_rate * t, threads=4)
+    base: Observation = obs(t, cpu=cpu_rate * t, gpu_util=gpu_util)
+    return replace(base, sched=sched, gpm=gpm or base.gpm)
+
+
+# (case, run-queue wait per s, on-CPU per s, GPU util, GPM, judged at (lo, hi) quiet s, class, extended)
+LOADED = [
+    # Two spinning ranks beside CPU hogs: each gets a tenth of a core, waits the rest; GPM says the GPU
+    # they wait on spins. Runnable because it spins: judged at its window, its wait kept apart.
+    ("spinner_beside_hogs", 1.6, 0.2, 100.0, SPIN_GPM, (WINDOW, WINDOW + 1), "busy", False),
+    # The same without a GPM reading: NVML busy alone says nothing, so the wait is credited (the
+    # power rule or py-spy's looks are what tell a spin then; tests/.../test_watchdog.py has them).
+    ("spinner_beside_hogs_no_gpm", 1.6, 0.2, 100.0, None, (CEILED, CEILED + 2), "starved", True),
+    # A rank whose threads queue behind each other: it waited no longer than it ran. Not starved.
+    ("waits_behind_its_own_threads", 0.2, 0.25, 0.0, IDLE_GPM, (WINDOW, WINDOW + 1), "idle", False),
+    # A starved start (the lowest CPU share beside hogs): three threads runnable, almost no CPU, the
+    # GPU idle: the window is extended up to the ceiling.
+    ("starved_start_beside_hogs", 3.0, 0.02, 0.0, IDLE_GPM, (CEILED, CEILED + 2), "starved", True),
+    # Half of every second wanted and not had, beyond what it ran: the window runs at half speed.
+    ("half_starved_start", 0.6, 0.1, 0.0, IDLE_GPM, (2 * WINDOW - 1, 2 * WINDOW + 2), "starved", True),
+]
+
+
+@pytest.mark.parametrize("case,wait,cpu,util,gpm,expected,cls,extended", LOADED, ids=[c[0] for c in LOADED])
+def test_starvation_credit_is_only_wanted_unused_cpu(
+    case: str,
+    wait: float,
+    cpu: float,
+    util: float,
+    gpm: GpmObservation | None,
+    expected: tuple[float, float],
+    cls: str,
+    extended: bool,
+) -> None:
+    v, _ = first_incident([loaded(float(i), wait, cpu, util, gpm) for i in range(1, 200)])
+    assert v.cause == "startup_stall", (case, v)
+    lo, hi = expected
+    assert lo <= judged_at(v) <= hi, (case, judged_at(v), v.reason)
+    figures = dict(v.figures)
+    assert (figures["window_extended_s"] > 0) == extended, (case, figures)
+    assert v.stall_class == cls, (case, v)
+    if case == "spinner_beside_hogs":
+        assert "extended" not in v.reason and figures["spin_wait_s"] > 0.5 * WINDOW, figures
+
+
+def test_a_serving_spin_beside_hogs_is_judged_at_its_window() -> None:
+    """While serving: a GPU that spins under stalled requests (GPM), the ranks waiting for a CPU
+    beside hogs: the serving stall comes at its window, not up to four windows later."""
+    s = S.model_copy(update={"serving_stall_s": WINDOW})
+    h = new_history(0.0)
+    v = None
+    for i in range(1, 200):
+        o = replace(loaded(float(i), 1.6, 0.2, 100.0, SPIN_GPM), serving=sv(float(i)))
+        v, h = assess(h, o, o.at, s, mode="serving")
+        if v.is_incident:
+            break
+    assert v is not None and v.cause == "serving_stall"
+    assert WINDOW <= i - 1 <= WINDOW + 1 and "extended" not in v.reason, (i, v.reason)
+
+
+def test_py_spy_looks_in_a_gpu_wait_say_the_tree_spins_without_gpm() -> None:
+    """No GPM: the busy look (py-spy, non-blocking) finds the ranks' threads in `Event.synchronize`,
+    so their wait for a CPU is a spinner's, not starvation: judged at the window."""
+    sync = BusyThread(7, 7, "MainThread", (PyFrame("Event.synchronize", "/v/torch/cuda/streams.py", 225),))
+    seq = []
+    for i in range(1, 200):
+        o = loaded(float(i), 1.6, 0.2, 100.0, None)
+        seq.append(replace(o, busy=BusySample(at=float(i), pids=(7,), threads=(sync,))))
+    v, _ = first_incident(seq)
+    assert v.cause == "startup_stall" and WINDOW <= judged_at(v) <= WINDOW + 1, (judged_at(v), v.reason)
+    figures = dict(v.figures)
+    assert figures["window_extended_s"] <= 1.0 and figures["spin_wait_s"] > 0.5 * WINDOW, figures
