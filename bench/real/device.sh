@@ -17,6 +17,8 @@
 # one-rank group, real SGLang's LOCK_GIL hang after load then the capture spin: the culprit first line).
 # Issue 51: i51 (lane frontstop, bench/real/lanes51.py: the server's main process SIGSTOPped under four
 # clients: judged at the first failed health check, the front end named on line 1).
+# Issue 49: i49 (lane recovery, bench/real/lanes49.py: a failed promote goes straight back to the rung that
+# served; the front end SIGSTOPped on that rung is relaunched on it; the daemon's own CPU and RSS; ~10 min).
 # Issue 36: i36 (lane fast, bench/real/lanes36.py: cold start, serving stall and the warm relaunch, a
 # start-up deadlock under a learned window, a cold launch again; the outage in its parts; one H200, ~8 min);
 # i36xid (lane xid again: the relaunch after a real Xid, whose launch_timeline times the warm-up request).
@@ -64,6 +66,8 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work24b" --out "$OUTDIR" ;;
     i35)    python3 -m bench.real.run plan --plan "i35:0:0" --real "$REAL" --work "$REAL/work35" --deadline 540
             python3 -m bench.real.run pack --work "$REAL/work35" --out "$OUTDIR" ;;
+    i49)    python3 -m bench.real.run plan --plan "recovery:0:0" --real "$REAL" --work "$REAL/work49" --deadline 780
+            python3 -m bench.real.run pack --work "$REAL/work49" --out "$OUTDIR" ;;
     i51)    python3 -m bench.real.run plan --plan "frontstop:0:0" --real "$REAL" --work "$REAL/work51" --deadline 540
             python3 -m bench.real.run pack --work "$REAL/work51" --out "$OUTDIR" ;;
     mn2)    python3 -m bench.real.run lane mn2 --gpu 0,1 --real "$REAL" --work "$REAL/work23"

@@ -89,7 +89,7 @@ def lane(name: str, work: Path, real: Path, gpu: str) -> None:
         meta = transcript.record(work / "transcript", real, real / "models", gpu, tp=tp)
         (work / "result.json").write_text(json.dumps({"lane": name, "meta": meta}, indent=1, default=str))
         return
-    from bench.real import busy_lanes, lanes24, lanes32, lanes35, lanes36, lanes37, lanes51, multinode_lanes
+    from bench.real import busy_lanes, lanes24, lanes32, lanes35, lanes36, lanes37, lanes49, lanes51, multinode_lanes
 
     lanes = {
         **scenarios.LANES,  # issue 14's matrix, issue 15's tp2
@@ -99,6 +99,7 @@ def lane(name: str, work: Path, real: Path, gpu: str) -> None:
         **busy_lanes.LANES,  # issue 22: busy hangs at start-up
         **lanes35.LANES,  # issue 35: the culprit first, the FR pipe, power of a spin vs work
         **lanes37.LANES,  # issue 37: real vLLM under the daemon
+        **lanes49.LANES,  # issue 49: a failed promote and a second fault on a rung that served, on real SGLang
         **lanes51.LANES,  # issue 51: the stopped front end named first, judged at the first failed check
         **multinode_lanes.LANES,  # issue 23: two nodes of one group, one daemon each
     }

@@ -201,7 +201,13 @@ async def test_every_serving_hang_names_its_culprit_first(daemon, sim, tmp_path:
         "ok",
         tp=2,
         env={"NCCL_RAS_ADDR": ras.address},
-        fallback=[rung("stall", "serving_stall"), rung("segfault", "rank_dies"), rung("ok", "ok")],
+        # Each rung answers the fault of the rung above (`on`), so the served ladder steps down to the next
+        # fault's rung (issue 49: a fault after serving that no rung answers is relaunched on its rung).
+        fallback=[
+            rung("stall", "serving_stall", on=["unhealthy"]),
+            rung("segfault", "rank_dies", on=["serving_stall"]),
+            rung("ok", "ok", on=["rank_died"]),
+        ],
         restart=QUICK,
     )
     r = await daemon(with_notify(s, NotifyTarget(name="hook", kind="exec", argv=argv)))
