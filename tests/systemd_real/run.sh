@@ -225,7 +225,7 @@ clean_stale() { # runs whose owner died without its trap (SIGKILL)
   done
 }
 
-PYTEST=
+PYTEST= RUN=
 stop_pytest() {
   [[ -n $PYTEST ]] || return 0
   kill -TERM "$PYTEST" 2>/dev/null || true
@@ -233,15 +233,16 @@ stop_pytest() {
 }
 
 main() {
-  local t0=$SECONDS root py run rc
+  local t0=$SECONDS root py rc
   root=$(cd "$HERE/../.." && pwd)
   py=${PY:-$root/.venv/bin/python}
   ensure_tools
   mkdir -p "$RUNS"
   clean_stale
   build_rootfs
-  run=$(mktemp -d "$RUNS/XXXXXX")
-  trap 'halt_run "$run"' EXIT
+  RUN=$(mktemp -d "$RUNS/XXXXXX")
+  local run=$RUN
+  trap 'halt_run "$RUN"' EXIT
   trap 'stop_pytest; exit 130' INT
   trap 'stop_pytest; exit 143' TERM
   say "building the wheel"

@@ -493,5 +493,7 @@ def as_the_service_user() -> None:
     assert owner[0] == "sglang 750" and owner[1] == "sglang 640", owner
     st = cli_status()
     assert (st["state"], st["pid"]) == ("ready", pid), st
-    ptrace = [c for c in st.get("selfcheck", []) if isinstance(c, dict) and c.get("tool") == "ptrace"]  # type: ignore[union-attr]
+    checks = st.get("selfcheck")
+    assert isinstance(checks, list), st
+    ptrace = [c for c in checks if c.get("name") == "ptrace"]
     assert ptrace and ptrace[0].get("ok") is True, ptrace
