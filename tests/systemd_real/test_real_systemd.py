@@ -158,7 +158,7 @@ class Ports:
     api: int
 
 
-def config(ports: Ports, *, state_dir: str = STATE, extra: str = "") -> str:
+def config(ports: Ports, *, state_dir: str = STATE, extra: str = "", serving_stall_s: float = 60.0) -> str:
     """The README's "Edit config.toml" step for this machine: the simulator as the server, the
     token's place and the state directory as the README has them; quick start-up windows."""
     return f"""[server]
@@ -173,6 +173,10 @@ SGLANG_SIM_PACE = "0.2"
 model-path = "/models/sim"
 tp-size = 2
 enable-metrics = true
+
+[watchdog]
+poll_interval_s = 1.0
+serving_stall_s = {serving_stall_s}
 
 [restart]
 stop_grace_s = 10.0
@@ -334,9 +338,16 @@ def test_reload_applies_a_good_config_and_refuses_a_bad_one(service: Ports) -> N
     daemon has read the file: the journal has the answer, and `sglang-supervisor reload` waits for it."""
     pid = start_ready()
     daemon = main_pid()
-    put(f"{ETC}/config.toml", config(service, extra="\n[watchdog]\nserving_stall_s = 75.0\n"))
+    moved = Ports(service.server, freeport.free_port())  # a new [api] port: the daemon rebinds its API
+    put(f"{ETC}/config.toml", config(moved, serving_stall_s=75.0))
     inside(f"systemctl reload {UNIT}")
     wait_for("config_reloaded in the journal", lambda: "config_reloaded" in journal("-u", UNIT, "-g", "config_reload"))
+
+    def livez(port: int) -> subprocess.CompletedProcess[str]:
+        return inside(f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/livez", check=False)
+
+    wait_for("the API on its new port", lambda: livez(moved.api).stdout == "200")
+    assert livez(service.api).returncode != 0, "the old API port still answers"
     log = journal("-u", UNIT, "-o", "cat")
     assert "Reloading sglang-supervisor.service" in log and "Reloaded sglang-supervisor.service" in log, log[-2000:]
     assert show(UNIT, "ActiveState")["ActiveState"] == "active"
@@ -344,7 +355,7 @@ def test_reload_applies_a_good_config_and_refuses_a_bad_one(service: Ports) -> N
     again = inside(f"{CLI} reload")
     assert "reloaded" in again.stdout, again.stdout
 
-    put(f"{ETC}/config.toml", config(service, extra="\n[watchdog]\nserving_stall_s = -5\n"))
+    put(f"{ETC}/config.toml", config(moved, serving_stall_s=-5))
     inside(f"systemctl reload {UNIT}")
     refused = wait_for(
         "config_reload_refused at error priority",
