@@ -87,7 +87,7 @@ esac
 ensure_tools() {
   [[ $(id -u) == 0 ]] || die "needs root (it boots systemd in namespaces of its own)"
   local t
-  for t in unshare nsenter chroot flock; do command -v "$t" >/dev/null || die "no $t on the PATH (util-linux, coreutils)"; done
+  for t in unshare nsenter chroot flock setsid; do command -v "$t" >/dev/null || die "no $t on the PATH (util-linux, coreutils)"; done
   if ! command -v mmdebstrap >/dev/null; then
     say "installing mmdebstrap with apt-get"
     export DEBIAN_FRONTEND=noninteractive
@@ -112,6 +112,7 @@ build_rootfs() {
     say "root file system built in $((SECONDS - t0)) s"
   fi
   flock -u 8
+  exec 8>&-
 }
 
 # One line per cgroup hierarchy mounted under /sys/fs/cgroup: "TYPE MOUNTPOINT OPTIONS HOSTDIR", where
@@ -122,20 +123,19 @@ cgroup_hierarchies() {
     {
       split($0, halves, " - "); split(halves[1], a, " "); split(halves[2], b, " ")
       if (a[5] !~ "^/sys/fs/cgroup") next
-      opts = b[3]; sub("^r[ow],", "", opts); sub("^r[ow]$", "", opts)
-      if (b[1] == "tmpfs") { print "tmpfs", a[5], opts, "-"; next }
+      if (b[1] == "tmpfs") { opts = b[3]; sub("^r[ow],?", "", opts); print "tmpfs", a[5], (opts == "" ? "defaults" : opts), "-"; next }
       if (b[1] != "cgroup" && b[1] != "cgroup2") next
-      own = ""
+      # Mounted again with its controllers (or name=) only: no host flag such as release_agent.
+      own = ""; opts = "defaults"
       for (i = 1; i <= n; i++) {
         if (b[1] == "cgroup2") { if (names[i] == "" && lines[i] ~ "^0::") own = paths[i]; continue }
         if (names[i] == "") continue
         m = split(names[i], c, ","); ok = 1
         for (j = 1; j <= m; j++) if (index("," b[3] ",", "," c[j] ",") == 0) ok = 0
-        if (ok) own = paths[i]
+        if (ok) { own = paths[i]; opts = names[i] }
       }
       if (own == "") next
       if (a[4] != "/" && index(own, a[4]) == 1) own = substr(own, length(a[4]) + 1)
-      if (opts == "") opts = "defaults"
       print b[1], a[5], opts, a[5] own
     }' /proc/self/mountinfo
 }
@@ -225,6 +225,24 @@ clean_stale() { # runs whose owner died without its trap (SIGKILL)
   done
 }
 
+fetch_wheels() { # fetch_wheels PY RUN: the wheel's dependencies, as wheels for the rootfs's python
+  local py=$1 run=$2 target host arch m plats=()
+  target=$(basename "$(ls -d "$ROOTFS"/usr/lib/python3.[0-9]* | sort -V | tail -1)") # python3.11
+  host=$("$py" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')
+  if [[ $target == "$host" ]]; then
+    "$py" -m pip wheel -q --wheel-dir "$run/share/wheels" "$run"/share/dist/*.whl >"$run/wheels.log" 2>&1 \
+      || { tail -30 "$run/wheels.log" >&2; die "pip wheel (the dependencies) failed"; }
+    return
+  fi
+  # Another python here: binary wheels for the rootfs's CPython on bookworm's glibc (2.36).
+  arch=$(uname -m)
+  for m in $(seq 5 36); do plats+=(--platform "manylinux_2_${m}_$arch"); done
+  plats+=(--platform "manylinux2014_$arch" --platform "manylinux2010_$arch" --platform "manylinux1_$arch")
+  "$py" -m pip download -q --only-binary=:all: --implementation cp --python-version "${target#python}" \
+    "${plats[@]}" --dest "$run/share/wheels" "$run"/share/dist/*.whl >"$run/wheels.log" 2>&1 \
+    || { tail -30 "$run/wheels.log" >&2; die "pip download (the dependencies for $target) failed"; }
+}
+
 PYTEST= RUN=
 stop_pytest() {
   [[ -n $PYTEST ]] || return 0
@@ -248,8 +266,7 @@ main() {
   say "building the wheel"
   "$py" -m build --wheel --outdir "$run/share/dist" "$root" >"$run/build.log" 2>&1 \
     || { tail -30 "$run/build.log" >&2; die "python -m build failed"; }
-  "$py" -m pip wheel -q --wheel-dir "$run/share/wheels" "$run"/share/dist/*.whl >"$run/wheels.log" 2>&1 \
-    || { tail -30 "$run/wheels.log" >&2; die "pip wheel (the dependencies) failed"; }
+  fetch_wheels "$py" "$run"
   cp -r "$root/systemd" "$run/share/systemd"
   boot "$run"
   if [[ ${1:-} == --up ]]; then # a machine to look at: nsenter -t PID1 -m -p -r -w bash; Ctrl-C ends it
