@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration suite venv clean layers smoke
+.PHONY: demo test lint typecheck unit integration suite venv clean layers smoke systemd
 
 # Parallel pytest workers (pytest-xdist). The integration tests mostly wait on real windows (stall
 # windows, backoffs, grace periods), so six of them overlap well even on 2 cores; see
@@ -65,6 +65,13 @@ test: lint typecheck suite
 # (tests/release/smoke.sh says what; .ci/run calls it after `make test`).
 smoke: $(STAMP)
 	PY=$(abspath $(PY)) tests/release/smoke.sh
+
+# The shipped units under a real systemd, PID 1 of this machine's own namespaces: the wheel and the
+# units installed as systemd/README.md says, driven with systemctl, journalctl and the CLI (tests
+# marked real_systemd, which every other run deselects). Needs root; builds a Debian root file
+# system once into /var/cache/sglang-supervisor-systemd (tests/systemd_real/run.sh says what).
+systemd: $(STAMP)
+	PY=$(abspath $(PY)) tests/systemd_real/run.sh $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -41,6 +41,25 @@ def pytest_configure(config: pytest.Config) -> None:
     structlog.configure(processors=[*structlog.get_config()["processors"][:-1], plain])
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--real-systemd",
+        action="store_true",
+        help="run the tests marked real_systemd (`make systemd` boots their systemd: tests/systemd_real/run.sh)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The real-systemd tier needs a machine that tests/systemd_real/run.sh boots: every other run
+    # (make test, make unit, a bare pytest) deselects it rather than skipping it.
+    if config.getoption("--real-systemd"):
+        return
+    dropped = [item for item in items if item.get_closest_marker("real_systemd") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.get_closest_marker("real_systemd") is None]
+
+
 def _wait_until(cond: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> bool:
     return waiting.wait_for(cond, timeout, interval)
 

@@ -199,7 +199,7 @@ def _address(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str
             if url is None:
                 url = f"http://{_connect_host(api.host)}:{api.port}"
             if token_file is None:
-                token = load_token(api, env)
+                token = load_token(api, env, client=True)
                 if api.token_file:
                     token_from = f"[api] token_file {api.token_file} (of {choice.path})"
                 elif token is not None:
@@ -242,8 +242,8 @@ def _token(token_file: str | None, env: Mapping[str, str]) -> str | None:
         from supervisor.common.apitoken import read_token_file
         from supervisor.common.configerror import ConfigError
 
-        try:  # the daemon's own rules: a regular file, ours, readable by nobody else
-            return read_token_file(Path(token_file), f"--token-file {token_file}")
+        try:  # the daemon's own rules: a regular file, ours (or, for root, the service user's), private
+            return read_token_file(Path(token_file), f"--token-file {token_file}", client=True)
         except ConfigError as err:
             raise UsageError(str(err)) from None
     return env.get(TOKEN_ENV, "").strip() or None

@@ -25,17 +25,22 @@ class TokenSettings(Protocol):
     def token_env(self) -> str: ...
 
 
-def load_token(settings: TokenSettings, env: Mapping[str, str]) -> str | None:
-    """The token from `[api] token_file`, else from the environment variable `token_env`, else None."""
+def load_token(settings: TokenSettings, env: Mapping[str, str], *, client: bool = False) -> str | None:
+    """The token from `[api] token_file`, else from the environment variable `token_env`, else None.
+    `client`: read for the CLI, not the daemon (see read_token_file)."""
     if settings.token_file:
-        return read_token_file(Path(settings.token_file))
+        return read_token_file(Path(settings.token_file), client=client)
     value = env.get(settings.token_env, "").strip()
     return value or None
 
 
-def read_token_file(path: Path, where: str | None = None) -> str:
+def read_token_file(path: Path, where: str | None = None, *, client: bool = False) -> str:
     """The token in `path`, which must be a regular file private to this process's user (owned by
-    it, no group or other bits): a 0600 file of another user is someone else's to rewrite."""
+    it, no group or other bits): a 0600 file of another user is someone else's to rewrite.
+
+    One exception, for the client (`client=True`) run as root: the daemon's token owned by the
+    service user (systemd/README.md, "Running as a dedicated user"). The daemon checks a token it
+    accepts; the client only presents one, and root reads every file anyway."""
     where = where or f"[api] token_file {str(path)!r}"
     try:
         st = path.stat()
@@ -43,7 +48,7 @@ def read_token_file(path: Path, where: str | None = None) -> str:
         raise ConfigError(f"{where}: cannot read it: {err.strerror or err}") from None
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{where}: not a regular file")
-    if st.st_uid != os.geteuid():
+    if st.st_uid != os.geteuid() and not (client and os.geteuid() == 0):
         raise ConfigError(
             f"{where}: owned by uid {st.st_uid}, not by this process's user (uid {os.geteuid()}); "
             f"`chown {os.geteuid()} {path}` if it is yours"

@@ -71,6 +71,18 @@ def test_token_file_owned_by_another_user_is_refused(tmp_path: Path) -> None:
         load_token(ApiSettings(token_file=str(p)), {})
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_root_s_client_reads_the_service_user_s_token(tmp_path: Path) -> None:
+    """After systemd/README.md's dedicated-user steps the token is the service user's; root's CLI must
+    still read it (found under a real systemd: tests/systemd_real). The daemon's rule stays strict."""
+    p = _token_file(tmp_path, "abc123", 0o600)
+    os.chown(p, 65534, 65534)
+    assert load_token(ApiSettings(token_file=str(p)), {}, client=True) == "abc123"
+    p.chmod(0o640)  # private it must still be
+    with pytest.raises(ConfigError, match="readable or writable by group or others"):
+        load_token(ApiSettings(token_file=str(p)), {}, client=True)
+
+
 def test_token_file_missing_or_a_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_token(ApiSettings(token_file=str(tmp_path / "absent")), {})
