@@ -28,7 +28,7 @@ from supervisor.group.credentials import load_keys
 from supervisor.group.fingerprint import fingerprint
 from supervisor.group.joining import JoinAnswer, answer_join, formed, lacking, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
-from supervisor.group.peers import Asked, Beating, Clearance, Judged, MemberApi, Record
+from supervisor.group.peers import Asked, Beating, Clearance, Judged, MemberApi, NoPeers, Record
 from supervisor.group.report import build_report
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.signing import NonceBook, RequestCheck
@@ -516,9 +516,9 @@ async def _unattached_await(work: Awaitable[Any]) -> Any:
     raise RuntimeError("GroupPeers.attach was not called: the owner attaches its record and heartbeat")
 
 
-class GroupPeers:
+class GroupPeers(NoPeers):
     """The owner's peers on a worker of a multi-node group (docs/MULTINODE.md), and what a leader
-    shares with it.
+    shares with it; its own start, capture, stop and launch are a single node's (`NoPeers`).
 
     A worker holds its own incident (`hung`, for the leader) instead of acting on it, is not scraped
     for token counters (its /metrics is SGLang's dummy health server's), never promotes itself, and
@@ -549,26 +549,8 @@ class GroupPeers:
     def scrapes_metrics(self) -> bool:
         return self.runtime.is_leader
 
-    async def start(self, poll_interval_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
     def judge(self, v: Verdict, own_state: str) -> Judged:
         return judge(self.runtime, v, own_state, self.record)
-
-    async def capture(self, incident_id: str, own: Awaitable[T]) -> T:
-        return await own
-
-    async def capture_alone(self, incident_id: str) -> None:
-        return None
-
-    async def stop(self, own: Awaitable[bool]) -> bool:
-        return await own
-
-    async def launch(self, rung: str) -> None:
-        return None
 
     async def clearance(self, rung: str, by_group: bool) -> Clearance:
         # A launch ends the verdict this node held for the old server: a later bundle or report
@@ -592,9 +574,6 @@ class GroupPeers:
         """A reload cannot re-form a group (its members, its rank, its poller): refused, named."""
         if new.group != old.group:
             return "[group] changed: a reload cannot re-form the group; restart the daemon (systemctl restart)"
-        return None
-
-    def refuses_command(self, cmd: Command) -> str | None:
         return None
 
     def asked(self, cmd: Command) -> Asked | None:

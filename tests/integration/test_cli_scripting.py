@@ -6,69 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from cliproc import Follower, cli, cli_env
 
 from supervisor.config.render import dump_toml
 
 pytestmark = pytest.mark.integration
-CLI = [sys.executable, "-m", "supervisor"]
-
-
-async def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *CLI, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env or _env()
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("SGLANG_SUPERVISOR_TOKEN", "SGLANG_SUPERVISOR_CONFIG")}
-
-
-class Follower:
-    """A long-running CLI process whose output is read line by line as it comes."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-
-    @classmethod
-    async def start(cls, *argv: str) -> Follower:
-        proc = await asyncio.create_subprocess_exec(
-            *CLI, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env()
-        )
-        return cls(proc)
-
-    async def until(self, pred, timeout: float) -> str:  # type: ignore[no-untyped-def]
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                raw = await asyncio.wait_for(self.proc.stdout.readline(), max(0.1, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                break
-            if not raw:
-                break
-            line = raw.decode().rstrip("\n")
-            self.lines.append(line)
-            if pred(line):
-                return line
-        raise AssertionError(f"no such line within {timeout} s; got {self.lines[-20:]}")
-
-    async def interrupt(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        return await asyncio.wait_for(self.proc.wait(), 20)
-
-
 async def test_exit_codes_by_state_and_wait_on_stop_start_restart(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     r = await daemon(sim("ok", env={"SGLANG_SIM_PACE": "0.3"}))
     code, out, _ = await cli("status", "--url", r.api)
@@ -179,7 +126,7 @@ async def test_a_typo_outside_api_does_not_stop_status_or_reload(daemon, sim, tm
     cfg.write_text(dump_toml(s).replace("[watchdog]", "[watchdog]\nstartup_stal_s = 5"))
     code, out, err = await cli("status", "--config", str(cfg))
     assert code in (0, 6) and "state" in out, out + err
-    env = {**_env(), "SGLANG_SUPERVISOR_CONFIG": str(cfg)}  # no --config: the variable names it
+    env = {**cli_env(), "SGLANG_SUPERVISOR_CONFIG": str(cfg)}  # no --config: the variable names it
     assert (await cli("status", "--json", env=env))[0] in (0, 6)
     # The daemon, not the client, refuses the file, naming the key (it has no config path in this test).
     code, out, err = await cli("reload", env=env)

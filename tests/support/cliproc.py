@@ -21,6 +21,11 @@ async def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 12
     return proc.returncode, out.decode(), err.decode()
 
 
+def cli_env() -> dict[str, str]:
+    """The test's environment less the token and config a developer may have set."""
+    return _env()
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("SGLANG_SUPERVISOR_TOKEN", "SGLANG_SUPERVISOR_CONFIG")}
 
