@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from gpufile import idle_gpu
 from serving import SPEC
 from statedir import events
 
@@ -30,18 +31,9 @@ def onset(path: Path) -> float:
     return float(json.loads(path.read_text())["onset_monotonic"])
 
 
-def fake_gpu(tmp_path: Path, gpm: bool = True) -> Path:
-    dev: dict[str, Any] = {"util": 0, "mem_used": 1 << 30}
-    if gpm:
-        dev["gpm"] = {"sm_util": 0.0, "sm_occupancy": 0.0}
-    path = tmp_path / "nvml.json"
-    path.write_text(json.dumps({"devices": [dev]}))
-    return path
-
-
 async def _caught_within_window(daemon, sim, tmp_path: Path, *, gpm: bool, py_spy: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     onset_file = tmp_path / "onset.json"
-    nvml = fake_gpu(tmp_path, gpm=gpm)
+    nvml = idle_gpu(tmp_path, gpm=gpm)
     s = sim(
         "busy_capture_hang",
         env={"SGLANG_SIM_ONSET_FILE": str(onset_file)},
@@ -128,7 +120,7 @@ async def test_without_gpm_or_py_spy_the_cpu_only_backstop_still_holds(  # type:
     daemon, sim, tmp_path: Path, diagnostics: dict[str, Any], said: str
 ) -> None:
     """No GPM and no usable py-spy: the old rule, CPU postpones the verdict to cpu_only_stall_s; /status says why."""
-    nvml = fake_gpu(tmp_path, gpm=False)
+    nvml = idle_gpu(tmp_path, gpm=False)
     s = sim(
         "busy_capture_hang",
         args=SPEC,
@@ -149,7 +141,7 @@ async def test_without_gpm_or_py_spy_the_cpu_only_backstop_still_holds(  # type:
 
 
 async def test_a_silent_compile_is_never_judged_stalled(daemon, sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    nvml = fake_gpu(tmp_path, gpm=True)
+    nvml = idle_gpu(tmp_path, gpm=True)
     s = sim(
         "long_compile",
         env={"SGLANG_SIM_COMPILE_S": "14"},

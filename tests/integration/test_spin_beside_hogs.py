@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from gpufile import idle_gpu
+from hostload import ALL, CPU, hogs, pin_tree
 from serving import SPEC
-from test_busy_hangs import NO_GRAPH, fake_gpu
-from test_starved_start import ALL, CPU, hogs, pin_tree
 
 pytestmark = pytest.mark.integration
+
+NO_GRAPH = {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}, "on": ["cuda_graph_capture"]}
 
 WINDOW = 4.0
 
@@ -33,7 +35,7 @@ async def test_a_gpu_spin_beside_cpu_hogs_is_judged_at_its_window(daemon, sim, t
         fallback=[NO_GRAPH],
         watchdog={"startup_stall_s": WINDOW, "cpu_only_stall_s": 60.0},
         diagnostics={"py_spy": False},  # GPM alone says it spins
-        gpu=fake_gpu(tmp_path, gpm=True),
+        gpu=idle_gpu(tmp_path, gpm=True),
     )
     r = await daemon(s)
     snap = await r.wait_for(lambda x: x.phase == "capturing_graphs", 60, "graph capture")

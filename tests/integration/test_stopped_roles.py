@@ -58,8 +58,11 @@ def pick(snap: Any, which: str) -> int:
 
 @pytest.mark.timeout(420)
 async def test_each_role_stopped_is_named_first_and_judged_at_the_first_failed_health_check(daemon, sim) -> None:  # type: ignore[no-untyped-def]
-    rest = [{"name": name, "env": {"SGLANG_SIM_SCENARIO": "ok"}} for name, *_ in ROLES[1:]]
-    s = sim("ok", tp=2, fallback=[*rest, {"name": "ok", "env": {"SGLANG_SIM_SCENARIO": "ok"}}], restart=QUICK)
+    # Each rung answers `unhealthy` (`on`), so every served rung's stopped process steps down to the next
+    # role's rung (issue 49: a fault after serving that no rung answers is relaunched on the same rung).
+    ok = {"env": {"SGLANG_SIM_SCENARIO": "ok"}, "on": ["unhealthy"]}
+    rest = [{"name": name, **ok} for name, *_ in ROLES[1:]]
+    s = sim("ok", tp=2, fallback=[*rest, {"name": "ok", **ok}], restart=QUICK)
     r = await daemon(s)
     state_dir = Path(r.settings.paths.state_dir)
     seen: set[str] = set()
