@@ -97,11 +97,22 @@ def configuration_shaped(
     return _matching_rung(ladder, state.current, incident) is not None
 
 
+# The flags that take CUDA graphs away (SGLang's, vLLM's): a rung that sets one answers a hang in
+# graph capture even when its `on` does not name it (issue 49: the evidence says which rung fixes it).
+_NO_GRAPH_FLAGS = ("disable-cuda-graph", "enforce-eager")
+
+
 def _matching_rung(ladder: Sequence[Rung], current: int, incident: Incident) -> int | None:
+    """The first rung below that answers the incident: its `on` names the cause or hang class, or, for a
+    hang in CUDA-graph capture, it runs without CUDA graphs."""
     for i in range(current + 1, len(ladder)):
         on = ladder[i].on
         if incident.cause in on or (incident.hang_class is not None and incident.hang_class in on):
             return i
+    if incident.hang_class == "cuda_graph_capture":
+        for i in range(current + 1, len(ladder)):
+            if any(ladder[i].args.get(flag) is True for flag in _NO_GRAPH_FLAGS):
+                return i
     return None
 
 
@@ -134,7 +145,8 @@ def next_rung(
         return Decision("give_up", state.current, "speculative regression and no rung without speculation below")
     jump = _matching_rung(ladder, state.current, incident)
     if jump is not None:
-        what = incident.hang_class if incident.hang_class in ladder[jump].on else incident.cause
+        on = ladder[jump].on
+        what = incident.cause if incident.cause in on and incident.hang_class not in on else incident.hang_class
         return Decision("relaunch", jump, f"rung {ladder[jump].name} answers {what}", delay)
     retried = max(0, state.failures_on_current - 1)
     if retried < s.retries_per_rung:

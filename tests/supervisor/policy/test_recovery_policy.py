@@ -202,3 +202,19 @@ def test_a_daemon_restarted_mid_try_starts_on_the_rung_that_served(start_from: s
     run.launch(run.incident(Incident("manual"), manual=True, forced=0).decision.rung)
     assert run.state.current == 0 and run.state.trial_from == 2
     assert resume_rung(run.state, len(LADDER), start_from) == 2  # type: ignore[arg-type]
+
+
+def test_a_capture_hang_goes_to_the_first_rung_without_cuda_graphs_even_without_on() -> None:
+    """The fault script without `on` triggers: a graph-capture hang on base (which had served) was
+    retried on base, then smaller-graphs twice, before no-cuda-graph: 4 launches against the oracle's
+    1. A rung that takes CUDA graphs away answers that hang class by its flags."""
+    plain = tuple(r.model_copy(update={"on": ()}) for r in LADDER)
+    state = record_ready(record_launch(LadderState(), 0, "base", T0, after_incident=False), T0 + 10)
+    assert configuration_shaped(plain, state, CAPTURE, SPEC)
+    out = after_incident(
+        plain, state, CAPTURE, AfterStop(True), S, manual=False, forced_rung=None, now_wall=T0 + 99, rand=0.5,
+        speculative=SPEC,
+    )  # fmt: skip
+    assert isinstance(out, Recovery) and out.decision.rung == 2 and "answers cuda_graph_capture" in out.decision.reason
+    vllm = (Rung(name="base"), Rung(name="eager", args={"enforce-eager": True}))
+    assert configuration_shaped(vllm, state, CAPTURE)
