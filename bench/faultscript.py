@@ -1,7 +1,7 @@
 """The fault script (issue 49): a scripted day of faults on the simulator, one daemon, an operator's
 five-rung ladder, and per fault the outage the clients saw against the ideal an oracle could have had.
 
-Run: `.venv/bin/python -m bench.outage --script day [--daemon-python PATH] [--label old|new]`.
+Run: `.venv/bin/python -m bench.outage --script day [--daemon-python PATH] [--label old|new] [--ladder plain|on]`.
 `--daemon-python` is the interpreter the daemon (and, through bench/faultserver.py, the simulator)
 runs under: another checkout's venv measures that checkout's daemon; the bench itself only drives
 it through its HTTP API, its journal (`events.jsonl`) and signals.
@@ -14,10 +14,12 @@ apart). A scaled window shorter than a 2-core machine can honour is floored (FLO
 0.5 s, a start-up stall window 3 s, a health probe 0.5 s every 1 s, the speculative window 3 s);
 the hourly restart budget cannot be scaled (its hour is fixed), so it is 100.
 
-**The ladder** (`retries_per_rung` 1 as shipped, no `on` triggers, start from the last good rung
-as shipped, speculative regressions fall back): `base` (EAGLE3 speculation, CUDA graphs),
-`smaller-graphs` (`cuda-graph-max-bs 8`), `no-cuda-graph` (`disable-cuda-graph`), `no-spec`
-(`disable-cuda-graph`, speculation dropped), `safe` (as `no-spec`, `mem-fraction-static 0.8`).
+**The ladder** (`retries_per_rung` 1 as shipped, start from the last good rung as shipped,
+speculative regressions fall back): `base` (EAGLE3 speculation, CUDA graphs), `smaller-graphs`
+(`cuda-graph-max-bs 8`), `no-cuda-graph` (`disable-cuda-graph`), `no-spec` (`disable-cuda-graph`,
+speculation dropped), `safe` (as `no-spec`, `mem-fraction-static 0.8`). `--ladder plain`: no `on`
+triggers; `--ladder on`: `no-cuda-graph` on `cuda_graph_capture` and `no-spec` on `spec_regression`,
+as an operator who knows these faults writes it (bench/real/configs.py's ladder has both).
 
 **The faults**, injected by the bench through a control file its server wrapper reads at each
 launch (bench/faultserver.py), in the order run (the brief's step 8, the daemon restart, runs in the
@@ -129,12 +131,19 @@ SHARDS = 8  # the simulator's default checkpoint
 STEP_TIMEOUT_S = 300.0
 TOTAL_TARGET, ROW_TARGET = 1.2, 2.0
 SPEC_DROP = tuple(SPEC_ARGS)
-LADDER: tuple[dict[str, Any], ...] = (
+PLAIN: tuple[dict[str, Any], ...] = (
     {"name": "smaller-graphs", "args": {"cuda-graph-max-bs": 8}},
     {"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}},
     {"name": "no-spec", "args": {"disable-cuda-graph": True}, "drop": list(SPEC_DROP)},
     {"name": "safe", "args": {"disable-cuda-graph": True, "mem-fraction-static": 0.8}, "drop": list(SPEC_DROP)},
 )
+# The same rungs with the triggers an operator who knows the faults writes (bench/real/configs.py's
+# ladder does): a graph-capture hang jumps to no-cuda-graph, a speculative regression to no-spec.
+TRIGGERS = {"no-cuda-graph": ["cuda_graph_capture"], "no-spec": ["spec_regression"]}
+LADDERS: dict[str, tuple[dict[str, Any], ...]] = {
+    "plain": PLAIN,
+    "on": tuple({**r, "on": TRIGGERS[r["name"]]} if r["name"] in TRIGGERS else r for r in PLAIN),
+}
 PREFERRED = "base"
 
 
@@ -347,7 +356,7 @@ def windows() -> SimWindows:
     )
 
 
-def config(wd: Path, python: str, control: Path, gpu_file: Path) -> dict[str, Any]:
+def config(wd: Path, python: str, control: Path, gpu_file: Path, ladder: str = "plain") -> dict[str, Any]:
     """The daemon's config mapping: only what differs from the shipped defaults is written, so an
     older daemon reads it too."""
     sim_env = {
@@ -365,7 +374,7 @@ def config(wd: Path, python: str, control: Path, gpu_file: Path) -> dict[str, An
         api_port=free_port(),
         env=sim_env,
         args=SPEC_ARGS,
-        fallback=list(LADDER),
+        fallback=list(LADDERS[ladder]),
         watchdog={"on_spec_regression": "fallback"},
         restart={
             "retries_per_rung": 1,
@@ -476,6 +485,7 @@ def write_control(path: Path, rules: list[dict[str, Any]]) -> None:
 class Run:
     label: str
     python: str
+    ladder: str = "plain"
     rows: list[Row] = field(default_factory=list)
     to_fault_s: float | None = None
     wall_s: float = 0.0
@@ -488,15 +498,15 @@ def _first_onset(watcher: OnsetWatcher, timeout: float, what: str) -> float:
     return got[0].wall
 
 
-def run_script(label: str, python: str) -> Run:
-    wd = workdir(f"faultscript-{label}")
+def run_script(label: str, python: str, ladder: str = "plain") -> Run:
+    wd = workdir(f"faultscript-{label}-{ladder}")
     control, gpu_file = wd / "control.json", wd / "nvml.json"
     write_gpu_file(gpu_file, [])
     onset_file = [wd / f"onset-{i}.json" for i in range(len(STEPS) + 1)]
     write_control(control, [{"env": {"SGLANG_SIM_SCENARIO": "deadlock_after_load", "SGLANG_SIM_FAULT_ONCE": "1",
                                      "SGLANG_SIM_ONSET_FILE": str(onset_file[1])}}])  # fmt: skip
-    data = config(wd, python, control, gpu_file)
-    run = Run(label, python, [Row(i + 1, s.name) for i, s in enumerate(STEPS)], workdir=str(wd))
+    data = config(wd, python, control, gpu_file, ladder)
+    run = Run(label, python, ladder, [Row(i + 1, s.name) for i, s in enumerate(STEPS)], workdir=str(wd))
     gap = REAL["gap"] * SCALE
     d = ScriptDaemon(data, wd, python)
     t_start = time.monotonic()
@@ -689,11 +699,23 @@ def from_json(data: Any) -> Run | None:
     if not isinstance(data, dict) or "rows" not in data:
         return None
     rows = [Row(**r) for r in data["rows"]]
-    keep = {k: data[k] for k in ("label", "python", "to_fault_s", "wall_s", "workdir", "error") if k in data}
+    keep = {k: data[k] for k in ("label", "python", "ladder", "to_fault_s", "wall_s", "workdir", "error") if k in data}
     return Run(rows=rows, **keep)
 
 
-def render(old: Run | None, new: Run | None) -> str:
+LADDER_TITLES = {
+    "plain": "The ladder without triggers (each rung's `args` only)",
+    "on": "The same ladder with `on` triggers (`no-cuda-graph` on `cuda_graph_capture`, `no-spec` on "
+    "`spec_regression`)",
+}
+
+
+def result_name(label: str, ladder: str) -> str:
+    return f"outage-script-{label}-{ladder}"
+
+
+def render(runs: dict[tuple[str, str], Run]) -> str:
+    """The section: per ladder, old and new side by side, then each run's own table."""
     intro = (
         f"A scripted day of faults on the simulator (bench/faultscript.py's docstring: the ladder, the faults, "
         f"the oracle's rule per step): one daemon on a fresh state directory, every production duration "
@@ -711,20 +733,25 @@ def render(old: Run | None, new: Run | None) -> str:
     body = header("Outage: the fault script", "outage-script", intro)
     body = body.replace(
         "Reproduce: `.venv/bin/python -m bench.run_all --only outage-script`.",
-        "Reproduce: `.venv/bin/python -m bench.outage --script day --label new` (and `--label old "
-        "--daemon-python /path/to/old/.venv/bin/python` for the old daemon).",
+        "Reproduce: `.venv/bin/python -m bench.outage --script day --label new --ladder plain` (and `--ladder on`; "
+        "`--label old --daemon-python /path/to/old/.venv/bin/python` for the old daemon).",
     )
-    parts = [body, side_by_side(old, new), ""]
-    for name, run in (("Old code", old), ("New code", new)):
-        if run is None:
-            parts += [f"{name}: not measured.", ""]
+    parts = [body]
+    for ladder, title in LADDER_TITLES.items():
+        old, new = runs.get(("old", ladder)), runs.get(("new", ladder))
+        if old is None and new is None:
             continue
-        parts += [
-            f"{name} (daemon under `{run.python}`; the script ran {run.wall_s:g} s):",
-            "",
-            render_table(run),
-            "",
-        ]
+        parts += [f"### {title}", "", side_by_side(old, new), ""]
+        for name, run in (("Old code", old), ("New code", new)):
+            if run is None:
+                parts += [f"{name}: not measured.", ""]
+                continue
+            parts += [
+                f"{name} (daemon under `{run.python}`; the script ran {run.wall_s:g} s):",
+                "",
+                render_table(run),
+                "",
+            ]
     return "\n".join(parts)
 
 
@@ -735,15 +762,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--script", choices=["day"], default="day")
     p.add_argument("--daemon-python", default=sys.executable, help="the interpreter the daemon runs under")
     p.add_argument("--label", choices=["old", "new"], default="new", help="which column of the table this run fills")
+    p.add_argument(
+        "--ladder", choices=sorted(LADDERS), default="plain", help="the ladder without or with `on` triggers"
+    )
     p.add_argument("--no-write", action="store_true", help="print, do not write docs/BENCHMARKS.md")
     a = p.parse_args(argv)
-    run = run_script(a.label, a.daemon_python)
-    print(f"fault script {a.label}: {json.dumps(asdict(run), default=str)}", flush=True)
-    save_result(f"outage-script-{a.label}", asdict(run))
-    other = from_json(load_result(f"outage-script-{'new' if a.label == 'old' else 'old'}"))
-    old, new = (run, other) if a.label == "old" else (other, run)
-    body = render(old, new)
+    run = run_script(a.label, a.daemon_python, a.ladder)
+    print(f"fault script {a.label} {a.ladder}: {json.dumps(asdict(run), default=str)}", flush=True)
+    save_result(result_name(a.label, a.ladder), asdict(run))
+    runs = {
+        (label, ladder): got
+        for label in ("old", "new")
+        for ladder in LADDERS
+        if (got := from_json(load_result(result_name(label, ladder)))) is not None
+    }
+    runs[(a.label, a.ladder)] = run
     print(render_table(run), flush=True)
+    body = render(runs)
     if a.no_write:
         print(body)
     else:

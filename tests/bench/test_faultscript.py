@@ -110,13 +110,31 @@ def test_rows_from_the_journal(fs: ModuleType) -> None:
 def test_a_run_reads_back_from_its_saved_result(fs: ModuleType) -> None:
     from dataclasses import asdict
 
-    run = fs.Run("old", "/x/python", [fs.Row(1, "transient deadlock", outage_s=24.0, ideal_s=22.0)], wall_s=5.0)
+    row = fs.Row(1, "transient deadlock", outage_s=24.0, ideal_s=22.0)
+    run = fs.Run("old", "/x/python", "on", [row], wall_s=5.0)
     back = fs.from_json(json.loads(json.dumps(asdict(run))))
     assert back == run
     assert fs.from_json(None) is None
-    body = fs.render(back, None)
+    body = fs.render({("old", "on"): back})
     assert "## Outage: the fault script" in body and "New code: not measured." in body
     assert "--script day" in body and "| 1 transient deadlock" in body
+    assert "with `on` triggers" in body and "without triggers" not in body  # only the ladders measured
+
+
+def test_the_two_ladders_differ_only_in_their_triggers(fs: ModuleType) -> None:
+    plain, on = fs.LADDERS["plain"], fs.LADDERS["on"]
+    assert (
+        [r["name"] for r in plain] == [r["name"] for r in on] == ["smaller-graphs", "no-cuda-graph", "no-spec", "safe"]
+    )
+    assert all("on" not in r for r in plain)
+    assert {r["name"]: r.get("on") for r in on if "on" in r} == {
+        "no-cuda-graph": ["cuda_graph_capture"],
+        "no-spec": ["spec_regression"],
+    }
+    for ladder in fs.LADDERS:
+        data = fs.config(Path("/tmp/x"), sys.executable, Path("/tmp/x/c.json"), Path("/tmp/x/g.json"), ladder)
+        assert data["server"]["command"][1].endswith("bench/faultserver.py")
+        assert data["restart"]["start_from"] == "last_good" and data["learned"] == {"enabled": False}
 
 
 def test_the_wrapper_picks_the_first_rule_that_matches_the_launch(server: ModuleType) -> None:
