@@ -773,7 +773,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-write", action="store_true", help="print, do not write docs/BENCHMARKS.md")
     a = p.parse_args(argv)
-    run = run_script(a.label, a.daemon_python, a.ladder)
+    # absolute, not resolved: the daemon starts in its work directory, and a venv's python is a link
+    run = run_script(a.label, os.path.abspath(a.daemon_python), a.ladder)
     print(f"fault script {a.label} {a.ladder}: {json.dumps(asdict(run), default=str)}", flush=True)
     save_result(result_name(a.label, a.ladder), asdict(run))
     runs = {
