@@ -792,3 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         publish("outage-script", body)
     t = totals(run.rows)
     return 0 if not run.error and all(r.outage_s is not None for r in run.rows) and t.ratio is not None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
