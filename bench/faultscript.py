@@ -655,6 +655,7 @@ def render_table(run: Run) -> str:
             "-" if r.launches is None else str(r.launches),
             str(r.ideal_launches),
             f"{r.rung_before} -> {r.rung_after or '-'}",
+            r.target or "-",
             r.error[:60] or "-",
         ]
         for r in run.rows
@@ -670,10 +671,12 @@ def render_table(run: Run) -> str:
             str(t.ideal_launches),
             f"total {'met' if t.total_met else 'NOT met'} (<= {TOTAL_TARGET}x), rows "
             f"{'met' if t.rows_met else 'NOT met'} (<= {ROW_TARGET:g}x)",
+            "",
             run.error[:60] or "-",
         ]
     )
-    return table(["step", "outage s", "ideal s", "ratio", "launches", "ideal launches", "rung", "error"], rows)
+    heads = ["step", "outage s", "ideal s", "ratio", "launches", "ideal launches", "rung", "ideal rung", "error"]
+    return table(heads, rows)
 
 
 def side_by_side(old: Run | None, new: Run | None) -> str:
