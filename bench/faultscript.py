@@ -682,21 +682,22 @@ def render_table(run: Run) -> str:
 def side_by_side(old: Run | None, new: Run | None) -> str:
     def cell(run: Run | None, i: int) -> list[str]:
         if run is None or i >= len(run.rows):
-            return ["-"] * 4
+            return ["-"] * 5
         r = run.rows[i]
-        return [_s(r.outage_s), _s(r.ideal_s), _r(r.ratio), "-" if r.launches is None else str(r.launches)]
+        launches = "-" if r.launches is None else str(r.launches)
+        return [_s(r.outage_s), _s(r.ideal_s), _r(r.ratio), launches, r.rung_after or "-"]
 
     rows = [[f"{i + 1} {s.name}", *cell(old, i), *cell(new, i), str(ideal_launches(s))] for i, s in enumerate(STEPS)]
     tot: list[str] = ["total"]
     for run in (old, new):
         if run is None:
-            tot += ["-"] * 4
+            tot += ["-"] * 5
             continue
         t = totals(run.rows)
-        tot += [_s(t.outage_s), _s(t.ideal_s), _r(t.ratio), str(t.launches)]
+        tot += [_s(t.outage_s), _s(t.ideal_s), _r(t.ratio), str(t.launches), ""]
     rows.append([*tot, str(sum(ideal_launches(s) for s in STEPS))])
-    heads = ["step", "old outage", "old ideal", "old ratio", "old launches"]
-    heads += ["new outage", "new ideal", "new ratio", "new launches", "ideal launches"]
+    heads = ["step", "old outage", "old ideal", "old ratio", "old launches", "old rung after"]
+    heads += ["new outage", "new ideal", "new ratio", "new launches", "new rung after", "ideal launches"]
     return table(heads, rows)
 
 
