@@ -13,7 +13,8 @@ The parts come from the daemon's own journal event `outage` (the same figures as
 `sglang_supervisor_outage_seconds`); `onset -> ready` is measured from the simulator's onset record
 (the Xid: from the moment the benchmark wrote it).
 Restart settings as shipped (backoff_initial_s 1, hung_stop_grace_s 1), evidence as shipped (py-spy
-with native frames, gdb on a hang). Run: `.venv/bin/python -m bench.outage` (or `bench.recovery --outage`).
+with native frames, gdb on a hang). Run: `.venv/bin/python -m bench.outage` (or `bench.recovery --outage`);
+`--script day` runs the fault script instead (bench/faultscript.py, issue 49).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +290,11 @@ def render(stories: list[OutageStory], kept: list[KeptRow] | None = None) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if any(a == "--script" or a.startswith("--script=") for a in args):
+        from bench import faultscript  # the fault script (issue 49): its own options
+
+        return faultscript.main(args)
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument(
         "--case",
@@ -296,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only these cases (default: all); the other cases' rows of the published table stay",
     )
     p.add_argument("--no-write", action="store_true", help="print, do not write docs/BENCHMARKS.md")
+    p.add_argument("--script", choices=["day"], help="the fault script instead (bench/faultscript.py, issue 49)")
     a = p.parse_args(argv)
     cases = a.case or list(CASES)
     # --case keeps the other cases' last results (the published rows) in the table
