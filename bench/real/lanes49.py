@@ -44,6 +44,9 @@ SIMULATE = os.environ.get("REAL_SIMULATE") == "1"
 WATCH: dict[str, Any] = {"startup_stall_s": 30.0, "health_timeout_s": 10.0}  # the rest as shipped
 LANE_BUDGET_S = float(os.environ.get("REAL_I49_BUDGET_S", "600"))  # part c starts only inside it
 OVERHEAD_S = float(os.environ.get("REAL_I49_OVERHEAD_S", "60"))
+# 1 as shipped (the code before issue 49 then retried base after the failed promote); 0 saves one
+# base deadlock (about 90 s on a GPU) where a device call is short.
+RETRIES = int(os.environ.get("REAL_I49_RETRIES", "1"))
 FALLBACK = "no-cuda-graph"
 KEEP = ("server_launched", "server_ready", "incident", "ladder_decision", "outage", "state_changed")
 
@@ -69,7 +72,7 @@ def _config(real: Path, models: Path, gpu: str, work: Path) -> dict[str, Any]:
          "on": ["cuda_graph_capture"], "env": ok},
         {"name": "no-speculation", "drop": configs.SPEC_KEYS, "on": ["spec_regression"], "env": ok},
     ]
-    cfg["restart"].update({"retries_per_rung": 1, "failed_cooldown_s": 0.0})
+    cfg["restart"].update({"retries_per_rung": RETRIES, "failed_cooldown_s": 0.0})
     cfg["server"]["port"] = free_port()
     return cfg
 
@@ -237,7 +240,8 @@ def part_c(d: Daemon, work: Path, res: dict[str, Any]) -> None:
 def lane_recovery(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    res: dict[str, Any] = {"lane": "recovery", "gpu": gpu, "simulated": SIMULATE, "watchdog": WATCH}
+    res: dict[str, Any] = {"lane": "recovery", "gpu": gpu, "simulated": SIMULATE, "watchdog": WATCH,
+                           "retries_per_rung": RETRIES}
     d = Daemon(work, _config(real, models, gpu, work), configs.daemon_env(real))
     rec = Recorder(d, every=1.0).start()
     with _recording(res, d, rec):
