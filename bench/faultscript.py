@@ -68,7 +68,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,7 @@ import httpx
 from bench.common import (
     ROOT,
     SPEC_ARGS,
+    Daemon,
     OnsetWatcher,
     Traffic,
     W,
@@ -96,7 +97,6 @@ from bench.report import table
 from supervisor.common.waiting import wait_for
 from supervisor.config.render import dump_mapping
 from supervisor.config.settings import settings_from_mapping
-from supervisor.process import kill_marked
 from supervisor.simulator import daemonconfig
 from supervisor.simulator.daemonconfig import SimWindows
 
@@ -397,9 +397,9 @@ def config(wd: Path, python: str, control: Path, gpu_file: Path, ladder: str = "
     return data
 
 
-class ScriptDaemon:
+class ScriptDaemon(Daemon):
     """The daemon under test: `PYTHON -m supervisor run --config FILE`, run from the work directory
-    (not this checkout), so `PYTHON`'s own installation is what runs."""
+    (not this checkout), so `PYTHON`'s own installation is what runs; the rest is bench.common's."""
 
     def __init__(self, data: dict[str, Any], wd: Path, python: str) -> None:
         self.wd, self.python = wd, python
@@ -408,8 +408,9 @@ class ScriptDaemon:
         self.api = f"http://127.0.0.1:{data['api']['port']}"
         self.state_dir = Path(data["paths"]["state_dir"])
         self.proc: subprocess.Popen[bytes] | None = None
+        self.leftovers: tuple[int, ...] = ()
 
-    def start(self) -> None:
+    def start(self) -> ScriptDaemon:
         with open(self.wd / "daemon.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "supervisor", "run", "--config", str(self.config), "--log-json"],
@@ -418,59 +419,17 @@ class ScriptDaemon:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-
-    def status(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = httpx.get(f"{self.api}/status", timeout=3, trust_env=False).json()
-            return data
-        except (httpx.HTTPError, ValueError):
-            return None
+        return self
 
     def post(self, path: str, body: dict[str, Any]) -> None:
         r = httpx.post(f"{self.api}{path}", json=body, timeout=10, trust_env=False)
         if r.status_code != 202:
             raise RuntimeError(f"{path} answered {r.status_code}: {r.text[:200]}")
 
-    def _alive(self, what: str) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"daemon exited {self.proc.returncode} while waiting for {what}")
-
-    def wait(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
-        def read() -> dict[str, Any] | None:
-            self._alive(what)
-            return self.status()
-
-        return wait_for(read, pred, timeout, what=what, show=lambda st: f"status {str(st)[:400]}")
-
-    def events(self) -> list[dict[str, Any]]:
-        return read_events(self.state_dir)
-
-    def wait_events(self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float, what: str) -> None:
-        def read() -> list[dict[str, Any]]:
-            self._alive(what)
-            return self.events()
-
-        wait_for(read, pred, timeout, what=what, show=lambda ev: f"of {len(ev)} events")
-
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        try:
-            marker = json.loads((self.state_dir / "state.json").read_text()).get("marker")
-        except (OSError, ValueError):
-            marker = None
-        if isinstance(marker, str) and marker:
-            kill_marked(marker, grace_s=0.5)
 
 
 def capture_rule(onset: Path) -> dict[str, Any]:
