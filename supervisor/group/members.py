@@ -143,13 +143,15 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
             return waiting
         # It waited for that node, or that node runs no server through no fault of its own (its daemon
         # came back without it, or it was stopped): node 0's server lost a peer; the rung is not the cause.
-        same_rung = g.waiting_for is not None or _serverless(g, gv)
+        # A node that showed the fault itself is never "away": the ladder judges it (issue 54).
+        same_rung = (g.waiting_for is not None or _serverless(g, gv)) and not _showed_fault(g, gv)
         g.waiting_since = g.waiting_for = None
     else:
         g.waiting_since = g.waiting_for = None
     if gv.is_incident:
-        if gv.node not in (None, 0) or not v.is_incident:
-            record("group_incident", "warning", cause=gv.cause, node=gv.node, rank=gv.rank, reason=gv.reason)
+        if gv.node not in (None, 0) or not v.is_incident or gv.alike:
+            alike = {"alike": list(gv.alike)} if gv.alike else {}
+            record("group_incident", "warning", cause=gv.cause, node=gv.node, rank=gv.rank, reason=gv.reason, **alike)
         return Judged(
             Verdict(
                 "incident",
@@ -224,6 +226,21 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
 
 
 _COMING = ("starting", "stopped", "restarting")  # a member's server not up yet, with no fault of its own
+
+
+def _showed_fault(g: GroupRuntime, gv: GroupVerdict) -> bool:
+    """Whether a member showed the group's fault itself (it holds its own incident, or joined and
+    stalled alike with node 0): the servers' fault, judged by the ladder as one node's would be."""
+    assert g.leader is not None
+    if any(n != 0 for n in gv.alike):
+        return True
+    m = {v.node: v for v in g.leader.views()}.get(gv.node) if gv.node not in (None, 0) else None
+    r = m.report if m is not None and m.reachable else None
+    if r is None or r.cause is None:
+        return False
+    # A member that stalled at the rendezvous while node 0 waited for another node: that node's.
+    at_rendezvous = r.cause in ("startup_stall", "startup_timeout") and r.phase in (None, "spawning", "initializing")
+    return not (at_rendezvous and g.waiting_for not in (None, gv.node))
 
 
 def _serverless(g: GroupRuntime, gv: GroupVerdict) -> bool:

@@ -257,3 +257,66 @@ def test_node_0s_failing_health_explained_by_a_member_back_without_its_server_ke
         g.leader = ClockedLeader((view,))  # type: ignore[assignment]
         out = judge(g, unhealthy, "degraded", rec)
         assert out.verdict is not None and out.verdict.is_incident and not out.same_rung, (view, out)
+
+
+# ---- issue 54: a hang on every node is the rung's; the absent node is waited for at any size ----
+
+KV_STALL = Verdict("incident", "startup_stall", "no channel moved for 30 s", phase="allocating_kv")
+
+
+def starting_member(node: int, phase: str, *, cause: str | None = None) -> MemberView:
+    state = "hung" if cause else "starting"
+    r = NodeReport(node, state, phase, 5, "base", cause, "stalled", (), (), 9.0, 1.0)
+    return MemberView(node, f"h{node}:1", True, r)
+
+
+def clocked(*views: MemberView, nnodes: int = 2, wait: float = 60.0) -> tuple[GroupRuntime, ClockedLeader]:
+    members = tuple(f"h{i}:1" for i in range(1, nnodes))
+    g = GroupRuntime(GroupSettings(nnodes=nnodes, node_rank=0, members=members, absent_wait_s=wait), None, KEYS)
+    leader = ClockedLeader(views)
+    g.leader = leader  # type: ignore[assignment]
+    g.own_rung, g.own_state = "base", "starting"
+    return g, leader
+
+
+def test_a_hang_on_every_node_after_the_load_is_the_rungs_at_once_never_a_node_away() -> None:
+    rec = Recorder()
+    g, _ = clocked(starting_member(1, "allocating_kv"))
+    out = judge(g, KV_STALL, "starting", rec)
+    assert out.verdict is not None and out.verdict.is_incident and not out.same_rung, out
+    assert "never joined" not in out.verdict.reason and "nodes 0, 1 showed the fault alike" in out.verdict.reason
+    names = [e for e, _ in rec.events]
+    assert "group_waiting" not in names and dict(rec.events)["group_incident"]["alike"] == [0, 1]
+
+
+def test_a_members_own_stall_after_the_leader_waited_for_it_is_judged_by_the_ladder() -> None:
+    """The order the trials found: node 0 waited for node 1 (behind it), then node 1 held its own
+    stall. Its own fault: the ladder's, not the group's forced same-rung relaunch."""
+    rec = Recorder()
+    g, leader = clocked(starting_member(1, "loading_weights"))
+    out = judge(g, KV_STALL, "starting", rec)
+    assert out.verdict is not None and out.verdict.status == "starting" and g.waiting_for == 1
+    leader._views = (starting_member(1, "loading_weights", cause="startup_stall"),)
+    leader.t += 5
+    out = judge(g, KV_STALL, "starting", rec)
+    assert out.verdict is not None and out.verdict.is_incident and out.verdict.cause == "startup_stall"
+    assert not out.same_rung
+
+
+def test_three_nodes_a_present_members_stall_waits_for_the_absent_node_and_names_it() -> None:
+    rec = Recorder()
+    away = MemberView(2, "h2:1", False, None, 40.0, "connection refused")
+    held = starting_member(1, "initializing", cause="startup_stall")
+    g, leader = clocked(held, away, nnodes=3, wait=60.0)
+    quiet = Verdict("starting", reason="initializing", phase="initializing")
+    for _ in range(3):
+        out = judge(g, quiet, "starting", rec)
+        assert out.verdict is not None and out.verdict.status == "starting", out
+        assert "waiting for node 2" in out.verdict.reason
+        leader.t += 10
+    waiting = [f for e, f in rec.events if e == "group_waiting"]
+    assert len(waiting) == 1 and waiting[0]["node"] == 2
+    leader.t += 60  # past absent_wait_s: the incident goes ahead, named, on the same rung
+    out = judge(g, quiet, "starting", rec)
+    assert out.verdict is not None and out.verdict.is_incident and out.same_rung
+    assert dict(rec.events)["group_incident"]["node"] == 2
