@@ -116,6 +116,7 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         record("group_member_incident", "warning", cause=v.cause, reason=v.reason, node=g.node)
         return Judged(None, f"{v.cause}: {v.reason}; held for the group's leader (node 0), which restarts the group")
     assert g.leader is not None
+    g.own_failing = v.reason if v.is_incident else ""
     own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
     gv = combine(own, g.leader.views(), g.settings.unreachable_s)
     rejoin = _rejoin(g, gv, own_state)

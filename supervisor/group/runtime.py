@@ -54,6 +54,9 @@ class GroupRuntime:
     served: bool = False
     waiting_since: float | None = None  # the leader holds a stall for an absent node since (monotonic)
     waiting_for: int | None = None
+    # the leader: its own watchdog's incident, as judged this poll (held while the group waits for a
+    # node): node 0's server does not serve, so neither does the group (`/readyz` 503, issue 54)
+    own_failing: str = ""
     absent_named: set[int] = field(default_factory=set)  # members journalled as away past absent_alert_s
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # those relaunches, held until done
 

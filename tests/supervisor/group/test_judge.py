@@ -320,3 +320,21 @@ def test_three_nodes_a_present_members_stall_waits_for_the_absent_node_and_names
     out = judge(g, quiet, "starting", rec)
     assert out.verdict is not None and out.verdict.is_incident and out.same_rung
     assert dict(rec.events)["group_incident"]["node"] == 2
+
+
+def test_node_0_failing_its_health_while_the_group_waits_is_not_ready() -> None:
+    """Issue 54: `/readyz` stayed 200 on node 0 through the absent-node wait while its own health
+    failed; the group does not serve while node 0's server does not, whatever it waits for."""
+    from supervisor.group.view import group_view
+
+    rec = Recorder()
+    away = MemberView(1, "h1:1", False, None, 30.0, "connection refused")
+    g, leader = clocked(away, wait=600.0)
+    g.own_state = "ready"
+    unhealthy = Verdict("incident", "unhealthy", "3 health checks failed in a row (503)", phase="serving")
+    out = judge(g, unhealthy, "ready", rec)
+    assert out.verdict is not None and out.verdict.status == "degraded" and "waiting for node 1" in out.verdict.reason
+    assert group_view(g, StatusSnapshot(state="degraded")).serves is False
+    leader._views = (member(),)  # node 1 back and node 0 healthy again: the group serves
+    assert judge(g, READY, "degraded", rec).verdict == READY
+    assert group_view(g, StatusSnapshot(state="ready")).serves is True

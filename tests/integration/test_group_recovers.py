@@ -1,0 +1,82 @@
+"""The group recovers as one (issue 54), through running daemons: one real daemon per node, each
+with its own state directory, API port and simulated node, on one machine (docs/MULTINODE.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from groupdaemons import Load, Node, group_of, group_ready
+
+from supervisor.policy.recovery import GROUP_SAME_RUNG
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def nodes_of(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    made: list[Node] = []
+
+    def make(*args, **kw) -> list[Node]:  # type: ignore[no-untyped-def]
+        nodes = group_of(tmp_path, *args, **kw)
+        made.extend(nodes)
+        for n in nodes:
+            n.start()
+        return nodes
+
+    yield make
+    for n in reversed(made):
+        n.cleanup()
+
+
+def test_a_start_up_hang_on_every_node_steps_down_in_two_incidents(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    """Both nodes' `base` deadlocks after the load; `no-cuda-graph` fixes it. The hang is the
+    rung's: one retry (retries_per_rung 1), then a step down, never "a node was away"."""
+    unless = {"SGLANG_SIM_UNLESS": "disable-cuda-graph"}
+    leader, worker = nodes_of(
+        scenarios={0: "deadlock_after_load", 1: "deadlock_after_load"},
+        env={0: unless, 1: unless},
+        fallback=[{"name": "no-cuda-graph", "args": {"disable-cuda-graph": True}}],
+    )
+    st = leader.wait(lambda s: s["rung"] == "no-cuda-graph" and group_ready(s), 180, "the group ready on the fallback")
+    decisions = leader.events("ladder_decision")
+    assert not [d for d in decisions if d["reason"] == GROUP_SAME_RUNG], decisions
+    assert st["incidents"] <= 2, decisions
+    assert worker.status()["rung"] == "no-cuda-graph"  # type: ignore[index]
+
+
+def test_node_0s_readyz_is_503_while_its_own_server_fails_and_the_group_waits(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    """Node 1 frozen whole (its daemon and its ranks): node 0's server hangs on the collective that
+    waits for it, and the leader holds that incident for absent_wait_s. Through the wait node 0 tells
+    the truth: `/readyz` 503, not 200 while its own server fails."""
+    leader, worker = nodes_of(group={"absent_wait_s": 45.0})
+    leader.wait(group_ready, 60, "the group ready")
+    wst = worker.status()
+    assert wst is not None and worker.proc is not None
+    frozen = [p["pid"] for p in wst["processes"] if p["role"] == "scheduler"]
+    load = Load(leader.settings.server.port)
+    try:
+        leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
+        worker.proc.send_signal(signal.SIGSTOP)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        st = leader.wait(lambda s: "waiting for node 1" in s["reason"], 60, "node 0 holding its incident for node 1")
+        answers = []
+        for _ in range(5):
+            answers.append(leader.get("/readyz", auth=False).status_code)
+            time.sleep(0.5)
+        st = leader.status()
+        assert st is not None and "waiting for node 1" in st["reason"], st["reason"]  # still the wait
+        assert answers == [503] * 5, (answers, st["state"], st["reason"])
+        assert st["group"]["serves"] is False
+    finally:
+        load.close()
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        worker.proc.send_signal(signal.SIGCONT)
+    leader.wait(group_ready, 120, "the group ready again")
+    assert leader.get("/readyz", auth=False).status_code == 200
