@@ -30,7 +30,7 @@ from supervisor.group.joining import JoinAnswer, answer_join, formed, lacking, m
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.peers import Asked, Beating, Clearance, Judged, MemberApi, Record
 from supervisor.group.report import build_report
-from supervisor.group.runtime import GroupRuntime
+from supervisor.group.runtime import GroupRuntime, state_identity
 from supervisor.group.signing import NonceBook, RequestCheck
 from supervisor.group.verdict import GroupVerdict, NodeReport, OwnVerdict, combine
 from supervisor.group.view import group_view
@@ -56,6 +56,8 @@ def make_runtime(
         ask = GroupClient({0: g.leader}, keys, wall=wall, max_skew_s=g.max_skew_s, as_node=g.node_rank)
         worker = GroupRuntime(g, None, keys, to_leader=ask)
         worker.fingerprint = fingerprint(settings)
+        worker.identity = state_identity(settings.state_dir)
+        worker.address = f"{settings.api.host}:{settings.api.port}"
         return worker
     d, rs = settings.diagnostics, settings.restart
     timeouts = Timeouts(
@@ -72,6 +74,7 @@ def make_runtime(
     )
     runtime.load_saved()
     runtime.fingerprint = fingerprint(settings)
+    runtime.identity = state_identity(settings.state_dir)
     return runtime
 
 
@@ -103,6 +106,7 @@ def report(
         incident=g.captured,
         instance=g.instance,
         fingerprint=g.fingerprint,
+        identity=g.identity,
     )
 
 
@@ -117,6 +121,9 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         return Judged(None, f"{v.cause}: {v.reason}; held for the group's leader (node 0), which restarts the group")
     assert g.leader is not None
     g.own_failing = v.reason if v.is_incident else ""
+    for m in g.leader.views():  # who answers at each node's address: kept across stops and launches
+        if m.reachable and m.report is not None and m.report.identity:
+            g.holders[m.node] = m.report.identity
     own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
     gv = combine(own, g.leader.views(), g.settings.unreachable_s)
     rejoin = _rejoin(g, gv, own_state)
@@ -367,10 +374,18 @@ async def clearance(g: GroupRuntime, rung: str, by_group: bool, beating: Beating
     leader has not accepted (never asked, refused, or reloaded since) asks first, whoever launches."""
     if g.is_leader or g.to_leader is None or (by_group and g.accepted):
         return Clearance(rung)
-    body = {"node": g.node, "instance": g.instance, "fingerprint": g.fingerprint, "rung": rung}
+    body = {
+        "node": g.node, "instance": g.instance, "fingerprint": g.fingerprint, "rung": rung,
+        "identity": g.identity, "address": g.address,
+    }  # fmt: skip
     answers: tuple[Answer, ...] = await beating(
         g.to_leader.ask_all("POST", "/group/join", timeout=g.settings.request_timeout_s, body=body)
     )
+    if answers[0].status == 422:  # a leader from before identities (a rolling upgrade): asked as it knows
+        old = {k: v for k, v in body.items() if k not in ("identity", "address")}
+        answers = await beating(
+            g.to_leader.ask_all("POST", "/group/join", timeout=g.settings.request_timeout_s, body=old)
+        )
     reading = read_join(answers[0], rung, by_group)
     if reading.accepted is not None:
         g.accepted = reading.accepted
@@ -378,7 +393,14 @@ async def clearance(g: GroupRuntime, rung: str, by_group: bool, beating: Beating
 
 
 def answer_join_request(
-    g: GroupRuntime, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record
+    g: GroupRuntime,
+    node: int,
+    instance: str,
+    theirs: Mapping[str, str],
+    check: bool,
+    record: Record,
+    identity: str = "",
+    address: str = "",
 ) -> JoinAnswer:
     """The leader's answer to a member's join (`POST /group/join`); journalled when it changes."""
     if g.leader is None:
@@ -393,6 +415,9 @@ def answer_join_request(
         g.own_rung,
         check=check,
         group_formed=formed(g.own_state, g.own_phase),
+        identity=identity,
+        holder=g.holders.get(node, ""),
+        address=address,
     )
     if ans.rejoin and node not in g.rejoined:
         g.rejoined[node] = (
@@ -511,12 +536,20 @@ class GroupEndpoint:
     snapshot: Callable[[], StatusSnapshot]
     group_report: Callable[[], NodeReport]
     submit_command: Callable[[Command], Awaitable[CommandResult]]
-    join_request: Callable[[int, str, Mapping[str, str], bool], JoinAnswer] | None = None
+    join_request: Callable[..., JoinAnswer] | None = None
 
-    def join(self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool) -> JoinAnswer:
+    def join(
+        self,
+        node: int,
+        instance: str,
+        fingerprint: Mapping[str, str],
+        check: bool,
+        identity: str = "",
+        address: str = "",
+    ) -> JoinAnswer:
         if self.join_request is None:
             return JoinAnswer("refused", reason="this node is not the group's leader")
-        return self.join_request(node, instance, fingerprint, check)
+        return self.join_request(node, instance, fingerprint, check, identity, address)
 
     async def submit(self, command: Command) -> CommandResult:
         return await self.submit_command(command)
@@ -673,8 +706,10 @@ class LeaderPeers(GroupPeers):
                 await stop_members(g, beating, record)
         await launch_members(g, rung, beating, record)
 
-    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool) -> JoinAnswer:
-        return answer_join_request(self.runtime, node, instance, theirs, check, self.record)
+    def join(
+        self, node: int, instance: str, theirs: Mapping[str, str], check: bool, identity: str = "", address: str = ""
+    ) -> JoinAnswer:
+        return answer_join_request(self.runtime, node, instance, theirs, check, self.record, identity, address)
 
     def refuses_command(self, cmd: Command) -> str | None:
         """The leader refuses a start or restart to a rung a member's config lacks (issue 34)."""

@@ -7,8 +7,10 @@ stops its server and exits with it, and LeaderWorkerSet recreates the group.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +21,17 @@ from supervisor.group.joining import JoinAnswer
 from supervisor.group.leader import GroupLeader
 from supervisor.group.verdict import GroupVerdict
 from supervisor.status.causes import Cause
+
+
+def state_identity(state_dir: Path) -> str:
+    """A daemon's identity in its group (issue 54): its host and state directory, hashed. Stable
+    across the daemon's restarts (its successor is the same node), different for a second daemon
+    that claims the same node_rank with a state directory of its own."""
+    try:
+        where = str(state_dir.resolve())
+    except OSError:
+        where = str(state_dir)
+    return hashlib.sha256(f"{socket.gethostname()}\0{where}".encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -57,6 +70,9 @@ class GroupRuntime:
     # the leader: its own watchdog's incident, as judged this poll (held while the group waits for a
     # node): node 0's server does not serve, so neither does the group (`/readyz` 503, issue 54)
     own_failing: str = ""
+    identity: str = ""  # this daemon's state directory, hashed (`state_identity`): one per node_rank
+    address: str = ""  # this daemon's API address, named to the leader when it joins
+    holders: dict[int, str] = field(default_factory=dict)  # the leader: the identity each node's address reported
     absent_named: set[int] = field(default_factory=set)  # members journalled as away past absent_alert_s
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # those relaunches, held until done
 

@@ -54,6 +54,7 @@ class NodeReport:
     at: float  # wall clock of the report
     incident: str | None = None  # the group incident the node last captured for
     instance: str = ""  # the reporting daemon's random id for its life (a second daemon claiming its rank differs)
+    identity: str = ""  # the reporting daemon's state directory, stable across its restarts (issue 54)
     # its group-relevant config (supervisor/group/fingerprint.py)
     fingerprint: Mapping[str, str] = field(default_factory=dict)
 

@@ -10,8 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from freeport import free_port
 from groupdaemons import Load, Node, group_of, group_ready
 
+from supervisor.common.waiting import wait_for
+from supervisor.config.render import dump_toml
 from supervisor.policy.recovery import GROUP_SAME_RUNG
 
 pytestmark = pytest.mark.integration
@@ -80,3 +83,36 @@ def test_node_0s_readyz_is_503_while_its_own_server_fails_and_the_group_waits(no
         worker.proc.send_signal(signal.SIGCONT)
     leader.wait(group_ready, 120, "the group ready again")
     assert leader.get("/readyz", auth=False).status_code == 200
+
+
+def test_a_second_daemon_on_one_node_rank_is_refused_through_the_groups_relaunch(tmp_path, nodes_of) -> None:  # type: ignore[no-untyped-def]
+    """The leader drops every report at a group stop or launch; the node_rank's identity (its state
+    directory) outlives that, so the twin asking all through the relaunch is refused every time,
+    named beside the daemon that holds the rank, and launches nothing."""
+    leader, worker = nodes_of()
+    leader.wait(group_ready, 90, "the group ready")
+    d = worker.settings.model_dump()
+    d["api"]["port"] = free_port()
+    d["server"]["port"] = free_port()
+    d["paths"]["state_dir"] = str(tmp_path / "twin" / "state")
+    (tmp_path / "twin").mkdir()
+    twin_settings = type(worker.settings).model_validate(d)
+    cfg = tmp_path / "twin" / "config.toml"
+    cfg.write_text(dump_toml(twin_settings))
+    twin = Node(1, twin_settings, cfg, tmp_path / "twin" / "daemon.log")
+    try:
+        twin.start()
+        wait_for(twin.events, lambda evs: any(e["event"] == "group_launch_held" for e in evs), 60, what="twin held")
+        old = leader.status()["pid"], worker.status()["pid"]  # type: ignore[index]
+        assert leader.post("/restart", {"reason": "test"}).status_code == 202  # the group stops and launches
+        leader.wait(lambda s: s["pid"] != old[0] and group_ready(s), 90, "the group relaunched and ready")
+        time.sleep(3)  # the twin keeps asking
+        assert not twin.events("server_launched"), twin.events("server_launched")
+        st = twin.status()
+        assert st is not None and st["pid"] is None
+        assert f"node_rank 1 is already the daemon at {worker.address}" in st["reason"], st["reason"]
+        refused = leader.events("group_join_refused")
+        assert refused and all(f"127.0.0.1:{twin_settings.api.port}" in e["reason"] for e in refused), refused
+        assert worker.status()["pid"] != old[1]  # type: ignore[index]  # the holder relaunched with the group
+    finally:
+        twin.cleanup()
