@@ -156,6 +156,9 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         g.waiting_since = g.waiting_for = None
     else:
         g.waiting_since = g.waiting_for = None
+    confirming = _confirming(g, gv, v, own_state)
+    if confirming is not None:
+        return confirming
     if gv.is_incident:
         if gv.node not in (None, 0) or not v.is_incident or gv.alike:
             alike = {"alike": list(gv.alike)} if gv.alike else {}
@@ -234,6 +237,36 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
 
 
 _COMING = ("starting", "stopped", "restarting")  # a member's server not up yet, with no fault of its own
+
+
+CONFIRM_ROUNDS = 2  # poll rounds begun after node 0's own incident: the first may have been under way
+# node 0's own crash: a member's crash breaks node 0's collectives at once (gloo raises), and its own
+# watchdog says so a poll later; a stall's window is long enough for every member's report to be fresh
+_CRASHES = frozenset({"exited", "rank_died"})
+
+
+def _confirming(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str) -> Judged | None:
+    """Node 0 named for its own crash (its server exited, a rank died) while members answer: it
+    first waits for a report from every member taken after it (two poll rounds, at most a few
+    request timeouts). A member's crash is often seen at node 0 first (its collective breaks at
+    once, the member's own watchdog a poll later): then the member is named, not the healthy node 0
+    (issue 54)."""
+    assert g.leader is not None
+    views = g.leader.views()
+    crashed = gv.cause in _CRASHES and gv.node == 0 and not gv.alike
+    if not (gv.is_incident and crashed and any(m.reachable for m in views)):
+        g.confirm_from = None
+        return None
+    polls, now = g.leader.polls, g.leader.now()
+    if g.confirm_from is None:
+        g.confirm_from = (polls, now)
+    first, since = g.confirm_from
+    cap = CONFIRM_ROUNDS * (g.settings.request_timeout_s + 1.0) + 2.0
+    if polls >= first + CONFIRM_ROUNDS or now - since >= cap:
+        g.confirm_from = None  # the incident goes ahead; a later one asks again
+        return None
+    why = f"group: node 0's {gv.cause}: a report from every member first, to name the right node ({gv.reason})"
+    return Judged(Verdict("degraded" if own_state in ("ready", "degraded") else "starting", reason=why, phase=v.phase))
 
 
 def _showed_fault(g: GroupRuntime, gv: GroupVerdict) -> bool:

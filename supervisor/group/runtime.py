@@ -70,6 +70,10 @@ class GroupRuntime:
     # the leader: its own watchdog's incident, as judged this poll (held while the group waits for a
     # node): node 0's server does not serve, so neither does the group (`/readyz` 503, issue 54)
     own_failing: str = ""
+    # the leader: node 0's own incident, named node 0, first seen at this poll round and moment: it
+    # waits for a report from every member taken after it, so a member's fault seen at node 0 first
+    # names the member (issue 54)
+    confirm_from: tuple[int, float] | None = None
     identity: str = ""  # this daemon's state directory, hashed (`state_identity`): one per node_rank
     address: str = ""  # this daemon's API address, named to the leader when it joins
     holders: dict[int, str] = field(default_factory=dict)  # the leader: the identity each node's address reported

@@ -116,3 +116,19 @@ def test_a_second_daemon_on_one_node_rank_is_refused_through_the_groups_relaunch
         assert worker.status()["pid"] != old[1]  # type: ignore[index]  # the holder relaunched with the group
     finally:
         twin.cleanup()
+
+
+def test_a_members_crash_loop_is_named_on_that_member_every_time(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    """Node 1's server crashes at every load; node 0 is healthy. Each incident of the group names
+    node 1 (node 0's server breaking on the lost peer first is not node 0's fault), and the loop
+    is bounded: the ladder runs out and the group is `failed`."""
+    leader, _ = nodes_of(
+        scenarios={1: "crash_on_load"},
+        fallback=[{"name": "second", "args": {"disable-cuda-graph": True}}],
+    )
+    st = leader.wait(lambda s: s["state"] == "failed", 150, "the group failed after the ladder")
+    incidents = leader.events("incident")
+    assert len(incidents) >= 2, incidents
+    blamed = [(i["cause"], i["detail"][:200]) for i in incidents if not i["detail"].startswith("node 1:")]
+    assert not blamed, blamed
+    assert st["incidents"] == len(incidents)
