@@ -17,7 +17,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from probes.types import Observation
@@ -126,6 +126,8 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
             g.holders[m.node] = m.report.identity
     own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
     gv = combine(own, g.leader.views(), g.settings.unreachable_s)
+    if gv.stalled_for is not None and gv.node is not None:
+        g.stalled_for_absent[gv.stalled_for] = gv.node
     rejoin = _rejoin(g, gv, own_state)
     if rejoin is not None:
         gv = rejoin
@@ -152,7 +154,13 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         # It waited for that node, or that node runs no server through no fault of its own (its daemon
         # came back without it, or it was stopped): node 0's server lost a peer; the rung is not the cause.
         # A node that showed the fault itself is never "away": the ladder judges it (issue 54).
-        same_rung = (g.waiting_for is not None or _serverless(g, gv)) and not _showed_fault(g, gv)
+        waited_for = g.waiting_for is not None or gv.node in g.stalled_for_absent
+        same_rung = (waited_for or _serverless(g, gv)) and not _showed_fault(g, gv)
+        if same_rung and g.waiting_for not in (None, gv.node):  # the journal names the node waited for
+            gv = replace(gv, reason=f"{gv.reason}; node {g.waiting_for} was waited for {_waited(g)}")
+        elif same_rung and gv.node in g.stalled_for_absent:
+            absent = g.stalled_for_absent[gv.node]
+            gv = replace(gv, reason=f"{gv.reason}; it stalled waiting for node {absent}, absent: not the rung's")
         g.waiting_since = g.waiting_for = None
     else:
         g.waiting_since = g.waiting_for = None
@@ -269,6 +277,12 @@ def _confirming(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str) -
     return Judged(Verdict("degraded" if own_state in ("ready", "degraded") else "starting", reason=why, phase=v.phase))
 
 
+def _waited(g: GroupRuntime) -> str:
+    assert g.leader is not None
+    since = g.waiting_since if g.waiting_since is not None else g.leader.now()
+    return f"{g.leader.now() - since:.0f} s (absent_wait_s {g.settings.absent_wait_s:g}): not a fault of the rung"
+
+
 def _showed_fault(g: GroupRuntime, gv: GroupVerdict) -> bool:
     """Whether a member showed the group's fault itself (it holds its own incident, or joined and
     stalled alike with node 0): the servers' fault, judged by the ladder as one node's would be."""
@@ -279,9 +293,8 @@ def _showed_fault(g: GroupRuntime, gv: GroupVerdict) -> bool:
     r = m.report if m is not None and m.reachable else None
     if r is None or r.cause is None:
         return False
-    # A member that stalled at the rendezvous while node 0 waited for another node: that node's.
-    at_rendezvous = r.cause in ("startup_stall", "startup_timeout") and r.phase in (None, "spawning", "initializing")
-    return not (at_rendezvous and g.waiting_for not in (None, gv.node))
+    # A member that stalled at the rendezvous waiting for an absent node: that node's.
+    return gv.node not in g.stalled_for_absent
 
 
 def _serverless(g: GroupRuntime, gv: GroupVerdict) -> bool:
@@ -549,6 +562,7 @@ async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> Non
         return
     g.mark_members_stopped(True)
     g.rejoined.clear()  # the group relaunches: a member that came back is launched with it
+    g.stalled_for_absent.clear()  # and every member's held stall ends with it
     answers: tuple[Answer, ...] = await beating(g.leader.stop_all())
     record("group_stop", "info" if all(a.ok for a in answers) else "warning", nodes=_nodes(answers))
 

@@ -74,6 +74,9 @@ class GroupRuntime:
     # waits for a report from every member taken after it, so a member's fault seen at node 0 first
     # names the member (issue 54)
     confirm_from: tuple[int, float] | None = None
+    # the leader: members whose held start-up stall was explained by an absent node: not their fault
+    # when it goes ahead (the absent node came, the group formed without them); until the group relaunches
+    stalled_for_absent: dict[int, int] = field(default_factory=dict)  # member -> the absent node
     identity: str = ""  # this daemon's state directory, hashed (`state_identity`): one per node_rank
     address: str = ""  # this daemon's API address, named to the leader when it joins
     holders: dict[int, str] = field(default_factory=dict)  # the leader: the identity each node's address reported

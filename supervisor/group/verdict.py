@@ -93,6 +93,8 @@ class GroupVerdict:
     # Every node that showed the fault itself, where more than one did (issue 54: a start-up hang on
     # every node is the rung's, booked on the ladder as one node's would be, never "a node away").
     alike: tuple[int, ...] = ()
+    # the member whose own start-up stall at the rendezvous this verdict explains by `node`, absent
+    stalled_for: int | None = None
 
     @property
     def is_incident(self) -> bool:
@@ -229,7 +231,8 @@ def combine(own: OwnVerdict, members: tuple[MemberView, ...], unreachable_s: flo
             cause = "rank_died" if r.cause == "exited" else r.cause
             absent = _absent_for(r, members)
             if absent is not None:
-                return GroupVerdict("incident", cause, f"node {m.node}: {r.reason}; {absent[0]}", node=absent[1])
+                why = f"node {m.node}: {r.reason}; {absent[0]}"
+                return GroupVerdict("incident", cause, why, node=absent[1], stalled_for=m.node)
             alike = _alike(own, members, m.node, r.cause)
             return GroupVerdict(
                 "incident",

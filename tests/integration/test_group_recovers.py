@@ -132,3 +132,40 @@ def test_a_members_crash_loop_is_named_on_that_member_every_time(nodes_of) -> No
     blamed = [(i["cause"], i["detail"][:200]) for i in incidents if not i["detail"].startswith("node 1:")]
     assert not blamed, blamed
     assert st["incidents"] == len(incidents)
+
+
+@pytest.mark.timeout(300)
+def test_three_nodes_one_late_is_waited_for_named_and_costs_no_ladder_step(tmp_path: Path) -> None:
+    """Node 0 and node 1 up, node 2 starts 35 s later, absent_wait_s 20: the present member's stall
+    at the rendezvous is held for node 2, named; past the wait the group relaunches on its rung (no
+    retry is spent: a ladder-judged incident would step down at once here), and serves on `base`."""
+    nodes = group_of(
+        tmp_path,
+        3,
+        tp=3,
+        group={"absent_wait_s": 20.0},
+        fallback=[{"name": "second", "args": {"disable-cuda-graph": True}}],
+        restart={"retries_per_rung": 0},
+    )
+    leader, _, late = nodes
+    try:
+        nodes[0].start()
+        nodes[1].start()
+        time.sleep(35)
+        late.start()
+        st = leader.wait(group_ready, 150, "the group of three ready")
+        told = [
+            (e["event"], e.get("node"), e.get("reason") or e.get("detail"))
+            for e in leader.events()
+            if e["event"] in ("incident", "ladder_decision", "group_waiting", "group_incident")
+        ]
+        assert st["rung"] == "base", "\n".join(map(str, told))
+        waiting = leader.events("group_waiting")
+        assert waiting and all(w["node"] == 2 for w in waiting), waiting
+        for d in leader.events("ladder_decision"):
+            assert d["rung"] == 0 and d["reason"] == GROUP_SAME_RUNG, d
+        for i in leader.events("incident"):
+            assert "node 2" in i["detail"], i
+    finally:
+        for n in reversed(nodes):
+            n.cleanup()

@@ -322,6 +322,27 @@ def test_three_nodes_a_present_members_stall_waits_for_the_absent_node_and_names
     assert dict(rec.events)["group_incident"]["node"] == 2
 
 
+def test_three_nodes_the_absent_node_came_and_the_held_stall_goes_ahead_on_the_same_rung() -> None:
+    """The order a loaded machine gave: node 2 came within the wait and the group formed without
+    node 1's daemon (held `hung`); a poll in which node 1 did not answer ended the wait. Node 1's
+    stall was the wait for node 2: relaunched on the rung, no retry spent."""
+    rec = Recorder()
+    away = MemberView(2, "h2:1", False, None, 40.0, "connection refused")
+    held = starting_member(1, "initializing", cause="startup_stall")
+    g, leader = clocked(held, away, nnodes=3, wait=60.0)
+    quiet = Verdict("starting", reason="initializing", phase="initializing")
+    assert judge(g, quiet, "starting", rec).verdict.status == "starting"  # type: ignore[union-attr]
+    leader._views = (MemberView(1, "h1:1", False, held.report, 2.0, "timed out"), away)
+    leader.t += 2
+    judge(g, quiet, "starting", rec)  # node 1 did not answer this poll: no incident, the wait ends
+    moved_on = starting_member(1, "loading_weights", cause="startup_stall")  # its server went on, held
+    leader._views = (moved_on, starting_member(2, "loading_weights"))
+    leader.t += 5
+    out = judge(g, Verdict("starting", reason="loading", phase="loading_weights"), "starting", rec)
+    assert out.verdict is not None and out.verdict.is_incident and out.same_rung, out
+    assert "it stalled waiting for node 2, absent" in out.verdict.reason
+
+
 def test_node_0_failing_its_health_while_the_group_waits_is_not_ready() -> None:
     """Issue 54: `/readyz` stayed 200 on node 0 through the absent-node wait while its own health
     failed; the group does not serve while node 0's server does not, whatever it waits for."""

@@ -195,7 +195,11 @@ CASES += [
             member(None, reachable=False, down_s=40.0, node=2),
         ),
         GroupVerdict(
-            "incident", "startup_stall", "node 1: no channel moved; node 2 cannot be asked (connection refused)", node=2
+            "incident",
+            "startup_stall",
+            "node 1: no channel moved; node 2 cannot be asked (connection refused)",
+            node=2,
+            stalled_for=1,
         ),
     ),
     (
@@ -206,7 +210,11 @@ CASES += [
             member(report("starting", phase="spawning"), node=2),
         ),
         GroupVerdict(
-            "incident", "startup_stall", "node 1: no channel moved; node 2 never joined (still spawning)", node=2
+            "incident",
+            "startup_stall",
+            "node 1: no channel moved; node 2 never joined (still spawning)",
+            node=2,
+            stalled_for=1,
         ),
     ),
     (
