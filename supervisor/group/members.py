@@ -26,7 +26,7 @@ from supervisor.config.settings import Settings
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.credentials import load_keys
 from supervisor.group.fingerprint import fingerprint
-from supervisor.group.joining import JoinAnswer, answer_join, formed, lacking, mismatches
+from supervisor.group.joining import JoinAnswer, Mismatch, answer_join, formed, lacking, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.peers import Asked, Beating, Clearance, Judged, MemberApi, Record
 from supervisor.group.report import build_report
@@ -145,12 +145,16 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     if rejoin is not None:  # a node came back without its server: not the servers' fault
         same_rung = True
         g.waiting_since = g.waiting_for = None
+        g.healing, g.gone = None, set()
     elif gv.is_incident:
         if _elsewhere(g, gv) is not None:  # node 0 waits at the rendezvous for a member of an old group
             _mismatched(g, gv, own_state, record)  # relaunched on the group's rung; the stall waits for it
         waiting = _waits_for_absent(g, gv, v, own_state, record)
         if waiting is not None:
             return waiting
+        settling = _healing(g, gv, v, own_state)
+        if settling is not None:
+            return settling
         # It waited for that node, or that node runs no server through no fault of its own (its daemon
         # came back without it, or it was stopped): node 0's server lost a peer; the rung is not the cause.
         # A node that showed the fault itself is never "away": the ladder judges it (issue 54).
@@ -162,8 +166,10 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
             absent = g.stalled_for_absent[gv.node]
             gv = replace(gv, reason=f"{gv.reason}; it stalled waiting for node {absent}, absent: not the rung's")
         g.waiting_since = g.waiting_for = None
+        g.healing, g.gone = None, set()
     else:
         g.waiting_since = g.waiting_for = None
+        g.healing, g.gone = None, set()
     confirming = _confirming(g, gv, v, own_state)
     if confirming is not None:
         return confirming
@@ -224,15 +230,23 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     if m.reachable and not late and elsewhere is None:
         return None
     now = g.leader.now()
+    # A daemon seen before that no longer answers is a partition (or the node is down: the leader
+    # cannot tell them apart); one never seen has not come yet.
+    gone = not m.reachable and elsewhere is None
+    condition = ("partition" if node in g.holders or r is not None else "absent") if gone else "late"
+    if gone:
+        g.gone.add(m.node)
     if g.waiting_for != node or g.waiting_since is None:
         g.waiting_for, g.waiting_since = node, now
-        record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason)
+        record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason, condition=condition)
     waited = now - g.waiting_since
     limit = g.settings.absent_wait_s
     if waited >= limit:
         return None
     if elsewhere is not None:
-        what = "on another rung than the group's: relaunched on the group's"
+        what = "on another rung than the group's, or a server from before the group's relaunch: relaunched"
+    elif condition == "partition":
+        what = f"partitioned {m.unreachable_s:.0f} s: {m.error or 'unreachable'}"
     else:
         what = f"its server {r.state}" if late and r is not None else (m.error or "unreachable")
     why = (
@@ -248,6 +262,28 @@ _COMING = ("starting", "stopped", "restarting")  # a member's server not up yet,
 
 
 CONFIRM_ROUNDS = 2  # poll rounds begun after node 0's own incident: the first may have been under way
+
+
+def _healing(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str) -> Judged | None:
+    """The node waited for answers again (a partition healed) while node 0's own incident stands:
+    node 0's server is given CONFIRM_ROUNDS poll rounds (bounded in time) to recover on its own,
+    before the group relaunches on its rung (issue 54: a 30 s partition forced a whole-group
+    relaunch once it healed)."""
+    assert g.leader is not None
+    node = g.waiting_for
+    if node is None or node not in g.gone:  # a late node's or another rung's wait is not a partition's
+        return None
+    m = {x.node: x for x in g.leader.views()}.get(node)
+    if m is None or not m.reachable or gv.node not in (None, 0, node):
+        return None
+    polls, now = g.leader.polls, g.leader.now()
+    if g.healing is None or g.healing[0] != node:
+        g.healing = (node, polls, now)
+    _, first, since = g.healing
+    if polls >= first + CONFIRM_ROUNDS or now - since >= CONFIRM_ROUNDS * (g.settings.request_timeout_s + 1.0) + 2.0:
+        return None
+    why = f"group: node {node} answers again: node 0's server is given a moment to recover ({gv.reason})"
+    return Judged(Verdict("degraded" if own_state in ("ready", "degraded") else "starting", reason=why, phase=v.phase))
 # node 0's own crash: a member's crash breaks node 0's collectives at once (gloo raises), and its own
 # watchdog says so a poll later; a stall's window is long enough for every member's report to be fresh
 _CRASHES = frozenset({"exited", "rank_died"})
@@ -327,8 +363,25 @@ def _elsewhere(g: GroupRuntime, gv: GroupVerdict) -> int | None:
     w = views.get(g.waiting_for) if g.waiting_for is not None else None
     if w is not None and w.reachable and w.report is None:  # relaunched; its first report is to come
         return w.node
-    found = [m.node for m in mismatches(g.leader.views(), g.own_rung, g.fingerprint) if m.relaunch is not None]
+    found = [m.node for m in _relaunches(g) if m.relaunch is not None]
     return found[0] if found else None
+
+
+def _relaunches(g: GroupRuntime) -> tuple[Mismatch, ...]:
+    """Members to relaunch on the group's rung: on another rung, or running a server from before the
+    group's last relaunch (they missed its stop: partitioned), which can never meet node 0's."""
+    assert g.leader is not None
+    views = g.leader.views()
+    found = list(mismatches(views, g.own_rung, g.fingerprint))
+    named = {m.node for m in found}
+    for m in views:
+        r = m.report
+        if m.node not in g.missed or m.node in named or not g.own_rung or not m.reachable or r is None:
+            continue
+        if r.pid is not None and r.cause is None and r.state in ("starting", "ready", "degraded"):
+            why = f"node {m.node} runs a server from before the group's relaunch (it missed the group's stop)"
+            found.append(Mismatch(m.node, why, g.own_rung))
+    return tuple(found)
 
 
 def _alert_absent(g: GroupRuntime, record: Record) -> None:
@@ -353,7 +406,7 @@ def _mismatched(g: GroupRuntime, gv: GroupVerdict, own_state: str, record: Recor
         return gv
     views = g.leader.views()
     g.relaunched -= {m.node for m in views if m.report is not None and m.report.state not in _COMING}
-    found = mismatches(views, g.own_rung, g.fingerprint)
+    found = _relaunches(g)
     named = {m.node: m.reason for m in found if m.node not in g.fixing}
     for m in found:
         if m.node in g.fixing:
@@ -380,6 +433,7 @@ async def _relaunch(g: GroupRuntime, node: int, rung: str, record: Record) -> No
         record("group_launch", "info" if ok else "warning", rung=rung, nodes=_nodes(answers), mismatch=True)
         if ok:
             g.relaunched.add(node)
+            g.missed.discard(node)
     except Exception as err:  # the poller and the loop outlive a failed relaunch; the next report retries
         record("group_launch", "warning", rung=rung, nodes=[{"node": node, "ok": False, "error": repr(err)[:300]}])
     finally:
@@ -564,6 +618,7 @@ async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> Non
     g.rejoined.clear()  # the group relaunches: a member that came back is launched with it
     g.stalled_for_absent.clear()  # and every member's held stall ends with it
     answers: tuple[Answer, ...] = await beating(g.leader.stop_all())
+    g.missed = (g.missed | {a.node for a in answers if not a.ok}) - {a.node for a in answers if a.ok}
     record("group_stop", "info" if all(a.ok for a in answers) else "warning", nodes=_nodes(answers))
 
 

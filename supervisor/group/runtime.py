@@ -77,6 +77,13 @@ class GroupRuntime:
     # the leader: members whose held start-up stall was explained by an absent node: not their fault
     # when it goes ahead (the absent node came, the group formed without them); until the group relaunches
     stalled_for_absent: dict[int, int] = field(default_factory=dict)  # member -> the absent node
+    # the leader: members whose group stop did not answer (partitioned, away): a server they run
+    # after is from before the group's relaunch and can never meet node 0's; relaunched on the rung
+    missed: set[int] = field(default_factory=set)
+    # the leader: a node waited for came back while node 0's own incident stands: (node, poll round,
+    # moment); node 0's server is given a few polls to recover on its own before the group relaunches
+    healing: tuple[int, int, float] | None = None
+    gone: set[int] = field(default_factory=set)  # nodes that did not answer during the wait under way
     identity: str = ""  # this daemon's state directory, hashed (`state_identity`): one per node_rank
     address: str = ""  # this daemon's API address, named to the leader when it joins
     holders: dict[int, str] = field(default_factory=dict)  # the leader: the identity each node's address reported

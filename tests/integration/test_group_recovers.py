@@ -169,3 +169,36 @@ def test_three_nodes_one_late_is_waited_for_named_and_costs_no_ladder_step(tmp_p
     finally:
         for n in reversed(nodes):
             n.cleanup()
+
+
+def test_a_partition_that_heals_within_the_wait_is_named_and_relaunches_nothing(nodes_of) -> None:  # type: ignore[no-untyped-def]
+    """Node 1 cut off whole for 15 s (its daemon and its ranks frozen: nothing of it answers) under
+    load, absent_wait_s 45: the leader names the partition and waits; once it heals node 0's server
+    recovers on its own and nothing is relaunched, nor the ladder moved."""
+    leader, worker = nodes_of(
+        group={"absent_wait_s": 45.0},
+        fallback=[{"name": "second", "args": {"disable-cuda-graph": True}}],
+        restart={"retries_per_rung": 0},
+    )
+    leader.wait(group_ready, 60, "the group ready")
+    wst = worker.status()
+    assert wst is not None and worker.proc is not None
+    frozen = [p["pid"] for p in wst["processes"] if p["role"] == "scheduler"]
+    load = Load(leader.settings.server.port)
+    try:
+        leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
+        worker.proc.send_signal(signal.SIGSTOP)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        leader.wait(lambda s: "partitioned" in s["reason"], 60, "node 0 naming the partition")
+        time.sleep(5)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        worker.proc.send_signal(signal.SIGCONT)
+        load.close()
+    st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 60, "the group whole again")
+    waiting = leader.events("group_waiting")
+    assert waiting and waiting[0]["condition"] == "partition", waiting
+    assert st["rung"] == "base" and not leader.events("ladder_decision"), leader.events("ladder_decision")
+    assert st["incidents"] == 0 and worker.status()["pid"] == wst["pid"]  # type: ignore[index]

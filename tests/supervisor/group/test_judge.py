@@ -27,6 +27,8 @@ class Recorder:
 
 
 class FakeLeader:
+    polls = 0  # poll rounds of the members (GroupLeader.polls)
+
     def __init__(self, views: tuple[MemberView, ...]) -> None:
         self._views = views
 
@@ -401,3 +403,71 @@ def test_node_0s_own_crash_goes_ahead_once_every_member_reported_after_it() -> N
     assert not judge(g, exited, "ready", rec).verdict.is_incident  # type: ignore[union-attr]
     leader.t += 60
     assert judge(g, exited, "ready", rec).verdict.is_incident  # type: ignore[union-attr]
+
+
+# ---- issue 54: a partition is named, healed without a relaunch where it can be, and costs no retry ----
+
+
+class Partitioned(PollingLeader):
+    pass
+
+
+def test_a_partition_is_named_in_the_wait_and_given_a_moment_once_it_heals() -> None:
+    rec = Recorder()
+    seen = member("ready")
+    g, _ = clocked(seen, wait=60.0)
+    leader = Partitioned((seen,))
+    g.leader = leader  # type: ignore[assignment]
+    g.own_state = "ready"
+    judge(g, READY, "ready", rec)  # node 1 answered before: its identity or report is known
+    stall = Verdict("incident", "serving_stall", "4 running, no decode tokens for 10 s", phase="serving")
+    leader._views = (MemberView(1, "h1:1", False, seen.report, 12.0, "ReadTimeout"),)
+    out = judge(g, stall, "ready", rec)
+    assert out.verdict is not None and out.verdict.status == "degraded"
+    assert "waiting for node 1 (partitioned 12 s: ReadTimeout)" in out.verdict.reason
+    assert [f["condition"] for e, f in rec.events if e == "group_waiting"] == ["partition"]
+    # Healed within the wait, node 0's server not yet recovered: a few polls before any relaunch.
+    leader._views = (seen,)
+    leader.t += 10
+    out = judge(g, stall, "ready", rec)
+    assert out.verdict is not None and out.verdict.status == "degraded" and "answers again" in out.verdict.reason
+    leader.polls += 1
+    assert not judge(g, stall, "ready", rec).verdict.is_incident  # type: ignore[union-attr]
+    # recovered on its own: nothing to relaunch
+    assert judge(g, READY, "degraded", rec).verdict == READY
+    assert "group_incident" not in [e for e, _ in rec.events]
+
+
+def test_a_partition_that_healed_and_did_not_recover_relaunches_on_the_rung_spending_no_retry() -> None:
+    rec = Recorder()
+    seen = member("ready")
+    g, _ = clocked(seen, wait=60.0)
+    leader = Partitioned((MemberView(1, "h1:1", False, seen.report, 12.0, "ReadTimeout"),))
+    g.leader = leader  # type: ignore[assignment]
+    stall = Verdict("incident", "serving_stall", "4 running, no decode tokens for 10 s", phase="serving")
+    assert judge(g, stall, "ready", rec).verdict.status == "degraded"  # type: ignore[union-attr]
+    leader._views = (seen,)
+    assert judge(g, stall, "ready", rec).verdict.status == "degraded"  # type: ignore[union-attr]
+    leader.polls += 2
+    out = judge(g, stall, "ready", rec)
+    assert out.verdict is not None and out.verdict.is_incident and out.same_rung, out
+
+
+async def test_a_member_that_missed_the_groups_stop_is_relaunched_not_blamed_on_node_0() -> None:
+    """Partitioned through the group's relaunch: its old server serves on after it heals, and node
+    0's new server waits at the rendezvous for it. That member is relaunched on the group's rung."""
+    import asyncio
+
+    rec = Recorder()
+    stale = member("ready")  # the same rung, a server from before the relaunch
+    leader = RelaunchingLeader((stale,))
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",), absent_wait_s=30.0), None, KEYS)
+    g.leader = leader  # type: ignore[assignment]
+    leader.now = lambda: 100.0  # type: ignore[attr-defined]
+    g.own_rung, g.own_state, g.missed = "base", "starting", {1}
+    stall = Verdict("incident", "startup_stall", "no channel moved for 5 s", phase="initializing")
+    out = judge(g, stall, "starting", rec)
+    assert out.verdict is not None and out.verdict.status == "starting", out
+    assert "a server from before the group's relaunch" in out.verdict.reason
+    await asyncio.gather(*g.tasks)
+    assert leader.relaunched == [(1, "base")] and not g.missed
