@@ -628,6 +628,7 @@ async def launch_members(g: GroupRuntime, rung: str, beating: Beating, record: R
         return
     g.mark_members_stopped(False)
     answers: tuple[Answer, ...] = await beating(g.leader.launch_all(rung))
+    g.missed -= {a.node for a in answers if a.ok}  # launched now: its server is the group's
     record("group_launch", "info" if all(a.ok for a in answers) else "warning", rung=rung, nodes=_nodes(answers))
 
 

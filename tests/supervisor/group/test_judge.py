@@ -471,3 +471,33 @@ async def test_a_member_that_missed_the_groups_stop_is_relaunched_not_blamed_on_
     assert "a server from before the group's relaunch" in out.verdict.reason
     await asyncio.gather(*g.tasks)
     assert leader.relaunched == [(1, "base")] and not g.missed
+
+
+async def test_a_member_whose_group_stop_did_not_answer_is_missed_until_it_launches_again() -> None:
+    from supervisor.group.client import Answer
+    from supervisor.group.members import launch_members, stop_members
+
+    class Cut(FakeLeader):
+        launched = True
+
+        async def stop_all(self) -> tuple[Answer, ...]:
+            return (Answer(1, "h1:1", False, None, error="ReadTimeout"),)
+
+        async def launch_all(self, rung: str) -> tuple[Answer, ...]:
+            return (Answer(1, "h1:1", self.launched, 202 if self.launched else None),)
+
+    async def beating(work):  # type: ignore[no-untyped-def]
+        return await work
+
+    rec = Recorder()
+    g = GroupRuntime(GroupSettings(nnodes=2, node_rank=0, members=("h1:1",)), None, KEYS)
+    cut = Cut((member(),))
+    g.leader = cut  # type: ignore[assignment]
+    cut.launched = False  # still cut off at the launch: its old server, if any, is stale
+    await stop_members(g, beating, rec)
+    await launch_members(g, "base", beating, rec)
+    assert g.missed == {1}
+    cut.launched = True
+    await stop_members(g, beating, rec)
+    await launch_members(g, "base", beating, rec)  # launched by the group: its server is the group's
+    assert g.missed == set()
