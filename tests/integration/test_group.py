@@ -96,8 +96,9 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
     assert inc["cause"] == "rank_died" and "node 1" in inc["detail"]
     wst = worker.wait(ready, 20, "the worker ready again")
     assert wst["pid"] != before["pid"]
-    # The whole group moved down the ladder together (retries_per_rung 0).
-    assert st["rung"] == "second" and wst["rung"] == "second"
+    # The whole group relaunched together on the rung that served: a rung that served keeps its
+    # standing (issue 49), the incident spends no retry though retries_per_rung is 0.
+    assert st["rung"] == "base" and wst["rung"] == "base"
     # Every node captured a bundle under the same incident id, and each says which node it is.
     for node in (leader, worker):
         summary = json.loads((node.state_dir / "diagnostics" / inc["id"] / "summary.json").read_text())
@@ -119,7 +120,7 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
     held = worker.events("group_member_incident")
     assert held and held[-1]["cause"] in ("rank_died", "exited")
     # The worker never restarted on its own verdict: its only launches were the leader's.
-    assert [e["rung"] for e in worker.events("server_launched")] == ["base", "second"]
+    assert [e["rung"] for e in worker.events("server_launched")] == ["base", "base"]
 
 
 def test_a_member_daemon_killed_is_not_an_incident_and_its_successor_adopts(nodes_of) -> None:  # type: ignore[no-untyped-def]
