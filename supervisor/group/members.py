@@ -525,6 +525,8 @@ def answer_join_request(
             f"on rung {g.own_rung} with the old one and cannot take a new node {node}: the group is "
             f"relaunched together on rung {g.own_rung} (a node lost, not a ladder step)"
         )
+    if not check and ans.verdict != "refused":
+        g.missed.discard(node)  # it launches on the leader's word now: its server is the group's
     if not check and g.joins.get(node) != ans:
         g.joins[node] = ans
         if ans.verdict == "refused":

@@ -501,3 +501,9 @@ async def test_a_member_whose_group_stop_did_not_answer_is_missed_until_it_launc
     await stop_members(g, beating, rec)
     await launch_members(g, "base", beating, rec)  # launched by the group: its server is the group's
     assert g.missed == set()
+    # A member that missed the stop and then asks to join launches on the leader's word: not stale.
+    from supervisor.group.members import answer_join_request
+
+    g.missed, g.own_state, g.own_rung = {1}, "starting", "base"
+    assert answer_join_request(g, 1, "a" * 32, {}, False, rec).verdict == "launch"
+    assert g.missed == set()
