@@ -120,7 +120,12 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         record("group_member_incident", "warning", cause=v.cause, reason=v.reason, node=g.node)
         return Judged(None, f"{v.cause}: {v.reason}; held for the group's leader (node 0), which restarts the group")
     assert g.leader is not None
-    g.own_failing = v.reason if v.is_incident else ""
+    # Node 0's server failing: an incident, and held so through a degraded poll (a health check that
+    # failed fewer times in a row than the incident needs); a healthy or starting verdict ends it.
+    if v.is_incident:
+        g.own_failing = v.reason
+    elif v.status != "degraded":
+        g.own_failing = ""
     for m in g.leader.views():  # who answers at each node's address: kept across stops and launches
         if m.reachable and m.report is not None and m.report.identity:
             g.holders[m.node] = m.report.identity
