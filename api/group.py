@@ -39,7 +39,9 @@ class GroupHandle(Protocol):
 
     async def submit(self, command: Command) -> CommandResult: ...
 
-    def join(self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool) -> JoinAnswer: ...
+    def join(
+        self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool, identity: str, address: str
+    ) -> JoinAnswer: ...
 
 
 class _Request(BaseModel):
@@ -67,6 +69,10 @@ class JoinRequest(_Request):
     fingerprint: dict[Annotated[str, StringConstraints(max_length=128)], FingerprintValue] = Field(max_length=512)
     rung: str | None = Field(default=None, max_length=128, description="the rung it would launch")
     check: bool = Field(default=False, description="only ask (check-config --group): nothing is recorded")
+    identity: str = Field(
+        default="", pattern=r"^([0-9a-f]{32})?$", description="the joining daemon's state directory, hashed"
+    )
+    address: str = Field(default="", max_length=256, description="the joining daemon's API address, for naming")
 
 
 class CaptureResult(BaseModel):
@@ -167,11 +173,11 @@ async def launch(body: Annotated[LaunchRequest, Body()], handle: Handle) -> Any:
 @router.post("/join")
 async def join(body: Annotated[JoinRequest, Body()], request: Request, handle: Handle) -> Any:
     """The leader's answer to a member about to launch: the group's rung, wait, or refused (409,
-    naming the config keys that differ, or the daemon that already has this node_rank)."""
+    naming the config keys that differ, or the daemon that already has this node_rank and this one)."""
     signer = request.scope.get(GROUP_SIGNER)
     if signer != body.node:
         return error_response(403, "forbidden", f"signed as node {signer}, joining as node {body.node}")
-    ans = handle.join(body.node, body.instance, body.fingerprint, body.check)
+    ans = handle.join(body.node, body.instance, body.fingerprint, body.check, body.identity, body.address)
     doc = {"verdict": ans.verdict, "rung": ans.rung, "reason": ans.reason, "differs": list(ans.differs)}
     if ans.verdict == "refused":
         return JSONResponse({"error": "refused", "detail": ans.reason, "differs": list(ans.differs)}, status_code=409)

@@ -1,7 +1,8 @@
 """What "ready" means for `GET /readyz` (and a Kubernetes readiness probe): one rule, one place.
 
 The server is ready when it serves: state `ready` or `degraded`. On a multi-node group's leader,
-ready means the group serves (`GroupView.serves`: every reachable node serving, docs/MULTINODE.md).
+ready means the group serves (`GroupView.serves`: every reachable node serving, and node 0's own server
+not failing while the group waits for a node, docs/MULTINODE.md).
 """
 
 from __future__ import annotations

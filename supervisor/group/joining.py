@@ -53,21 +53,31 @@ def answer_join(
     *,
     check: bool = False,
     group_formed: bool = False,
+    identity: str = "",
+    holder: str = "",
+    address: str = "",
 ) -> JoinAnswer:
     """`check`: only asked (check-config --group, maybe beside the node's running daemon): the
     config is compared, the node_rank's daemon is not. `group_formed`: node 0's server has formed
-    its group (`formed`), so a member asking to launch is one that came back without its server."""
+    its group (`formed`), so a member asking to launch is one that came back without its server.
+    `identity`: the joining daemon's state directory (stable across its restarts); `holder`: the
+    identity the node_rank's configured address last reported, kept across the group's stops and
+    launches (which drop the reports): one identity per node_rank while that address answers."""
     differs = tuple(differing(mine, theirs))
     if differs:
         why = f"node {node}'s group config differs from the leader's: " + "; ".join(differs)
         return JoinAnswer("refused", reason=why, differs=differs)
     for m in members:
-        r = m.report
         if check:
             break
-        if m.node == node and m.reachable and r is not None and r.instance and r.instance != instance:
+        if m.node != node or not m.reachable:
+            continue
+        other = _other_daemon(m, instance, identity, holder)
+        if other is not None:
+            me = ", ".join(x for x in (f"at {address}" if address else "", _state(identity)) if x)
             why = (
-                f"node_rank {node} is already the daemon at {m.address} (pid {r.pid}); "
+                f"node_rank {node} is already the daemon at {m.address} ({other}); this daemon"
+                f"{f' ({me})' if me else ''} claims it too: "
                 "two daemons claim one node_rank: give this one its own"
             )
             return JoinAnswer("refused", reason=why)
@@ -80,6 +90,24 @@ def answer_join(
     if own_state in _UP and own_rung:
         return JoinAnswer("launch", own_rung, f"the group runs rung {own_rung}")
     return JoinAnswer("wait", reason=f"the leader is {own_state}: it launches the members when the group launches")
+
+
+def _state(identity: str) -> str:
+    return f"state directory id {identity[:12]}" if identity else ""
+
+
+def _other_daemon(m: MemberView, instance: str, identity: str, holder: str) -> str | None:
+    """The daemon at the node_rank's address, named, when it is not the one joining: by identity
+    where both have one (a restart of the same daemon keeps it), else by the daemon's life."""
+    r = m.report
+    known = r.identity if r is not None and r.identity else holder
+    if identity and known:
+        if known == identity:
+            return None
+    elif r is None or not r.instance or r.instance == instance:
+        return None
+    pid = f"pid {r.pid}" if r is not None else "pid not reported since the group's last stop or launch"
+    return f"{pid}{', ' + _state(known) if known else ''}"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from probes.types import Observation
@@ -26,11 +26,11 @@ from supervisor.config.settings import Settings
 from supervisor.group.client import Answer, GroupClient
 from supervisor.group.credentials import load_keys
 from supervisor.group.fingerprint import fingerprint
-from supervisor.group.joining import JoinAnswer, answer_join, formed, lacking, mismatches
+from supervisor.group.joining import JoinAnswer, Mismatch, answer_join, formed, lacking, mismatches
 from supervisor.group.leader import GroupLeader, Timeouts
 from supervisor.group.peers import Asked, Beating, Clearance, Judged, MemberApi, NoPeers, Record
 from supervisor.group.report import build_report
-from supervisor.group.runtime import GroupRuntime
+from supervisor.group.runtime import GroupRuntime, state_identity
 from supervisor.group.signing import NonceBook, RequestCheck
 from supervisor.group.verdict import GroupVerdict, NodeReport, OwnVerdict, combine
 from supervisor.group.view import group_view
@@ -56,6 +56,8 @@ def make_runtime(
         ask = GroupClient({0: g.leader}, keys, wall=wall, max_skew_s=g.max_skew_s, as_node=g.node_rank)
         worker = GroupRuntime(g, None, keys, to_leader=ask)
         worker.fingerprint = fingerprint(settings)
+        worker.identity = state_identity(settings.state_dir)
+        worker.address = f"{settings.api.host}:{settings.api.port}"
         return worker
     d, rs = settings.diagnostics, settings.restart
     timeouts = Timeouts(
@@ -72,6 +74,7 @@ def make_runtime(
     )
     runtime.load_saved()
     runtime.fingerprint = fingerprint(settings)
+    runtime.identity = state_identity(settings.state_dir)
     return runtime
 
 
@@ -103,6 +106,7 @@ def report(
         incident=g.captured,
         instance=g.instance,
         fingerprint=g.fingerprint,
+        identity=g.identity,
     )
 
 
@@ -116,8 +120,19 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         record("group_member_incident", "warning", cause=v.cause, reason=v.reason, node=g.node)
         return Judged(None, f"{v.cause}: {v.reason}; held for the group's leader (node 0), which restarts the group")
     assert g.leader is not None
+    # Node 0's server failing: an incident, and held so through a degraded poll (a health check that
+    # failed fewer times in a row than the incident needs); a healthy or starting verdict ends it.
+    if v.is_incident:
+        g.own_failing = v.reason
+    elif v.status != "degraded":
+        g.own_failing = ""
+    for m in g.leader.views():  # who answers at each node's address: kept across stops and launches
+        if m.reachable and m.report is not None and m.report.identity:
+            g.holders[m.node] = m.report.identity
     own = OwnVerdict(own_state, v.status, v.cause, v.reason, v.phase)
     gv = combine(own, g.leader.views(), g.settings.unreachable_s)
+    if gv.stalled_for is not None and gv.node is not None:
+        g.stalled_for_absent[gv.stalled_for] = gv.node
     rejoin = _rejoin(g, gv, own_state)
     if rejoin is not None:
         gv = rejoin
@@ -135,21 +150,38 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
     if rejoin is not None:  # a node came back without its server: not the servers' fault
         same_rung = True
         g.waiting_since = g.waiting_for = None
+        g.healing, g.gone = None, set()
     elif gv.is_incident:
         if _elsewhere(g, gv) is not None:  # node 0 waits at the rendezvous for a member of an old group
             _mismatched(g, gv, own_state, record)  # relaunched on the group's rung; the stall waits for it
         waiting = _waits_for_absent(g, gv, v, own_state, record)
         if waiting is not None:
             return waiting
+        settling = _healing(g, gv, v, own_state)
+        if settling is not None:
+            return settling
         # It waited for that node, or that node runs no server through no fault of its own (its daemon
         # came back without it, or it was stopped): node 0's server lost a peer; the rung is not the cause.
-        same_rung = g.waiting_for is not None or _serverless(g, gv)
+        # A node that showed the fault itself is never "away": the ladder judges it (issue 54).
+        waited_for = g.waiting_for is not None or gv.node in g.stalled_for_absent
+        same_rung = (waited_for or _serverless(g, gv)) and not _showed_fault(g, gv)
+        if same_rung and g.waiting_for not in (None, gv.node):  # the journal names the node waited for
+            gv = replace(gv, reason=f"{gv.reason}; node {g.waiting_for} was waited for {_waited(g)}")
+        elif same_rung and gv.node in g.stalled_for_absent:
+            absent = g.stalled_for_absent[gv.node]
+            gv = replace(gv, reason=f"{gv.reason}; it stalled waiting for node {absent}, absent: not the rung's")
         g.waiting_since = g.waiting_for = None
+        g.healing, g.gone = None, set()
     else:
         g.waiting_since = g.waiting_for = None
+        g.healing, g.gone = None, set()
+    confirming = _confirming(g, gv, v, own_state)
+    if confirming is not None:
+        return confirming
     if gv.is_incident:
-        if gv.node not in (None, 0) or not v.is_incident:
-            record("group_incident", "warning", cause=gv.cause, node=gv.node, rank=gv.rank, reason=gv.reason)
+        if gv.node not in (None, 0) or not v.is_incident or gv.alike:
+            alike = {"alike": list(gv.alike)} if gv.alike else {}
+            record("group_incident", "warning", cause=gv.cause, node=gv.node, rank=gv.rank, reason=gv.reason, **alike)
         return Judged(
             Verdict(
                 "incident",
@@ -203,15 +235,23 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     if m.reachable and not late and elsewhere is None:
         return None
     now = g.leader.now()
+    # A daemon seen before that no longer answers is a partition (or the node is down: the leader
+    # cannot tell them apart); one never seen has not come yet.
+    gone = not m.reachable and elsewhere is None
+    condition = ("partition" if node in g.holders or r is not None else "absent") if gone else "late"
+    if gone:
+        g.gone.add(m.node)
     if g.waiting_for != node or g.waiting_since is None:
         g.waiting_for, g.waiting_since = node, now
-        record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason)
+        record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason, condition=condition)
     waited = now - g.waiting_since
     limit = g.settings.absent_wait_s
     if waited >= limit:
         return None
     if elsewhere is not None:
-        what = "on another rung than the group's: relaunched on the group's"
+        what = "on another rung than the group's, or a server from before the group's relaunch: relaunched"
+    elif condition == "partition":
+        what = f"partitioned {m.unreachable_s:.0f} s: {m.error or 'unreachable'}"
     else:
         what = f"its server {r.state}" if late and r is not None else (m.error or "unreachable")
     why = (
@@ -224,6 +264,78 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
 
 
 _COMING = ("starting", "stopped", "restarting")  # a member's server not up yet, with no fault of its own
+
+
+CONFIRM_ROUNDS = 2  # poll rounds begun after node 0's own incident: the first may have been under way
+
+
+def _healing(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str) -> Judged | None:
+    """The node waited for answers again (a partition healed) while node 0's own incident stands:
+    node 0's server is given CONFIRM_ROUNDS poll rounds (bounded in time) to recover on its own,
+    before the group relaunches on its rung (issue 54: a 30 s partition forced a whole-group
+    relaunch once it healed)."""
+    assert g.leader is not None
+    node = g.waiting_for
+    if node is None or node not in g.gone:  # a late node's or another rung's wait is not a partition's
+        return None
+    m = {x.node: x for x in g.leader.views()}.get(node)
+    if m is None or not m.reachable or gv.node not in (None, 0, node):
+        return None
+    polls, now = g.leader.polls, g.leader.now()
+    if g.healing is None or g.healing[0] != node:
+        g.healing = (node, polls, now)
+    _, first, since = g.healing
+    if polls >= first + CONFIRM_ROUNDS or now - since >= CONFIRM_ROUNDS * (g.settings.request_timeout_s + 1.0) + 2.0:
+        return None
+    why = f"group: node {node} answers again: node 0's server is given a moment to recover ({gv.reason})"
+    return Judged(Verdict("degraded" if own_state in ("ready", "degraded") else "starting", reason=why, phase=v.phase))
+# node 0's own crash: a member's crash breaks node 0's collectives at once (gloo raises), and its own
+# watchdog says so a poll later; a stall's window is long enough for every member's report to be fresh
+_CRASHES = frozenset({"exited", "rank_died"})
+
+
+def _confirming(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: str) -> Judged | None:
+    """Node 0 named for its own crash (its server exited, a rank died) while members answer: it
+    first waits for a report from every member taken after it (two poll rounds, at most a few
+    request timeouts). A member's crash is often seen at node 0 first (its collective breaks at
+    once, the member's own watchdog a poll later): then the member is named, not the healthy node 0
+    (issue 54)."""
+    assert g.leader is not None
+    views = g.leader.views()
+    crashed = gv.cause in _CRASHES and gv.node == 0 and not gv.alike
+    if not (gv.is_incident and crashed and any(m.reachable for m in views)):
+        g.confirm_from = None
+        return None
+    polls, now = g.leader.polls, g.leader.now()
+    if g.confirm_from is None:
+        g.confirm_from = (polls, now)
+    first, since = g.confirm_from
+    cap = CONFIRM_ROUNDS * (g.settings.request_timeout_s + 1.0) + 2.0
+    if polls >= first + CONFIRM_ROUNDS or now - since >= cap:
+        g.confirm_from = None  # the incident goes ahead; a later one asks again
+        return None
+    why = f"group: node 0's {gv.cause}: a report from every member first, to name the right node ({gv.reason})"
+    return Judged(Verdict("degraded" if own_state in ("ready", "degraded") else "starting", reason=why, phase=v.phase))
+
+
+def _waited(g: GroupRuntime) -> str:
+    assert g.leader is not None
+    since = g.waiting_since if g.waiting_since is not None else g.leader.now()
+    return f"{g.leader.now() - since:.0f} s (absent_wait_s {g.settings.absent_wait_s:g}): not a fault of the rung"
+
+
+def _showed_fault(g: GroupRuntime, gv: GroupVerdict) -> bool:
+    """Whether a member showed the group's fault itself (it holds its own incident, or joined and
+    stalled alike with node 0): the servers' fault, judged by the ladder as one node's would be."""
+    assert g.leader is not None
+    if any(n != 0 for n in gv.alike):
+        return True
+    m = {v.node: v for v in g.leader.views()}.get(gv.node) if gv.node not in (None, 0) else None
+    r = m.report if m is not None and m.reachable else None
+    if r is None or r.cause is None:
+        return False
+    # A member that stalled at the rendezvous waiting for an absent node: that node's.
+    return gv.node not in g.stalled_for_absent
 
 
 def _serverless(g: GroupRuntime, gv: GroupVerdict) -> bool:
@@ -256,8 +368,25 @@ def _elsewhere(g: GroupRuntime, gv: GroupVerdict) -> int | None:
     w = views.get(g.waiting_for) if g.waiting_for is not None else None
     if w is not None and w.reachable and w.report is None:  # relaunched; its first report is to come
         return w.node
-    found = [m.node for m in mismatches(g.leader.views(), g.own_rung, g.fingerprint) if m.relaunch is not None]
+    found = [m.node for m in _relaunches(g) if m.relaunch is not None]
     return found[0] if found else None
+
+
+def _relaunches(g: GroupRuntime) -> tuple[Mismatch, ...]:
+    """Members to relaunch on the group's rung: on another rung, or running a server from before the
+    group's last relaunch (they missed its stop: partitioned), which can never meet node 0's."""
+    assert g.leader is not None
+    views = g.leader.views()
+    found = list(mismatches(views, g.own_rung, g.fingerprint))
+    named = {m.node for m in found}
+    for m in views:
+        r = m.report
+        if m.node not in g.missed or m.node in named or not g.own_rung or not m.reachable or r is None:
+            continue
+        if r.pid is not None and r.cause is None and r.state in ("starting", "ready", "degraded"):
+            why = f"node {m.node} runs a server from before the group's relaunch (it missed the group's stop)"
+            found.append(Mismatch(m.node, why, g.own_rung))
+    return tuple(found)
 
 
 def _alert_absent(g: GroupRuntime, record: Record) -> None:
@@ -282,7 +411,7 @@ def _mismatched(g: GroupRuntime, gv: GroupVerdict, own_state: str, record: Recor
         return gv
     views = g.leader.views()
     g.relaunched -= {m.node for m in views if m.report is not None and m.report.state not in _COMING}
-    found = mismatches(views, g.own_rung, g.fingerprint)
+    found = _relaunches(g)
     named = {m.node: m.reason for m in found if m.node not in g.fixing}
     for m in found:
         if m.node in g.fixing:
@@ -309,6 +438,7 @@ async def _relaunch(g: GroupRuntime, node: int, rung: str, record: Record) -> No
         record("group_launch", "info" if ok else "warning", rung=rung, nodes=_nodes(answers), mismatch=True)
         if ok:
             g.relaunched.add(node)
+            g.missed.discard(node)
     except Exception as err:  # the poller and the loop outlive a failed relaunch; the next report retries
         record("group_launch", "warning", rung=rung, nodes=[{"node": node, "ok": False, "error": repr(err)[:300]}])
     finally:
@@ -349,10 +479,18 @@ async def clearance(g: GroupRuntime, rung: str, by_group: bool, beating: Beating
     leader has not accepted (never asked, refused, or reloaded since) asks first, whoever launches."""
     if g.is_leader or g.to_leader is None or (by_group and g.accepted):
         return Clearance(rung)
-    body = {"node": g.node, "instance": g.instance, "fingerprint": g.fingerprint, "rung": rung}
+    body = {
+        "node": g.node, "instance": g.instance, "fingerprint": g.fingerprint, "rung": rung,
+        "identity": g.identity, "address": g.address,
+    }  # fmt: skip
     answers: tuple[Answer, ...] = await beating(
         g.to_leader.ask_all("POST", "/group/join", timeout=g.settings.request_timeout_s, body=body)
     )
+    if answers[0].status == 422:  # a leader from before identities (a rolling upgrade): asked as it knows
+        old = {k: v for k, v in body.items() if k not in ("identity", "address")}
+        answers = await beating(
+            g.to_leader.ask_all("POST", "/group/join", timeout=g.settings.request_timeout_s, body=old)
+        )
     reading = read_join(answers[0], rung, by_group)
     if reading.accepted is not None:
         g.accepted = reading.accepted
@@ -360,7 +498,14 @@ async def clearance(g: GroupRuntime, rung: str, by_group: bool, beating: Beating
 
 
 def answer_join_request(
-    g: GroupRuntime, node: int, instance: str, theirs: Mapping[str, str], check: bool, record: Record
+    g: GroupRuntime,
+    node: int,
+    instance: str,
+    theirs: Mapping[str, str],
+    check: bool,
+    record: Record,
+    identity: str = "",
+    address: str = "",
 ) -> JoinAnswer:
     """The leader's answer to a member's join (`POST /group/join`); journalled when it changes."""
     if g.leader is None:
@@ -375,6 +520,9 @@ def answer_join_request(
         g.own_rung,
         check=check,
         group_formed=formed(g.own_state, g.own_phase),
+        identity=identity,
+        holder=g.holders.get(node, ""),
+        address=address,
     )
     if ans.rejoin and node not in g.rejoined:
         g.rejoined[node] = (
@@ -382,6 +530,8 @@ def answer_join_request(
             f"on rung {g.own_rung} with the old one and cannot take a new node {node}: the group is "
             f"relaunched together on rung {g.own_rung} (a node lost, not a ladder step)"
         )
+    if not check and ans.verdict != "refused":
+        g.missed.discard(node)  # it launches on the leader's word now: its server is the group's
     if not check and g.joins.get(node) != ans:
         g.joins[node] = ans
         if ans.verdict == "refused":
@@ -473,7 +623,9 @@ async def stop_members(g: GroupRuntime, beating: Beating, record: Record) -> Non
         return
     g.mark_members_stopped(True)
     g.rejoined.clear()  # the group relaunches: a member that came back is launched with it
+    g.stalled_for_absent.clear()  # and every member's held stall ends with it
     answers: tuple[Answer, ...] = await beating(g.leader.stop_all())
+    g.missed = (g.missed | {a.node for a in answers if not a.ok}) - {a.node for a in answers if a.ok}
     record("group_stop", "info" if all(a.ok for a in answers) else "warning", nodes=_nodes(answers))
 
 
@@ -483,6 +635,7 @@ async def launch_members(g: GroupRuntime, rung: str, beating: Beating, record: R
         return
     g.mark_members_stopped(False)
     answers: tuple[Answer, ...] = await beating(g.leader.launch_all(rung))
+    g.missed -= {a.node for a in answers if a.ok}  # launched now: its server is the group's
     record("group_launch", "info" if all(a.ok for a in answers) else "warning", rung=rung, nodes=_nodes(answers))
 
 
@@ -493,12 +646,20 @@ class GroupEndpoint:
     snapshot: Callable[[], StatusSnapshot]
     group_report: Callable[[], NodeReport]
     submit_command: Callable[[Command], Awaitable[CommandResult]]
-    join_request: Callable[[int, str, Mapping[str, str], bool], JoinAnswer] | None = None
+    join_request: Callable[..., JoinAnswer] | None = None
 
-    def join(self, node: int, instance: str, fingerprint: Mapping[str, str], check: bool) -> JoinAnswer:
+    def join(
+        self,
+        node: int,
+        instance: str,
+        fingerprint: Mapping[str, str],
+        check: bool,
+        identity: str = "",
+        address: str = "",
+    ) -> JoinAnswer:
         if self.join_request is None:
             return JoinAnswer("refused", reason="this node is not the group's leader")
-        return self.join_request(node, instance, fingerprint, check)
+        return self.join_request(node, instance, fingerprint, check, identity, address)
 
     async def submit(self, command: Command) -> CommandResult:
         return await self.submit_command(command)
@@ -634,8 +795,10 @@ class LeaderPeers(GroupPeers):
                 await stop_members(g, beating, record)
         await launch_members(g, rung, beating, record)
 
-    def join(self, node: int, instance: str, theirs: Mapping[str, str], check: bool) -> JoinAnswer:
-        return answer_join_request(self.runtime, node, instance, theirs, check, self.record)
+    def join(
+        self, node: int, instance: str, theirs: Mapping[str, str], check: bool, identity: str = "", address: str = ""
+    ) -> JoinAnswer:
+        return answer_join_request(self.runtime, node, instance, theirs, check, self.record, identity, address)
 
     def refuses_command(self, cmd: Command) -> str | None:
         """The leader refuses a start or restart to a rung a member's config lacks (issue 34)."""

@@ -59,7 +59,7 @@ class MemberApi:
     signed gate api/groupgate.py): the leader answers joins; every node checks signed requests."""
 
     leads: bool
-    join: Callable[[int, str, Mapping[str, str], bool], Any] | None
+    join: Callable[..., Any] | None  # (node, instance, fingerprint, check, identity, address)
     check: Any  # supervisor.group.signing.RequestCheck
 
 

@@ -32,6 +32,7 @@ def build_report(
     incident: str | None,
     instance: str = "",
     fingerprint: Mapping[str, str] | None = None,
+    identity: str = "",
 ) -> NodeReport:
     ranks = tuple(RankView(p.pid, p.role, p.rank, p.status) for p in snap.processes if p.role in _RANK_ROLES)
     return NodeReport(
@@ -48,6 +49,7 @@ def build_report(
         at=at,
         incident=incident,
         instance=instance,
+        identity=identity,
         fingerprint=dict(fingerprint or {}),
     )
 

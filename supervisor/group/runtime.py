@@ -7,8 +7,10 @@ stops its server and exits with it, and LeaderWorkerSet recreates the group.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +21,17 @@ from supervisor.group.joining import JoinAnswer
 from supervisor.group.leader import GroupLeader
 from supervisor.group.verdict import GroupVerdict
 from supervisor.status.causes import Cause
+
+
+def state_identity(state_dir: Path) -> str:
+    """A daemon's identity in its group (issue 54): its host and state directory, hashed. Stable
+    across the daemon's restarts (its successor is the same node), different for a second daemon
+    that claims the same node_rank with a state directory of its own."""
+    try:
+        where = str(state_dir.resolve())
+    except OSError:
+        where = str(state_dir)
+    return hashlib.sha256(f"{socket.gethostname()}\0{where}".encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -54,6 +67,26 @@ class GroupRuntime:
     served: bool = False
     waiting_since: float | None = None  # the leader holds a stall for an absent node since (monotonic)
     waiting_for: int | None = None
+    # the leader: its own watchdog's incident, as judged this poll (held while the group waits for a
+    # node): node 0's server does not serve, so neither does the group (`/readyz` 503, issue 54)
+    own_failing: str = ""
+    # the leader: node 0's own incident, named node 0, first seen at this poll round and moment: it
+    # waits for a report from every member taken after it, so a member's fault seen at node 0 first
+    # names the member (issue 54)
+    confirm_from: tuple[int, float] | None = None
+    # the leader: members whose held start-up stall was explained by an absent node: not their fault
+    # when it goes ahead (the absent node came, the group formed without them); until the group relaunches
+    stalled_for_absent: dict[int, int] = field(default_factory=dict)  # member -> the absent node
+    # the leader: members whose group stop did not answer (partitioned, away): a server they run
+    # after is from before the group's relaunch and can never meet node 0's; relaunched on the rung
+    missed: set[int] = field(default_factory=set)
+    # the leader: a node waited for came back while node 0's own incident stands: (node, poll round,
+    # moment); node 0's server is given a few polls to recover on its own before the group relaunches
+    healing: tuple[int, int, float] | None = None
+    gone: set[int] = field(default_factory=set)  # nodes that did not answer during the wait under way
+    identity: str = ""  # this daemon's state directory, hashed (`state_identity`): one per node_rank
+    address: str = ""  # this daemon's API address, named to the leader when it joins
+    holders: dict[int, str] = field(default_factory=dict)  # the leader: the identity each node's address reported
     absent_named: set[int] = field(default_factory=set)  # members journalled as away past absent_alert_s
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # those relaunches, held until done
 

@@ -54,6 +54,7 @@ class NodeReport:
     at: float  # wall clock of the report
     incident: str | None = None  # the group incident the node last captured for
     instance: str = ""  # the reporting daemon's random id for its life (a second daemon claiming its rank differs)
+    identity: str = ""  # the reporting daemon's state directory, stable across its restarts (issue 54)
     # its group-relevant config (supervisor/group/fingerprint.py)
     fingerprint: Mapping[str, str] = field(default_factory=dict)
 
@@ -89,6 +90,11 @@ class GroupVerdict:
     node: int | None = None  # the node named as the origin
     rank: int | None = None  # and its rank, where known
     degraded: tuple[int, ...] = ()  # nodes named while the group still serves
+    # Every node that showed the fault itself, where more than one did (issue 54: a start-up hang on
+    # every node is the rung's, booked on the ladder as one node's would be, never "a node away").
+    alike: tuple[int, ...] = ()
+    # the member whose own start-up stall at the rendezvous this verdict explains by `node`, absent
+    stalled_for: int | None = None
 
     @property
     def is_incident(self) -> bool:
@@ -131,14 +137,87 @@ def _explain(own: OwnVerdict, members: tuple[MemberView, ...]) -> tuple[str, int
     if own.cause in ("startup_stall", "startup_timeout"):
         behind = [m for m in seen if m.report is not None and m.report.state == "starting"]
         mine = _phase_index(own.phase)
+        level: list[MemberView] = []
         for m in sorted(behind, key=lambda m: _phase_index(m.report.phase if m.report else None)):
             assert m.report is not None
-            if _phase_index(m.report.phase) <= mine:
+            if _phase_index(m.report.phase) < mine:
                 return f"node {m.node} never joined (still {m.report.phase or 'spawning'})", m.node, None
+            if not _joined(m.report.phase, mine):
+                level.append(m)
+        # A member level with node 0 at the rendezvous waits there too: a node that cannot be asked
+        # explains both (issue 54: in a group of three the journal names the absent node).
+        away = _away(members, ())
+        if away is not None:
+            return away
+        for m in level:
+            assert m.report is not None
+            return f"node {m.node} never joined (still {m.report.phase or 'spawning'})", m.node, None
     for m in members:
         if not m.reachable:
             return f"node {m.node} cannot be asked ({m.error or 'unreachable'})", m.node, None
     return "", None, None
+
+
+_JOINED_AFTER = PHASES.index("initializing")  # past distributed init every rank has joined the group
+
+
+def _joined(theirs: str | None, mine: int) -> bool:
+    """Whether a member still starting has joined node 0's group: it is not behind node 0's phase,
+    and past the rendezvous (distributed init) when level with it. A member that joined and then
+    hung in node 0's phase shows the fault itself; it is never "away" (issue 54)."""
+    i = _phase_index(theirs)
+    return i > mine or (i == mine and i > _JOINED_AFTER)
+
+
+def _away(members: tuple[MemberView, ...], but: tuple[int, ...]) -> tuple[str, int, None] | None:
+    for m in members:
+        if not m.reachable and m.node not in but:
+            return f"node {m.node} cannot be asked ({m.error or 'unreachable'})", m.node, None
+    return None
+
+
+def _absent_for(r: NodeReport, members: tuple[MemberView, ...]) -> tuple[str, int, None] | None:
+    """A member's own start-up stall at the rendezvous (not past distributed init) while another
+    node cannot be asked or has not reached it: that node explains it, as it would node 0's (issue
+    54: at any group size the absent node is waited for, and named)."""
+    if r.cause not in ("startup_stall", "startup_timeout") or _phase_index(r.phase) > _JOINED_AFTER:
+        return None
+    away = _away(members, (r.node,))
+    if away is not None:
+        return away
+    for m in members:  # a node late: it answers, and its server has not reached the rendezvous
+        o = m.report
+        if m.node == r.node or o is None or o.cause is not None:
+            continue
+        if o.state not in _UP or (o.state == "starting" and _phase_index(o.phase) <= _JOINED_AFTER):
+            return f"node {m.node} never joined (still {o.phase or o.state})", m.node, None
+    return None
+
+
+def _alike(own: OwnVerdict, members: tuple[MemberView, ...], first: int, cause: str) -> tuple[int, ...]:
+    """The nodes that showed the fault themselves, where more than one did: each node holding an
+    incident of the same cause, and at node 0's start-up stall a member that joined and stalled in
+    the same phase (its own watchdog has not said so yet). A stall of node 0 that follows a
+    member's dead rank is that member's fault, not node 0's (issue 54: name the right node)."""
+    nodes = {first}
+    if own.status == "incident" and own.cause == cause:
+        nodes.add(0)
+    for m in members:
+        r = m.report
+        if not m.reachable or r is None:
+            continue
+        if r.cause is not None:
+            if r.cause == cause:
+                nodes.add(m.node)
+        elif own.cause in ("startup_stall", "startup_timeout") and 0 in nodes and r.state == "starting":
+            mine = _phase_index(own.phase)
+            nodes |= {m.node} if _phase_index(r.phase) == mine and _joined(r.phase, mine) else set()
+    return tuple(sorted(nodes)) if len(nodes) > 1 else ()
+
+
+def _alike_text(alike: tuple[int, ...], phase: str | None) -> str:
+    where = f" in phase {phase}" if phase else ""
+    return f"; nodes {', '.join(map(str, alike))} showed the fault alike{where}: the rung's, not a node away"
 
 
 def combine(own: OwnVerdict, members: tuple[MemberView, ...], unreachable_s: float) -> GroupVerdict:
@@ -150,19 +229,27 @@ def combine(own: OwnVerdict, members: tuple[MemberView, ...], unreachable_s: flo
             # A worker's server exits when its ranks die (its main has nothing else to run): for the
             # group that is a dead rank, and node 0's ranks now hang in their next collective.
             cause = "rank_died" if r.cause == "exited" else r.cause
+            absent = _absent_for(r, members)
+            if absent is not None:
+                why = f"node {m.node}: {r.reason}; {absent[0]}"
+                return GroupVerdict("incident", cause, why, node=absent[1], stalled_for=m.node)
+            alike = _alike(own, members, m.node, r.cause)
             return GroupVerdict(
                 "incident",
                 cause,
-                f"node {m.node}: {r.reason}",
+                f"node {m.node}: {r.reason}" + (_alike_text(alike, r.phase) if alike else ""),
                 node=m.node,
                 rank=p.rank if p is not None else None,
+                alike=alike,
             )
     if own.status == "incident" and own.cause is not None:
         if own.cause in _STALLS or own.cause == "exited":
             why, node, rank = _explain(own, members)
             if node is not None:
                 return GroupVerdict("incident", own.cause, f"{own.reason}; {why}", node=node, rank=rank)
-        return GroupVerdict("incident", own.cause, f"node 0: {own.reason}", node=0)
+        alike = _alike(own, members, 0, own.cause)
+        why = f"node 0: {own.reason}" + (_alike_text(alike, own.phase) if alike else "")
+        return GroupVerdict("incident", own.cause, why, node=0, alike=alike)
     named: list[int] = []
     parts: list[str] = []
     for m in members:

@@ -39,6 +39,9 @@ def group_view(g: GroupRuntime, own: StatusSnapshot) -> GroupView:
     )
     members = g.leader.views() if g.leader is not None else ()
     serves = group_serves(own.state, members) if g.leader is not None else own.state in SERVING_NAMES
+    # Node 0's own server failing (its incident held while the group waits for a node) serves nothing,
+    # whatever the group waits for (issue 54). A worker's held incident is its state (`hung`) already.
+    serves = serves and not g.own_failing
     return GroupView(
         role="leader" if g.is_leader else "worker",
         node_rank=g.node,

@@ -82,7 +82,7 @@ def after_incident(
     that kept its port or GPU memory under `release_policy = "fail"`. A manual restart ends the
     attempt as `manual` and relaunches the rung asked for (else the current one) at once; a rung
     forced by the group (a node was away) is relaunched at once too, the attempt ended with the
-    incident's cause but none of the rung's retries spent. Then, in order:
+    incident's cause but none of the rung's retries spent, within the hourly budget like any other. Then, in order:
     - a try of a rung above the one that served (a promote) that fails before it served stably goes
       straight back to that rung: no walk down the ladder, no backoff, the try not repeated;
     - a rung that served keeps its standing: an incident after it served, or a GPU fault (Xid), is
@@ -102,8 +102,12 @@ def after_incident(
     if forced_rung is not None:
         # Only a group forces a rung without a person (a node that was away, the daemon's `act`): the
         # servers were not at fault, so the attempt ends with the cause but spends none of the rung's
-        # retries; the hourly restart budget still counts the relaunch.
+        # retries; the hourly restart budget still counts the relaunch and bounds it (issue 54: a
+        # group that forced its rung for ever looped without end).
         state = record_end(state, incident.cause, now_wall)
+        used = state.restarts_within_hour(now_wall)
+        if used >= s.max_restarts_per_hour:
+            return Recovery(state, Decision("give_up", state.current, _spent(used)))
         return Recovery(state, Decision("relaunch", forced_rung, GROUP_SAME_RUNG, 0.0))
     used = state.restarts_within_hour(now_wall)
     name = ladder[state.current].name
@@ -122,6 +126,10 @@ def after_incident(
     state = record_incident(state, incident, now_wall)
     decision = next_rung(ladder, state, incident, s, now_wall=now_wall, rand=rand, speculative=tuple(speculative))
     return Recovery(state, decision)
+
+
+def _spent(used: int) -> str:
+    return f"restart budget spent: {used} restarts in the last hour"  # the ladder's words (next_rung)
 
 
 def _what(incident: Incident) -> str:

@@ -91,3 +91,75 @@ def test_a_rung_a_member_lacks_is_named_with_its_ladder_and_one_all_have_is_not(
     assert lacking("base", (member(2, short),)) is None
     # A member with no report, or one whose report carries no fingerprint, cannot be judged here.
     assert lacking("safe", (MemberView(1, "h1:8900", False, None), member(2, None))) is None
+
+
+# ---- issue 54: one identity per node_rank, kept across the group's stops and launches ----
+
+ME, TWIN = "1" * 32, "2" * 32
+
+
+def ident_view(identity: str | None, instance: str = "a" * 32, reachable: bool = True) -> MemberView:
+    if identity is None:  # the report dropped at a group stop or launch: the address still answers
+        return MemberView(1, "h1:8900", reachable, None)
+    r = NodeReport(1, "ready", "serving", 9, "base", None, "", (), (), 0.1, 1.0, instance=instance, identity=identity)
+    return MemberView(1, "h1:8900", reachable, r)
+
+
+def test_a_second_identity_is_refused_naming_both_even_after_the_reports_were_dropped() -> None:
+    a = answer_join(1, "b" * 32, FP, FP, (ident_view(None),), "ready", "base", identity=TWIN, holder=ME,
+                    address="10.0.0.9:8911")  # fmt: skip
+    assert a.verdict == "refused", a
+    assert "node_rank 1 is already the daemon at h1:8900" in a.reason and f"state directory id {ME[:12]}" in a.reason
+    assert f"this daemon (at 10.0.0.9:8911, state directory id {TWIN[:12]}) claims it too" in a.reason
+    # with the report there: named by its pid too
+    a = answer_join(1, "b" * 32, FP, FP, (ident_view(ME),), "ready", "base", identity=TWIN)
+    assert a.verdict == "refused" and "(pid 9, state directory id" in a.reason
+
+
+def test_the_same_identity_is_admitted_a_restarted_daemon_is_the_same_node() -> None:
+    """Its successor has a new life (instance) and the same state directory: not a second daemon,
+    even while the leader's last report still shows its predecessor."""
+    a = answer_join(1, "b" * 32, FP, FP, (ident_view(ME, "a" * 32),), "ready", "base", identity=ME, holder=ME)
+    assert a.verdict == "launch"
+    # the node_rank's address no longer answers: a replacement with a state of its own is admitted
+    gone = ident_view(ME, reachable=False)
+    assert answer_join(1, "b" * 32, FP, FP, (gone,), "ready", "base", identity=TWIN, holder=ME).verdict == "launch"
+    # the address answers a new identity (the node replaced, reported): that one is the holder
+    assert answer_join(1, "b" * 32, FP, FP, (ident_view(TWIN),), "ready", "base", identity=TWIN, holder=ME).verdict == (
+        "launch"
+    )
+
+
+def test_the_leader_keeps_each_addresses_identity_across_its_stops_and_launches() -> None:
+    from typing import Any
+
+    from supervisor.config.settings import GroupSettings
+    from supervisor.group.credentials import GroupKeys
+    from supervisor.group.members import answer_join_request, judge
+    from supervisor.group.runtime import GroupRuntime
+    from supervisor.policy.watchdog import Verdict
+
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def rec(event: str, level: str = "info", /, **fields: Any) -> None:
+        events.append((event, fields))
+
+    class Leader:
+        _views = (ident_view(ME),)
+
+        def views(self) -> tuple[MemberView, ...]:
+            return self._views
+
+    g = GroupRuntime(
+        GroupSettings(nnodes=2, node_rank=0, members=("h1:8900",)), None, GroupKeys(0, b"s" * 16, b"k" * 32)
+    )
+    g.leader = Leader()  # type: ignore[assignment]
+    g.fingerprint, g.own_state, g.own_rung, g.own_phase = FP, "ready", "base", "serving"
+    judge(
+        g, Verdict("ready", reason="healthy", phase="serving"), "ready", rec
+    )  # a poll: node 1's address answers with ME
+    g.leader._views = (ident_view(None),)  # type: ignore[union-attr]  # the group relaunched: reports dropped
+    ans = answer_join_request(g, 1, "b" * 32, FP, False, rec, TWIN, "127.0.0.1:9")
+    assert ans.verdict == "refused"
+    refused = [f for e, f in events if e == "group_join_refused"]
+    assert len(refused) == 1 and "127.0.0.1:9" in refused[0]["reason"] and "h1:8900" in refused[0]["reason"]

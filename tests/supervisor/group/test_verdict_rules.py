@@ -149,6 +149,85 @@ CASES = [
 ]
 
 
+# Issue 54: a start-up hang on every node is the rung's (named alike), never "a node away"; a member's
+# stall at the rendezvous is explained by the node that never came, at any group size.
+KV_STALL = OwnVerdict("starting", "incident", "startup_stall", "no channel moved for 30 s", "allocating_kv")
+KV_STARTING = OwnVerdict("starting", "starting", None, "allocating_kv", "allocating_kv")
+ALIKE = "nodes 0, 1 showed the fault alike in phase allocating_kv: the rung's, not a node away"
+CASES += [
+    (
+        "node 0 stalls after the load, node 1 stalled in the same phase: alike, node 0's, not 'never joined'",
+        KV_STALL,
+        (member(report("starting", phase="allocating_kv")),),
+        GroupVerdict("incident", "startup_stall", f"node 0: {KV_STALL.reason}; {ALIKE}", node=0, alike=(0, 1)),
+    ),
+    (
+        "node 1 holds the same stall node 0 sees: named alike",
+        KV_STALL,
+        (member(report("hung", phase="allocating_kv", cause="startup_stall", reason="no channel moved")),),
+        GroupVerdict("incident", "startup_stall", f"node 1: no channel moved; {ALIKE}", node=1, alike=(0, 1)),
+    ),
+    (
+        "node 1 holds its stall, node 0 still within its window: node 1 alone",
+        KV_STARTING,
+        (member(report("hung", phase="allocating_kv", cause="startup_stall", reason="no channel moved")),),
+        GroupVerdict("incident", "startup_stall", "node 1: no channel moved", node=1),
+    ),
+    (
+        "node 1 behind node 0 past the rendezvous: still named as the one behind",
+        KV_STALL,
+        (member(report("starting", phase="loading_weights")),),
+        GroupVerdict(
+            "incident", "startup_stall", f"{KV_STALL.reason}; node 1 never joined (still loading_weights)", node=1
+        ),
+    ),
+    (
+        "a member's crash-loop with node 0 stalling after it: the member's, not node 0's",
+        STALL,
+        (member(report("hung", cause="rank_died", reason="child process(es) [102] exited")),),
+        GroupVerdict("incident", "rank_died", "node 1: child process(es) [102] exited", node=1),
+    ),
+    (
+        "three nodes: node 1 holds its stall at the rendezvous, node 2 cannot be asked: node 2 is named",
+        STARTING,
+        (
+            member(report("hung", phase="initializing", cause="startup_stall", reason="no channel moved")),
+            member(None, reachable=False, down_s=40.0, node=2),
+        ),
+        GroupVerdict(
+            "incident",
+            "startup_stall",
+            "node 1: no channel moved; node 2 cannot be asked (connection refused)",
+            node=2,
+            stalled_for=1,
+        ),
+    ),
+    (
+        "three nodes: node 1 holds its stall at the rendezvous, node 2 started late: node 2 is named",
+        STARTING,
+        (
+            member(report("hung", phase="initializing", cause="startup_stall", reason="no channel moved")),
+            member(report("starting", phase="spawning"), node=2),
+        ),
+        GroupVerdict(
+            "incident",
+            "startup_stall",
+            "node 1: no channel moved; node 2 never joined (still spawning)",
+            node=2,
+            stalled_for=1,
+        ),
+    ),
+    (
+        "three nodes: node 0 and node 1 wait at the rendezvous, node 2 cannot be asked: node 2 is named",
+        START_STALL,
+        (member(report("starting", phase="initializing")), member(None, reachable=False, down_s=40.0, node=2)),
+        GroupVerdict(
+            "incident", "startup_stall", f"{START_STALL.reason}; node 2 cannot be asked (connection refused)", node=2
+        ),
+    ),
+]
+
+
 @pytest.mark.parametrize("own,members,want", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_group_verdict(own: OwnVerdict, members: tuple[MemberView, ...], want: GroupVerdict) -> None:
     assert combine(own, members, unreachable_s=10.0) == want

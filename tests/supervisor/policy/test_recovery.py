@@ -155,3 +155,17 @@ def test_what_a_daemon_does_first(
         now_wall=NOW,
     )
     assert out == expected
+
+
+def test_a_rung_the_group_forces_passes_the_hourly_budget_like_any_relaunch() -> None:
+    """Issue 54: a group that forced its rung skipped the only budget check and looped for ever."""
+    s = RestartSettings(retries_per_rung=0, max_restarts_per_hour=3, backoff_jitter=0)
+    state = ON_BASE
+    for i in range(3):
+        state = record_launch(state, 0, "base", NOW + i, after_incident=True)
+    stop = AfterStop(True)
+    out = after_incident(LADDER, state, STALL, stop, s, manual=False, forced_rung=0, now_wall=NOW + 5, rand=0.5)
+    assert isinstance(out, Recovery) and out.decision.action == "give_up"
+    assert out.decision.reason == "restart budget spent: 3 restarts in the last hour"
+    within = after_incident(LADDER, ON_BASE, STALL, stop, s, manual=False, forced_rung=0, now_wall=NOW, rand=0.5)
+    assert isinstance(within, Recovery) and within.decision.action == "relaunch"
