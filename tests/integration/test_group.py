@@ -122,7 +122,7 @@ def test_a_workers_dead_rank_is_the_groups_incident(nodes_of) -> None:  # type: 
     held = worker.events("group_member_incident")
     assert held and held[-1]["cause"] in ("rank_died", "exited")
     # The worker never restarted on its own verdict: its only launches were the leader's.
-    assert [e["rung"] for e in worker.events("server_launched")] == ["base", "base"]
+    assert [e["rung"] for e in worker.events("server_launched")] == ["base", "second"]
 
 
 def test_a_member_daemon_killed_is_not_an_incident_and_its_successor_adopts(nodes_of) -> None:  # type: ignore[no-untyped-def]

@@ -51,7 +51,8 @@ async def test_a_gpu_spin_beside_cpu_hogs_is_judged_at_its_window(daemon, sim, t
     assert inc is not None and inc.cause == "startup_stall", inc
     # Busy, not starved: it runs, on a GPU that does no work (before issue 51: judged at 20.5 s of a
     # 4 s window, "(starved); window extended by 16.0 s: the tree waited 20.1 s for a CPU").
-    assert "(busy)" in inc.detail and "extended" not in inc.detail, inc.detail
+    # (A late poll of the daemon's own may still extend the window a little: bounded below.)
+    assert "(busy)" in inc.detail and "(starved)" not in inc.detail and "for a CPU" not in inc.detail, inc.detail
     verdict = json.loads((Path(s.paths.state_dir) / "diagnostics" / str(inc.bundle) / "verdict.json").read_text())
     fig = verdict["figures"]
     # It did wait for a CPU (the hogs held it), and that wait was kept apart, not credited.
