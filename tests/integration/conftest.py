@@ -119,3 +119,23 @@ def made() -> Iterator[list[Any]]:
     yield nodes
     for n in reversed(nodes):
         n.cleanup()
+
+
+@pytest.fixture
+def nodes_of(tmp_path: Path) -> Iterator[Callable[..., list[Any]]]:
+    """`nodes_of(...)` -> a group's daemons (tests/support/groupdaemons.group_of), started; cleaned up,
+    last first."""
+    from groupdaemons import group_of
+
+    made: list[Any] = []
+
+    def make(*args: Any, **kw: Any) -> list[Any]:
+        nodes = group_of(tmp_path, *args, **kw)
+        made.extend(nodes)
+        for n in nodes:
+            n.start()
+        return nodes
+
+    yield make
+    for n in reversed(made):
+        n.cleanup()

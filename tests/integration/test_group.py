@@ -9,30 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from groupdaemons import TOKEN, Load, Node, group_of, group_ready, ready
+from groupdaemons import TOKEN, Load, group_of, group_ready, ready
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def nodes_of(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    made: list[Node] = []
-
-    def make(*args, **kw) -> list[Node]:  # type: ignore[no-untyped-def]
-        nodes = group_of(tmp_path, *args, **kw)
-        made.extend(nodes)
-        for n in nodes:
-            n.start()
-        return nodes
-
-    yield make
-    for n in reversed(made):
-        n.cleanup()
 
 
 def scheduler_pids(st: dict) -> list[int]:  # type: ignore[type-arg]

@@ -13,8 +13,7 @@ import sys
 import time
 
 import pytest
-from freeport import free_port
-from groupdaemons import TOKEN, Node, group_of, group_ready, ready
+from groupdaemons import TOKEN, Node, group_of, group_ready, ready, twin_of
 
 from supervisor.common.waiting import wait_for
 from supervisor.config.render import dump_toml
@@ -112,15 +111,7 @@ def test_two_daemons_claiming_one_node_rank_the_second_is_refused_by_name(tmp_pa
     for n in (leader, worker):
         n.start()
     leader.wait(group_ready, 90, "the group ready")
-    d = worker.settings.model_dump()
-    d["api"]["port"] = free_port()
-    d["server"]["port"] = free_port()
-    d["paths"]["state_dir"] = str(tmp_path / "twin" / "state")
-    (tmp_path / "twin").mkdir()
-    twin_settings = type(worker.settings).model_validate(d)
-    cfg = tmp_path / "twin" / "config.toml"
-    cfg.write_text(dump_toml(twin_settings))
-    twin = Node(1, twin_settings, cfg, tmp_path / "twin" / "daemon.log")
+    twin = twin_of(worker, tmp_path / "twin")
     made.append(twin)
     twin.start()
     held(twin, f"node_rank 1 is already the daemon at {worker.address}")

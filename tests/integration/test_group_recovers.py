@@ -6,34 +6,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from freeport import free_port
-from groupdaemons import Load, Node, group_of, group_ready
+from groupdaemons import Load, group_of, group_ready, twin_of
 
 from supervisor.common.waiting import wait_for
-from supervisor.config.render import dump_toml
 from supervisor.policy.recovery import GROUP_SAME_RUNG
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def nodes_of(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    made: list[Node] = []
-
-    def make(*args, **kw) -> list[Node]:  # type: ignore[no-untyped-def]
-        nodes = group_of(tmp_path, *args, **kw)
-        made.extend(nodes)
-        for n in nodes:
-            n.start()
-        return nodes
-
-    yield make
-    for n in reversed(made):
-        n.cleanup()
 
 
 def test_a_start_up_hang_on_every_node_steps_down_in_two_incidents(nodes_of) -> None:  # type: ignore[no-untyped-def]
@@ -91,15 +72,7 @@ def test_a_second_daemon_on_one_node_rank_is_refused_through_the_groups_relaunch
     named beside the daemon that holds the rank, and launches nothing."""
     leader, worker = nodes_of()
     leader.wait(group_ready, 90, "the group ready")
-    d = worker.settings.model_dump()
-    d["api"]["port"] = free_port()
-    d["server"]["port"] = free_port()
-    d["paths"]["state_dir"] = str(tmp_path / "twin" / "state")
-    (tmp_path / "twin").mkdir()
-    twin_settings = type(worker.settings).model_validate(d)
-    cfg = tmp_path / "twin" / "config.toml"
-    cfg.write_text(dump_toml(twin_settings))
-    twin = Node(1, twin_settings, cfg, tmp_path / "twin" / "daemon.log")
+    twin = twin_of(worker, tmp_path / "twin")
     try:
         twin.start()
         wait_for(twin.events, lambda evs: any(e["event"] == "group_launch_held" for e in evs), 60, what="twin held")
@@ -112,7 +85,7 @@ def test_a_second_daemon_on_one_node_rank_is_refused_through_the_groups_relaunch
         assert st is not None and st["pid"] is None
         assert f"node_rank 1 is already the daemon at {worker.address}" in st["reason"], st["reason"]
         refused = leader.events("group_join_refused")
-        assert refused and all(f"127.0.0.1:{twin_settings.api.port}" in e["reason"] for e in refused), refused
+        assert refused and all(f"127.0.0.1:{twin.settings.api.port}" in e["reason"] for e in refused), refused
         assert worker.status()["pid"] != old[1]  # type: ignore[index]  # the holder relaunched with the group
     finally:
         twin.cleanup()

@@ -230,3 +230,17 @@ class Load:
 
     def close(self) -> None:
         self.stop.set()
+
+
+def twin_of(node: Node, where: Path) -> Node:
+    """A second daemon claiming `node`'s node_rank: the same config but its own ports and state
+    directory under `where` (issue 54: one identity per node rank). Not started."""
+    d = node.settings.model_dump()
+    d["api"]["port"] = free_port()
+    d["server"]["port"] = free_port()
+    d["paths"]["state_dir"] = str(where / "state")
+    where.mkdir()
+    settings = type(node.settings).model_validate(d)
+    cfg = where / "config.toml"
+    cfg.write_text(dump_toml(settings))
+    return Node(node.rank, settings, cfg, where / "daemon.log")
