@@ -68,7 +68,7 @@ for stage in $STAGES; do
             python3 -m bench.real.run pack --work "$REAL/work35" --out "$OUTDIR" ;;
     i49)    python3 -m bench.real.run plan --plan "recovery:0:0" --real "$REAL" --work "$REAL/work49" --deadline 780
             python3 -m bench.real.run pack --work "$REAL/work49" --out "$OUTDIR" ;;
-    i51)    python3 -m bench.real.run plan --plan "frontstop:0:0" --real "$REAL" --work "$REAL/work51" --deadline 540
+    i51)    python3 -m bench.real.run plan --plan "${PLAN51:-frontstop:0:0,overhead:0:45}" --real "$REAL" --work "$REAL/work51" --deadline "${DEADLINE51:-540}"
             python3 -m bench.real.run pack --work "$REAL/work51" --out "$OUTDIR" ;;
     mn2)    python3 -m bench.real.run lane mn2 --gpu 0,1 --real "$REAL" --work "$REAL/work23"
             cp "$REAL/work23/result.json" "$OUTDIR/mn2-result.json" 2>/dev/null ;;

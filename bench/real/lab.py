@@ -268,3 +268,65 @@ def ts(e: Mapping[str, Any] | None) -> float | None:
     from datetime import datetime
 
     return datetime.fromisoformat(str(e["ts"]).replace("Z", "+00:00")).timestamp()
+
+
+def _cpu_s(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def own_cost(daemon_pid: int, seconds: float, every: float = 2.0) -> dict[str, Any]:
+    """The daemon's and its log keepers' CPU (% of one core, from /proc's counters) and RSS over
+    `seconds`: what the daemon costs the host while it watches."""
+    daemon = psutil.Process(daemon_pid)
+    keepers = [p for p in daemon.children() if "supervisor.logs.keeper" in " ".join(p.cmdline())]
+    procs = {"daemon": daemon, **{f"keeper{i}": p for i, p in enumerate(keepers)}}
+    c0 = {k: _cpu_s(p) for k, p in procs.items()}
+    rss: dict[str, list[float]] = {k: [] for k in procs}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for k, p in procs.items():
+            rss[k].append(round(p.memory_info().rss / 1e6, 1))
+        time.sleep(every)
+    secs = time.monotonic() - t0
+    out: dict[str, Any] = {"seconds": round(secs, 1)}
+    for k, p in procs.items():
+        out[k] = {"cpu_percent_of_core": round(100.0 * (_cpu_s(p) - c0[k]) / secs, 2),
+                  "rss_mb_median": sorted(rss[k])[len(rss[k]) // 2], "rss_mb_max": max(rss[k]),
+                  "threads": p.num_threads()}
+    return out
+
+
+def profile(pid: int, seconds: int, out: Path, py_spy: str = "py-spy", top: int = 15) -> dict[str, Any]:
+    """`py-spy record` of a running process (raw collapsed stacks, 200 Hz, non-blocking; idle threads
+    are not sampled, so the samples are the CPU it used) and its top functions by self time (the
+    last frame of each stack) and by total time."""
+    raw = out.with_suffix(".txt")
+    cmd = [py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200", "--nonblocking",
+           "--format", "raw", "--output", str(raw)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    res: dict[str, Any] = {"rc": proc.returncode, "stderr": proc.stderr[-500:], "file": raw.name}
+    if not raw.exists():
+        return res
+    self_n: dict[str, int] = {}
+    total_n: dict[str, int] = {}
+    samples = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = stack.split(";")
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
+        for f in set(frames):
+            total_n[f] = total_n.get(f, 0) + n
+    res["samples"] = samples
+
+    def ranked(counts: dict[str, int]) -> list[list[object]]:
+        best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [[f, n, round(100.0 * n / samples, 1) if samples else 0.0] for f, n in best]
+
+    res["self"], res["total"] = ranked(self_n), ranked(total_n)
+    return res
+

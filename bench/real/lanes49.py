@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 
 from bench.real import configs
-from bench.real.lab import Daemon, Load, Recorder, free_port, iso, ts
+from bench.real.lab import Daemon, Load, Recorder, free_port, iso, own_cost, ts
 from bench.real.lanes36 import _onset
 from bench.real.scenarios import _events_between, _recording, incident_record
 
@@ -204,32 +204,13 @@ def part_b(d: Daemon, work: Path, res: dict[str, Any]) -> None:
     _save(work, res)
 
 
-def _cpu_s(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return float(t.user + t.system)
-
-
 def part_c(d: Daemon, work: Path, res: dict[str, Any]) -> None:
     """The daemon's and its log keeper's CPU and RSS over OVERHEAD_S of four clients."""
     _wait_served_on(d, FALLBACK, 300.0)
     load = Load(int(d.config["server"]["port"]))
     time.sleep(10)
-    daemon = psutil.Process(d.proc.pid)
-    keepers = [p for p in daemon.children() if "supervisor.logs.keeper" in " ".join(p.cmdline())]
-    procs = {"daemon": daemon, **{f"keeper{i}": p for i, p in enumerate(keepers)}}
-    c0 = {k: _cpu_s(p) for k, p in procs.items()}
-    rss: dict[str, list[float]] = {k: [] for k in procs}
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < OVERHEAD_S:
-        for k, p in procs.items():
-            rss[k].append(round(p.memory_info().rss / 1e6, 1))
-        time.sleep(2.0)
-    secs = time.monotonic() - t0
-    out: dict[str, Any] = {"seconds": round(secs, 1), "intervals": "shipped (poll 2 s, health 10 s, metrics 5 s)"}
-    for k, p in procs.items():
-        out[k] = {"cpu_percent_of_core": round(100.0 * (_cpu_s(p) - c0[k]) / secs, 2),
-                  "rss_mb_median": sorted(rss[k])[len(rss[k]) // 2], "rss_mb_max": max(rss[k]),
-                  "threads": p.num_threads()}
+    out = own_cost(d.proc.pid, OVERHEAD_S)
+    out["intervals"] = "shipped (poll 2 s, health 10 s, metrics 5 s)"
     st = d.status()
     out["state"], out["incidents"], out["rung"] = st.get("state"), st.get("incidents"), st.get("rung")
     out["load"] = load.stop()

@@ -6,7 +6,12 @@
   and line 1 of the bundle's summary.txt names the stopped front end. On the H100 before issue 51 the
   verdict waited for three failed checks (18.3 s) and line 1 named the scheduler's idle loop.
 
-With REAL_SIMULATE=1 it runs on the simulator.
+- lane `overhead`: real SGLang (base rung, no fault) serving four clients under a daemon with the
+  shipped intervals (poll 2 s, health 10 s, metrics 5 s): the daemon's and its log keeper's CPU (% of
+  one core) and RSS over OVERHEAD_S (90 s), then a `py-spy record` of the daemon (40 s) with its top
+  functions. Target (issue 51): under 1 % of a core and 80 MB; before issue 51, 1.85 % and 95.8 MB.
+
+With REAL_SIMULATE=1 they run on the simulator.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.real import configs
-from bench.real.lab import Daemon, Load, Recorder, free_port
+from bench.real.lab import Daemon, Load, Recorder, free_port, own_cost, profile
 from bench.real.scenarios import _recording, _start, incident_record
 
 SIMULATE = os.environ.get("REAL_SIMULATE") == "1"
 # The FAST windows; health probed every 2 s with a 30 s client timeout (longer than SGLang's own 20 s).
 WATCH = dict(configs.FAST)
+OVERHEAD_S = float(os.environ.get("REAL_I51_OVERHEAD_S", "90"))
+PROFILE_S = int(os.environ.get("REAL_I51_PROFILE_S", "40"))
 
 
 def lane_frontstop(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
@@ -69,4 +76,26 @@ def lane_frontstop(work: Path, real: Path, models: Path, gpu: str) -> dict[str, 
     return res
 
 
-LANES = {"frontstop": lane_frontstop}
+def lane_overhead(work: Path, real: Path, models: Path, gpu: str) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"lane": "overhead", "gpu": gpu, "simulated": SIMULATE,
+                           "intervals": "shipped (poll 2 s, health 10 s, metrics 5 s)"}
+    env = {"SGLANG_SIM_SCENARIO": "ok"} if SIMULATE else None
+    cfg = configs.config(real, models, gpus=gpu, watchdog={}, env_extra=env, fallbacks=False)
+    cfg["server"]["port"] = free_port()
+    d = Daemon(work, cfg, configs.daemon_env(real))
+    rec = Recorder(d).start()
+    with _recording(res, d, rec):
+        res["start"] = _start(d, rec)
+        rec.stop()  # its /status reads would be counted as the daemon's own cost
+        load = Load(int(d.config["server"]["port"]))
+        time.sleep(10)
+        res["cost"] = own_cost(d.proc.pid, OVERHEAD_S)
+        res["profile"] = profile(d.proc.pid, PROFILE_S, work / "daemon-profile", str(real / "bin" / "py-spy"))
+        st = d.status()
+        res["state"], res["incidents"] = st.get("state"), st.get("incidents")
+        res["load"] = load.stop()
+    return res
+
+
+LANES = {"frontstop": lane_frontstop, "overhead": lane_overhead}
