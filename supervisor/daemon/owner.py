@@ -446,6 +446,7 @@ class Owner:
         obs: Observation | None,
         *,
         forced_rung: int | None = None,
+        group_why: str = "",
         diagnose: bool = True,
         incident_id: str | None = None,
         requested: bool = False,
@@ -501,7 +502,7 @@ class Owner:
             culprit=culprit,
         )
         self.book_incident(view, **({"xids": xids.as_records(named)} if named else {}))
-        incident = Incident(cause, hang_class, gpu_fault=bool(named))
+        incident = Incident(cause, hang_class, gpu_fault=bool(named), group_why=group_why)
         await self.recover(incident, forced_rung=forced_rung, manual=cause == "manual")
         self.recorder.unbind("incident")  # a relaunch has already bound its own context
 
@@ -690,10 +691,9 @@ class Owner:
         judged = self.peers.judge(verdict, self.lifecycle.state.value)
         if judged.hold:
             self.move(State.HUNG, judged.hold)
-        elif judged.verdict is not None and judged.same_rung and judged.verdict.is_incident:
-            # A group incident of a node that was away, not of the servers: the rung is retried.
-            assert judged.verdict.cause is not None
-            await self.incident(judged.verdict.cause, judged.verdict, obs, forced_rung=self.ladder.current)
+        elif (v := judged.verdict) is not None and judged.same_rung and v.is_incident and v.cause is not None:
+            # A group incident the servers did not cause (`same_rung` says why): relaunched on the rung.
+            await self.incident(v.cause, v, obs, forced_rung=self.ladder.current, group_why=judged.same_rung)
         elif (v := judged.verdict) is None:
             return
         elif v.is_incident:

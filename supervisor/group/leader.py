@@ -134,17 +134,28 @@ class GroupLeader:
                 await self._task
         await self.client.close()
 
-    async def capture_all(self, incident_id: str) -> tuple[Answer, ...]:
-        return await self.client.ask_all(
-            "POST", "/group/capture", timeout=self.timeouts.capture_s, body={"incident": incident_id}
+    def _gone(self, node: int) -> bool:
+        v = self._views.get(node)
+        return v is not None and not v.reachable and v.unreachable_s >= self.group.unreachable_s
+
+    async def _ask_all(self, path: str, timeout: float, body: dict[str, object]) -> tuple[Answer, ...]:
+        """Every member at once; one that has not answered its reports for `unreachable_s` (partitioned,
+        away) is asked with the report's timeout, not the step's: a partitioned node held the group's
+        evidence and relaunch 70 s (issue 54). A stop it misses is made good when it answers again."""
+        nodes = sorted(self._views)
+        asks = (
+            self.client.ask(n, "POST", path, timeout=self.timeouts.report_s if self._gone(n) else timeout, body=body)
+            for n in nodes
         )
+        return tuple(await asyncio.gather(*asks))
+
+    async def capture_all(self, incident_id: str) -> tuple[Answer, ...]:
+        return await self._ask_all("/group/capture", self.timeouts.capture_s, {"incident": incident_id})
 
     async def stop_all(self) -> tuple[Answer, ...]:
-        self.forget_reports()
+        self.forget_reports()  # keeps who answers: a member gone is asked briefly
         try:
-            return await self.client.ask_all(
-                "POST", "/group/stop", timeout=self.timeouts.stop_s, body={"timeout_s": self.timeouts.stop_s}
-            )
+            return await self._ask_all("/group/stop", self.timeouts.stop_s, {"timeout_s": self.timeouts.stop_s})
         finally:
             self.forget_reports()
 

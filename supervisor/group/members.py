@@ -146,9 +146,9 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         elif gv.status == "ok" and before.status == "degraded":
             record("group_recovered", reason=gv.reason)
     _alert_absent(g, record)
-    same_rung = False
+    same_rung = ""  # why the servers are not at fault, naming the node: the group relaunches on its rung
     if rejoin is not None:  # a node came back without its server: not the servers' fault
-        same_rung = True
+        same_rung = f"node {rejoin.node} came back without its server"
         g.waiting_since = g.waiting_for = None
         g.healing, g.gone = None, set()
     elif gv.is_incident:
@@ -164,7 +164,8 @@ def judge(g: GroupRuntime, v: Verdict, own_state: str, record: Record) -> Judged
         # came back without it, or it was stopped): node 0's server lost a peer; the rung is not the cause.
         # A node that showed the fault itself is never "away": the ladder judges it (issue 54).
         waited_for = g.waiting_for is not None or gv.node in g.stalled_for_absent
-        same_rung = (waited_for or _serverless(g, gv)) and not _showed_fault(g, gv)
+        if (waited_for or _serverless(g, gv)) and not _showed_fault(g, gv):
+            same_rung = _not_the_servers(g, gv)
         if same_rung and g.waiting_for not in (None, gv.node):  # the journal names the node waited for
             gv = replace(gv, reason=f"{gv.reason}; node {g.waiting_for} was waited for {_waited(g)}")
         elif same_rung and gv.node in g.stalled_for_absent:
@@ -244,6 +245,7 @@ def _waits_for_absent(g: GroupRuntime, gv: GroupVerdict, v: Verdict, own_state: 
     if g.waiting_for != node or g.waiting_since is None:
         g.waiting_for, g.waiting_since = node, now
         record("group_waiting", "warning", node=node, cause=gv.cause, reason=gv.reason, condition=condition)
+    g.waiting_as = "elsewhere" if elsewhere is not None else condition
     waited = now - g.waiting_since
     limit = g.settings.absent_wait_s
     if waited >= limit:
@@ -322,6 +324,27 @@ def _waited(g: GroupRuntime) -> str:
     assert g.leader is not None
     since = g.waiting_since if g.waiting_since is not None else g.leader.now()
     return f"{g.leader.now() - since:.0f} s (absent_wait_s {g.settings.absent_wait_s:g}): not a fault of the rung"
+
+
+_WAITED_AS = {
+    "partition": "partitioned",
+    "absent": "absent",
+    "late": "late",
+    "elsewhere": "on another rung, or left from before the group's relaunch",
+}
+
+
+def _not_the_servers(g: GroupRuntime, gv: GroupVerdict) -> str:
+    """Why a group incident is not the servers' fault, naming the node (the `ladder_decision`'s
+    reason: issue 54 booked a partition as "a node was away")."""
+    assert g.leader is not None
+    if g.waiting_for is not None:
+        since = g.waiting_since if g.waiting_since is not None else g.leader.now()
+        what = _WAITED_AS.get(g.waiting_as, "away")
+        return f"node {g.waiting_for} was {what} ({g.leader.now() - since:.0f} s waited)"
+    if gv.node in g.stalled_for_absent:
+        return f"node {gv.node} stalled waiting for node {g.stalled_for_absent[gv.node]}, which was absent"
+    return f"node {gv.node} runs no server through no fault of its own (lost and back, or stopped)"
 
 
 def _showed_fault(g: GroupRuntime, gv: GroupVerdict) -> bool:

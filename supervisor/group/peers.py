@@ -35,7 +35,9 @@ Beating = Callable[[Awaitable[Any]], Awaitable[Any]]
 class Judged:
     verdict: Verdict | None  # what the owner acts on; None: nothing (a worker holds an incident)
     hold: str = ""  # a worker's reason to move to `hung` and wait for the leader
-    same_rung: bool = False  # an incident the servers did not cause (a node away): relaunch, no ladder step
+    # an incident the servers did not cause (a node away, partitioned, back without its server): why,
+    # naming the node; the group relaunches on its rung, no ladder step. Empty: the ladder judges.
+    same_rung: str = ""
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ class GroupRuntime:
     served: bool = False
     waiting_since: float | None = None  # the leader holds a stall for an absent node since (monotonic)
     waiting_for: int | None = None
+    waiting_as: str = ""  # what the node waited for was: partition, absent, late, elsewhere (issue 54)
     # the leader: its own watchdog's incident, as judged this poll (held while the group waits for a
     # node): node 0's server does not serve, so neither does the group (`/readyz` 503, issue 54)
     own_failing: str = ""

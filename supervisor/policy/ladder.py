@@ -62,6 +62,7 @@ class Incident:
     cause: Cause
     hang_class: HangClass | None = None
     gpu_fault: bool = False  # the incident named a GPU fault (an Xid): the host's, not the rung's
+    group_why: str = ""  # a group's incident the servers did not cause: which node, and what it was
 
 
 @dataclass(frozen=True)

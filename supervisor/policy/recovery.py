@@ -29,7 +29,9 @@ from supervisor.policy.ladder import (
 
 # ---- after an incident ----------------------------------------------------------------------
 
-GROUP_SAME_RUNG = "the group relaunches on its rung: a node was away"
+# A group's relaunch forced on its rung, then why: "node 2 was partitioned 150 s", "node 1 came back
+# without its server" (issue 54: a partition was booked as "a node was away").
+GROUP_SAME_RUNG = "the group relaunches on its rung"
 
 
 def exits_for_group(is_leader: bool, restart: Literal["daemon", "lws"]) -> bool:
@@ -108,7 +110,8 @@ def after_incident(
         used = state.restarts_within_hour(now_wall)
         if used >= s.max_restarts_per_hour:
             return Recovery(state, Decision("give_up", state.current, _spent(used)))
-        return Recovery(state, Decision("relaunch", forced_rung, GROUP_SAME_RUNG, 0.0))
+        why = f"{GROUP_SAME_RUNG}: {incident.group_why or 'a node was away'}, not the servers' fault"
+        return Recovery(state, Decision("relaunch", forced_rung, why, 0.0))
     used = state.restarts_within_hour(now_wall)
     name = ladder[state.current].name
     back = state.trial_from

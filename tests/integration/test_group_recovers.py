@@ -28,7 +28,7 @@ def test_a_start_up_hang_on_every_node_steps_down_in_two_incidents(nodes_of) -> 
     )
     st = leader.wait(lambda s: s["rung"] == "no-cuda-graph" and group_ready(s), 180, "the group ready on the fallback")
     decisions = leader.events("ladder_decision")
-    assert not [d for d in decisions if d["reason"] == GROUP_SAME_RUNG], decisions
+    assert not [d for d in decisions if d["reason"].startswith(GROUP_SAME_RUNG)], decisions
     assert st["incidents"] <= 2, decisions
     assert worker.status()["rung"] == "no-cuda-graph"  # type: ignore[index]
 
@@ -136,7 +136,7 @@ def test_three_nodes_one_late_is_waited_for_named_and_costs_no_ladder_step(tmp_p
         waiting = leader.events("group_waiting")
         assert waiting and all(w["node"] == 2 for w in waiting), waiting
         for d in leader.events("ladder_decision"):
-            assert d["rung"] == 0 and d["reason"] == GROUP_SAME_RUNG, d
+            assert d["rung"] == 0 and d["reason"].startswith(f"{GROUP_SAME_RUNG}: node 2 was "), d
         for i in leader.events("incident"):
             assert "node 2" in i["detail"], i
     finally:
@@ -175,3 +175,45 @@ def test_a_partition_that_heals_within_the_wait_is_named_and_relaunches_nothing(
     assert waiting and waiting[0]["condition"] == "partition", waiting
     assert st["rung"] == "base" and not leader.events("ladder_decision"), leader.events("ladder_decision")
     assert st["incidents"] == 0 and worker.status()["pid"] == wst["pid"]  # type: ignore[index]
+
+
+@pytest.mark.timeout(300)
+def test_a_partition_longer_than_the_wait_relaunches_on_the_rung_names_the_node_and_replaces_its_stale_server(  # type: ignore[no-untyped-def]
+    nodes_of,
+) -> None:
+    """Node 1 cut off whole for longer than absent_wait_s under load: past the wait the group is
+    relaunched on its rung, the decision names node 1's partition (not "a node was away", not node
+    0), no retry is spent (retries_per_rung 0: a judged incident would step down at once), and once
+    the partition heals node 1's stale server, which missed the group's stop, is replaced."""
+    leader, worker = nodes_of(
+        group={"absent_wait_s": 12.0},
+        fallback=[{"name": "second", "args": {"disable-cuda-graph": True}}],
+        restart={"retries_per_rung": 0},
+    )
+    leader.wait(group_ready, 60, "the group ready")
+    wst = worker.status()
+    assert wst is not None and worker.proc is not None
+    frozen = [p["pid"] for p in wst["processes"] if p["role"] == "scheduler"]
+    load = Load(leader.settings.server.port)
+    try:
+        leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
+        worker.proc.send_signal(signal.SIGSTOP)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        leader.wait(lambda s: "partitioned" in s["reason"], 60, "node 0 naming the partition")
+        wait_for(leader.events, lambda evs: any(e["event"] == "ladder_decision" for e in evs), 90, what="the relaunch")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        worker.proc.send_signal(signal.SIGCONT)
+        load.close()
+    st = leader.wait(
+        lambda s: group_ready(s) and s["group"]["status"] == "ok", 150, "the group whole again after the partition"
+    )
+    decisions = leader.events("ladder_decision")
+    assert decisions and all(d["rung"] == 0 for d in decisions), decisions
+    assert decisions[0]["reason"].startswith(f"{GROUP_SAME_RUNG}: node 1 was partitioned ("), decisions[0]
+    assert st["rung"] == "base" and worker.status()["rung"] == "base"  # type: ignore[index]
+    assert worker.status()["pid"] != wst["pid"]  # type: ignore[index]  # the stale server replaced
+    for i in leader.events("incident"):
+        assert "node 1" in i["detail"], i  # the partition named, not node 0's own fault

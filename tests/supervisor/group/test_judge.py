@@ -254,6 +254,7 @@ def test_node_0s_failing_health_explained_by_a_member_back_without_its_server_ke
         out = judge(g, unhealthy, "degraded", rec)
         assert out.verdict is not None and out.verdict.is_incident and out.same_rung, (state, out)
         assert f"node 1 runs no server (state {state})" in out.verdict.reason
+        assert out.same_rung.startswith("node 1 runs no server through no fault of its own"), out.same_rung
     # A member holding an incident of its own, or serving, does not excuse the rung.
     for view in (member("restarting", cause="exited"), member("ready")):
         g.leader = ClockedLeader((view,))  # type: ignore[assignment]
@@ -343,6 +344,7 @@ def test_three_nodes_the_absent_node_came_and_the_held_stall_goes_ahead_on_the_s
     out = judge(g, Verdict("starting", reason="loading", phase="loading_weights"), "starting", rec)
     assert out.verdict is not None and out.verdict.is_incident and out.same_rung, out
     assert "it stalled waiting for node 2, absent" in out.verdict.reason
+    assert out.same_rung == "node 1 stalled waiting for node 2, which was absent"
 
 
 def test_node_0_failing_its_health_while_the_group_waits_is_not_ready() -> None:
@@ -451,6 +453,7 @@ def test_a_partition_that_healed_and_did_not_recover_relaunches_on_the_rung_spen
     leader.polls += 2
     out = judge(g, stall, "ready", rec)
     assert out.verdict is not None and out.verdict.is_incident and out.same_rung, out
+    assert out.same_rung.startswith("node 1 was partitioned ("), out.same_rung  # not "a node was away"
 
 
 async def test_a_member_that_missed_the_groups_stop_is_relaunched_not_blamed_on_node_0() -> None:

@@ -248,3 +248,32 @@ async def test_a_stale_poll_across_one_members_relaunch_is_dropped() -> None:
     await poll
     assert stop.ok and launch is not None and launch.ok
     assert leader.views()[0].report is None  # no old verdict for the relaunched member
+
+
+async def test_a_member_gone_for_unreachable_s_is_asked_to_capture_and_stop_briefly() -> None:
+    """Issue 54: a partitioned member held the group's evidence 70 s (its capture's timeout) before
+    the group could relaunch. One that has not answered for `unreachable_s` is asked with the
+    report's timeout; one that answers is given the step's whole timeout."""
+    clock = Clock()
+    asked: list[tuple[str, str]] = []
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        asked.append((req.url.host, req.url.path))
+        if req.url.host == "h1":
+            await asyncio.sleep(60)  # partitioned: nothing comes back
+        if req.url.path == "/group/report":
+            return answer(req, json=report(2))
+        return answer(req, json={"bundle_id": "x", "stopped": True})
+
+    client = GroupClient(ADDRESSES, KEYS, transport=httpx.MockTransport(handler))
+    leader = GroupLeader(GROUP, client, Timeouts(report_s=0.2, capture_s=30.0, stop_s=30.0, launch_s=30.0), clock)
+    await leader.refresh()
+    clock.now += GROUP.unreachable_s
+    await leader.refresh()
+    t0 = time.monotonic()
+    captured = await leader.capture_all("i1")
+    stopped = await leader.stop_all()
+    assert time.monotonic() - t0 < 15.0  # not the 30 s step timeouts
+    assert [(a.node, a.ok) for a in captured] == [(1, False), (2, True)]
+    assert [(a.node, a.ok) for a in stopped] == [(1, False), (2, True)]
+    assert ("h2", "/group/capture") in asked and ("h1", "/group/capture") in asked  # still asked

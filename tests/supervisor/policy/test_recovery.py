@@ -3,6 +3,8 @@ poll, a daemon's start (supervisor.policy.recovery), with the facts the owner ga
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from supervisor.config.settings import RestartSettings, Rung
@@ -77,7 +79,18 @@ def test_the_incident_spends_a_retry_only_when_the_ladder_judges_it() -> None:
     # A node that was away is not the rung's fault: the attempt says why it ended, no retry is spent.
     assert group.ladder.failures_on_current == 0 and group.ladder.attempts[-1].outcome == "startup_stall"
     assert judged.ladder.failures_on_current == 1 and judged.ladder.attempts[-1].outcome == "startup_stall"
-    assert (manual.decision.reason, group.decision.reason) == ("manual restart", GROUP_SAME_RUNG)
+    assert manual.decision.reason == "manual restart"
+    assert group.decision.reason == f"{GROUP_SAME_RUNG}: a node was away, not the servers' fault"
+
+
+def test_a_rung_the_group_forces_says_which_node_and_why() -> None:
+    """Issue 54: a partition was booked as "a node was away"; the decision names what the group saw."""
+    cut = replace(STALL, group_why="node 1 was partitioned (150 s waited)")
+    out = after_incident(LADDER, ON_BASE, cut, AfterStop(True), S, manual=False, forced_rung=0, now_wall=NOW, rand=0.5)
+    assert isinstance(out, Recovery) and out.ladder.failures_on_current == 0
+    assert out.decision.reason == (
+        "the group relaunches on its rung: node 1 was partitioned (150 s waited), not the servers' fault"
+    )
 
 
 def test_past_the_last_rung_the_ladder_gives_up() -> None:
