@@ -90,8 +90,19 @@ class Run:
 
 
 def group_daemons(
-    wd: Path, nnodes: int = 2, node_args: dict[int, dict[str, Any]] | None = None, absent_wait_s: float = 6.0
+    wd: Path,
+    nnodes: int = 2,
+    node_args: dict[int, dict[str, Any]] | None = None,
+    absent_wait_s: float = 6.0,
+    *,
+    scenarios: dict[int, str] | None = None,
+    env: dict[int, dict[str, str]] | None = None,
+    fallback: list[dict[str, Any]] | None = None,
+    restart: dict[str, Any] | None = None,
+    tp: int = 2,
 ) -> list[Daemon]:
+    """One daemon per node of one group (`scenarios` and `env` per node rank; every node the same
+    ladder, `fallback`, and `restart` settings)."""
     from bench.common import free_port
 
     api = [free_port() for _ in range(nnodes)]
@@ -105,7 +116,9 @@ def group_daemons(
         nd.mkdir(parents=True)
         s = sim_settings(
             nd,
-            "ok",
+            (scenarios or {}).get(rank, "ok"),
+            tp=tp,
+            env=(env or {}).get(rank),
             args={
                 "model-path": str(wd / "model"),  # one model path, as on shared storage
                 "nnodes": nnodes,
@@ -113,8 +126,8 @@ def group_daemons(
                 "dist-init-addr": f"127.0.0.1:{store}",
                 **(node_args or {}).get(rank, {}),
             },
-            fallback=FALLBACK,
-            restart={"retries_per_rung": 3},
+            fallback=FALLBACK if fallback is None else fallback,
+            restart={"retries_per_rung": 3} if restart is None else restart,
         )
         data = s.model_dump()
         data["api"]["port"] = api[rank]
