@@ -133,7 +133,7 @@ def case_late_third_node(wd: Path, run: Run) -> list[Daemon]:
     wrong = [e for e in nodes[0].events() if e.get("event") == "incident" and "node 2" not in str(e.get("detail"))]
     if run.steps or not run.end.endswith("base") or wrong or not waits or any(w.get("node") != 2 for w in waits):
         run.error = f"steps {run.steps}, end {run.end}, waits {[w.get('node') for w in waits]}, misnamed {len(wrong)}"
-    run.figure = f"group_waiting named node {sorted({w.get('node') for w in waits})}"
+    run.figure = f"group_waiting named node {sorted({int(w.get('node', -1)) for w in waits})}"
     return nodes
 
 
