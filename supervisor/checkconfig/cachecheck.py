@@ -14,22 +14,13 @@ Found = tuple[Literal["error", "warning"], str, str]  # level, key, message (che
 
 
 def cache_findings(settings: Settings, euid: int | None = None) -> list[Found]:
-    from supervisor.warmstart.cacheplace import Refused, judge, opened
+    from supervisor.warmstart.cacheplace import inspect
 
     if not settings.caches.pin:
         return []
-    euid = os.geteuid() if euid is None else euid
-    note = ""
-    try:
-        with opened(settings.cache_dir, euid, create=False) as base:
-            note = base.note
-    except FileNotFoundError:  # `run` makes what is missing (0700) on the way checked so far
-        real = os.path.realpath(settings.cache_dir)
-        if os.path.isdir(real):  # the private sub-directory is what is missing
-            st = os.stat(real)
-            note = judge(real, st.st_uid, st.st_mode, euid)[1]
-    except Refused as why:
+    place, why = inspect(settings.cache_dir, os.geteuid() if euid is None else euid)
+    if place == "refused":
         return [("warning", "paths.cache_dir", f"{why}; `run` launches the server with its kernel caches unpinned")]
-    except OSError as err:
-        return [("warning", "paths.cache_dir", f"{settings.cache_dir}: {err.strerror or err}")]
-    return [("warning", "paths.cache_dir", f"{note}; name a directory of the daemon's own")] if note else []
+    if place == "private":
+        return [("warning", "paths.cache_dir", f"{why}; name a directory of the daemon's own")]
+    return []

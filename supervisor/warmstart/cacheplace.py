@@ -145,6 +145,24 @@ def opened(cache_dir: Path, euid: int, *, create: bool = True) -> Iterator[Base]
         base.close()
 
 
+def inspect(cache_dir: Path, euid: int) -> tuple[Place, str]:
+    """What a launch will make of `cache_dir`, creating nothing: ("own", ""), ("private", why) or
+    ("refused", why). A part still missing is judged as the launch would make it (0700, its own)."""
+    try:
+        with opened(cache_dir, euid, create=False) as base:
+            return base.place, base.note
+    except FileNotFoundError:
+        real = os.path.realpath(cache_dir)
+        if not os.path.isdir(real):
+            return "own", ""  # made 0700 by the launch, on the way checked so far
+        st = os.stat(real)  # only the private sub-directory is missing
+        return judge(real, st.st_uid, st.st_mode, euid)
+    except Refused as why:
+        return "refused", str(why)
+    except OSError as err:
+        return "refused", f"[paths] cache_dir {str(cache_dir)!r}: {err.strerror or err}"
+
+
 def daemon_identity(state_dir: Path) -> str:
     """This daemon's identity among the users of a cache directory: a random id written once into
     `state_dir/identity` (kept across restarts and upgrades; a new state directory is a new daemon).

@@ -139,16 +139,11 @@ class WarmStart:
             self._check_cache_dir()
 
     def _check_cache_dir(self) -> None:
-        """At start: a `cache_dir` another user could steer is refused (the launches go on unpinned),
-        a shared sticky one gets this daemon's private sub-directory (issue 50); said once here."""
-        try:
-            with cacheplace.opened(self.caches.cache_dir, self.caches.euid) as base:
-                if base.place == "private":
-                    self.record("kernel_cache", "warning", state="private", dir=base.path, reason=base.note)
-        except cacheplace.Refused as why:
-            self.record("kernel_cache", "warning", state="unpinned", reason=str(why))
-        except OSError as err:
-            self.record("kernel_cache", "error", state="unpinned", error=str(err))
+        """At start (creating nothing): a `cache_dir` another user could steer is refused (the launches
+        go on unpinned), a shared sticky one gets this daemon's private sub-directory (issue 50)."""
+        place, why = cacheplace.inspect(self.caches.cache_dir, self.caches.euid)
+        if place != "own":
+            self.record("kernel_cache", "warning", state="unpinned" if place == "refused" else "private", reason=why)
 
     # ---- a launch ----------------------------------------------------------------------------
 

@@ -112,3 +112,57 @@ def test_two_daemons_on_one_cache_dir_never_touch_each_others_caches(sim, tmp_pa
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(30)
             cleanup(p, s)
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(x.decode(errors="replace").split("=", 1) for x in raw if b"=" in x)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777])
+def test_a_cache_dir_others_can_write_never_steers_the_daemon(sim, tmp_path: Path, mode: int) -> None:  # type: ignore[no-untyped-def]
+    """The issue's attack: links planted in a `cache_dir` anyone can write. World-writable without the
+    sticky bit: the caches are refused and the server launches unpinned; sticky (a /tmp): the daemon
+    keeps its caches in a private `uid-<euid>/`. Either way the victim's files stay as they were."""
+    cache = tmp_path / "open-cache"
+    cache.mkdir()
+    cache.chmod(mode)
+    victim = tmp_path / "victim"
+    for i in range(3):
+        (victim / f"precious-{i}").mkdir(parents=True)
+        (victim / f"precious-{i}" / "data").write_bytes(b"v" * 100)
+    before = {str(p) for p in victim.rglob("*")}
+    (cache / "set-aside").symlink_to(victim)
+    s: Settings = sim("ok", tp=1)
+    data = json.loads(s.model_dump_json())
+    data["paths"]["cache_dir"] = str(cache)
+    data["caches"] = {**data["caches"], "max_gb": 1e-6}
+    s = settings_from_mapping(data)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    api = f"http://127.0.0.1:{s.api.port}"
+    proc = start(cfg, dict(os.environ))
+    try:
+        st = ready_on(api, "base", proc)
+        restart(api, "base")  # a relaunch: its prune runs
+        st = ready_on(api, "base", proc, 1)
+        said = [e for e in named(s.paths.state_dir, "kernel_cache") if e.get("state") in ("unpinned", "private")]
+        env = environ(st["pid"])
+        c = cache_of(st)
+        if mode == 0o777:
+            assert c["state"] == "unpinned" and "writable by group or others" in c["refused"]
+            assert said and all("writable by group or others" in e["reason"] for e in said)
+            assert len(said) == 3  # once at the start, then at each launch
+            assert "TRITON_CACHE_DIR" not in env
+        else:
+            private = cache / f"uid-{os.geteuid()}"
+            assert c["refused"] is None and c["dir"].startswith(str(private) + "/")
+            assert env["TRITON_CACHE_DIR"].startswith(str(private) + "/")
+            assert [e["state"] for e in said] == ["private"]  # said once, at the start
+        assert {str(p) for p in victim.rglob("*")} == before
+        assert (cache / "set-aside").is_symlink()
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        cleanup(proc, s.paths.state_dir)
