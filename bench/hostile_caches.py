@@ -3,9 +3,9 @@
   cache_symlink  a `cache_dir` everyone can write (mode 1777, like /tmp) in which another user
                  planted `set-aside` and the daemon's fingerprint directory as links to a victim's
                  directories; the daemon launches, relaunches (twice, onto another rung and back) and
-                 prunes with `[caches] max_gb` about 1 KB: `victim_deleted` and `written_outside`
-                 (files the daemon deleted from or wrote into the victim's directories, or anywhere
-                 outside `cache_dir` and its state directory) must be 0
+                 prunes with `[caches] max_gb` about 1 KB: `victim_deleted` (the victim's files the
+                 daemon deleted) and `written_outside` (files and directories it made outside
+                 `cache_dir` and its state directory, the victim's included) must be 0
   shared_cache   two daemons (same model and rungs: the same fingerprints) on one `cache_dir`, each
                  launching, relaunching onto another rung and back, prune bound about 1 KB:
                  `theirs_deleted` (files of the other daemon's fingerprints that went) must be 0
@@ -39,14 +39,14 @@ INTRO = (
 )
 
 
-def _files(root: Path, skip: tuple[Path, ...] = ()) -> set[str]:
+def _files(root: Path, skip: tuple[Path, ...] = (), *, dirs_too: bool = False) -> set[str]:
     out: set[str] = set()
     for base, dirs, files in os.walk(root):
         if any(Path(base) == s or Path(base).is_relative_to(s) for s in skip):
             dirs[:] = []
             continue
-        out.update(str(Path(base) / f) for f in files)
-    return out
+        out.update(str(Path(base) / f) for f in (*files, *(dirs if dirs_too else ())))
+    return out - {str(s) for s in skip}
 
 
 def _settings(wd: Path, cache: Path, state: str = "state") -> Any:
@@ -104,7 +104,7 @@ def cache_symlink(seconds: float, watch: Callable[[str, int], Any]) -> dict[str,
     (cache / "set-aside").symlink_to(victims / "aside")
     (cache / fp).symlink_to(victims / "fp")
     before_victim = _files(victims)
-    outside_before = _files(wd, (cache, wd / "state"))
+    outside_before = _files(wd, (cache, wd / "state"), dirs_too=True)
     d = Daemon(settings, wd)
     with d:
         st0 = d.wait(lambda s: s.get("state") == "ready" and bool(_cache(s)), 120, "ready")
@@ -119,11 +119,11 @@ def cache_symlink(seconds: float, watch: Callable[[str, int], Any]) -> dict[str,
             time.sleep(3)
         pruned = _pruned(d)
     victim_now = _files(victims)
-    outside_now = _files(wd, (cache, wd / "state"))
+    outside_now = _files(wd, (cache, wd / "state"), dirs_too=True)
     written = (outside_now - outside_before) - {str(wd / "daemon.log"), str(wd / "config.toml")}
     extra = {
         "victim_deleted": len(before_victim - victim_now),
-        "written_outside": len(written) + len(victim_now - before_victim),
+        "written_outside": len(written),  # files and directories, the victim's included
         "planted_fp_is_launchs": "yes" if st0.get("launch_timeline", {}).get("fingerprint") == fp else "no",
         "pinned_in": Path(_cache(st2).get("dir", "")).parent.parent.name or "unpinned",
         "pruned": len(pruned),
