@@ -12,6 +12,8 @@ The attacks, all on loopback against `python -m supervisor run` supervising the 
   stalled_followers 20 `GET /logs?follow=true` that stop reading during a 200 MB log flood, then go
   peer_forged_report  (a group leader) a fake member forging `cause: rank_died` (bench/hostile_peers.py)
   peer_giant_answer   (a group leader) a fake member answering 1.5 GB to each of the leader's requests
+  cache_symlink     links planted in a shared `cache_dir` (bench/hostile_caches.py, issue 50)
+  shared_cache      two daemons on one `cache_dir` (bench/hostile_caches.py, issue 50)
 
 A prober opens a fresh connection for `/livez` every 0.2 s (2 s timeout: a failure) while a sampler
 reads the daemon's VmRSS and open descriptors from /proc. The test suite (tests/integration/
@@ -41,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from bench.hostile_caches import CACHE_ATTACKS
 from bench.hostile_peers import PEER_ATTACKS
 from bench.report import REPORT, table
 
@@ -53,7 +56,7 @@ API_ATTACKS = (
     "giant_line",
     "stalled_followers",
 )
-ATTACKS = (*API_ATTACKS, *PEER_ATTACKS)
+ATTACKS = (*API_ATTACKS, *PEER_ATTACKS, *CACHE_ATTACKS)
 GAP = "output_gap"  # not an attack on the API: what the server writes while daemon and keeper are gone
 GAP_REQUESTS = 200
 PROBE_EVERY_S = 0.2
@@ -629,6 +632,9 @@ def render(
         "relaunch the group twice, leaving it `failed`; 1.5 GB took it from 69 MB to 1,651 MB, never "
         "given back)."
     )
+    from bench.hostile_caches import INTRO as CACHE_INTRO
+
+    intro += CACHE_INTRO
     by_stamp: dict[str, list[str]] = {}
     for name, (_, when) in kept.items():
         by_stamp.setdefault(when, []).append(name)
@@ -666,6 +672,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     results: list[dict[str, Any]] = []
     for name in [x for x in ATTACKS if not a.only or x in a.only]:
+        if name in CACHE_ATTACKS:
+            from bench.hostile_caches import run_cache_attack
+
+            res = run_cache_attack(name, a.seconds, Watch)
+            results.append(res)
+            print(res, flush=True)
+            continue
         if name in PEER_ATTACKS:
             res = run_peer_attack(name, a.seconds, Watch)
             results.append(res)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from supervisor.checkconfig.cachecheck import cache_findings
 from supervisor.checkconfig.groupcheck import group_findings
 from supervisor.checkconfig.portcheck import port_findings
 from supervisor.checkconfig.watchdogcheck import watchdog_findings
@@ -48,6 +49,7 @@ def check_settings(settings: Settings, env: Mapping[str, str], which: Which = _w
         *(Finding(level, key, msg) for level, key, msg in port_findings(settings)),
         *sglang_wd,
         *(Finding(level, key, msg) for level, key, msg in group_findings(settings)),
+        *(Finding(level, key, msg) for level, key, msg in cache_findings(settings)),
     )
 
 

@@ -39,10 +39,10 @@ class CachesSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     # Pin every kernel cache the operator did not set (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, ...)
-    # under [paths] cache_dir, one directory per model and rung fingerprint.
+    # under [paths] cache_dir/daemon-<identity>/, one directory per model and rung fingerprint.
     pin: bool = True
-    # The whole cache_dir is pruned to this (least recently used fingerprints first) before a launch;
-    # the fingerprint about to launch is never pruned.
+    # This daemon's caches in cache_dir are pruned to this (least recently used fingerprints first)
+    # before a launch; the fingerprint about to launch and other daemons' caches are never pruned.
     max_gb: Annotated[float, Field(gt=0)] = 50.0
     # Before a relaunch: measure how much of the model's weight files is in the page cache (mincore);
     # with `weights_readahead`, ask the kernel to read them ahead (posix_fadvise WILLNEED) while the

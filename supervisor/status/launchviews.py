@@ -57,6 +57,10 @@ class CacheView(_Frozen):
     pinned: tuple[str, ...] = ()  # the variables the daemon set
     operator_set: tuple[str, ...] = ()  # the variables the operator set (left alone)
     set_aside: str | None = None  # where a cache a crashed launch may have corrupted was moved
+    # issue 50: fingerprints in the same cache_dir that other daemons own (never touched), their bytes
+    others: int = 0
+    others_bytes: int = 0
+    refused: str | None = None  # why the caches are unpinned: a cache_dir or a link not safe to use
 
 
 class ResidencyView(_Frozen):

@@ -30,7 +30,7 @@ from supervisor.policy.learned import LaunchKey, Window, fingerprint, fold_quiet
 from supervisor.policy.watchdog import History, Verdict
 from supervisor.status.launchviews import CacheView, LaunchTimelineView, OutageView, ResidencyView, StallWindowView
 from supervisor.status.snapshot import StatusSnapshot
-from supervisor.warmstart import kernelcache, residency
+from supervisor.warmstart import cacheplace, kernelcache, residency
 from supervisor.warmstart.timeline import (
     BookEntry,
     GoodLaunch,
@@ -132,6 +132,18 @@ class WarmStart:
         self.verdict_at: float | None = None  # monotonic time of the last incident's verdict
         self.fault_pending = False  # an incident named a GPU fault: the next launch is not a learned start
         self.tasks: set[asyncio.Task[None]] = set()
+        self.caches = kernelcache.Home(
+            settings.cache_dir, settings.state_dir, adopt_legacy=settings.paths.cache_dir is None
+        )
+        if settings.caches.pin:
+            self._check_cache_dir()
+
+    def _check_cache_dir(self) -> None:
+        """At start (creating nothing): a `cache_dir` another user could steer is refused (the launches
+        go on unpinned), a shared sticky one gets this daemon's private sub-directory (issue 50)."""
+        place, why = cacheplace.inspect(self.caches.cache_dir, self.caches.euid)
+        if place != "own":
+            self.record("kernel_cache", "warning", state="unpinned" if place == "refused" else "private", reason=why)
 
     # ---- a launch ----------------------------------------------------------------------------
 
@@ -161,7 +173,7 @@ class WarmStart:
         try:
             prepared = await asyncio.to_thread(
                 kernelcache.prepare,
-                self.settings.cache_dir,
+                self.caches,
                 key.fingerprint,
                 server_env,
                 pin=c.pin,
@@ -173,6 +185,12 @@ class WarmStart:
             launch.cache = CacheView(dir="", state="unpinned")
             return {}
         launch.cache = prepared.view
+        if prepared.view.refused:
+            self.record("kernel_cache", "warning", state="unpinned", reason=prepared.view.refused, rung=rung)
+        for what in prepared.left_alone:
+            self.record("kernel_cache", "warning", state="left_alone", reason=what)
+        if prepared.adopted:
+            self.record("kernel_cache", state="adopted", moved=list(prepared.adopted), dir=prepared.view.dir)
         if prepared.view.set_aside:
             why = "a launch died before ready: what it wrote may be half-written and is not reused"
             self.record("kernel_cache", "warning", state="set_aside", moved_to=prepared.view.set_aside, reason=why)
@@ -184,9 +202,9 @@ class WarmStart:
         """An adopted server: no milestones of its load were seen, and it teaches nothing."""
         milestones = Milestones(now, grammar=self._grammar(rung))
         self.current = _Launch(key_for(argv, rung, self.host), wall, milestones, {}, adopted=True)
-        cache = self.settings.cache_dir / self.current.key.fingerprint
-        if self.settings.caches.pin and cache.is_dir():
-            self.current.cache = CacheView(dir=str(cache), state="hit")
+        cache = kernelcache.existing(self.caches, self.current.key.fingerprint) if self.settings.caches.pin else None
+        if cache is not None:
+            self.current.cache = CacheView(dir=cache, state="hit")
 
     def hear(self, event: str, fields: Mapping[str, object]) -> None:
         """The owner's events it follows on the bus: a server ready (the timeline, the book, the
@@ -240,7 +258,7 @@ class WarmStart:
         launch.time_to_ready_s = time_to_ready_s
         if launch.cache is not None:
             with contextlib.suppress(OSError):
-                launch.cache = kernelcache.mark_ready(launch.cache)
+                launch.cache = kernelcache.mark_ready(launch.cache, self.caches)
         entry = self.book.get(launch.key)
         view = self._timeline(launch)
         if not launch.adopted:

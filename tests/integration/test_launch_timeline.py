@@ -60,7 +60,9 @@ async def test_timeline_outage_and_caches_across_a_restart(daemon, sim, tmp_path
     # compile wrote its entry there (a miss), and the marker of the launch is gone once ready.
     assert tl.cache is not None and tl.cache.state == "miss"
     cache_dir = Path(tl.cache.dir)
-    assert cache_dir.parent == Path(s.paths.state_dir) / "cache"
+    assert cache_dir.parent.parent == Path(s.paths.state_dir) / "cache"
+    ident = (Path(s.paths.state_dir) / "identity").read_text().strip()
+    assert cache_dir.parent.name == f"daemon-{ident}"  # this daemon's own, named by its state directory
     assert not (cache_dir / "LAUNCHING").exists()
     assert r.snap().pid is not None
     env = environ(r.snap().pid)  # type: ignore[arg-type]
