@@ -135,7 +135,8 @@ def test_the_leader_keeps_each_addresses_identity_across_its_stops_and_launches(
 
     from supervisor.config.settings import GroupSettings
     from supervisor.group.credentials import GroupKeys
-    from supervisor.group.members import answer_join_request, judge
+    from supervisor.group.judging import judge
+    from supervisor.group.members import answer_join_request
     from supervisor.group.runtime import GroupRuntime
     from supervisor.policy.watchdog import Verdict
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from supervisor.config.settings import GroupSettings
 from supervisor.group.credentials import GroupKeys
-from supervisor.group.members import judge, report
+from supervisor.group.judging import judge
+from supervisor.group.members import report
 from supervisor.group.runtime import GroupRuntime
 from supervisor.group.verdict import MemberView, NodeReport
 from supervisor.policy.watchdog import Verdict
