@@ -215,7 +215,8 @@ class ServingLoop:
             return
         if time.monotonic() - self.last_publish >= self.ctx.settings.idle_metrics_s:
             used, usage = self._token_usage()
-            self._publish(num_running_reqs=len(self.running), num_used_tokens=used, token_usage=usage, gen_throughput=0.0)
+            running = len(self.running)
+            self._publish(num_running_reqs=running, num_used_tokens=used, token_usage=usage, gen_throughput=0.0)
 
     def _forward(self, kind: str) -> None:
         """All ranks take part; a peer that is gone leaves this rank waiting forever, as NCCL does."""
