@@ -125,7 +125,7 @@ class ServingLoop:
     def _wait_s(self) -> float:
         if self.wedged:  # the loop still turns (it receives, answers health checks) and admits nothing
             return self.ctx.settings.decode_step_s
-        if self.waiting or (self.running and not self.stalled):
+        if (self.waiting and self._has_room()) or (self.running and not self.stalled):
             return 0.0
         if self.running:  # stalled: the forward "runs" but never finishes a step
             return self.step_s
@@ -240,9 +240,34 @@ class ServingLoop:
         used = sum(r.prompt_tokens + r.generated for r in self.running)
         return used, used / max(1, self.ctx.facts.kv_tokens)
 
+    def _has_room(self) -> bool:
+        cap = self.ctx.args.max_running_requests
+        return cap is None or len(self.running) < cap or any(r.is_health for r in self.waiting)
+
+    def _admit(self) -> list[Req]:
+        """What the prefill takes from the queue: everything, or with `--max-running-requests` given, no
+        more real requests than the running batch has room for (SGLang's PrefillAdder); the rest wait
+        (`#queue-req`, `num_queue_reqs`). Health checks are one token and always go."""
+        cap = self.ctx.args.max_running_requests
+        if cap is None:
+            batch = list(self.waiting)
+            self.waiting.clear()
+            return batch
+        room = max(0, cap - len(self.running))
+        batch, kept = [], deque[Req]()
+        for req in self.waiting:
+            if req.is_health or room > 0:
+                batch.append(req)
+                room -= 0 if req.is_health else 1
+            else:
+                kept.append(req)
+        self.waiting = kept
+        return batch
+
     def _prefill(self) -> None:
-        batch = list(self.waiting)
-        self.waiting.clear()
+        batch = self._admit()
+        if not batch:
+            return
         real = [r for r in batch if not r.is_health]
         running_bs = len(self.running)
         if real:
@@ -250,7 +275,8 @@ class ServingLoop:
             new_tokens_in = sum(r.prompt_tokens for r in real)
             self.log.info(  # SGLang 0.5.16 metrics_reporter.py
                 f"Prefill batch, #new-seq: {len(real)}, #new-token: {new_tokens_in}, "
-                f"#cached-token: 0, token usage: {usage:.2f}, #running-req: {running_bs}, #queue-req: 0, "
+                f"#cached-token: 0, token usage: {usage:.2f}, #running-req: {running_bs}, "
+                f"#queue-req: {len(self.waiting)}, "
                 f"#pending-token: 0, cuda graph: False, "
                 f"input throughput (token/s): {new_tokens_in / max(self.ctx.settings.decode_step_s, 1e-3):.2f}"
             )
