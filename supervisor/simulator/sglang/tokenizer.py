@@ -84,7 +84,7 @@ class MetricsSnapshot:
     ttft_sum: float
     e2e: list[tuple[str, float]]
     e2e_sum: float
-    queue: list[tuple[str, float]] = field(default_factory=list)
+    queue: list[tuple[str, float]] = field(default_factory=lambda: Histogram(QUEUE_BUCKETS).cumulative())
     queue_sum: float = 0.0
 
 
