@@ -4,13 +4,15 @@ SGLang #40809 (0.5.19: the engine stopped, /health 200 for about 15 minutes) and
 step skipped a broadcast on rank 0: a permanent deadlock, /health 200) stop the scheduler while the
 HTTP front and its health check answer. The engines' own metrics say so: requests wait
 (`num_queue_reqs`, vLLM's `num_requests_waiting`, the HTTP front's open requests), and neither tokens
-nor admissions move. Admissions are the `_count` of the engine's own histograms: queue time (SGLang
-observes it when a request leaves the queue; vLLM when it ends) and time to first token. A request
-that never starts is counted by neither, so their sums cannot show its wait: a frozen count beside a
-waiting request is the evidence, and the serving window is the threshold.
+nor finished requests move. Admissions are the `_count` of the engine's own histograms: queue time
+(SGLang observes it when a request leaves the queue; vLLM when it ends) and time to first token. A
+request that never starts is counted by neither, so their sums cannot show its wait: a frozen count
+beside a waiting request is the evidence the verdict names, and the serving window is the threshold.
 
-A server that only prefills (one-token requests) moves no decode token, yet starts requests all the
-time: its admissions are progress, so heavy one-token traffic is not judged a stall.
+Progress is tokens or finished requests. A server that only prefills (one-token requests) moves no
+decode token, yet finishes requests all the time: not a stall. Admissions alone are not progress: a
+scheduler that still prefills new requests while its decode never ends (the simulator's
+`serving_stall`) starts requests and finishes none, and that is a stall.
 
 Pure: no I/O, no clock.
 """
@@ -28,19 +30,20 @@ class Admissions:
 
     started: float | None = None  # requests that left the queue (the queue-time histogram's count)
     first_tokens: float | None = None  # requests that got a first token (the TTFT histogram's count)
+    finished: float | None = None  # requests that ended (SGLang's num_requests_total, vLLM's request_success)
 
 
 def admissions(sv: ServingObservation | None) -> Admissions | None:
     """The scrape's admissions; None when there was no usable scrape."""
     if sv is None or not sv.available:
         return None
-    return Admissions(sv.started_total, sv.first_tokens_total)
+    return Admissions(sv.started_total, sv.first_tokens_total, sv.num_requests_total)
 
 
 def moved(before: Admissions, now: Admissions) -> bool:
-    """Any count that changed since the last scrape (a first reading is movement, as for tokens)."""
-    pairs = ((before.started, now.started), (before.first_tokens, now.first_tokens))
-    return any(b != n for b, n in pairs if n is not None)
+    """Requests finished since the last scrape (a first reading is movement, as for tokens); admissions
+    alone are not (the module's docstring)."""
+    return now.finished is not None and now.finished != before.finished
 
 
 def never_started(sv: ServingObservation, adm: Admissions) -> str:

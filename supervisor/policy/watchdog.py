@@ -475,7 +475,8 @@ def assess_serving(
     )
     starved = _starved_step(h.starved, obs, s, spinning=spins(None, obs, s))
     tokens_moved = tokens is not None and (h.tokens is None or tokens > h.tokens)
-    # Admissions (issue 51): a request that leaves the queue or gets a first token is the scheduler moving.
+    # Finished requests are progress too (issue 51: one-token requests move no decode token); the
+    # admissions are kept for the verdict's words (policy/admission.py).
     adm = admissions(sv)
     adm_moved = adm is not None and admissions_moved(h.admitted, adm)
     if adm is not None:

@@ -37,6 +37,8 @@ sglang:queue_time_seconds_count{model_name="m",tp_rank="1"} STARTED
 # TYPE sglang:time_to_first_token_seconds histogram
 sglang:time_to_first_token_seconds_sum{model_name="m"} 30.0
 sglang:time_to_first_token_seconds_count{model_name="m"} FIRSTS
+# TYPE sglang:num_requests counter
+sglang:num_requests_total{model_name="m"} FINISHED
 """
 VLLM_TEXT = """\
 # TYPE vllm:num_requests_running gauge
@@ -52,14 +54,17 @@ vllm:request_queue_time_seconds_count{engine="0",model_name="m"} STARTED
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 4.0
 vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} FIRSTS
+# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} FINISHED
 """
 
-Shape = Callable[[int], tuple[float, float, float, float, float]]  # poll i -> running, queued, tokens, started, firsts
+Row = tuple[float, float, float, float, float, float]
+Shape = Callable[[int], Row]  # poll i -> running, queued, tokens, started, first tokens, finished
 
 
-def scrape(engine: str, at: float, shape: tuple[float, float, float, float, float]) -> ServingObservation:
+def scrape(engine: str, at: float, shape: Row) -> ServingObservation:
     text, names = (SGLANG_TEXT, SGLANG.metrics) if engine == "sglang" else (VLLM_TEXT, VLLM.metrics)
-    for key, value in zip(("RUNNING", "QUEUED", "TOKENS", "STARTED", "FIRSTS"), shape, strict=True):
+    for key, value in zip(("RUNNING", "QUEUED", "TOKENS", "STARTED", "FIRSTS", "FINISHED"), shape, strict=True):
         text = text.replace(key, str(value))
     return parse_metrics(text, at, names)
 
@@ -68,23 +73,26 @@ def health(at: float) -> HealthObservation:
     return HealthObservation(at=at, ok=True, status_code=200, latency_s=1.0, error="")
 
 
-# (case, per poll i: running, queued, tokens, started, first tokens; the poll of the verdict or None)
+# (case, per poll i: running, queued, tokens, started, first tokens, finished; the poll of the verdict or None)
 CASES: list[tuple[str, Shape, int | None, str]] = [
     # SGLang #40809: the loop admits nothing more; requests queue (the gauge grows), none runs.
-    ("40809_queued_never_started", lambda i: (0.0, 3.0 + i, 5000.0, 200.0, 200.0), 30, "wait and none runs"),
+    ("40809_queued_never_started", lambda i: (0.0, 3.0 + i, 5000.0, 200.0, 200.0, 190.0), 30, "wait and none runs"),
     # SGLang #28815: the batch froze in its verify step; what came later waits behind it.
-    ("28815_running_batch_frozen", lambda i: (2.0, 1.0, 5000.0, 200.0, 200.0), 30, "none started since"),
+    ("28815_running_batch_frozen", lambda i: (2.0, 1.0, 5000.0, 200.0, 200.0, 190.0), 30, "none started since"),
+    # A decode that never ends while new requests are still prefilled (first tokens, admissions) and
+    # none finishes: starting requests is not serving them.
+    ("decode_frozen_prefills_go_on", lambda i: (2.0 + i, 1.0, 5000.0, 200.0 + i, 200.0 + i, 190.0), 30, "running"),
     # Heavy load: the queue grows, but tokens move: serving, slowly.
-    ("heavy_load_queue_grows_tokens_move", lambda i: (64.0, 10.0 + 5 * i, 5000.0 + 40 * i, 200.0, 200.0), None, ""),
-    # Heavy load with a full batch: the queue stands while admissions and tokens move.
-    ("heavy_load_queue_stands", lambda i: (64.0, 80.0, 5000.0 + 40 * i, 200.0 + 2 * i, 200.0 + 2 * i), None, ""),
+    ("heavy_load_queue_grows_tokens_move", lambda i: (64.0, 10 + 5 * i, 5000.0 + 40 * i, 200, 200, 190), None, ""),
+    # Heavy load with a full batch: the queue stands while requests start and end and tokens move.
+    ("heavy_load_queue_stands", lambda i: (64.0, 80.0, 5000.0 + 40 * i, 200 + 2 * i, 200 + 2 * i, 190 + 2 * i), None, ""),
     # One-token requests (a scoring load): every request ends in its prefill, so no decode token moves,
-    # yet requests start all the time: admissions are progress.
-    ("one_token_requests_only_prefill", lambda i: (4.0, 20.0, 5000.0, 200.0 + 8 * i, 200.0 + 8 * i), None, ""),
+    # yet requests finish all the time.
+    ("one_token_requests_only_prefill", lambda i: (4.0, 20.0, 5000.0, 200 + 8 * i, 200 + 8 * i, 190 + 8 * i), None, ""),
     # Admissions stop while a long batch decodes: tokens move, so no verdict either.
-    ("admissions_pause_behind_long_decodes", lambda i: (64.0, 5.0, 5000.0 + 40 * i, 200.0, 200.0), None, ""),
+    ("admissions_pause_behind_long_decodes", lambda i: (64.0, 5.0, 5000.0 + 40 * i, 200.0, 200.0, 190.0), None, ""),
     # An idle server's frozen counters are no wedge.
-    ("idle", lambda i: (0.0, 0.0, 5000.0, 200.0, 200.0), None, ""),
+    ("idle", lambda i: (0.0, 0.0, 5000.0, 200.0, 200.0, 190.0), None, ""),
 ]
 
 
@@ -110,7 +118,7 @@ def test_wedges_with_health_200_are_serving_stalls_and_busy_servers_are_not(
     assert v.cause == "serving_stall" and i == at + 1, (engine, case, i, v)
     assert words in v.reason, v.reason
     figures = dict(v.figures)
-    assert figures["started_total"] == 200.0 and figures["first_tokens_total"] == 200.0
+    assert figures["started_total"] == shape(i)[3] and figures["first_tokens_total"] == shape(i)[4]
     assert figures["since_tokens_s"] >= WINDOW
 
 
@@ -124,7 +132,7 @@ def test_a_wedge_after_serving_is_judged_a_window_after_the_last_admission() -> 
         t = POLL * i
         n = min(t, onset)
         running, queued = (4.0, 2.0) if t <= onset else (0.0, 3.0)
-        shape = (running, queued, 5000.0 + 40 * n, 10 * n, 10 * n)
+        shape = (running, queued, 5000.0 + 40 * n, 10 * n, 10 * n, 10 * n)
         v, h = assess(h, obs(t, health=health(t), serving=scrape("sglang", t, shape)), t, s, mode="serving")
         if v.is_incident:
             break
@@ -132,10 +140,11 @@ def test_a_wedge_after_serving_is_judged_a_window_after_the_last_admission() -> 
     assert onset + WINDOW <= t <= onset + WINDOW + POLL, t
 
 
-def test_admissions_move_on_any_count_and_a_first_reading() -> None:
-    assert moved(Admissions(), Admissions(3.0, 3.0))
-    assert not moved(Admissions(3.0, 3.0), Admissions(3.0, 3.0))
-    assert moved(Admissions(3.0, 3.0), Admissions(3.0, 4.0))
+def test_finished_requests_move_and_admissions_alone_do_not() -> None:
+    assert moved(Admissions(), Admissions(3.0, 3.0, 1.0))  # a first reading
+    assert not moved(Admissions(3.0, 3.0, 1.0), Admissions(3.0, 3.0, 1.0))
+    assert moved(Admissions(3.0, 3.0, 1.0), Admissions(3.0, 3.0, 2.0))
+    assert not moved(Admissions(3.0, 3.0, 1.0), Admissions(5.0, 5.0, 1.0))  # started, none finished
     assert not moved(Admissions(3.0, None), Admissions(3.0, None))  # a family the engine lacks never moves
     assert admissions(None) is None
     assert admissions(ServingObservation(at=0.0, available=False)) is None
