@@ -85,7 +85,7 @@ CASES: list[tuple[str, Shape, int | None, str]] = [
     # Heavy load: the queue grows, but tokens move: serving, slowly.
     ("heavy_load_queue_grows_tokens_move", lambda i: (64.0, 10 + 5 * i, 5000.0 + 40 * i, 200, 200, 190), None, ""),
     # Heavy load with a full batch: the queue stands while requests start and end and tokens move.
-    ("heavy_load_queue_stands", lambda i: (64.0, 80.0, 5000.0 + 40 * i, 200 + 2 * i, 200 + 2 * i, 190 + 2 * i), None, ""),
+    ("heavy_load_queue_stands", lambda i: (64, 80, 5000 + 40 * i, 200 + 2 * i, 200 + 2 * i, 190 + 2 * i), None, ""),
     # One-token requests (a scoring load): every request ends in its prefill, so no decode token moves,
     # yet requests finish all the time.
     ("one_token_requests_only_prefill", lambda i: (4.0, 20.0, 5000.0, 200 + 8 * i, 200 + 8 * i, 190 + 8 * i), None, ""),
