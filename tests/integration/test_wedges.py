@@ -88,6 +88,21 @@ async def test_a_standing_queue_behind_a_moving_batch_is_not_judged(daemon, sim)
     assert r.snap().incidents == 0
 
 
+async def test_a_load_of_one_token_requests_is_not_judged(daemon, sim) -> None:  # type: ignore[no-untyped-def]
+    """Every request ends in its prefill, so no decode token ever moves while requests wait their turn:
+    the requests that finish are the progress (judged a serving stall before issue 51)."""
+    s = sim("ok", tp=1, args={"max-running-requests": 2})
+    r = await daemon(s)
+    await r.wait_for(ready, 30, "ready")
+    async with traffic(s.server.port, concurrency=6, tokens=1) as done:
+        for _ in range(int(3 * s.watchdog.serving_stall_s * 10)):
+            x = r.snap()
+            assert x.state == "ready" and x.last_incident is None, x.reason
+            await asyncio.sleep(0.1)
+    assert len(done) > 20, "the load generator really got answers"
+    assert r.snap().incidents == 0
+
+
 async def test_an_idle_vllm_gets_its_canary_at_most_once_a_window(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     """vLLM's /health is a flag, so the daemon adds a one-token generation; an idle server gets it at
     most once a serving window, not with every health check. Counted where the simulator counts what
