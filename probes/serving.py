@@ -44,6 +44,8 @@ def _wanted(names: MetricNames) -> frozenset[str]:
             names.drafts,
             names.accepted_tokens,
             names.http_active,
+            names.queue_time_count,
+            names.first_token_count,
         )
         if n
     )
@@ -111,6 +113,10 @@ def parse_metrics(
         spec_accept_length=accept,
         active_requests=_active(samples.get(names.http_active)) if names.http_active else None,
         spec_counts=counts,
+        started_total=_combine(samples.get(names.queue_time_count), replicas) if names.queue_time_count else None,
+        first_tokens_total=(
+            _combine(samples.get(names.first_token_count), replicas) if names.first_token_count else None
+        ),
     )
 
 

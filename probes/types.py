@@ -226,6 +226,10 @@ class ServingObservation:
     spec_accept_length: float | None = None
     active_requests: float | None = None  # sglang:http_requests_active on generation routes
     spec_counts: SpecCounts | None = None  # an engine's speculative counters, where it counts (vLLM)
+    # Issue 51: the engine's admissions (its queue-time histogram's count) and first tokens (its
+    # time-to-first-token histogram's count); None where the engine has no such family.
+    started_total: float | None = None
+    first_tokens_total: float | None = None
 
 
 GpmStatus = Literal["ok", "unavailable"]

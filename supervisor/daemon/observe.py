@@ -38,6 +38,7 @@ from probes.types import (
 from supervisor.config.settings import Settings
 from supervisor.diagnostics.tools import find_py_spy
 from supervisor.engines import SGLANG, EngineProfile
+from supervisor.policy.canary import CanaryState, answered, sent, wants_canary
 from supervisor.status.snapshot import ToolCheck
 
 
@@ -86,6 +87,8 @@ class Observer:
         self.last_health: HealthObservation | None = None
         self.last_serving: ServingObservation | None = None
         self.last_busy: BusySample | None = None
+        self._canary = CanaryState()  # the last canary generation (policy/canary.py)
+        self._health_canary = False  # whether the health check in flight carries one
 
     def configure(self, settings: Settings) -> None:
         self.settings = settings
@@ -144,6 +147,7 @@ class Observer:
         self._health_started_at = self._scraped_at = None
         self.last_health = self.last_serving = None
         self.last_busy = None
+        self._canary, self._health_canary = CanaryState(), False
 
     def mark_serving(self) -> None:
         self.parser.serving()
@@ -180,7 +184,7 @@ class Observer:
         # Once serving, a port that stops accepting is a failed health check, not a reason to stop
         # checking: otherwise a server that closed its socket stayed `ready` forever.
         if tree.root_alive and (ports.server_port_accepts or t.serving):
-            self._maybe_probe_health(now, t.serving, self._wants_canary(t.serving))
+            self._maybe_probe_health(now, t.serving, self._wants_canary(t.serving, now))
         if ports.server_port_accepts and tree.root_alive:
             self._maybe_scrape(now, t)
         return Observation(
@@ -207,17 +211,12 @@ class Observer:
         self._scraped_at = now
         self._serving_task = asyncio.create_task(self.serving_probe.observe())
 
-    def _wants_canary(self, serving: bool) -> bool:
+    def _wants_canary(self, serving: bool, now: float) -> bool:
         """An engine whose /health is a flag (vLLM) gets a one-token generation with it: at start-up
-        (ready is a generation answered), and while serving when the gauges say idle. With requests in
-        flight, token progress judges the engine (the serving-stall rule), and a canary queued behind
-        them would time out on a busy server that is fine."""
-        if self.profile.health != "flag":
-            return False
-        sv = self.last_serving
-        if not serving or sv is None or not sv.available:
-            return True
-        return (sv.running_reqs or 0) + (sv.queue_reqs or 0) == 0
+        (ready is a generation answered), and while serving idle at most once a serving window
+        (issue 51), every check after one failed (supervisor/policy/canary.py)."""
+        window = self.settings.watchdog.serving_stall_s
+        return wants_canary(self.profile.health == "flag", serving, self.last_serving, self._canary, now, window)
 
     def _maybe_probe_health(self, now: float, serving: bool, canary: bool = False) -> None:
         if self._health_task is not None:
@@ -226,6 +225,9 @@ class Observer:
         if self._health_started_at is not None and now - self._health_started_at < interval:
             return
         self._health_started_at = now
+        self._health_canary = canary
+        if canary:
+            self._canary = sent(self._canary, now)
         self._health_task = asyncio.create_task(self.health_probe.probe(canary=canary))
 
     def _take_health(self) -> HealthObservation | None:
@@ -236,6 +238,8 @@ class Observer:
         if task.cancelled() or task.exception() is not None:
             return None
         self.last_health = task.result()
+        if self._health_canary:
+            self._canary = answered(self._canary, self.last_health.ok)
         return self.last_health
 
     def _take_serving(self) -> ServingObservation | None:

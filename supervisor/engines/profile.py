@@ -90,6 +90,11 @@ class MetricNames:
     accepted_tokens: str
     http_active: str  # the HTTP front's own in-flight gauge ("" if none)
     replica_labels: frozenset[str]  # labels whose series repeat one number (ranks of one batch)
+    # Issue 51: the scheduler's admissions, as the `_count` samples of the engine's own histograms: requests
+    # that left the queue (SGLang observes queue time on admission; vLLM at the request's end) and requests
+    # that got a first token. A request that never starts is in neither ("" if none).
+    queue_time_count: str = ""
+    first_token_count: str = ""
 
 
 @dataclass(frozen=True)

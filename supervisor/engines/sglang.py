@@ -63,6 +63,9 @@ SGLANG = EngineProfile(
         accepted_tokens="",
         http_active="sglang:http_requests_active",
         replica_labels=frozenset({"tp_rank", "moe_ep_rank", "pid"}),
+        # 0.5.16 observability/metrics_collector.py:687 and :1631
+        queue_time_count="sglang:queue_time_seconds_count",
+        first_token_count="sglang:time_to_first_token_seconds_count",
     ),
     flags=Flags(
         speculative=("speculative-algorithm",),

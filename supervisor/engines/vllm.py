@@ -75,6 +75,8 @@ VLLM = EngineProfile(
         accepted_tokens="vllm:spec_decode_num_accepted_tokens_total",
         http_active="",
         replica_labels=frozenset({"pid"}),
+        queue_time_count="vllm:request_queue_time_seconds_count",  # observed when the request ends
+        first_token_count="vllm:time_to_first_token_seconds_count",
     ),
     flags=Flags(
         speculative=("speculative-config",),

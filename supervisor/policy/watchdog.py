@@ -12,8 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from probes.types import Observation, Phase, ServingObservation
+from probes.types import Observation, Phase
 from supervisor.config.settings import WatchdogSettings
+from supervisor.policy.admission import Admissions, admissions, never_started
+from supervisor.policy.admission import figures as admission_figures
+from supervisor.policy.admission import moved as admissions_moved
 from supervisor.policy.gpuwait import NEUTRAL, BusyState, busy_figures, fold_busy, gpu_bound, gpu_spinning
 from supervisor.policy.rasrule import RasState, RasVerdict
 from supervisor.policy.sglangwd import cause_for, crash_error, dump_class, fired, reason
@@ -159,7 +162,8 @@ class History:
     health_failing_since: float | None = None  # the first failed check of the run in a row
     health_seen: int = 0
     tokens: float | None = None
-    tokens_moved_at: float | None = None
+    tokens_moved_at: float | None = None  # when tokens or admissions last moved (the scheduler's counters)
+    admitted: Admissions = field(default_factory=Admissions)  # at the last scrape (policy/admission.py)
     accept_samples: tuple[tuple[float, float], ...] = ()
     decode_at: float | None = None  # time of the last `Decode batch` line already sampled
     busy: BusyState = field(default_factory=BusyState)  # GPM and py-spy looks while starting (policy/gpuwait.py)
@@ -388,15 +392,6 @@ def _sched_figures(st: Starved, obs: Observation, ext: float) -> tuple[tuple[str
     return tuple(figs)
 
 
-def _never_started(sv: ServingObservation) -> str:
-    """A wedge that /health may not see (issue 51: SGLang #40809, #28815): requests the engine accepted
-    (`num_queue_reqs`, vLLM's `num_requests_waiting`) and none running to start them."""
-    queued = sv.queue_reqs or 0
-    if queued <= 0 or (sv.running_reqs or 0) > 0:
-        return ""
-    return f"; {queued:.0f} accepted request{'' if queued == 1 else 's'} wait{'s' if queued == 1 else ''} and none runs"
-
-
 def _token_count(obs: Observation) -> float | None:
     sv = obs.serving
     if sv is None or not sv.available:
@@ -479,10 +474,17 @@ def assess_serving(
         and ((sv.running_reqs or 0) + (sv.queue_reqs or 0) > 0 or (sv.active_requests or 0) > 0)
     )
     starved = _starved_step(h.starved, obs, s, spinning=spins(None, obs, s))
-    if tokens is not None and (h.tokens is None or tokens > h.tokens):
+    tokens_moved = tokens is not None and (h.tokens is None or tokens > h.tokens)
+    # Finished requests are progress too (issue 51: one-token requests move no decode token); the
+    # admissions are kept for the verdict's words (policy/admission.py).
+    adm = admissions(sv)
+    adm_moved = adm is not None and admissions_moved(h.admitted, adm)
+    if adm is not None:
+        h = replace(h, admitted=adm)
+    if tokens_moved or adm_moved:
         # the scrape's own time: its answer may be attached a poll after it was taken
         scraped = sv.at if sv is not None and sv.at <= now else now
-        h = replace(h, tokens=tokens, tokens_moved_at=scraped)
+        h = replace(h, tokens=tokens if tokens_moved else h.tokens, tokens_moved_at=scraped)
         starved = starved.reset()
     if not busy:
         starved = starved.reset()
@@ -503,7 +505,7 @@ def assess_serving(
                     + (f" ({sv.active_requests:.0f} open at the HTTP front)" if sv.active_requests else "")
                     + ", "
                     f"no decode tokens for {now - h.tokens_moved_at:.0f} s"
-                    + _never_started(sv)
+                    + never_started(sv, h.admitted)
                     + (f"; {extended}" if extended else "")
                 ),
                 phase="serving",
@@ -512,6 +514,7 @@ def assess_serving(
                     ("queue_reqs", float(sv.queue_reqs or 0)),
                     ("tokens", float(tokens or 0)),
                     ("since_tokens_s", round(now - h.tokens_moved_at, 3)),
+                    *admission_figures(h.admitted),
                     *_sched_figures(starved, obs, ext),
                 ),
             ),

@@ -35,11 +35,19 @@ class Scenario(str, enum.Enum):
     LOCK_GIL_AFTER_LOAD = "lock_gil_after_load"  # native sleep holding the GIL (ctypes.PyDLL): idle, nothing runs
     GPU_SLEEP_AFTER_LOAD = "gpu_sleep_after_load"  # a kernel that never ends; the host spins in synchronize
     IO_WAIT_AFTER_LOAD = "io_wait_after_load"  # the scheduler's main thread in D state in the kernel: io_wait
+    # issue 51: wedges /health does not see (the engine stops; its health check's own path does not need it).
+    # SGLang #40809 (0.5.19; vLLM's #53130 is the same shape): the scheduler's loop turns but admits nothing
+    # more; requests queue, none starts, /health 200.
+    QUEUE_WEDGE = "queue_wedge"
+    # SGLang #28815 (tp >= 2): an EAGLE verify step skips its broadcast on rank 0; the other ranks wait in
+    # that collective for good, rank 0 goes idle past it; the running batch never finishes, /health 200.
+    VERIFY_SKIPS_BROADCAST = "verify_skips_broadcast"
 
 
 #: Faults that begin a while after the server is ready (SGLANG_SIM_FAULT_AFTER_S).
 AFTER_READY = frozenset(
     {Scenario.CRASH_AFTER_READY, Scenario.RANK_DIES, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL}
+    | {Scenario.QUEUE_WEDGE, Scenario.VERIFY_SKIPS_BROADCAST}  # issue 51
 )
 
 

@@ -57,6 +57,12 @@ sglang:time_to_first_token_seconds_bucket{{le="0.1",model_name="kimi-k2.5"}} 10.
 sglang:time_to_first_token_seconds_bucket{{le="+Inf",model_name="kimi-k2.5"}} 42.0
 sglang:time_to_first_token_seconds_sum{{model_name="kimi-k2.5"}} 12.5
 sglang:time_to_first_token_seconds_count{{model_name="kimi-k2.5"}} 42.0
+# HELP sglang:queue_time_seconds Histogram of queueing time in seconds.
+# TYPE sglang:queue_time_seconds histogram
+sglang:queue_time_seconds_bucket{{{LABELS},le="+Inf",tp_rank="0"}} 44.0
+sglang:queue_time_seconds_sum{{{LABELS},tp_rank="0"}} 0.5
+sglang:queue_time_seconds_count{{{LABELS},tp_rank="0"}} 44.0
+sglang:queue_time_seconds_count{{{LABELS},tp_rank="1"}} 44.0
 """
 
 
@@ -71,6 +77,8 @@ def test_parse_sglang_metrics() -> None:
         num_requests_total=42.0,
         gen_throughput=123.45,
         spec_accept_length=2.5,
+        started_total=44.0,  # issue 51: the queue-time count, one per batch (tp ranks repeat it)
+        first_tokens_total=42.0,
     )
 
 

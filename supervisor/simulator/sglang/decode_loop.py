@@ -39,6 +39,8 @@ from supervisor.simulator.sglang.schedwatchdog import start_watchdog
 from supervisor.simulator.sglang.segfault import die_of_segfault
 from supervisor.simulator.sglang.startup import RankContext
 
+# The step a peer enters to receive rank 0's verify decision (SGLang #28815 skips rank 0's side).
+VERIFY_BROADCAST = "verify_broadcast"
 SPEC_STEP_COST = 1.74  # a verify step costs this many plain decode steps
 ACCEPT_LEN_OK = 3.12
 ACCEPT_LEN_LOW = 1.15
@@ -97,6 +99,11 @@ class ServingLoop:
             spec_num_draft_tokens=float(ctx.args.num_draft_tokens) if spec else 0.0,
         )
         self.forward_since: float | None = None  # when the forward pass in progress began
+        # Issue 51's wedges, which /health does not see (docs/SIMULATOR.md, "Wedges /health does not see"):
+        # `wedged`: the loop turns but admits no request (SGLang #40809); `skip_at_verify`: the next verify
+        # step skips its broadcast on this rank (SGLang #28815), after which `wedged` too.
+        self.wedged = False
+        self.skip_at_verify = False
 
     def run(self) -> NoReturn:
         start_watchdog(self.ctx.args.watchdog_timeout, lambda: self.forward_since, self.log, self.ctx.main_pid)
@@ -105,6 +112,9 @@ class ServingLoop:
             if self.fault_at is not None and time.monotonic() >= self.fault_at:
                 self.fault_at = None
                 self._begin_fault()
+            if self.wedged:
+                self._wedged_turn()
+                continue
             if self.waiting:
                 self._prefill()
             if self.running:
@@ -113,7 +123,9 @@ class ServingLoop:
                 self._idle_metrics()
 
     def _wait_s(self) -> float:
-        if self.waiting or (self.running and not self.stalled):
+        if self.wedged:  # the loop still turns (it receives, answers health checks) and admits nothing
+            return self.ctx.settings.decode_step_s
+        if (self.waiting and self._has_room()) or (self.running and not self.stalled):
             return 0.0
         if self.running:  # stalled: the forward "runs" but never finishes a step
             return self.step_s
@@ -152,6 +164,8 @@ class ServingLoop:
             dies_here = scenario is Scenario.RANK_DIES and node_layout(self.ctx.args).victim() == 0
             if dies_here or scenario in (Scenario.CRASH_AFTER_READY, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL):
                 self.fault_at = time.monotonic() + self.ctx.settings.fault_after_s
+            if scenario is Scenario.QUEUE_WEDGE or (scenario is Scenario.VERIFY_SKIPS_BROADCAST and self._verifies()):
+                self.fault_at = time.monotonic() + self.ctx.settings.fault_after_s
 
     def _send(self, message: object) -> None:
         with contextlib.suppress(OSError):  # the detokenizer is gone: output is lost, as with ZMQ
@@ -173,6 +187,36 @@ class ServingLoop:
             self.forward_since = time.monotonic()  # the decode forward that never completes
         elif s.scenario is Scenario.RANK_DIES:
             die_of_segfault(self.ctx, self.log)
+        elif s.scenario is Scenario.QUEUE_WEDGE:
+            self.wedged = True  # nothing is printed: SGLang said nothing either
+        elif s.scenario is Scenario.VERIFY_SKIPS_BROADCAST:
+            self.skip_at_verify = True  # at the next verify step of a running batch
+
+    def _verifies(self) -> bool:
+        """#28815 needs speculative decoding (a verify step) and a peer to broadcast to (tp >= 2)."""
+        return bool(self.spec) and bool(self.peers)
+
+    def _wedged_turn(self) -> None:
+        """One turn of a wedged scheduler's loop (issue 51). SGLang parks a health check that arrives
+        while requests run or wait and answers it from the loop (`maybe_send_health_check_signal`,
+        scheduler.py 0.5.16 lines 1668-1673, 3593-3600), not from a generation: the loop turns, so the
+        health check is answered and /health stays 200. Real requests stay queued; the running batch
+        (#40809: it drains; #28815: it is frozen in its verify step) is not touched here."""
+        health = [r for r in self.waiting if r.is_health]
+        if health:
+            self.waiting = deque(r for r in self.waiting if not r.is_health)
+            self._send(TokenOut(tuple(r.rid for r in health), (0,) * len(health), (True,) * len(health), "decode"))
+        if self.running and self.ctx.settings.scenario is Scenario.QUEUE_WEDGE:
+            self.wedged = False  # #40809 admits nothing new, but the batch it runs finishes
+            try:
+                self._decode()
+            finally:
+                self.wedged = True
+            return
+        if time.monotonic() - self.last_publish >= self.ctx.settings.idle_metrics_s:
+            used, usage = self._token_usage()
+            running = len(self.running)
+            self._publish(num_running_reqs=running, num_used_tokens=used, token_usage=usage, gen_throughput=0.0)
 
     def _forward(self, kind: str) -> None:
         """All ranks take part; a peer that is gone leaves this rank waiting forever, as NCCL does."""
@@ -196,9 +240,34 @@ class ServingLoop:
         used = sum(r.prompt_tokens + r.generated for r in self.running)
         return used, used / max(1, self.ctx.facts.kv_tokens)
 
+    def _has_room(self) -> bool:
+        cap = self.ctx.args.max_running_requests
+        return cap is None or len(self.running) < cap or any(r.is_health for r in self.waiting)
+
+    def _admit(self) -> list[Req]:
+        """What the prefill takes from the queue: everything, or with `--max-running-requests` given, no
+        more real requests than the running batch has room for (SGLang's PrefillAdder); the rest wait
+        (`#queue-req`, `num_queue_reqs`). Health checks are one token and always go."""
+        cap = self.ctx.args.max_running_requests
+        if cap is None:
+            batch = list(self.waiting)
+            self.waiting.clear()
+            return batch
+        room = max(0, cap - len(self.running))
+        batch, kept = [], deque[Req]()
+        for req in self.waiting:
+            if req.is_health or room > 0:
+                batch.append(req)
+                room -= 0 if req.is_health else 1
+            else:
+                kept.append(req)
+        self.waiting = kept
+        return batch
+
     def _prefill(self) -> None:
-        batch = list(self.waiting)
-        self.waiting.clear()
+        batch = self._admit()
+        if not batch:
+            return
         real = [r for r in batch if not r.is_health]
         running_bs = len(self.running)
         if real:
@@ -206,7 +275,8 @@ class ServingLoop:
             new_tokens_in = sum(r.prompt_tokens for r in real)
             self.log.info(  # SGLang 0.5.16 metrics_reporter.py
                 f"Prefill batch, #new-seq: {len(real)}, #new-token: {new_tokens_in}, "
-                f"#cached-token: 0, token usage: {usage:.2f}, #running-req: {running_bs}, #queue-req: 0, "
+                f"#cached-token: 0, token usage: {usage:.2f}, #running-req: {running_bs}, "
+                f"#queue-req: {len(self.waiting)}, "
                 f"#pending-token: 0, cuda graph: False, "
                 f"input throughput (token/s): {new_tokens_in / max(self.ctx.settings.decode_step_s, 1e-3):.2f}"
             )
@@ -230,6 +300,9 @@ class ServingLoop:
     def _decode(self) -> None:
         if self.stalled:
             return  # the forward never completes: no tokens, no log, no stats (_wait_s paces the loop)
+        if self.skip_at_verify:
+            self._skip_verify_broadcast()
+            return
         tic = time.monotonic()
         self._forward("decode")
         counts = []
@@ -251,6 +324,20 @@ class ServingLoop:
         if self.forward_ct_decode % self.ctx.args.decode_log_interval == 0:
             self._log_decode(len(batch), cuda_graph)
         self.running = [r for r in batch if not r.finished]
+
+    def _skip_verify_broadcast(self) -> None:
+        """SGLang #28815: the verify step's greedy branch on this rank takes no part in the broadcast of
+        its decision (`predict`, `accept_index`, `num_correct_drafts`); the peers enter that broadcast
+        and wait in it for good (a kernel that never ends), and this rank goes on, idle, with its running
+        batch never finishing. No log line, no error: the scheduler's watchdog covers only this rank's own
+        forward, which returned."""
+        self.forward_since = time.monotonic()
+        for peer in self.peers:
+            with contextlib.suppress(OSError):
+                peer.send(Step(VERIFY_BROADCAST))
+        self.forward_since = None
+        self.skip_at_verify = False
+        self.wedged = True
 
     def _accepted(self) -> int:
         whole = int(self.accept_mean)

@@ -103,6 +103,11 @@ class SGLangCollector(Collector):
         )
         e2e.add_metric(name, snap.e2e, snap.e2e_sum)
         yield e2e
+        queue = HistogramMetricFamily(
+            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", labels=labels
+        )
+        queue.add_metric(values, snap.queue, snap.queue_sum)
+        yield queue
         if self._http is not None:
             yield from _http_families(self._http)
 

@@ -18,7 +18,7 @@ from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import become_child, import_sglang, log_prefix, scheduler_title, start_heartbeat
 from supervisor.simulator.rendezvous import RendezvousError
 from supervisor.simulator.sglang import crashes
-from supervisor.simulator.sglang.decode_loop import ServingLoop
+from supervisor.simulator.sglang.decode_loop import VERIFY_BROADCAST, ServingLoop
 from supervisor.simulator.sglang.follower import Follower
 from supervisor.simulator.sglang.segfault import die_of_segfault, victim_rank
 from supervisor.simulator.sglang.shm import open_segment
@@ -34,6 +34,9 @@ def follow(ctx: RankContext, log: LogWriter, leader: Connection) -> NoReturn:
         try:
             if leader.poll(timeout):
                 message = leader.recv()
+                if isinstance(message, Step) and message.kind == VERIFY_BROADCAST:
+                    # SGLang #28815: rank 0 skipped this broadcast; the receivers wait in it for good
+                    hangs.gpu_sleep(ctx.settings.gpu_file)
                 if isinstance(message, Step):
                     leader.send(Ack(ctx.rank))
                 elif isinstance(message, FiredUp) and is_victim:

@@ -23,6 +23,13 @@ from supervisor.simulator.messages import AbortReq, GenerateReq, InfoOut, InfoRe
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
 E2E_BUCKETS = (*TTFT_BUCKETS, 600.0, 1200.0, 1800.0, 2400.0)
+# SGLang 0.5.16 observability/metrics_collector.py:687-730 (`sglang:queue_time_seconds`), observed when a
+# request leaves the waiting queue (req_time_stats.py:746): a request that never starts is never counted.
+QUEUE_BUCKETS = (
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+    60.0, 70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0, 1200.0,
+    1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0,
+)
 
 
 DISCONNECT_CHECK_S = 4.0
@@ -77,6 +84,8 @@ class MetricsSnapshot:
     ttft_sum: float
     e2e: list[tuple[str, float]]
     e2e_sum: float
+    queue: list[tuple[str, float]] = field(default_factory=lambda: Histogram(QUEUE_BUCKETS).cumulative())
+    queue_sum: float = 0.0
 
 
 @dataclass
@@ -121,6 +130,7 @@ class TokenizerManager:
         self._realtime_prefill = 0
         self._ttft = Histogram(TTFT_BUCKETS)
         self._e2e = Histogram(E2E_BUCKETS)
+        self._queue = Histogram(QUEUE_BUCKETS)
 
     def start(self) -> None:
         threading.Thread(target=self._send_loop, name="tokenizer-send", daemon=True).start()
@@ -168,6 +178,8 @@ class TokenizerManager:
                     self._realtime_decode += n
                 else:
                     self._realtime_prefill += state.prompt_tokens
+                    if state.first_token_at is None:  # admitted: its wait in the queue ends (with its prefill)
+                        self._queue.observe(now - state.created)
                 if state.first_token_at is None and n > 0:
                     state.first_token_at = now
                     self._ttft.observe(now - state.created)
@@ -262,4 +274,6 @@ class TokenizerManager:
                 ttft_sum=self._ttft.total,
                 e2e=self._e2e.cumulative(),
                 e2e_sum=self._e2e.total,
+                queue=self._queue.cumulative(),
+                queue_sum=self._queue.total,
             )

@@ -117,6 +117,10 @@ class EngineCore:
         self.keep = keep_probability(ACCEPT_RATE_LOW if low else ACCEPT_RATE_OK, self.spec_k)
         self.executor: Executor = make_executor(ctx, log)
         self._send_lock = threading.Lock()
+        # Issue 51 (QUEUE_WEDGE, vLLM's #53130 and SGLang's #40809): from `wedge_at` on the scheduler admits no
+        # waiting request; the busy loop turns, the running batch drains, /health (a flag) stays 200.
+        self.wedge_at: float | None = None
+        self.wedged = False
 
     # --- start-up ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -202,14 +206,25 @@ class EngineCore:
             self.running = [r for r in self.running if r.rid != message.rid]
         elif isinstance(message, Serving):
             self.executor.serving()
+            if self.ctx.settings.scenario is Scenario.QUEUE_WEDGE:
+                self.wedge_at = time.monotonic() + self.ctx.settings.fault_after_s
         elif message == EXECUTOR_FAILED:
             from supervisor.simulator.vllm import crashes
 
             raise Fatal(crashes.executor_failed(False), crashes.executor_failed(True))
 
+    def _wedge_due(self) -> bool:
+        if not self.wedged and self.wedge_at is not None and time.monotonic() >= self.wedge_at:
+            self.wedged = True
+            self.ctx.onset()  # nothing is printed: vLLM said nothing either
+        return self.wedged
+
     def _step(self) -> None:
         """One engine step: prefill what waits, or decode what runs; the scheduler's stats go with the outputs."""
-        prefill = bool(self.waiting)
+        if self._wedge_due() and not self.running:
+            self._empty_step()
+            return
+        prefill = bool(self.waiting) and not self.wedged
         self.executor.execute("prefill" if prefill else "decode")
         new: list[tuple[str, int]] = []
         prompt_tokens = 0
@@ -254,6 +269,25 @@ class EngineCore:
                 log_stats=not self.ctx.args.disable_log_stats,
                 prefix_queries=prompt_tokens,
                 finished_prompt_tokens=tuple(r.prompt_tokens for r in done),
+            )
+        )
+
+    def _empty_step(self) -> None:
+        """A wedged scheduler's step (vLLM #53130): requests wait, nothing is scheduled, no forward runs;
+        the step's stats still carry the scheduler's gauges (running 0, the waiting count)."""
+        time.sleep(self.ctx.settings.decode_step_s)
+        self._send(
+            EngineOutputs(
+                new_tokens=(),
+                finished=(),
+                prompt_tokens=0,
+                running=0,
+                waiting=len(self.waiting),
+                kv_usage=0.0,
+                spec=None,
+                log_stats=not self.ctx.args.disable_log_stats,
+                prefix_queries=0,
+                finished_prompt_tokens=(),
             )
         )
 

@@ -222,8 +222,10 @@ class VllmMetrics:
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS
         )
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS
+        )
         for name, doc in (
-            ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
             ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
             ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
             ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
@@ -278,6 +280,9 @@ class VllmMetrics:
                 self.params_n.observe(1)
                 self.params_max_tokens.observe(gen)
                 self.ttft.observe(ttft)
+                # observed when the request ends (loggers.py's finished-request stats); the simulator's
+                # wait in WAITING is its time to first token, its prefill step included
+                self.queue_time.observe(ttft)
                 self.e2e.observe(e2e)
 
     def request_done(self, handler: str, method: str, status: int) -> None:
