@@ -35,12 +35,20 @@ class Scenario(str, enum.Enum):
     LOCK_GIL_AFTER_LOAD = "lock_gil_after_load"  # native sleep holding the GIL (ctypes.PyDLL): idle, nothing runs
     GPU_SLEEP_AFTER_LOAD = "gpu_sleep_after_load"  # a kernel that never ends; the host spins in synchronize
     IO_WAIT_AFTER_LOAD = "io_wait_after_load"  # the scheduler's main thread in D state in the kernel: io_wait
+    # issue 51: a hang in each role (after ready; the scheduler's own is HEALTH_HANGS). Each prints nothing.
+    FRONTEND_HANG = "frontend_hang"  # main's event loop blocks in a callback: no request read or answered
+    DETOKENIZER_HANG = "detokenizer_hang"  # the detokenizer blocks in a lock while decoding: no output reaches main
+    COLLECTIVE_SKIPPED = "collective_skipped"  # the last rank skips a forward's all-reduce (SGLang #33289)
 
 
 #: Faults that begin a while after the server is ready (SGLANG_SIM_FAULT_AFTER_S).
 AFTER_READY = frozenset(
     {Scenario.CRASH_AFTER_READY, Scenario.RANK_DIES, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL}
 )
+
+
+# issue 51: a hang in each role: faults that begin SGLANG_SIM_FAULT_AFTER_S after the ready line.
+ROLE_HANGS = frozenset({Scenario.FRONTEND_HANG, Scenario.DETOKENIZER_HANG, Scenario.COLLECTIVE_SKIPPED})
 
 
 class SettingsError(ValueError):
