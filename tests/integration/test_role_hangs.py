@@ -55,7 +55,15 @@ ROLES = [
         "; holds the requests: blocked in Detokenizer.batch_decode",
         "blocked",
     ),
-    ("sched", "health_hangs", 2, "TP0", "Culprit: scheduler TP0 pid {pid} thread 'MainThread' tid {pid} ", "", "blocked"),
+    (
+        "sched",
+        "health_hangs",
+        2,
+        "TP0",
+        "Culprit: scheduler TP0 pid {pid} thread 'MainThread' tid {pid} ",
+        "",
+        "blocked",
+    ),
     (
         "rank",
         "collective_skipped",
@@ -90,19 +98,23 @@ async def test_each_roles_hang_is_named_on_line_1_with_why(daemon, sim) -> None:
     seen: set[str] = set()
     for name, scenario, tp, which, head, why, standing in ROLES:
         snap = await r.wait_for(
-            lambda x, name=name, tp=tp: x.rung == name
-            and x.state == "ready"
-            and x.serving.health_ok is True
-            and sum(p.role == "scheduler" for p in x.processes) == tp,
+            lambda x, name=name, tp=tp: (
+                x.rung == name
+                and x.state == "ready"
+                and x.serving.health_ok is True
+                and sum(p.role == "scheduler" for p in x.processes) == tp
+            ),
             180,
             f"rung {name} serves",
         )
         pid = pick(snap, which)
         snap = await r.wait_for(
-            lambda x, name=name: x.last_incident is not None
-            and x.last_incident.rung == name
-            and x.last_incident.id not in seen
-            and x.last_incident.culprit is not None,
+            lambda x, name=name: (
+                x.last_incident is not None
+                and x.last_incident.rung == name
+                and x.last_incident.id not in seen
+                and x.last_incident.culprit is not None
+            ),
             180,
             f"the incident of {scenario}, with its bundle",
         )
