@@ -445,12 +445,14 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 def _skipped(ranks: Sequence[Culprit]) -> dict[int, tuple[str, str]]:
     """SGLang #33289's shape: ranks idle in their loops (waiting for input or asleep, in no
-    collective) while every other rank that is not stopped waits in a collective. The idle one is the
-    rank whose decision skipped it: it runs no forward, so SGLang's own watchdog never dumps it, and it
-    is the one the others wait for. pid -> (the short why, the evidence)."""
-    waiting = [c for c in ranks if c.collective and c.rank is not None]
-    idle = [c for c in ranks if not c.collective and c.standing in ("peer", "idle") and c.rank is not None]
-    if not waiting or not idle:
+    collective) while every other rank waits in a collective. The idle one is the rank whose decision
+    skipped it: it runs no forward, so SGLang's own watchdog never dumps it, and it is the one the
+    others wait for. A rank that is neither (stopped, blocked elsewhere, spinning) leaves the rule
+    unsaid: that rank's own evidence names it. pid -> (the short why, the evidence)."""
+    ranked = [c for c in ranks if c.rank is not None]
+    waiting = [c for c in ranked if c.collective]
+    idle = [c for c in ranked if not c.collective and c.standing in ("peer", "idle")]
+    if not waiting or not idle or len(waiting) + len(idle) < len(ranked):
         return {}
     name = Counter(c.collective for c in waiting).most_common(1)[0][0]
     who = _ranks_text([c.rank for c in waiting if c.rank is not None])

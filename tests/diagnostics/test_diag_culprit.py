@@ -708,11 +708,19 @@ ROLES = [
         "",
     ),
     (
-        "one rank of several: a stopped rank beats the idle one",
+        "one rank of several: a stopped rank is named, and the idle one is not called a skipper",
         lambda: (rank_waits(0), rank_in("stopped", 1), rank_between(2)),
         (),
-        ["stopped", "halted", "peer"],
+        ["stopped", "peer", "peer"],
         f"Culprit: scheduler TP1 pid {tp(1)} ",
+        "",
+    ),
+    (
+        "one rank of several: a rank blocked outside the collective beats an idle one (no skipper)",
+        lambda: (rank_waits(0), rank_in("lock", 1), rank_between(2)),
+        (),
+        ["blocked", "peer", "peer"],
+        f"Culprit: scheduler TP1 pid {tp(1)} thread 'MainThread' tid {tp(1)} waits in acquire",
         "",
     ),
     (
