@@ -83,8 +83,10 @@ CASES = (
     Case(
         "frontend_hang",
         "unhealthy",
-        W.health_window_s,
-        "health_failures x max(interval, timeout)",
+        # every check times out (nothing answers, not even a 503): the first starts up to an interval
+        # after the onset, then `health_failures` timeouts back to back
+        W.health_interval_s + W.health_failures * W.health_timeout_s,
+        "interval + health_failures x timeout: each check times out",
         line1=r"^Culprit: front end \(main\) pid \d+ thread 'MainThread' .*; event loop blocked in ",
     ),
     Case(
