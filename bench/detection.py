@@ -3,7 +3,8 @@
 The simulator writes the onset (wall and monotonic time) to a side file that only this benchmark
 reads; the verdict is the journal's first `state_changed` into `hung`, `diagnosing`, `restarting`
 or `failed` after it. One daemon per scenario, restarting the same rung, gives the repetitions.
-Target (issue 9): within the configured window plus two poll intervals.
+Target (issue 9): within the configured window plus two poll intervals. Where a case names its
+culprit (`line1`, issue 51: a hang in each role), every bundle's first line must name it too.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
@@ -45,6 +48,7 @@ class Case:
     per_daemon: int = 0  # repetitions one daemon can give (0: all); the ladder gives up after one
     args: dict[str, Any] = field(default_factory=dict)
     watchdog: dict[str, Any] = field(default_factory=dict)
+    line1: str = ""  # issue 51: a pattern line 1 of every bundle's summary.txt must match ("" none)
 
     @property
     def target_s(self) -> float:
@@ -57,7 +61,13 @@ CASES = (
     Case("crash_on_load", "exited", 0.0, "none: next poll"),
     Case("crash_after_ready", "rank_died", 0.0, "none: next poll (0.5.16: main outlives the crashed rank)"),
     Case("rank_dies", "rank_died", 0.0, "none: next poll"),
-    Case("health_hangs", "unhealthy", W.health_window_s, "health_failures x max(interval, timeout)"),
+    Case(
+        "health_hangs",
+        "unhealthy",
+        W.health_window_s,
+        "health_failures x max(interval, timeout)",
+        line1=r"^Culprit: scheduler TP0 pid \d+ thread 'MainThread' ",
+    ),
     Case("serving_stall", "serving_stall", W.serving_stall_s, "serving_stall_s", traffic=True),
     Case(
         "low_accept",
@@ -68,6 +78,31 @@ CASES = (
         args=SPEC_ARGS,
         watchdog={"on_spec_regression": "fallback"},
         per_daemon=1,
+    ),
+    # issue 51: a hang in each role, named on line 1 with why (the scheduler's own is health_hangs)
+    Case(
+        "frontend_hang",
+        "unhealthy",
+        # every check times out (nothing answers, not even a 503): the first starts up to an interval
+        # after the onset, then `health_failures` timeouts back to back
+        W.health_interval_s + W.health_failures * W.health_timeout_s,
+        "interval + health_failures x timeout: each check times out",
+        line1=r"^Culprit: front end \(main\) pid \d+ thread 'MainThread' .*; event loop blocked in ",
+    ),
+    Case(
+        "detokenizer_hang",
+        "unhealthy",
+        W.health_window_s,
+        "health_failures x max(interval, timeout)",
+        line1=r"^Culprit: detokenizer pid \d+ thread 'MainThread' .*; holds the requests: blocked in ",
+    ),
+    Case(
+        "collective_skipped",
+        "unhealthy",
+        W.health_window_s,
+        "health_failures x max(interval, timeout); tp 3",
+        args={"tp-size": 3},
+        line1=r"^Culprit: scheduler TP2 pid \d+ .*; idle while ranks 0-1 wait in all_reduce: skipped the collective",
     ),
 )
 
@@ -83,6 +118,7 @@ class CaseResult:
     stops: list[dict[str, Any]]
     bundles_s: list[float]
     error: str = ""
+    line1: list[bool] = field(default_factory=list)  # per bundle, where the case names its culprit
 
     @property
     def ok(self) -> bool:
@@ -91,6 +127,7 @@ class CaseResult:
             and bool(self.delays_s)
             and max(self.delays_s) <= self.target_s
             and all(c == self.cause_expected for c in self.causes)
+            and all(self.line1)
         )
 
 
@@ -118,13 +155,16 @@ def run_case(case: Case, reps: int) -> CaseResult:
     delays: list[tuple[float, str]] = []
     stops: list[dict[str, Any]] = []
     bundles: list[float] = []
+    line1: list[bool] = []
     error = ""
     while len(delays) < reps and not error:
         n = min(reps - len(delays), case.per_daemon or reps)
-        got, events, error = run_daemon(case, n)
+        got, events, error, state_dir = run_daemon(case, n)
         delays += got
         stops += [e for e in events if e.get("event") == "server_stopped"]
         bundles += [float(e["duration_s"]) for e in events if e.get("event") == "bundle_written"]
+        if case.line1:
+            line1 += [first_line_names(state_dir, e, case.line1) for e in events if e.get("event") == "bundle_written"]
         if not got:
             error = error or "no verdict matched an onset"
     return CaseResult(
@@ -137,10 +177,23 @@ def run_case(case: Case, reps: int) -> CaseResult:
         stops=stops,
         bundles_s=bundles,
         error=error,
+        line1=line1,
     )
 
 
-def run_daemon(case: Case, n: int) -> tuple[list[tuple[float, str]], list[dict[str, Any]], str]:
+def first_line_names(state_dir: Path, event: dict[str, Any], pattern: str) -> bool:
+    """Whether line 1 of the bundle's summary.txt matches `pattern` (printed when it does not)."""
+    try:
+        first = (state_dir / "diagnostics" / str(event.get("id")) / "summary.txt").read_text().split("\n", 1)[0]
+    except OSError:
+        first = ""
+    ok = re.search(pattern, first) is not None
+    if not ok:
+        print(f"line 1 of bundle {event.get('id')} is not /{pattern}/: {first!r}", flush=True)
+    return ok
+
+
+def run_daemon(case: Case, n: int) -> tuple[list[tuple[float, str]], list[dict[str, Any]], str, Path]:
     """One daemon until `n` incidents: (delay, cause) per matched onset, the journal, an error."""
     wd = workdir(f"detect-{case.scenario}")
     onset_file = wd / "onset.json"
@@ -165,7 +218,7 @@ def run_daemon(case: Case, n: int) -> tuple[list[tuple[float, str]], list[dict[s
         except (TimeoutError, RuntimeError) as err:
             error = str(err)
     events = d.events()
-    return match([o.wall for o in watcher.onsets], events)[:n], events, error
+    return match([o.wall for o in watcher.onsets], events)[:n], events, error, Path(s.paths.state_dir)
 
 
 def render(results: list[CaseResult], reps: int) -> str:
@@ -183,7 +236,9 @@ def render(results: list[CaseResult], reps: int) -> str:
                 len(d),
                 f"{median(d):.2f}" if d else "-",
                 f"{max(d):.2f}" if d else "-",
-                met(r.ok) + (f" ({r.error[:80]})" if r.error else ""),
+                met(r.ok)
+                + (f"; line 1 names it {sum(r.line1)}/{len(r.line1)}" if r.line1 else "")
+                + (f" ({r.error[:80]})" if r.error else ""),
             ]
         )
     intro = (

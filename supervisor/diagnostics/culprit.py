@@ -19,11 +19,19 @@ lowest rank. Every rank is a candidate; a process that is not a rank (the HTTP f
 detokenizer, a controller) only on evidence that cannot be its normal wait (stopped, D state, the
 GIL held in native code): their main threads wait in a queue or a selector by design. Helper
 threads are folded into a count by kind.
+
+A hang in each role (issue 51), from the evidence of every process at once, with a short `why` on
+line 1: a front end whose event loop does not turn (a frame of its own code above the loop's
+frames, waiting there: "event loop blocked in f"); a detokenizer blocked in a lock or native call
+in its own code, not in its receive ("holds the requests: blocked in f"); a rank idle in its loop
+while the other ranks wait in a collective (SGLang #33289: the rank whose decision skipped the
+collective, "idle while rank 0 waits in all_reduce: skipped the collective").
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -63,6 +71,12 @@ class Culprit:
     helper_kinds: tuple[tuple[str, int], ...] = ()
     kind: str = ""  # the chosen thread's wait kind (supervisor.diagnostics.waits.WaitKind)
     standing: str = ""  # what the evidence says of it (STANDINGS), set by `culprits`
+    # issue 51: a hang in each role. `cue`: "loop" (its event loop does not turn), "holds" (a
+    # detokenizer blocked in its own code), "skipped" (a rank idle while the others wait in a
+    # collective); `why` says it short, on line 1; `collective` the collective the thread waits in.
+    cue: str = ""
+    why: str = ""
+    collective: str = ""
 
     def line(self) -> str:
         """`Culprit: scheduler TP0 pid 12 thread 'MainThread' tid 12 sleeps in clock_nanosleep at f (x.py:27) ...`."""
@@ -72,7 +86,8 @@ class Culprit:
         held = f", no progress for {self.held_s:.0f} s" if self.held_s is not None else ""
         gil = ", holding the GIL" if self.gil else ""
         tid = f" tid {self.tid}" if self.tid is not None else ""
-        return f"Culprit: {self.process} thread '{self.thread}'{tid} {self.doing}{at}{gil}{held}"
+        why = f"; {self.why}" if self.why else ""
+        return f"Culprit: {self.process} thread '{self.thread}'{tid} {self.doing}{at}{gil}{why}{held}"
 
     def caller(self) -> str | None:
         """The first Python frame outside the innermost one's file, wrappers (`<locals>`) and Python's
@@ -109,6 +124,7 @@ class Culprit:
             "helpers": self.helpers,
             "helper_kinds": dict(self.helper_kinds),
             "standing": self.standing or None,
+            "why": self.why or None,
             "text": self.line(),
         }
 
@@ -200,6 +216,14 @@ def _pick(views: Sequence[ThreadView], proc: ProcEvidence) -> tuple[ThreadView |
     gil = [v for v in views if holds_gil(v)]
     if gil and gil[0].kind != "running":
         return gil[0], ["it holds the GIL outside Python code: no other thread of the rank can run Python"]
+    for v in views:
+        callback = loop_callback(v)
+        if callback is not None:
+            does = "runs in every sample" if v.kind == "running" else "waits"
+            return v, [
+                f"its event loop does not turn: the callback {_py(callback)} {does} on top of the loop's own"
+                " frames, so no request is read or answered and no output is handed on"
+            ]
     running = [v for v in work if v.kind == "running"]
     if running:
         spin = "it runs Python code in every sample" if running[0].looping else "it is the thread on a CPU"
@@ -222,6 +246,46 @@ def _pick(views: Sequence[ThreadView], proc: ProcEvidence) -> tuple[ThreadView |
     if main is not None:
         return main, ["every thread is an idle helper; the main thread stands for the rank"]
     return None, []
+
+
+# An event loop's own frames (asyncio's; uvloop's are native, below asyncio's runner): under them the
+# loop waits in its selector; a frame of other code above them is a callback the loop runs right now.
+_LOOP_FUNCS = frozenset({"run_forever", "run_until_complete", "_run_once", "_run", "run"})
+
+
+def _loop_frame(f: Frame) -> bool:
+    return f.is_python and ("asyncio/" in f.file or "uvloop" in f.file) and f.function.rsplit(".", 1)[-1] in _LOOP_FUNCS
+
+
+def loop_callback(v: ThreadView) -> Frame | None:
+    """The callback an event loop in this thread is stuck in: a frame outside Python's own
+    synchronisation and loop code above the loop's innermost frame, the thread waiting there (or
+    running there in every sample), not in the loop's selector. A turning loop shows none: between
+    callbacks its thread waits in `select` right above the loop's frames, and a suspended coroutine
+    has no frame on the stack."""
+    spins = v.kind == "running" and len(v.states) >= 2 and set(v.states) == {"R"}
+    if v.python is None or v.kind == "stopped" or (v.kind == "running" and not spins):
+        return None  # a callback caught running once is a loop at work
+    py = [f for f in v.python.frames if f.is_python]
+    at = next((i for i, f in enumerate(py) if _loop_frame(f)), None)
+    if at is None:
+        return None
+    return next((f for f in py[:at] if not stdlib_sync_file(f.file)), None)
+
+
+# The collectives ranks wait in together. Not `broadcast`: SGLang's ranks > 0 wait for rank 0's next
+# batch in `broadcast_pyobj`, their idle loop.
+_COLLECTIVE = re.compile(r"^(?:all_?reduce\w*|all_?gather\w*|reduce_?scatter\w*|all_?to_?all\w*|barrier)$", re.I)
+_NCCL_COLLECTIVE = re.compile(r"nccl\w*(?:AllReduce|AllGather|ReduceScatter|AllToAll)", re.I)
+
+
+def collective_of(v: ThreadView) -> str:
+    """The collective this thread waits in (`all_reduce`, `ncclAllReduce`), or ""."""
+    for f in _frames(v):
+        short = f.function.rsplit(".", 1)[-1].rsplit("::", 1)[-1]
+        if (f.is_python and _COLLECTIVE.match(short)) or (not f.is_python and _NCCL_COLLECTIVE.search(short)):
+            return short
+    return ""
 
 
 def _own(views: Sequence[ThreadView], proc: ProcEvidence) -> list[ThreadView]:
@@ -248,6 +312,15 @@ _ROLE_WHY = {
 }
 
 
+_CUE_WHY = {
+    ("loop", "main"): "it is the server's main process (HTTP front end and tokenizer manager): while its event"
+    " loop does not turn no request is read or answered, no output reaches a client, and every health check"
+    " times out",
+    ("holds", "detokenizer"): "it is the detokenizer: every output passes through it to the front end, so while"
+    " it is blocked the ranks finish their work and idle and no client, health check included, gets an answer",
+}
+
+
 def _who(proc: ProcEvidence) -> str:
     """`scheduler TP0 pid 12`; the server's main process is named for what it is."""
     return f"front end (main) pid {proc.pid}" if proc.role == "main" else proc.label
@@ -263,7 +336,8 @@ def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
         if v is not chosen and (k := helper_kind(v)) is not None:
             kinds[k] = kinds.get(k, 0) + 1
     same = _same_place(chosen)
-    role_why = _ROLE_WHY.get(proc.role) if proc.stopped else None
+    cue, why_short = _cue(chosen, proc)
+    role_why = _ROLE_WHY.get(proc.role) if proc.stopped else _CUE_WHY.get((cue, proc.role))
     c = Culprit(
         rank=proc.rank,
         pid=proc.pid,
@@ -278,19 +352,43 @@ def rank_culprit(proc: ProcEvidence, held_s: float | None) -> Culprit | None:
         helpers=sum(kinds.values()),
         helper_kinds=tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
         kind=chosen.kind,
+        cue=cue,
+        why=why_short,
+        collective=collective_of(chosen),
     )
     return replace(c, standing=standing(c, frozenset()))
+
+
+def _short(f: Frame) -> str:
+    return f.function if f.is_python else f.function.rsplit("(", 1)[0]
+
+
+def _cue(v: ThreadView, proc: ProcEvidence) -> tuple[str, str]:
+    """A finding that names a process that is not a rank, and its short why for line 1."""
+    if proc.stopped:
+        return "", ""
+    callback = loop_callback(v)
+    if callback is not None:
+        return "loop", f"event loop {'spins' if v.kind == 'running' else 'blocked'} in {_short(callback)}"
+    # A detokenizer's own wait is its receive from rank 0 (`io`); a lock or a native call in its own
+    # code (not in a queue or an event of Python's) holds every request behind it.
+    own = v.site is not None and v.caller is None
+    if proc.role == "detokenizer" and v.kind in ("lock", "gpu") and own and v.site is not None:
+        return "holds", f"holds the requests: blocked in {_short(v.site)}"
+    return "", ""
 
 
 def standing(c: Culprit, missing: frozenset[int]) -> str:
     """What the evidence says of a candidate (one of STANDINGS), from its chosen thread."""
     if c.doing.startswith("is stopped") or c.kind == "stopped":
         return "stopped"
-    if c.pid in missing or c.kind == "disk":
+    if c.pid in missing or c.kind == "disk" or c.cue == "skipped":
         return "halted"
     if c.gil and c.kind != "running":
         return "gil_native"
-    if c.kind in ("lock", "gpu"):
+    if c.cue == "loop":
+        return "spins" if c.kind == "running" else "blocked"
+    if c.kind in ("lock", "gpu") or c.cue == "holds":
         return "blocked"
     if c.kind == "running":
         return "spins"
@@ -319,18 +417,52 @@ def culprits(
     has_ranks = any(p.rank_like for p in ev.processes)
     missing = frozenset(missing_pids)
     why = "this rank never joined the collective the other ranks wait in"
+    built = [(p, c) for p in ev.processes if (c := rank_culprit(p, held_s)) is not None]
+    skipped = _skipped([c for p, c in built if p.rank_like])
     found: list[tuple[Culprit, bool]] = []
-    for p in ev.processes:
-        c = rank_culprit(p, held_s)
-        if c is None:
-            continue
-        if c.pid in missing:
+    for p, c in built:
+        if c.pid in skipped:
+            short, long = skipped[c.pid]
+            c = replace(c, cue="skipped", why=short, evidence=(long, *c.evidence))
+        elif c.pid in missing:
             c = replace(c, evidence=(why, *c.evidence))
         c = replace(c, standing=standing(c, missing))
-        if p.rank_like or not has_ranks or c.standing in _STRONG:
+        if p.rank_like or not has_ranks or c.standing in _STRONG or c.cue in ("loop", "holds"):
             found.append((c, p.rank_like or not has_ranks))
     ranked = tuple(c for c, _ in sorted(found, key=lambda x: rank_key(x[0], x[1])))
     return (dead, *ranked) if dead is not None else ranked
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """`rank 0`, `ranks 1-3`, `ranks 0, 2`."""
+    r = sorted(ranks)
+    if len(r) == 1:
+        return f"rank {r[0]}"
+    if r == list(range(r[0], r[-1] + 1)):
+        return f"ranks {r[0]}-{r[-1]}"
+    return "ranks " + ", ".join(str(x) for x in r)
+
+
+def _skipped(ranks: Sequence[Culprit]) -> dict[int, tuple[str, str]]:
+    """SGLang #33289's shape: ranks idle in their loops (waiting for input or asleep, in no
+    collective) while every other rank waits in a collective. The idle one is the rank whose decision
+    skipped it: it runs no forward, so SGLang's own watchdog never dumps it, and it is the one the
+    others wait for. A rank that is neither (stopped, blocked elsewhere, spinning) leaves the rule
+    unsaid: that rank's own evidence names it. pid -> (the short why, the evidence)."""
+    ranked = [c for c in ranks if c.rank is not None]
+    waiting = [c for c in ranked if c.collective]
+    idle = [c for c in ranked if not c.collective and c.standing in ("peer", "idle")]
+    if not waiting or not idle or len(waiting) + len(idle) < len(ranked):
+        return {}
+    name = Counter(c.collective for c in waiting).most_common(1)[0][0]
+    who = _ranks_text([c.rank for c in waiting if c.rank is not None])
+    verb = "waits" if len(waiting) == 1 else "wait"
+    short = f"idle while {who} {verb} in {name}: skipped the collective"
+    long = (
+        f"it is idle in its own loop, in no collective, while {who} {verb} in {name}: the rank whose decision"
+        " skipped the collective the others wait in (SGLang's watchdog, which watches forwards, never dumps it)"
+    )
+    return {c.pid: (short, long) for c in idle}
 
 
 def never_joined(cls: Classification) -> list[int]:

@@ -42,6 +42,10 @@ class Scenario(str, enum.Enum):
     # SGLang #28815 (tp >= 2): an EAGLE verify step skips its broadcast on rank 0; the other ranks wait in
     # that collective for good, rank 0 goes idle past it; the running batch never finishes, /health 200.
     VERIFY_SKIPS_BROADCAST = "verify_skips_broadcast"
+    # issue 51: a hang in each role (after ready; the scheduler's own is HEALTH_HANGS). Each prints nothing.
+    FRONTEND_HANG = "frontend_hang"  # main's event loop blocks in a callback: no request read or answered
+    DETOKENIZER_HANG = "detokenizer_hang"  # the detokenizer blocks in a lock while decoding: no output reaches main
+    COLLECTIVE_SKIPPED = "collective_skipped"  # the last rank skips a forward's all-reduce (SGLang #33289)
 
 
 #: Faults that begin a while after the server is ready (SGLANG_SIM_FAULT_AFTER_S).
@@ -49,6 +53,10 @@ AFTER_READY = frozenset(
     {Scenario.CRASH_AFTER_READY, Scenario.RANK_DIES, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL}
     | {Scenario.QUEUE_WEDGE, Scenario.VERIFY_SKIPS_BROADCAST}  # issue 51
 )
+
+
+# issue 51: a hang in each role: faults that begin SGLANG_SIM_FAULT_AFTER_S after the ready line.
+ROLE_HANGS = frozenset({Scenario.FRONTEND_HANG, Scenario.DETOKENIZER_HANG, Scenario.COLLECTIVE_SKIPPED})
 
 
 class SettingsError(ValueError):

@@ -499,3 +499,283 @@ def test_a_front_end_waiting_in_its_queue_is_no_candidate() -> None:
     queued = ProcEvidence(FRONT, "main", None, "", s, python=(waits,))
     named = culprits(Evidence((queued, rank_in("peer", 0))), None)
     assert [c.pid for c in named] == [tp(0)]
+
+
+# ---- issue 51: a hang in each role (front end, detokenizer, scheduler, one rank of several) ---------
+
+_ASYNCIO = (
+    ("Handle._run", "asyncio/events.py", 80),
+    ("BaseEventLoop._run_once", "asyncio/base_events.py", 1922),
+    ("BaseEventLoop.run_forever", "asyncio/base_events.py", 607),
+    ("Runner.run", "asyncio/runners.py", 118),
+    ("MainProcess.run", "sglang/srt/entrypoints/http_server.py", 170),
+)
+_TURNING = (("EpollSelector.select", "selectors.py", 468), *_ASYNCIO[1:])
+_UPDATE = ("TokenizerManager.wait_for_model_update", "sglang/srt/managers/tokenizer_manager.py", 164)
+
+
+def front_loop(
+    top: tuple[tuple[str, str, int], ...], state: str = "S", wchan: str = "futex_do_wait", **kw: str
+) -> ProcEvidence:
+    """The front end's main thread running its event loop, with `top` above the loop's frames."""
+    s = (sample((FRONT, "python", state, wchan)),) * 2
+    return ProcEvidence(FRONT, "main", None, "", s, python=(py(FRONT, "MainThread", *top, **kw),))
+
+
+def front_blocked() -> ProcEvidence:
+    return front_loop((_UPDATE, *_ASYNCIO))
+
+
+def detok_blocked() -> ProcEvidence:
+    s = (sample((DETOK, "python", "S", "futex_do_wait")),) * 2
+    decode = py(
+        DETOK,
+        "MainThread",
+        ("DetokenizerManager.batch_decode", "detokenizer_manager.py", 48),
+        ("DetokenizerManager.handle_batch_token_id_out", "detokenizer_manager.py", 44),
+        ("event_loop", "detokenizer_manager.py", 80),
+    )
+    return ProcEvidence(DETOK, "detokenizer", None, "", s, python=(decode,))
+
+
+def rank_waits(rank: int, where: str = "all_reduce") -> ProcEvidence:
+    """A rank inside the forward's collective, waiting for a peer's share."""
+    pid = tp(rank)
+    main = py(
+        pid,
+        "MainThread",
+        ("Connection._recv", "multiprocessing/connection.py", 395),
+        (where, "torch/distributed/distributed_c10d.py", 30),
+        ("ServingLoop._forward", "scheduler.py", 193),
+    )
+    return proc(sample((pid, "python", "S", "pipe_read")), main, pid=pid, rank=rank)
+
+
+def rank_between(rank: int, how: str = "poll") -> ProcEvidence:
+    """A rank idle in its own loop, in no collective: waiting for rank 0's next batch."""
+    pid = tp(rank)
+    top = {
+        "poll": [("_PollLikeSelector.select", "selectors.py", 415), ("follow", "scheduler.py", 41)],
+        # SGLang's ranks > 0 wait for the next batch in broadcast_pyobj: their idle loop, not a collective
+        "broadcast": [
+            ("broadcast", "torch/distributed/distributed_c10d.py", 2400),
+            ("broadcast_pyobj", "sglang/srt/utils.py", 900),
+            ("Scheduler.recv_requests", "scheduler.py", 1000),
+        ],
+    }[how]
+    main = py(pid, "MainThread", *top, ("event_loop_normal", "scheduler.py", 9))
+    return proc(sample((pid, "python", "S", "do_sys_poll")), main, pid=pid, rank=rank)
+
+
+_LOOP_WHY = "; event loop blocked in TokenizerManager.wait_for_model_update"
+_SKIP_WHY = "; idle while ranks 0-1 wait in all_reduce: skipped the collective"
+
+# (case, the processes, the missing pids, the standing of each culprit in order, line 1's head, line 1 has)
+ROLES = [
+    (
+        "front end: its event loop blocked in a callback beats ranks waiting for requests",
+        lambda: (rank_in("peer", 0), rank_in("peer", 1), detok(), front_blocked()),
+        (),
+        ["blocked", "peer", "peer"],
+        f"Culprit: front end (main) pid {FRONT} thread 'MainThread' tid {FRONT} waits in futex_do_wait",
+        _LOOP_WHY,
+    ),
+    (
+        "front end: on uvloop (no loop frame but asyncio's runner) a blocked coroutine is named",
+        lambda: (
+            rank_in("idle", 0),
+            front_loop(
+                (("TokenizerManager.handle_loop", "tokenizer_manager.py", 9), ("Runner.run", "asyncio/runners.py", 118))
+            ),
+        ),
+        (),
+        ["blocked", "idle"],
+        f"Culprit: front end (main) pid {FRONT} ",
+        "; event loop blocked in TokenizerManager.handle_loop",
+    ),
+    (
+        "front end: a loop spinning in a callback in every sample beats idle ranks",
+        lambda: (rank_in("idle", 0), front_loop((_UPDATE, *_ASYNCIO), "R", "0", status="active")),
+        (),
+        ["spins", "idle"],
+        f"Culprit: front end (main) pid {FRONT} thread 'MainThread' tid {FRONT} runs",
+        "; event loop spins in TokenizerManager.wait_for_model_update",
+    ),
+    (
+        "front end: at equal evidence a spinning rank before a spinning loop",
+        lambda: (front_loop((_UPDATE, *_ASYNCIO), "R", "0", status="active"), rank_in("spins", 1)),
+        (),
+        ["spins", "spins"],
+        f"Culprit: scheduler TP1 pid {tp(1)} ",
+        "",
+    ),
+    (
+        "front end: its turning loop (in its selector) is no candidate",
+        lambda: (rank_in("peer", 0), front_loop(_TURNING, wchan="do_epoll_wait")),
+        (),
+        ["peer"],
+        f"Culprit: scheduler TP0 pid {tp(0)} ",
+        "",
+    ),
+    (
+        "front end: a turning uvloop (asyncio's runner innermost) is no candidate",
+        lambda: (rank_in("idle", 0), front_loop((("Runner.run", "asyncio/runners.py", 118),), wchan="do_epoll_wait")),
+        (),
+        ["idle"],
+        f"Culprit: scheduler TP0 pid {tp(0)} ",
+        "",
+    ),
+    (
+        "front end: a callback caught running in one sample only is no candidate",
+        lambda: (
+            rank_in("peer", 0),
+            ProcEvidence(
+                FRONT,
+                "main",
+                None,
+                "",
+                (sample((FRONT, "python", "S", "do_epoll_wait")), sample((FRONT, "python", "R", "0"))),
+                python=(py(FRONT, "MainThread", _UPDATE, *_ASYNCIO, status="active"),),
+            ),
+        ),
+        (),
+        ["peer"],
+        f"Culprit: scheduler TP0 pid {tp(0)} ",
+        "",
+    ),
+    (
+        "detokenizer: blocked in a lock in its own code beats ranks idle after finishing",
+        lambda: (front_end(), rank_in("peer", 0), rank_in("idle", 1), detok_blocked()),
+        (),
+        ["blocked", "peer", "idle"],
+        f"Culprit: detokenizer pid {DETOK} thread 'MainThread' tid {DETOK} waits in futex_do_wait",
+        "; holds the requests: blocked in DetokenizerManager.batch_decode",
+    ),
+    (
+        "detokenizer: at equal evidence a rank blocked in a lock comes first",
+        lambda: (detok_blocked(), rank_in("lock", 1), front_end()),
+        (),
+        ["blocked", "blocked"],
+        f"Culprit: scheduler TP1 pid {tp(1)} thread 'MainThread' tid {tp(1)} waits in acquire",
+        "",
+    ),
+    (
+        "detokenizer: stopped beats a blocked front-end loop",
+        lambda: (front_blocked(), rank_in("peer", 0), detok(stopped=True)),
+        (),
+        ["stopped", "blocked", "peer"],
+        f"Culprit: detokenizer pid {DETOK} thread 'MainThread' tid {DETOK} is stopped",
+        "",
+    ),
+    (
+        "scheduler: a rank blocked in its forward beats its peer waiting for rank 0",
+        lambda: (front_end(), detok(), rank_in("lock", 0), rank_between(1)),
+        (),
+        ["blocked", "peer"],
+        f"Culprit: scheduler TP0 pid {tp(0)} thread 'MainThread' tid {tp(0)} waits in acquire",
+        "",
+    ),
+    (
+        "one rank of several: idle in its loop while the others wait in all_reduce (SGLang #33289)",
+        lambda: (front_end(), detok(), rank_waits(0), rank_waits(1), rank_between(2)),
+        (),
+        ["halted", "peer", "peer"],
+        f"Culprit: scheduler TP2 pid {tp(2)} thread 'MainThread' tid {tp(2)} waits in select at follow",
+        _SKIP_WHY,
+    ),
+    (
+        "one rank of several: at tp 2 the idle one, whichever rank it is",
+        lambda: (rank_between(0), rank_waits(1)),
+        (),
+        ["halted", "peer"],
+        f"Culprit: scheduler TP0 pid {tp(0)} ",
+        "; idle while rank 1 waits in all_reduce: skipped the collective",
+    ),
+    (
+        "one rank of several: idle in broadcast_pyobj (SGLang's idle loop of ranks > 0) still skipped",
+        lambda: (rank_waits(0), rank_waits(1), rank_between(3, "broadcast"), rank_waits(2, "all_gather_into_tensor")),
+        (),
+        ["halted", "peer", "peer", "peer"],
+        f"Culprit: scheduler TP3 pid {tp(3)} ",
+        "; idle while ranks 0-2 wait in all_reduce: skipped the collective",
+    ),
+    (
+        "one rank of several: every rank in the collective names no skipper (the lowest rank)",
+        lambda: (rank_waits(1), rank_waits(0)),
+        (),
+        ["peer", "peer"],
+        f"Culprit: scheduler TP0 pid {tp(0)} ",
+        "",
+    ),
+    (
+        "one rank of several: a stopped rank is named, and the idle one is not called a skipper",
+        lambda: (rank_waits(0), rank_in("stopped", 1), rank_between(2)),
+        (),
+        ["stopped", "peer", "peer"],
+        f"Culprit: scheduler TP1 pid {tp(1)} ",
+        "",
+    ),
+    (
+        "one rank of several: a rank blocked outside the collective beats an idle one (no skipper)",
+        lambda: (rank_waits(0), rank_in("lock", 1), rank_between(2)),
+        (),
+        ["blocked", "peer", "peer"],
+        f"Culprit: scheduler TP1 pid {tp(1)} thread 'MainThread' tid {tp(1)} waits in acquire",
+        "",
+    ),
+    (
+        "one rank of several: the skipper beats a blocked front end",
+        lambda: (front_blocked(), rank_waits(0), rank_between(1)),
+        (),
+        ["halted", "blocked", "peer"],
+        f"Culprit: scheduler TP1 pid {tp(1)} ",
+        "; idle while rank 0 waits in all_reduce: skipped the collective",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "processes", "missing", "standings", "head", "has"), ROLES, ids=[r[0] for r in ROLES])
+def test_each_roles_hang_puts_its_process_first_with_why(
+    case: str,
+    processes: Callable[[], tuple[ProcEvidence, ...]],
+    missing: tuple[int, ...],
+    standings: list[str],
+    head: str,
+    has: str,
+) -> None:
+    named = culprits(Evidence(processes()), None, missing)
+    assert [c.standing for c in named] == standings, (case, [(c.process, c.standing, c.why) for c in named])
+    line = named[0].line()
+    assert line.startswith(head), (case, line)
+    if has:
+        assert line.endswith(has), (case, line)  # the short why closes line 1 (no held figure here)
+        assert named[0].doc()["why"] == has.removeprefix("; ")
+    else:
+        assert "; " not in line.removeprefix(head), (case, line)
+
+
+def test_a_blocked_front_end_says_why_and_where_its_loop_stopped() -> None:
+    first = culprits(Evidence((rank_in("peer", 0), front_blocked())), 12.0)[0]
+    assert first.cue == "loop" and first.frames[0] == f"{_UPDATE[0]} ({_UPDATE[1]}:164)"
+    assert first.evidence[0].startswith(
+        "its event loop does not turn: the callback TokenizerManager.wait_for_model_update"
+    )
+    assert "every health check times out" in first.evidence[1]
+    assert first.line().endswith(f"{_LOOP_WHY}, no progress for 12 s")
+
+
+def test_the_skipped_rank_is_named_once_when_the_collective_rule_also_names_it() -> None:
+    ev = Evidence((rank_waits(0), rank_waits(1), rank_between(2)))
+    (first, *_) = culprits(ev, None, never_joined(classify(ev)))
+    assert first.pid == tp(2) and first.standing == "halted" and first.cue == "skipped"
+    assert first.evidence[0].startswith(
+        "it is idle in its own loop, in no collective, while ranks 0-1 wait in all_reduce"
+    )
+    assert not any("never joined" in e for e in first.evidence), first.evidence
+
+
+def test_a_detokenizer_waiting_for_rank_0_or_in_a_queue_is_no_candidate() -> None:
+    queued = py(DETOK, "MainThread", ("get", "queue.py", 171), ("event_loop", "detokenizer_manager.py", 80))
+    s = (sample((DETOK, "python", "S", "futex_do_wait")),) * 2
+    for d in (detok(), ProcEvidence(DETOK, "detokenizer", None, "", s, python=(queued,))):
+        assert [c.pid for c in culprits(Evidence((d, rank_in("idle", 0))), None)] == [tp(0)]

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from supervisor.simulator import hangs
 from supervisor.simulator.collective import LeaderMesh
+from supervisor.simulator.links import Done
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import (
     AbortReq,
@@ -31,6 +32,7 @@ from supervisor.simulator.messages import (
     Step,
     TokenOut,
 )
+from supervisor.simulator.mirror.torch.distributed.distributed_c10d import all_reduce
 from supervisor.simulator.nodes import node_layout
 from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
@@ -161,6 +163,8 @@ class ServingLoop:
             if self.mesh is not None:
                 self.mesh.fired_up()
             scenario = self.ctx.settings.scenario
+            if scenario is Scenario.DETOKENIZER_HANG:
+                self._send(message)  # the detokenizer's fault counts from the ready line too
             dies_here = scenario is Scenario.RANK_DIES and node_layout(self.ctx.args).victim() == 0
             if dies_here or scenario in (Scenario.CRASH_AFTER_READY, Scenario.HEALTH_HANGS, Scenario.SERVING_STALL):
                 self.fault_at = time.monotonic() + self.ctx.settings.fault_after_s
@@ -227,10 +231,17 @@ class ServingLoop:
         try:
             for peer in self.peers:
                 peer.send(Step(kind))
-            for peer in self.peers:
-                reply = peer.recv()
-                if not isinstance(reply, Ack):
-                    hangs.wait_for_collective()
+            if self.ctx.settings.scenario is Scenario.COLLECTIVE_SKIPPED:
+                # the forward's all-reduce: every rank's share in, then the result out to every rank;
+                # a rank that skipped it leaves this one, and every rank that joined, waiting in it
+                all_reduce(self.peers, lambda m: isinstance(m, Ack))
+                for peer in self.peers:
+                    peer.send(Done())
+            else:
+                for peer in self.peers:
+                    reply = peer.recv()
+                    if not isinstance(reply, Ack):
+                        hangs.wait_for_collective()
         except (EOFError, OSError):
             hangs.wait_for_collective()
         if not self.stalled:  # a stalled decode forward stays "in progress" for SGLang's watchdog

@@ -51,6 +51,7 @@ class Handler(UvicornHandler):
         return self.server.front
 
     def do_GET(self) -> None:
+        self.front.manager.through_loop()  # uvicorn reads every request on the event loop
         with self.front.http.track(self._path(), "GET") as self._status:
             route = self._get_routes().get(self._path())
             if route is None:
@@ -59,6 +60,7 @@ class Handler(UvicornHandler):
                 route()
 
     def do_POST(self) -> None:
+        self.front.manager.through_loop()
         with self.front.http.track(self._path(), "POST") as self._status:
             self._post()
 

@@ -65,7 +65,9 @@ def launch(contexts: list[RankContext], ignore_sigterm: bool, import_s: float, m
         proc.start()
         schedulers.append(proc)
     detok = mp.Process(
-        target=run_detokenizer_process, args=(ignore_sigterm, to_detok_r, to_main_w, import_s), name="detokenizer"
+        target=run_detokenizer_process,
+        args=(ignore_sigterm, to_detok_r, to_main_w, import_s, contexts[0]),
+        name="detokenizer",
     )
     detok.start()
     for pair in peer_pairs:

@@ -11,9 +11,12 @@ from typing import NoReturn
 
 from supervisor.simulator import hangs
 from supervisor.simulator.collective import LeaderMesh
+from supervisor.simulator.links import Done
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import Ack, FiredUp, Step
+from supervisor.simulator.mirror.torch.distributed.distributed_c10d import all_reduce
 from supervisor.simulator.ncclwait import GlooError
+from supervisor.simulator.onset import write_onset
 from supervisor.simulator.options import Scenario
 from supervisor.simulator.procutil import become_child, import_sglang, log_prefix, scheduler_title, start_heartbeat
 from supervisor.simulator.rendezvous import RendezvousError
@@ -28,7 +31,10 @@ from supervisor.simulator.sglang.startup import RankContext, Startup
 def follow(ctx: RankContext, log: LogWriter, leader: Connection) -> NoReturn:
     """Ranks 1..n: take part in every forward rank 0 starts; nothing else to do, as in TP."""
     fault_at: float | None = None
-    is_victim = ctx.settings.scenario is Scenario.RANK_DIES and ctx.rank == victim_rank(ctx.args.tp_size)
+    scenario = ctx.settings.scenario
+    is_victim = scenario is Scenario.RANK_DIES and ctx.rank == victim_rank(ctx.args.tp_size)
+    skips = scenario is Scenario.COLLECTIVE_SKIPPED
+    skip_from: float | None = None  # COLLECTIVE_SKIPPED, the last rank: from then on it skips
     while True:
         timeout = None if fault_at is None else max(0.0, fault_at - time.monotonic())
         try:
@@ -38,13 +44,29 @@ def follow(ctx: RankContext, log: LogWriter, leader: Connection) -> NoReturn:
                     # SGLang #28815: rank 0 skipped this broadcast; the receivers wait in it for good
                     hangs.gpu_sleep(ctx.settings.gpu_file)
                 if isinstance(message, Step):
-                    leader.send(Ack(ctx.rank))
+                    if skip_from is not None and time.monotonic() >= skip_from:
+                        _skip_the_collective(ctx)
+                    else:
+                        leader.send(Ack(ctx.rank))
+                        if skips:  # the forward's all-reduce: wait for its result
+                            all_reduce([leader], lambda m: isinstance(m, Done))
                 elif isinstance(message, FiredUp) and is_victim:
                     fault_at = time.monotonic() + ctx.settings.fault_after_s
+                elif isinstance(message, FiredUp) and skips and ctx.rank == ctx.args.tp_size - 1:
+                    skip_from = time.monotonic() + ctx.settings.fault_after_s
         except (EOFError, OSError):
             hangs.wait_for_collective()  # rank 0 is gone; NCCL would not notice either
         if fault_at is not None and time.monotonic() >= fault_at:
             die_of_segfault(ctx, log)
+
+
+def _skip_the_collective(ctx: RankContext) -> None:
+    """SGLang #33289's shape: this rank decided, on its own view, that it had no batch to run, so it
+    skips the forward and its all-reduce and goes back to its loop, idle; every other rank waits in
+    the all-reduce for its share, for good. No error and no log line: only a collective that never
+    completes, and a rank that is not in it, which SGLang's own watchdog never dumps."""
+    s = ctx.settings
+    write_onset(s.onset_file, s.scenario.value, s.requested.value, ctx.main_pid, ctx.args.unknown_flags)
 
 
 def rendezvous_failed(ctx: RankContext, log: LogWriter, error: RendezvousError | GlooError) -> NoReturn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -166,9 +167,15 @@ class MainProcess:
             signal.signal(signal.SIGINT, self._on_sigterm)
         # As in SGLang, warm-up runs beside the server, so a SIGTERM during it is handled too.
         threading.Thread(target=self._warm_up_then_serve, args=(manager,), name="warmup", daemon=True).start()
-        while not self.stop.wait(0.5):
-            pass
+        asyncio.run(self._event_loop(manager))
         self._shut_down(manager, children, server)
+
+    async def _event_loop(self, manager: TokenizerManager) -> None:
+        """The main thread's event loop, as SGLang's uvicorn runs it: requests are read and outputs
+        handed on by its turns (TokenizerManager.through_loop); it ends once SIGTERM asked for a stop."""
+        manager.loop = asyncio.get_running_loop()
+        while not self.stop.is_set():
+            await asyncio.sleep(0.5)
 
     def _wait_for_schedulers(self, children: Children) -> None:
         """Like SGLang: wait for each rank in turn, with no deadline; a dead rank ends the launch."""
@@ -249,12 +256,24 @@ class MainProcess:
         self.serving = True
         self.log.info("The server is fired up and ready to roll!")
         manager.send(FiredUp())
-        self._after_ready()
+        self._after_ready(manager)
 
-    def _after_ready(self) -> None:
+    def _block_event_loop(self, manager: TokenizerManager) -> None:
+        """FRONTEND_HANG: a blocking call lands on the event loop; from then on it never turns."""
+        loop = manager.loop
+        if loop is None or self.stop.is_set():
+            return
+        self._onset()
+        loop.call_soon_threadsafe(manager.wait_for_model_update)
+
+    def _after_ready(self, manager: TokenizerManager) -> None:
         scenario = self.settings.scenario
         if scenario is Scenario.LOW_ACCEPT and self.args.speculative:
             self._onset()
+        elif scenario is Scenario.FRONTEND_HANG:
+            timer = threading.Timer(self.settings.fault_after_s, self._block_event_loop, args=(manager,))
+            timer.daemon = True
+            timer.start()
         elif scenario is Scenario.LOG_FLOOD:
             self._onset()
             threading.Thread(target=flood, args=(self.log, self.settings.flood_mb), name="flood", daemon=True).start()

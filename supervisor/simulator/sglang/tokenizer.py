@@ -7,6 +7,7 @@ blocks on a scheduler that stopped reading; only the waits that SGLang leaves un
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import itertools
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import NoReturn
 
 from supervisor.simulator.loglines import LogWriter
 from supervisor.simulator.messages import AbortReq, GenerateReq, InfoOut, InfoReq, SchedulerStats, StatsOut, TokenOut
@@ -131,6 +133,10 @@ class TokenizerManager:
         self._ttft = Histogram(TTFT_BUCKETS)
         self._e2e = Histogram(E2E_BUCKETS)
         self._queue = Histogram(QUEUE_BUCKETS)
+        # The main thread's event loop (server.py), as SGLang's uvicorn loop: every request is read,
+        # and every output handed on, by a turn of it. None before it runs.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._model_update_lock = threading.Lock()
 
     def start(self) -> None:
         threading.Thread(target=self._send_loop, name="tokenizer-send", daemon=True).start()
@@ -145,12 +151,36 @@ class TokenizerManager:
             with contextlib.suppress(OSError):  # the scheduler is gone: like ZMQ, it never arrives
                 self._to_scheduler.send(message)
 
+    def through_loop(self) -> None:
+        """Wait for a turn of the event loop, as SGLang's requests and its handle_loop's outputs do:
+        while a callback blocks the loop, nothing passes (and nothing waits once the loop ended)."""
+        loop = self.loop
+        if loop is None:
+            return
+        turned = threading.Event()
+        try:
+            loop.call_soon_threadsafe(turned.set)
+        except RuntimeError:
+            return  # the loop is closed: shutting down
+        while not turned.wait(0.5):
+            if not loop.is_running():
+                return
+
+    def wait_for_model_update(self) -> NoReturn:
+        """A callback on the event loop that takes the model-update lock with a blocking acquire (a
+        threading lock in async code), while a weight update that never ends holds it: the loop
+        stops turning, so no request is read or answered and no output is handed on."""
+        self._model_update_lock.acquire()  # the update's hold, never released
+        self._model_update_lock.acquire()
+        raise AssertionError("a weight update ended")
+
     def _receive_loop(self) -> None:
         while True:
             try:
                 message = self._from_detokenizer.recv()
             except (EOFError, OSError):
                 return  # the detokenizer is gone: nothing will ever arrive again
+            self.through_loop()
             self.last_receive_tstamp = time.time()
             with self._lock:
                 self._dispatch(message)
