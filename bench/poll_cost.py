@@ -146,10 +146,10 @@ def one_run(seconds: float, step_s: float = 10.0) -> list[Run]:
     return runs
 
 
-def _fmt(vals: list[float], unit: str = "") -> str:
+def _fmt(vals: list[float], unit: str = "", digits: int = 2) -> str:
     if not vals:
         return "-"
-    return f"{min(vals):.2f} / {median(vals):.2f}{unit}"
+    return f"{min(vals):.{digits}f} / {median(vals):.{digits}f}{unit}"
 
 
 def cells(runs: list[dict[str, Any]]) -> list[str]:
@@ -159,7 +159,7 @@ def cells(runs: list[dict[str, Any]]) -> list[str]:
         return ["-", "-", "-"]
     cpu = [r["cpu_mean"] for r in runs]
     rss = [median(r["rss_mb"]) for r in runs]
-    return [_fmt(cpu, " %"), _fmt(rss), str(max(r["threads"] for r in runs))]
+    return [_fmt(cpu, " %"), _fmt(rss, digits=1), str(max(r["threads"] for r in runs))]
 
 
 def render(store: dict[str, Any]) -> str:
