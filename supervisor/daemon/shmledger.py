@@ -2,8 +2,9 @@
 removes one (supervisor.daemon.cleanslate.stale_shm).
 
 While a server runs, the daemon notes the pids of its tree (every observation) and, every
-`SCAN_EVERY_S` (backing off to `SCAN_MAX_S` while nothing new is found) or when the tree's pids change, the files under the shm directory that the tree maps
-or holds open (/proc/<pid>/maps and fd/ of its own members only). Both go to `state_dir/shm_ours.json`
+`SCAN_EVERY_S` (backing off to `SCAN_MAX_S` while nothing new is found) or when the tree's pids
+change, the files under the shm directory that the tree maps or holds open (/proc/<pid>/maps and fd/
+of its own members only). Both go to `state_dir/shm_ours.json`
 with the boot they were seen in, so they outlive the daemon (a SIGKILLed daemon's successor still
 knows them) and never outlive a reboot (pids restart). Bounded: the newest `KEEP` of each.
 """
