@@ -71,7 +71,7 @@ class _ApiServer(uvicorn.Server):
     _exit = False
 
     @property
-    def should_exit(self) -> bool:  # type: ignore[override]
+    def should_exit(self) -> bool:
         return self._exit
 
     @should_exit.setter
