@@ -24,6 +24,11 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _RANK = re.compile(r"_TP(\d+)")
 # multiprocessing's "spawn" child before it runs its target (SGLang starts every child this way).
 _SPAWN_BOOTSTRAP = "from multiprocessing.spawn import spawn_main"
+_CHUNK = 16384
+# A process this old when its environment was read without the marker will not gain it: only an exec
+# changes the environment /proc shows, and an exec follows its fork at once (issue 51: the marker
+# search read every process's environment on the host at every poll).
+_MARK_SETTLED_S = 2.0
 
 # psutil's names for the state letters of /proc/<pid>/stat.
 _STATUS = {
@@ -68,11 +73,24 @@ class ProcStat:
 
 
 def _read_bytes(path: str) -> bytes | None:
+    """The whole file, or None. os.open/os.read, not `open()`: the file object and its buffer cost
+    more than the read for /proc's small files, and the scan reads one per process on the host."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:  # vanished, a kernel thread, or not ours to read
         return None
+    try:
+        first = os.read(fd, _CHUNK)
+        if len(first) < _CHUNK:
+            return first
+        parts = [first]
+        while chunk := os.read(fd, _CHUNK):
+            parts.append(chunk)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_text(path: str) -> str | None:
@@ -112,8 +130,10 @@ def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
 
 def carries_marker(pid: int, marker: str, proc_root: str = "/proc") -> bool:
     environ = _read_bytes(f"{proc_root}/{pid}/environ")
-    if not environ:
-        return False
+    return bool(environ) and _marked(environ or b"", marker)
+
+
+def _marked(environ: bytes, marker: str) -> bool:
     return b"\0" + f"{MARKER_ENV}={marker}".encode() + b"\0" in b"\0" + environ + b"\0"
 
 
@@ -130,45 +150,87 @@ def scan_tree(
     proc_root: str = "/proc",
     *,
     known: Mapping[int, int] | None = None,
+    unmarked: set[tuple[int, int]] | None = None,
 ) -> dict[int, ProcStat]:
     """Members of the tree by pid, zombies included; the calling process and its ancestors excluded.
 
     `known` maps pids seen as members earlier to their `starttime`: those still alive with the same
     start time stay members even if their environment no longer shows the marker. One pass over
     /proc/*/stat builds the parent map; /proc/<pid>/environ is read only for processes that are
-    not already members, so the scan costs a few milliseconds.
+    not already members, so the scan costs a few milliseconds. `unmarked`, kept by the caller from
+    scan to scan: the (pid, start time) of processes whose environment was read without the marker
+    when they were already `_MARK_SETTLED_S` old; they are not read again (the scan updates it).
     """
-    stats: dict[int, ProcStat] = {}
+    # One read of each stat; only the parent and start time are parsed for every process, the
+    # whole line only for members (most of the host is not the tree).
+    texts: dict[int, bytes] = {}
+    parents: dict[int, int] = {}
+    starts: dict[int, int] = {}
     children: dict[int, list[int]] = {}
     for pid in _all_pids(proc_root):
-        st = read_stat(pid, proc_root)
-        if st is None:
+        raw = _read_bytes(f"{proc_root}/{pid}/stat")
+        if raw is None:
             continue
-        stats[pid] = st
-        children.setdefault(st.ppid, []).append(pid)
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if raw.find(b"(") < 0 or len(fields) <= 21:
+            continue
+        try:
+            ppid, start = int(fields[1]), int(fields[19])
+        except ValueError:
+            continue
+        texts[pid], parents[pid], starts[pid] = raw, ppid, start
+        children.setdefault(ppid, []).append(pid)
 
-    seeds = [pid for pid, start in (known or {}).items() if pid in stats and stats[pid].starttime == start]
-    if root_pid is not None and root_pid in stats:
+    seeds = [pid for pid, start in (known or {}).items() if starts.get(pid) == start]
+    if root_pid is not None and root_pid in texts:
         seeds.append(root_pid)
     members = _descendants(seeds, children)
     if marker:
-        marked = [
-            pid
-            for pid, st in stats.items()
-            if pid not in members and st.ppid != 2 and pid != 2 and carries_marker(pid, marker, proc_root)
-        ]
+        settled = _settled_before(proc_root)
+        was_unmarked = unmarked if unmarked is not None else set()
+        now_unmarked: set[tuple[int, int]] = set()
+        marked = []
+        for pid, ppid in parents.items():
+            if pid in members or ppid == 2 or pid == 2:
+                continue
+            key = (pid, starts[pid])
+            if key in was_unmarked:
+                now_unmarked.add(key)
+                continue
+            environ = _read_bytes(f"{proc_root}/{pid}/environ")
+            if environ and _marked(environ, marker):
+                marked.append(pid)
+            elif environ and starts[pid] <= settled:
+                now_unmarked.add(key)
+        if unmarked is not None:
+            unmarked.clear()
+            unmarked.update(now_unmarked)
         members |= _descendants(marked, children)
-    members -= _self_and_ancestors(stats)
-    return {pid: stats[pid] for pid in sorted(members)}
+    members -= _self_and_ancestors(parents)
+    out: dict[int, ProcStat] = {}
+    for pid in sorted(members):
+        st = parse_stat(pid, texts[pid].decode("utf-8", "replace"))
+        if st is not None:
+            out[pid] = st
+    return out
 
 
-def _self_and_ancestors(stats: Mapping[int, ProcStat]) -> set[int]:
+def _settled_before(proc_root: str) -> float:
+    """The start time (clock ticks after boot) before which a process is `_MARK_SETTLED_S` old."""
+    raw = _read_bytes(f"{proc_root}/uptime")
+    try:
+        uptime = float(raw.split()[0]) if raw else 0.0
+    except (IndexError, ValueError):
+        uptime = 0.0
+    return (uptime - _MARK_SETTLED_S) * _CLK_TCK
+
+
+def _self_and_ancestors(parents: Mapping[int, int]) -> set[int]:
     chain: set[int] = set()
     pid = os.getpid()
     while pid > 0 and pid not in chain:
         chain.add(pid)
-        st = stats.get(pid)
-        pid = st.ppid if st is not None else 0
+        pid = parents.get(pid, 0)
     return chain
 
 
@@ -252,9 +314,14 @@ class ProcessTreeProbe:
         self._proc = proc_root
         self._with_threads = with_threads
         self.titles = titles
+        self._unmarked: set[tuple[int, int]] = set()  # scan_tree's, from poll to poll
+        self._marker: str | None = None
 
     def observe(self, root_pid: int | None, marker: str | None, root_exit: int | None = None) -> TreeObservation:
-        stats = scan_tree(root_pid, marker, self._proc)
+        if marker != self._marker:  # another marker: every process is looked at again
+            self._unmarked.clear()
+            self._marker = marker
+        stats = scan_tree(root_pid, marker, self._proc, unmarked=self._unmarked)
         root_title = title_of(root_pid, stats[root_pid].comm, self._proc) if root_pid in stats else None
         infos = [info for st in stats.values() if (info := self._proc_info(st, root_pid, root_title)) is not None]
         infos = _alone_rank(infos, self.titles)

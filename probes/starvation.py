@@ -53,11 +53,18 @@ def parse_psi(text: str) -> tuple[float | None, float | None]:
 
 
 def _read(path: str) -> str | None:
+    # os.open/os.read: one small read per thread of the tree every poll, and a file object costs
+    # more than the read (issue 51; a real SGLang rank has dozens of threads).
     try:
-        with open(path, "rb") as f:
-            return f.read(4096).decode("ascii", "replace")
+        fd = os.open(path, os.O_RDONLY)
     except OSError:  # vanished, not ours to read, or the kernel has no such file
         return None
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class StarvationProbe:

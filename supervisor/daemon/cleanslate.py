@@ -115,13 +115,19 @@ def names_in_use(shm_dir: Path, proc_root: str = "/proc", pids: Iterable[int] | 
             return found
     for pid in pids:
         try:
-            with open(f"{proc_root}/{pid}/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    at = line.find(prefix)
-                    if at >= 0:
-                        found.add(line[at + len(prefix) :].strip().removesuffix(" (deleted)"))
+            with open(f"{proc_root}/{pid}/maps", "rb") as f:
+                maps = f.read()
         except OSError:
-            pass
+            maps = b""
+        # One search of the whole file, lines decoded only where the prefix is: a GPU server's
+        # maps run to thousands of lines and few name the shm directory (issue 51).
+        text = maps.decode("utf-8", "replace") if prefix.encode() in maps else ""
+        at = text.find(prefix)
+        while at >= 0:
+            end = text.find("\n", at)
+            line_end = len(text) if end < 0 else end
+            found.add(text[at + len(prefix) : line_end].strip().removesuffix(" (deleted)"))
+            at = text.find(prefix, line_end)
         try:
             for fd in os.listdir(f"{proc_root}/{pid}/fd"):
                 target = os.readlink(f"{proc_root}/{pid}/fd/{fd}")

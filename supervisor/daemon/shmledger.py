@@ -1,9 +1,10 @@
 """Which shared-memory segments this daemon's trees made: the proof the clean slate needs before it
 removes one (supervisor.daemon.cleanslate.stale_shm).
 
-While a server runs, the daemon notes the pids of its tree (every observation) and, at most every
-`SCAN_EVERY_S` or when the tree's pids change, the files under the shm directory that the tree maps
-or holds open (/proc/<pid>/maps and fd/ of its own members only). Both go to `state_dir/shm_ours.json`
+While a server runs, the daemon notes the pids of its tree (every observation) and, every
+`SCAN_EVERY_S` (backing off to `SCAN_MAX_S` while nothing new is found) or when the tree's pids
+change, the files under the shm directory that the tree maps or holds open (/proc/<pid>/maps and fd/
+of its own members only). Both go to `state_dir/shm_ours.json`
 with the boot they were seen in, so they outlive the daemon (a SIGKILLed daemon's successor still
 knows them) and never outlive a reboot (pids restart). Bounded: the newest `KEEP` of each.
 """
@@ -21,6 +22,11 @@ from supervisor.daemon import cleanslate as cs
 
 LEDGER_NAME = "shm_ours.json"
 SCAN_EVERY_S = 5.0
+# A scan that found nothing new waits twice as long for the next, up to this (issue 51: a GPU
+# server's maps run to thousands of lines per process); new pids or a new name bring back
+# SCAN_EVERY_S. A segment made meanwhile is recorded at most this late: until then a clean slate keeps
+# it, never removes it wrongly.
+SCAN_MAX_S = 30.0
 KEEP = 4096
 
 
@@ -72,17 +78,21 @@ class ShmLedger:
         self._pids, self._names = sorted(ours.pids), sorted(ours.names)
         self._seen_pids: frozenset[int] = frozenset()
         self._scanned_at: float | None = None
+        self._every = SCAN_EVERY_S
 
     def due(self, pids: Iterable[int]) -> bool:
         now = self.monotonic()
-        return frozenset(pids) != self._seen_pids or self._scanned_at is None or now - self._scanned_at >= SCAN_EVERY_S
+        return frozenset(pids) != self._seen_pids or self._scanned_at is None or now - self._scanned_at >= self._every
 
     def note(self, pids: Iterable[int], shm_dir: str) -> None:
         """Record the tree's pids and what it maps under `shm_dir` (blocking: call in a thread)."""
         tree = frozenset(p for p in pids if p > 0)
+        changed = tree != self._seen_pids
         self._seen_pids, self._scanned_at = tree, self.monotonic()
         new_pids = sorted(tree - set(self._pids))
         new_names = sorted(mapped_by(tree, Path(shm_dir), self.proc_root) - set(self._names)) if shm_dir else []
+        quiet = not (changed or new_pids or new_names)
+        self._every = min(2 * self._every, SCAN_MAX_S) if quiet else SCAN_EVERY_S
         if new_pids or new_names:
             self._pids += new_pids
             self._names += new_names

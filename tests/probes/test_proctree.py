@@ -199,6 +199,38 @@ def test_observe_children_that_have_not_named_themselves(tmp_path: Path) -> None
     ]
 
 
+def _uptime(proc: str, seconds_after_start: float, start: int = 12345 + 301) -> None:
+    """/proc/uptime `seconds_after_start` after the clock tick `start` (the fixture's start times)."""
+    Path(proc, "uptime").write_text(f"{start / TCK + seconds_after_start:.2f} 100.00\n")
+
+
+def test_a_settled_process_without_the_marker_is_not_read_again(fake_proc: str) -> None:
+    """Issue 51: the marker search read every process's environment at every poll. A process already
+    2 s old whose environment lacked the marker is noted and skipped; an exec is the only way its
+    environment changes, and an exec follows its fork at once."""
+    _uptime(fake_proc, 10.0)
+    notes: set[tuple[int, int]] = set()
+    first = scan_tree(None, "m1", fake_proc, unmarked=notes)
+    assert list(first) == [ROOT, TP0, TP1, DETOK, ZOMBIE, ESCAPED, ESC_CHILD]
+    assert (STRANGER, 12345 + STRANGER % 1000) in notes and (STRANGER_CHILD, 12345 + STRANGER_CHILD % 1000) not in notes
+    Path(fake_proc, str(STRANGER), "environ").write_bytes(f"{MARKER_ENV}=m1\0".encode())
+    assert scan_tree(None, "m1", fake_proc, unmarked=notes) == first  # noted: not read again
+    assert STRANGER in scan_tree(None, "m1", fake_proc)  # without the notes it is read, and found
+    # A process gone from /proc leaves the notes (its pid may come back as another process).
+    Path(fake_proc, str(STRANGER), "stat").unlink()
+    scan_tree(None, "m1", fake_proc, unmarked=notes)
+    assert all(pid != STRANGER for pid, _ in notes)
+
+
+def test_a_young_process_is_read_at_every_scan(fake_proc: str) -> None:
+    _uptime(fake_proc, 1.0, start=12345)  # every process started under 2 s ago: it may still exec with the marker
+    notes: set[tuple[int, int]] = set()
+    scan_tree(None, "m1", fake_proc, unmarked=notes)
+    assert notes == set()
+    Path(fake_proc, str(STRANGER), "environ").write_bytes(f"{MARKER_ENV}=m1\0".encode())
+    assert STRANGER in scan_tree(None, "m1", fake_proc, unmarked=notes)
+
+
 def test_find_tree_by_parentage_and_marker(fake_proc: str) -> None:
     tree = [ROOT, TP0, TP1, DETOK, ZOMBIE]
     assert find_tree(ROOT, None, fake_proc) == tree

@@ -137,6 +137,39 @@ def test_the_ledger_records_what_the_tree_maps_and_the_sweep_removes_it_once_unm
     assert [s.name for s in removed] == [mine.name] and names(shm) == [other.name]
 
 
+def test_quiet_scans_back_off_and_a_new_segment_or_pid_brings_the_short_interval_back(
+    dirs: tuple[Path, Path],
+    mapper: Mapper,
+) -> None:
+    """Issue 51: each scan reads every member's maps; while nothing new is found they come less often."""
+    shm, state = dirs
+    first = segment(shm, "psm_00aa11bb")
+    tree = mapper(first)
+    clock = [0.0]
+    ledger = shmledger.ShmLedger(state, lambda: clock[0])
+    ledger.note([tree.pid], str(shm))  # new pids: the next in SCAN_EVERY_S
+    gaps = []
+    for _ in range(6):
+        gap = 0.0
+        while not ledger.due([tree.pid]):
+            clock[0] += 1.0
+            gap += 1.0
+        gaps.append(gap)
+        ledger.note([tree.pid], str(shm))
+    every = shmledger.SCAN_EVERY_S
+    assert gaps == [every, 2 * every, 4 * every, shmledger.SCAN_MAX_S, shmledger.SCAN_MAX_S, shmledger.SCAN_MAX_S]
+    assert ledger.due([tree.pid, 4_000_000])  # the tree changed: at once
+    second = segment(shm, "psm_44ee55ff")
+    other = mapper(second)
+    ledger.note([tree.pid, other.pid], str(shm))
+    clock[0] += every
+    assert ledger.due([tree.pid, other.pid])  # a new segment: the short interval again
+    assert shmledger.load(state, shmledger.boot_id()).names == {first.name, second.name}
+    for proc in (tree, other):
+        proc.kill()
+        proc.wait()
+
+
 def test_a_ledger_of_another_boot_or_malformed_proves_nothing(dirs: tuple[Path, Path]) -> None:
     shm, state = dirs
     pid = dead_pid()
