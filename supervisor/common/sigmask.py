@@ -21,3 +21,8 @@ def hold() -> None:
 
 def release() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+
+
+def held() -> bool:
+    """Whether this thread blocks all of them now (the handoff's re-exec under way)."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, []) >= HELD
