@@ -444,9 +444,18 @@ def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: flo
 HANDOFFS = 3
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie its parent (this bench) has yet to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def handoff_squat(api: str, pid: int, port: int, state_dir: Path) -> dict[str, Any]:
-    """A squatter loops binding the API port while the daemon is handed off HANDOFFS times; then
-    `/status` with the token. Before issue 50 the squatter won the gap and was sent the token."""
+    """A squatter loops binding the API port while the daemon is handed off HANDOFFS times, and a
+    client asks `/status` with the token every 0.2 s meanwhile (an operator's `status --watch`).
+    Before issue 50 the squatter won the gap and was sent the token."""
     import json
     import signal
 
@@ -457,10 +466,27 @@ def handoff_squat(api: str, pid: int, port: int, state_dir: Path) -> dict[str, A
         lines = path.read_text(errors="replace").splitlines() if path.exists() else []
         return sum(json.loads(x).get("event") == "server_adopted" for x in lines if x.strip())
 
+    headers = {"Authorization": f"Bearer {LOGIN_TOKEN}"}
+
+    def ask() -> int:
+        try:
+            return httpx.get(f"{api}/status", headers=headers, timeout=PROBE_TIMEOUT_S, trust_env=False).status_code
+        except httpx.HTTPError:
+            return -1
+
+    asked: list[int] = []
+    halt = threading.Event()
+
+    def asker() -> None:
+        while not halt.wait(PROBE_EVERY_S):
+            asked.append(ask())
+
     token = state_dir.parent / "squat-token"
     token.write_text(LOGIN_TOKEN + "\n")
     token.chmod(0o600)
     squatter = Squatter("127.0.0.1", port, state_dir.parent / "squat.json", token)
+    client = threading.Thread(target=asker, daemon=True)
+    client.start()
     done = 0
     try:
         time.sleep(1)
@@ -468,25 +494,23 @@ def handoff_squat(api: str, pid: int, port: int, state_dir: Path) -> dict[str, A
             before = adopted()
             os.kill(pid, signal.SIGUSR2)
             deadline = time.monotonic() + 180  # the new code's preflight, then its start
-            while adopted() <= before and time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+            while adopted() <= before and time.monotonic() < deadline and _alive(pid):
                 time.sleep(0.1)
             if adopted() <= before:
                 break
             done += 1
             time.sleep(2)
     finally:
+        halt.set()
+        client.join(10)
         got = squatter.stop()
-    try:
-        headers = {"Authorization": f"Bearer {LOGIN_TOKEN}"}
-        status_after = httpx.get(f"{api}/status", headers=headers, timeout=10, trust_env=False).status_code
-    except httpx.HTTPError:
-        status_after = -1
     return {
         "handoffs": f"{done} of {HANDOFFS}",
         "squatter_binds": f"{got.get('won')} won of {got.get('tries')}",
         "token_leaked": got.get("got_token"),
-        "status_after": status_after,
-        "same_pid": os.path.exists(f"/proc/{pid}"),
+        "status_200_during": f"{asked.count(200)} of {len(asked)}",
+        "status_after": ask(),
+        "daemon_alive": _alive(pid),
     }
 
 
