@@ -10,6 +10,8 @@ The attacks, all on loopback against `python -m supervisor run` supervising the 
   follow_streams    260 `GET /events?follow=true` streams, read as they come
   giant_line        8 `GET /logs` at once on a log whose last line is 300 MB
   stalled_followers 20 `GET /logs?follow=true` that stop reading during a 200 MB log flood, then go
+  handoff_squat     a second process looping `bind()` on the API port (bench/squatter.py) while the
+                    daemon is handed off with SIGUSR2 3 times (issue 50); `/status` asked with the token after
   peer_forged_report  (a group leader) a fake member forging `cause: rank_died` (bench/hostile_peers.py)
   peer_giant_answer   (a group leader) a fake member answering 1.5 GB to each of the leader's requests
   cache_symlink     links planted in a shared `cache_dir` (bench/hostile_caches.py, issue 50)
@@ -55,6 +57,7 @@ API_ATTACKS = (
     "follow_streams",
     "giant_line",
     "stalled_followers",
+    "handoff_squat",
 )
 ATTACKS = (*API_ATTACKS, *PEER_ATTACKS, *CACHE_ATTACKS)
 GAP = "output_gap"  # not an attack on the API: what the server writes while daemon and keeper are gone
@@ -428,6 +431,8 @@ def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: flo
                 time.sleep(2)
             extra = dict(c)
             time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+        elif name == "handoff_squat":
+            extra = handoff_squat(api, pid, port, log.parent.parent)
         else:
             raise ValueError(name)
     during = w.summary()
@@ -435,6 +440,81 @@ def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: flo
         time.sleep(3)
     after = after_w.summary()
     return {"attack": name, "rest": before, "attack_figures": during, "after": after, "extra": extra}
+
+
+# ---- handoff_squat (issue 50): the port and the token during SIGUSR2 handoffs ----
+
+HANDOFFS = 3
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie its parent (this bench) has yet to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def handoff_squat(api: str, pid: int, port: int, state_dir: Path) -> dict[str, Any]:
+    """A squatter loops binding the API port while the daemon is handed off HANDOFFS times, and a
+    client asks `/status` with the token every 0.2 s meanwhile (an operator's `status --watch`).
+    Before issue 50 the squatter won the gap and was sent the token."""
+    import json
+    import signal
+
+    from bench.squatter import Squatter
+
+    def adopted() -> int:
+        path = state_dir / "events.jsonl"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        return sum(json.loads(x).get("event") == "server_adopted" for x in lines if x.strip())
+
+    headers = {"Authorization": f"Bearer {LOGIN_TOKEN}"}
+
+    def ask() -> int:
+        try:
+            return httpx.get(f"{api}/status", headers=headers, timeout=PROBE_TIMEOUT_S, trust_env=False).status_code
+        except httpx.HTTPError:
+            return -1
+
+    asked: list[int] = []
+    halt = threading.Event()
+
+    def asker() -> None:
+        while not halt.wait(PROBE_EVERY_S):
+            asked.append(ask())
+
+    token = state_dir.parent / "squat-token"
+    token.write_text(LOGIN_TOKEN + "\n")
+    token.chmod(0o600)
+    squatter = Squatter("127.0.0.1", port, state_dir.parent / "squat.json", token)
+    client = threading.Thread(target=asker, daemon=True)
+    client.start()
+    done = 0
+    try:
+        time.sleep(1)
+        for _ in range(HANDOFFS):
+            before = adopted()
+            os.kill(pid, signal.SIGUSR2)
+            deadline = time.monotonic() + 180  # the new code's preflight, then its start
+            while adopted() <= before and time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.1)
+            if adopted() <= before:
+                break
+            done += 1
+            time.sleep(2)
+    finally:
+        halt.set()
+        client.join(10)
+        got = squatter.stop()
+    return {
+        "handoffs": f"{done} of {HANDOFFS}",
+        "squatter_binds": f"{got.get('won')} won of {got.get('tries')}",
+        "token_leaked": got.get("got_token"),
+        "status_200_during": f"{asked.count(200)} of {len(asked)}",
+        "status_after": ask(),
+        "daemon_alive": _alive(pid),
+    }
 
 
 def _keeper_of(server_pid: int) -> int | None:
@@ -686,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         wd = workdir(f"hostile-{name}")
         settings = sim_settings(wd, "ok", tp=1)
-        if name == "login_flood":  # a page login needs a token to refuse
+        if name in ("login_flood", "handoff_squat"):  # a page login needs a token to refuse; a squatter, to steal
             token = wd / "token"
             token.write_text(LOGIN_TOKEN + "\n")
             token.chmod(0o600)

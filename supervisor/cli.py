@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from supervisor import __version__
 from supervisor.common import sigmask
@@ -17,13 +18,20 @@ from supervisor.common.configerror import ConfigError
 from supervisor.common.exitcodes import EXIT_BROKEN_PIPE, EXIT_CONFIG, EXIT_HANDOFF, EXIT_LOCKED
 from supervisor.config.settings import load_settings
 
+if TYPE_CHECKING:
+    from supervisor.host.inherit import Handover
+
 
 def _run(args: argparse.Namespace) -> int:
     from supervisor.common import ownpackage
+    from supervisor.host import inherit
     from supervisor.host.instance_lock import StateDirLocked, StateDirUnusable
     from supervisor.logs import setup as logsetup
     from supervisor.root.serve import serve
 
+    # First: what a handoff's previous image passed on leaves the environment before anything can
+    # be spawned with it (a preflight's own variable included).
+    inherited = inherit.take(os.environ, os.getpid()) if not args.preflight else inherit.Inherited()
     shadowed = ownpackage.check()  # before anything else: another program's `supervisor` package
     if shadowed is not None:
         print(f"sglang-supervisor: refused to start: {shadowed}", file=sys.stderr)
@@ -36,8 +44,17 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"sglang-supervisor: config refused:\n{err}", file=sys.stderr)
         return EXIT_CONFIG
+    handover: list[inherit.Handover] = []
     try:
-        code = asyncio.run(serve(settings, env=dict(os.environ), config_path=Path(args.config)))
+        code = asyncio.run(
+            serve(
+                settings,
+                env=dict(os.environ),
+                config_path=Path(args.config),
+                inherited=inherited,
+                handover=handover,
+            )
+        )
     except ConfigError as err:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -47,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     except StateDirUnusable as err:
         print(f"sglang-supervisor: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    return reexec() if code == EXIT_HANDOFF else code
+    return reexec(handover[0] if handover else None) if code == EXIT_HANDOFF else code
 
 
 def _preflight(config: str) -> int:
@@ -59,22 +76,30 @@ def _preflight(config: str) -> int:
     except ConfigError as err:
         print(f"sglang-supervisor: config refused:\n{err}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"sglang-supervisor {__version__}: {config} would start")
+    from supervisor.host.inherit import TAKES_OVER
+
+    print(f"sglang-supervisor {__version__}: {config} would start; a handoff to it {TAKES_OVER}")
     return 0
 
 
-def reexec() -> int:
+def reexec(handover: Handover | None = None) -> int:
     """The SIGUSR2 handoff's second half: run the (upgraded) code on disk in this very process.
 
     Same pid, so systemd sees no exit and no start (a handoff spends none of the unit's start
-    limit, which is there for crash loops), and the lock on the state directory, dropped with its
-    O_CLOEXEC descriptor, is taken again by the new image. Signals stay blocked across the exec
-    (pending ones included) until the new loop's handlers run. Only if the exec itself fails does
-    the daemon exit 75 (EX_TEMPFAIL) for systemd to start it (RestartForceExitStatus=75).
+    limit, which is there for crash loops). What `handover` keeps open crosses the exec: the API's
+    listening socket and the locked state directory (supervisor.host.inherit), so no other process
+    can bind the port or take the state directory between the two images. Signals stay blocked
+    across the exec (pending ones included) until the new loop's handlers run. Only if the exec
+    itself fails does the daemon exit 75 (EX_TEMPFAIL) for systemd to start it
+    (RestartForceExitStatus=75); the kept descriptors close with it.
     """
+    from supervisor.host.inherit import exec_env
+
     sigmask.hold()
     sys.stdout.flush()
     sys.stderr.flush()
+    if handover is not None:
+        os.environ.update(exec_env(handover, os.getpid()))
     try:
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     except OSError as err:

@@ -23,6 +23,7 @@ from supervisor.daemon.adopt import ServerRecord, refusal, starttime_of
 from supervisor.daemon.observe import Observer, Target
 from supervisor.daemon.stopping import StopTools
 from supervisor.diagnostics.flightrec import launch_env as fr_launch_env
+from supervisor.host.inherit import ENV_KEYS as INHERIT_KEYS
 from supervisor.logs.reader import LogCapture
 from supervisor.logs.tending import KeeperStatus
 from supervisor.policy.gpuwait import wants_look
@@ -412,9 +413,10 @@ class Server:
 
 # ---- what the server gets -------------------------------------------------------------------
 
-# The daemon's own systemd plumbing never reaches the server.
+# The daemon's own systemd plumbing never reaches the server, nor what a handoff passed it
+# (`run` takes those out of its environment first; this is the second fence).
 _NOT_FOR_CHILD = frozenset(
-    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID"}
+    {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "INVOCATION_ID", *INHERIT_KEYS}
 )
 
 

@@ -5,8 +5,10 @@ second one refuses at once and names the holder. The lock is an `flock` on an O_
 the kernel drops it when the daemon exits however it exits (SIGKILL, watchdog abort), and nothing
 the daemon spawns inherits it (the server and the log keeper get only their pipes), so a server
 that outlives its daemon never keeps the successor out. The file holds the holder's pid and, during
-a SIGUSR2 handoff, the word `handoff`: only then does a newcomer wait (bounded) for the lock,
-because its holder is about to let go.
+a SIGUSR2 handoff, the word `handoff`: only then does a newcomer wait (bounded) for the lock.
+The handoff itself never lets go: the old image passes the locked descriptor across its `execv`
+(`pass_on`, supervisor.host.inherit) and the new image checks it (`adopt`), so no other daemon can
+take the state directory between the two images; a newcomer waits out its bound and is refused.
 
 Beside the lock, `daemon.json` (`write_about`) says who holds it: pid, config path, the server's
 and the API's address. Another daemon that finds a tree of this state directory on its port reads
@@ -23,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from supervisor.host.inherit import PassedLock, close_fd
 
 LOCK_NAME = "daemon.lock"
 ABOUT_NAME = "daemon.json"
@@ -85,6 +89,19 @@ class StateLock:
         """A successor started now waits for the lock instead of refusing."""
         self._write(f"{os.getpid()} handoff\n")
 
+    def pass_on(self) -> PassedLock | None:
+        """For the handoff's re-exec: the locked descriptor, kept open (`inherit.exec_env` makes it
+        inheritable); this object no longer releases it. None when not held or unreadable."""
+        fd = self._fd
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        self._fd = None
+        return PassedLock(fd, st.st_dev, st.st_ino)
+
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
@@ -138,6 +155,32 @@ def acquire(
     except BaseException:
         os.close(fd)
         raise
+    lock = StateLock(path, fd)
+    lock._write(f"{os.getpid()}\n")
+    return lock
+
+
+def adopt(state_dir: Path, passed: PassedLock) -> StateLock | str:
+    """The lock the previous image of this process passed across its exec, when the descriptor is
+    still `state_dir/daemon.lock` (same device and inode as the variable said) and holds the lock
+    (an flock through it succeeds at once); close-on-exec again. Else why not, the descriptor closed
+    (the caller then `acquire`s as any start does)."""
+    path = state_dir / LOCK_NAME
+    fd = passed.fd
+    try:
+        mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError as err:
+        close_fd(fd)
+        return f"{path}: {err.strerror or err}"
+    if not ((mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino) == (passed.dev, passed.ino)):
+        close_fd(fd)
+        return f"descriptor {fd} is not {path} (another file, or the file was replaced)"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        close_fd(fd)
+        return f"descriptor {fd} does not hold the lock on {path} ({err.strerror or err})"
+    os.set_inheritable(fd, False)
     lock = StateLock(path, fd)
     lock._write(f"{os.getpid()}\n")
     return lock

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
+import threading
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +43,9 @@ from supervisor.daemon.server import child_env
 from supervisor.group import members as grouping
 from supervisor.group.peers import NoPeers, Peers
 from supervisor.group.verdict import NodeReport
+from supervisor.host import inherit
 from supervisor.host.apiguard import raise_nofile_limit, uvicorn_options
-from supervisor.host.instance_lock import StateLock, acquire
+from supervisor.host.instance_lock import StateLock, acquire, adopt
 from supervisor.host.sdnotify import Notifier
 from supervisor.logs.view import LogRedaction, server_log_file
 from supervisor.metrics.exporter import SupervisorMetrics
@@ -145,6 +148,13 @@ class Api:
     task: asyncio.Task[None]
     sock: socket.socket
     follows: FollowSlots | None = None
+    host: str = ""  # as configured, which a handoff passes on with the socket
+    port: int = 0
+
+    def keep_listening(self) -> inherit.PassedListener:
+        """For the handoff: a second descriptor of the listening socket, which `close` leaves open,
+        so the port stays this process's through the re-exec (connections wait in its backlog)."""
+        return inherit.PassedListener(os.dup(self.sock.fileno()), self.host, self.port)
 
     async def close(self) -> None:
         if self.follows is not None:  # open follows end their answers before uvicorn's grace runs out
@@ -161,10 +171,13 @@ async def start_api(
     env: Mapping[str, str],
     registry: CollectorRegistry,
     timeline: Timeline | None = None,
+    sock: socket.socket | None = None,
 ) -> Api:
+    """`sock`: the listening socket the previous image passed on (a handoff), else one is bound."""
     token = load_token(settings.api, env)
     check_bind(settings.api.host, token)
-    sock = bind_socket(settings.api.host, settings.api.port)
+    if sock is None:
+        sock = bind_socket(settings.api.host, settings.api.port)
     redaction = LogRedaction(sup.settings, dict(env))
 
     def redact(text: str) -> str:
@@ -216,7 +229,29 @@ async def start_api(
     if task.done():
         task.result()
     log.info("api_listening", host=settings.api.host, port=settings.api.port, auth=token is not None)
-    return Api(server, task, sock, app.state.context.follows)
+    return Api(server, task, sock, app.state.context.follows, settings.api.host, settings.api.port)
+
+
+def taken_listener(sup: Owner, settings: Settings, inherited: inherit.Inherited) -> socket.socket | None:
+    """The listening socket the previous image passed on, when it is the configured address; what
+    was taken over, or why not, is journaled (`handoff_inherited`)."""
+    sock: socket.socket | None = None
+    why: list[str] = list(inherited.ignored)
+    if inherited.listener is not None:
+        got = inherit.adopt_listener(inherited.listener, settings.api.host, settings.api.port)
+        if isinstance(got, str):
+            why.append(f"listener: {got}; bound afresh")
+        else:
+            sock = got
+    if inherited.listener is not None or inherited.lock is not None or why:
+        sup.record(
+            "handoff_inherited",
+            "info" if not why else "warning",
+            listener=sock is not None,
+            lock=inherited.lock is not None and not any(w.startswith("lock:") for w in why),
+            ignored="; ".join(why) or None,
+        )
+    return sock
 
 
 def make_owner(
@@ -273,31 +308,46 @@ def start_alerter(sup: Owner, settings: Settings, metrics: NotifyMetrics) -> Ale
     return alerter
 
 
-def install_signals(sup: Owner, config_path: Path | None = None, env: Mapping[str, str] | None = None) -> None:
+def install_signals(
+    sup: Owner,
+    config_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    api_at: Callable[[], tuple[str, int]] | None = None,
+) -> None:
+    """`api_at`: where the API listens now, which the handoff's preflight must find in the new code's config."""
     loop = asyncio.get_running_loop()
     proving: list[asyncio.Task[None]] = []  # the handoff's preflight in flight (one at a time)
 
-    def enqueue(kind: str) -> None:
+    def enqueue(kind: str, sig: signal.Signals | None = None) -> None:
+        if sig is not None and sup.leaving == "handoff" and sigmask.held():
+            # The re-exec is under way (serve held the signals): this one was taken by a worker thread
+            # that does not block it. Pending on the main thread it crosses the exec, and the new
+            # image's handlers get it instead of this daemon's closed queue.
+            signal.pthread_kill(threading.main_thread().ident or 0, sig)
+            return
         sup.queue.put_nowait(Command(kind=kind, source="signal", reason=f"signal ({kind})"))  # type: ignore[arg-type]
 
     async def prove_then_hand_off() -> None:
         """The successor's code validates the config first (supervisor.root.preflight); refused:
         the old daemon stays in charge and says why."""
-        why = await preflight(config_path, env if env is not None else {})
+        why = await preflight(config_path, env if env is not None else {}, api=api_at() if api_at else None)
         if why is None:
             enqueue("handoff")
             return
         sup.record("handoff_refused", "warning", reason=why, config=str(config_path))
 
     def handoff() -> None:
+        if sup.leaving == "handoff" and sigmask.held():
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR2)  # as in enqueue
+            return
         if proving and not proving[-1].done():
             return  # a second SIGUSR2 while the first is being proved
         proving[:] = [asyncio.create_task(prove_then_hand_off())]
 
-    loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown")
+    loop.add_signal_handler(signal.SIGTERM, enqueue, "shutdown", signal.SIGTERM)
     loop.add_signal_handler(signal.SIGINT, enqueue, "shutdown")
     loop.add_signal_handler(signal.SIGUSR2, handoff)
-    loop.add_signal_handler(signal.SIGHUP, enqueue, "reload")
+    loop.add_signal_handler(signal.SIGHUP, enqueue, "reload", signal.SIGHUP)
     sigmask.release()  # what arrived since the process started (held by sigmask.hold) is queued now
 
 
@@ -309,19 +359,48 @@ async def serve(
     ready: asyncio.Event | None = None,
     holder: list[Owner] | None = None,
     signals: bool = True,
+    inherited: inherit.Inherited | None = None,
+    handover: list[inherit.Handover] | None = None,
 ) -> int:
     """Run the daemon until a shutdown command, which stops the server tree on the way out.
 
     After a handoff (SIGUSR2) the server keeps running for the successor to adopt, and the exit
-    status is EXIT_HANDOFF, which the systemd unit turns into an immediate restart.
+    status is EXIT_HANDOFF, on which `run` re-executes itself in place. `inherited`: what the
+    previous image passed across that exec; `handover`: where this one leaves what it passes on
+    (the listening socket and the locked state directory; None: it closes and releases them).
     """
-    lock = acquire(settings.state_dir)  # before anything looks at the server: StateDirLocked
+    inherited = inherited if inherited is not None else inherit.Inherited()
+    ignored = list(inherited.ignored)
+    lock: StateLock | None = None
+    if inherited.lock is not None:
+        kept = adopt(settings.state_dir, inherited.lock)
+        lock = kept if isinstance(kept, StateLock) else None
+        if isinstance(kept, str):
+            ignored.append(f"lock: {kept}")
+    if lock is None:
+        lock = acquire(settings.state_dir)  # before anything looks at the server: StateDirLocked
+    passing: list[inherit.PassedListener] = []
+    code: int | None = None
     try:
-        return await _serve_locked(
-            settings, lock, env=env, config_path=config_path, ready=ready, holder=holder, signals=signals
+        code = await _serve_locked(
+            settings,
+            lock,
+            env=env,
+            config_path=config_path,
+            ready=ready,
+            holder=holder,
+            signals=signals,
+            inherited=inherit.Inherited(inherited.listener, inherited.lock, tuple(ignored)),
+            passing=passing if handover is not None else None,
         )
+        return code
     finally:
-        lock.release()  # the last act: a successor (handoff) waits for exactly this
+        if code == EXIT_HANDOFF and handover is not None:
+            handover.append(inherit.Handover(passing[0] if passing else None, lock.pass_on()))
+        else:
+            for kept_fd in passing:
+                inherit.close_fd(kept_fd.fd)
+            lock.release()
 
 
 async def _serve_locked(
@@ -333,6 +412,8 @@ async def _serve_locked(
     ready: asyncio.Event | None,
     holder: list[Owner] | None,
     signals: bool,
+    inherited: inherit.Inherited,
+    passing: list[inherit.PassedListener] | None,
 ) -> int:
     soft, hard = raise_nofile_limit()
     log.info("nofile_limit", soft=soft, hard=hard)
@@ -348,7 +429,13 @@ async def _serve_locked(
     notify_metrics = NotifyMetrics(registry)
     alerter = start_alerter(sup, settings, notify_metrics)
     retired: list[asyncio.Task[None]] = []  # alerters replaced by a reload, finishing their queues
-    api = await start_api(sup, settings, env, registry, timeline)
+    listener = taken_listener(sup, settings, inherited)
+    try:
+        api = await start_api(sup, settings, env, registry, timeline, sock=listener)
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
 
     current = settings
 
@@ -378,7 +465,7 @@ async def _serve_locked(
 
     sup.on_reload = on_reload
     if signals:
-        install_signals(sup, config_path, env)
+        install_signals(sup, config_path, env, api_at=lambda: (api.host, api.port))
     notifier.ready()
     if ready is not None:
         ready.set()
@@ -387,6 +474,12 @@ async def _serve_locked(
     finally:
         if sup.leaving == "handoff":
             lock.announce_handoff()
+            if passing is not None:  # `run` re-executes next
+                # From here to the new image's handlers SIGTERM/SIGHUP/SIGUSR2 wait (pending, carried
+                # across the exec) instead of meeting a closed queue or, once the loop is closed,
+                # their default action.
+                sigmask.hold()
+                passing.append(api.keep_listening())
         await asyncio.gather(alerter.close(), *retired, return_exceptions=True)
         await api.close()
         if sup.xid_watcher is not None:

@@ -48,6 +48,7 @@ EventName = Literal[
     "group_recovered",
     "group_started",
     "group_stop",
+    "handoff_inherited",
     "handoff_refused",
     "incident",
     "kernel_cache",

@@ -84,3 +84,41 @@ async def test_the_preflight_child_runs_in_the_daemons_session_where_the_reaper_
     assert int(out.read_text()) == os.getsid(0)
     assert adopted_orphans() == []  # the reaper sees no orphan to take
     assert await running is None
+
+
+# ---- issue 50: the successor takes over the API's socket, so the preflight checks the address ----
+
+
+def test_the_preflight_refuses_a_config_that_moves_the_api(tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from simconfig import sim_settings
+
+    from supervisor.config.render import dump_toml
+    from supervisor.host.inherit import HANDOFF_API_ENV, TAKES_OVER
+
+    settings = sim_settings(tmp_path, "ok")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dump_toml(settings))
+    here = f"{settings.api.host} {settings.api.port}"
+    monkeypatch.setenv(HANDOFF_API_ENV, here)
+    assert cli.main(["run", "--preflight", "--config", str(cfg)]) == 0
+    assert TAKES_OVER in capsys.readouterr().out  # what the old daemon waits to hear
+    monkeypatch.setenv(HANDOFF_API_ENV, f"{settings.api.host} {settings.api.port + 1}")
+    assert cli.main(["run", "--preflight", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"{settings.api.port + 1}" in err and "keeps its socket" in err and "systemctl restart" in err
+
+
+async def test_a_successor_that_does_not_say_it_takes_the_socket_over_is_refused(tmp_path: Path) -> None:
+    """Code on disk from before the socket was inherited would bind the port afresh: the port would
+    be free between the two images, which is the squatter's gap; the handoff is refused instead."""
+    from supervisor.host.inherit import HANDOFF_API_ENV, TAKES_OVER
+    from supervisor.root.preflight import preflight
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("")
+    old = [sys.executable, "-c", "print('sglang-supervisor 0.1.0: c.toml would start')"]
+    why = await preflight(cfg, dict(os.environ), argv=old, api=("127.0.0.1", 8700))
+    assert why is not None and "bind the API port afresh" in why and "restart" in why
+    said = f"import os; print('would start; a handoff to it {TAKES_OVER}', os.environ['{HANDOFF_API_ENV}'])"
+    assert await preflight(cfg, dict(os.environ), argv=[sys.executable, "-c", said], api=("127.0.0.1", 8700)) is None
+    assert await preflight(cfg, dict(os.environ), argv=old) is None  # no address asked: the old rule
