@@ -321,13 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=1, help="runs per case")
     p.add_argument("--only", choices=CASES, action="append", help="only these cases (repeatable)")
     p.add_argument("--no-write", action="store_true", help="print the table, leave docs/BENCHMARKS.md alone")
+    p.add_argument("--add", action="store_true", help="count these runs with the saved ones (ten runs in parts)")
     args = p.parse_args(argv)
     cases = tuple(args.only or CASES)
     runs = [run_case(c) for c in cases for _ in range(args.reps)]
     for r in runs:
         print(f"{r.case}: {'ok' if not r.error else 'MISSED ' + r.error} ({r.figure})", flush=True)
-    if args.only and not args.no_write:
-        kept = [Run(**r) for r in load_result("group_recovery") or [] if r["case"] not in cases]
+    if (args.only or args.add) and not args.no_write:
+        saved = [Run(**r) for r in load_result("group_recovery") or []]
+        kept = [r for r in saved if args.add or r.case not in cases]
         runs = sorted(kept + runs, key=lambda r: CASES.index(r.case))
     if not args.no_write:
         save_result("group_recovery", [r.__dict__ for r in runs])
