@@ -78,3 +78,8 @@ async def test_nan_in_launches_json_leaves_the_configured_stall_window_on(daemon
     assert all(w.source == "configured" for w in seen), seen  # the poisoned entry was dropped
     snap = await r2.wait_for(lambda x: x.last_incident is not None, 30, "the incident")
     assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"
+    # The dropped entry is said in the journal (what `/events` shows), not only in the log.
+    journal = (Path(bad.paths.state_dir) / "events.jsonl").read_text().splitlines()
+    dropped = [json.loads(x) for x in journal if '"launch_book_unreadable"' in x]
+    assert dropped, "no launch_book_unreadable record in the journal"
+    assert "nan" in dropped[-1]["error"].lower(), dropped
