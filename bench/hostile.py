@@ -677,13 +677,14 @@ def render(
         "with FIFOs named `launches.json` and `state.json` (`livez_s`/`ready_s` after its start; before: "
         "never), then on a book whose learned quiet intervals were replaced by NaN, inf, 1e308 and -5 "
         "(`window_in_force` every start-up stall window `/status` showed during that start, against "
-        "`configured`; `journal_dropped` the journal's `launch_book_unreadable` records; before: a NaN "
+        "`configured`; `quiet_intervals_poisoned` how many were replaced, `journal_dropped` the journal's `launch_book_unreadable` records of the entries dropped; before: a NaN "
         "window, no stall verdict but the backstop), its RSS and `/livez` watched during that start only; "
         "`cookie_other_port` logs in to `/ui/login`, takes the session cookie and the page's CSRF token, "
         "and posts the page's confirmed `stop` form through a relay on another loopback port (forwarding "
         "its own Host and Origin), with another port's Origin (`127.0.0.1` and `localhost`), and with "
         "another port's Host (`answers` in that order; `state_changing_accepted` those that stopped "
-        "anything; before: a relay on another port stopped the server)."
+        "anything; `same_origin_control` the same cookie and token on the API's own origin opening the "
+        "form's confirmation; before: a relay on another port stopped the server)."
     )
     by_stamp: dict[str, list[str]] = {}
     for name, (_, when) in kept.items():

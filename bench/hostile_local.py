@@ -213,7 +213,6 @@ def state_file_nan(wd: Path, watch: Callable[[str, int], Any], seconds: float) -
         (state / name).unlink()
     with Daemon(s, wd) as d:  # a good start: the book learns its windows
         _until(lambda: _status(d.api).get("state") == "ready", 120)
-        learned = _status(d.api).get("stall_window") or {}
     written = poison(state / "launches.json")
     seen: list[dict[str, Any]] = []
     with Daemon(s, wd) as d:  # the start on the poisoned book
@@ -228,7 +227,9 @@ def state_file_nan(wd: Path, watch: Callable[[str, int], Any], seconds: float) -
         with watch(d.api, d.pid) as w:
             _until(ready, 120, every=0.05)
             time.sleep(min(seconds, 5.0))
-        journal = [e for e in d.events() if e.get("event") == "launch_book_unreadable"]
+        journal = [
+            e for e in d.events() if e.get("event") == "launch_book_unreadable" and "malformed" in str(e.get("error"))
+        ]
     windows = sorted({(float(x["window_s"]), str(x["source"])) for x in seen})
     in_force = all(math.isfinite(v) and v == configured for v, _ in windows) and bool(windows)
     return {
@@ -236,8 +237,7 @@ def state_file_nan(wd: Path, watch: Callable[[str, int], Any], seconds: float) -
         "extra": {
             "livez_s_with_fifos": "never" if livez_s is None else round(livez_s, 1),
             "ready_s_with_fifos": "never" if ready_s is None else round(ready_s, 1),
-            "learned_before": f"{learned.get('window_s', '?')} s {learned.get('source', '?')}",
-            "poisoned": written,
+            "quiet_intervals_poisoned": written,
             "window_in_force": ", ".join(f"{v:g} s {src}" for v, src in windows) or "none seen",
             "configured": f"{configured:g} s",
             "equals_configured": "yes" if in_force else "NO",
@@ -296,11 +296,17 @@ def cookie_other_port(api: str, daemon_port: int) -> dict[str, Any]:
             r = send()
             answers[name] = r.status_code
             accepted += int(r.status_code == 200 and "stop: accepted" in r.text)
+    # The control: the same cookie and CSRF token on the API's own origin open the page's confirmation
+    # (the form's first step, which changes nothing), so the refusals above are the port's doing.
+    unconfirmed = f"action=stop&csrf={csrf}".encode()
+    with httpx.Client(timeout=10, trust_env=False, follow_redirects=False) as c:
+        own = c.post(f"{api}/ui/action", content=unconfirmed, headers={**base, "Origin": api})
     after = httpx.get(f"{api}/readyz", timeout=5, trust_env=False)
     state = after.json().get("state") if after.status_code in (200, 503) else None
     return {
         "logged_in": "yes" if cookie.startswith("sgs_session=") and csrf else "NO",
         "state_changing_accepted": accepted,
         "answers": "/".join(str(answers[k]) for k in tries),
+        "same_origin_control": own.status_code,
         "state_after": state,
     }

@@ -223,3 +223,36 @@ def test_a_flood_of_refused_logins_is_throttled_and_leaves_the_launch_records(si
         assert httpx.get(f"{api}/status", headers=bearer, timeout=10).status_code == 200
     finally:
         cleanup(proc, str(s.paths.state_dir))
+
+
+def test_a_session_cookie_posted_from_another_port_changes_nothing(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 50 without a browser (tests/integration/test_cookie_ports.py has the Chromium walk): the
+    page's cookie and CSRF token in the hands of a service on another loopback port stop nothing, relayed
+    with its own Host and Origin, sent with another port's Origin or Host; on the API's own origin the
+    same cookie and token do open the form (the control)."""
+    from bench.hostile_local import COOKIE_TOKEN, cookie_other_port
+
+    s = sim("ok", tp=1)
+    token = tmp_path / "token"
+    token.write_text(COOKIE_TOKEN + "\n")
+    token.chmod(0o600)
+    s = s.model_copy(update={"api": s.api.model_copy(update={"token_file": str(token)})})
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    api = f"http://127.0.0.1:{s.api.port}"
+    proc = start(cfg, dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while hostile.readyz_state(api) != "ready":
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon never became ready"
+            time.sleep(0.5)
+        got = cookie_other_port(api, s.api.port)
+        assert got["logged_in"] == "yes" and got["same_origin_control"] == 200, got
+        assert got["state_changing_accepted"] == 0, got
+        assert all(int(code) in (401, 403) for code in got["answers"].split("/")), got
+        assert got["state_after"] == "ready", got
+        bearer = {"Authorization": f"Bearer {COOKIE_TOKEN}"}
+        commands = httpx.get(f"{api}/events", params={"event": "command"}, headers=bearer, timeout=10).json()["events"]
+        assert not [c for c in commands if c.get("kind") == "stop"], commands
+    finally:
+        cleanup(proc, str(s.paths.state_dir))
