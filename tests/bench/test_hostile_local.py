@@ -33,7 +33,8 @@ def test_the_local_attacks_are_attacks_that_only_selects(hostile: ModuleType, lo
 
 
 def test_a_row_without_a_daemon_to_watch_renders_dashes(hostile: ModuleType) -> None:
-    summary = {"livez_ok": 3, "livez_failed": 0, "livez_p50_ms": 1.0, "livez_p99_ms": 2.0, "rss_peak_mb": 70.0, "fds_peak": 9}
+    summary = {"livez_ok": 3, "livez_failed": 0, "livez_p50_ms": 1.0, "livez_p99_ms": 2.0}
+    summary |= {"rss_peak_mb": 70.0, "fds_peak": 9}
     rows = hostile.rows_of(
         [
             {"attack": "bundles_get_traversal", "rest": None, "attack_figures": None, "after": None, "extra": {"x": 0}},
@@ -44,7 +45,9 @@ def test_a_row_without_a_daemon_to_watch_renders_dashes(hostile: ModuleType) -> 
     assert rows[1][1] == "- / 70 / -" and rows[1][5] == "0 of 3"
 
 
-def test_the_real_cli_writes_nothing_outside_and_sends_the_token_nowhere_else(local: ModuleType, tmp_path: Path) -> None:
+def test_the_real_cli_writes_nothing_outside_and_sends_the_token_nowhere_else(
+    local: ModuleType, tmp_path: Path
+) -> None:
     got = local.bundles_get_traversal(tmp_path)
     assert got["written_outside_id"] == 0 and got["token_to_other_port"] == 0, got
     assert got["cli_exit"] == "1/1/1/1", got  # each lie refused, with a message
