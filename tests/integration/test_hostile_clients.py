@@ -136,15 +136,17 @@ def api_connections(pid: int, port: int) -> int:
 @pytest.mark.parametrize("path", ["/status", "/no-such-route"])
 def test_pipeliners_on_any_route_from_one_address_have_a_total_budget(running, path: str) -> None:  # type: ignore[no-untyped-def]
     """Issue 50's Build: every route's pipelining is bounded by what a connection holds, not by which
-    route it is, and one address's connections have a total budget. 300 connections from 127.0.0.1
+    route it is, and one address's connections have a total budget. 200 connections from 127.0.0.1
     pipelining 2,000 requests a send of a route that is neither a probe nor /metrics (an answered one,
     and a 404), with a 1 KiB receive buffer: the daemon holds about PIPELINER_SHARE of its cap for them
-    (the oldest is closed for each newcomer), stays under 300 MB, and /status and /livez answer."""
+    (the oldest is closed for each newcomer beyond it), stays under 300 MB, and /status and /livez
+    answer."""
     from supervisor.host.apiguard import MAX_CONNECTIONS, PIPELINER_SHARE
 
     s, api, proc = running
     held: list[int] = []
-    with watch(api, proc.pid) as w, hostile.pipelining(s.api.port, 300, path, repeat=2000, rcvbuf=1024) as c:
+    n = 200  # fewer than the cap (256): only the pipeliners' share closes any of them
+    with watch(api, proc.pid) as w, hostile.pipelining(s.api.port, n, path, repeat=2000, rcvbuf=1024) as c:
         deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
             held.append(api_connections(proc.pid, s.api.port))
@@ -152,11 +154,14 @@ def test_pipeliners_on_any_route_from_one_address_have_a_total_budget(running, p
         statuses = [status_within(f"{api}/status", 5.0) for _ in range(5)]
     livez_held(w)
     assert statuses.count(200) >= 4, statuses
-    assert c["closed_by_daemon"] > 0, "pipeliners are closed for newcomers"
+    # Below the cap nothing but the pipeliners' share closes a connection: with the share at 1.0 none
+    # was closed and the daemon held all 200.
+    assert c["closed_by_daemon"] > 0, "pipeliners beyond their share of the cap are closed"
     assert max(w.rss) < 300, f"RSS {max(w.rss):.0f} MB under attack"
+    # The median, not the peak: a reconnecting attacker's new connection is held for the moment its
+    # requests take to arrive (peaks of 194 beside a median of 129 with two attacks on 2 cores).
     budget = int(MAX_CONNECTIONS * PIPELINER_SHARE)
-    # The median, not the peak: a burst of accepts is held for the moment its requests take to arrive.
-    assert sorted(held)[len(held) // 2] <= budget + 32, (budget, held)
+    assert budget < n and sorted(held)[len(held) // 2] < n - 20, (budget, held)
 
 
 def test_follow_streams_are_capped_and_livez_answers_beside_260_of_them(running) -> None:  # type: ignore[no-untyped-def]
