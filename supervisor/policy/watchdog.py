@@ -155,10 +155,12 @@ def extension(st: Starved, window_s: float) -> float:
 
 
 def extended_why(st: Starved, window_s: float) -> str:
-    """The sentence a verdict carries when starvation extended its window ("" when it did not)."""
+    """The sentence a verdict carries when starvation extended its window, or time the daemon did not
+    watch was left out of it ("" when neither)."""
     ext = extension(st, window_s)
+    blind = f"{st.unwatched_s:.0f} s the daemon did not watch not counted (its clock jumped, or it was stopped)"
     if ext <= 0.05:
-        return ""
+        return blind if st.unwatched_s > 0.05 else ""
     parts = []
     if st.waited_s > 0.05:
         parts.append(f"the tree waited {st.waited_s:.1f} s for a CPU")
@@ -167,7 +169,7 @@ def extended_why(st: Starved, window_s: float) -> str:
     why = f"window extended by {ext:.1f} s: " + " and ".join(parts)
     if ext < st.total_s:
         why += f" (capped at {STARVED_CEILING_WINDOWS:g} windows)"
-    return why
+    return f"{why}; {blind}" if st.unwatched_s > 0.05 else why
 
 
 @dataclass(frozen=True)

@@ -471,6 +471,7 @@ def test_a_clock_jump_between_polls_counts_against_no_window() -> None:
     # slow poll (ten poll intervals) is left after the jump.
     assert at - 3610.0 >= S.startup_stall_s - 10 - 20 - 2, at
     assert dict(v.figures)["unwatched_s"] > 3500
+    assert "the daemon did not watch not counted (its clock jumped, or it was stopped)" in v.reason, v.reason
     assert h.watched_since_launch(at) < 200
     # The CPU the tree used across the gap is a rate over the time watched, not over the hour.
     h = new_history(0.0)
