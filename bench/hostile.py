@@ -16,6 +16,9 @@ The attacks, all on loopback against `python -m supervisor run` supervising the 
   peer_giant_answer   (a group leader) a fake member answering 1.5 GB to each of the leader's requests
   cache_symlink     links planted in a shared `cache_dir` (bench/hostile_caches.py, issue 50)
   shared_cache      two daemons on one `cache_dir` (bench/hostile_caches.py, issue 50)
+  bundles_get_traversal, state_file_nan, cookie_other_port: issue 50's attacks from beside the daemon
+                    (a lying answering side for the CLI, planted state files, a service on another
+                    port; bench/hostile_local.py)
 
 A prober opens a fresh connection for `/livez` every 0.2 s (2 s timeout: a failure) while a sampler
 reads the daemon's VmRSS and open descriptors from /proc. The test suite (tests/integration/
@@ -46,6 +49,7 @@ from typing import Any
 import httpx
 
 from bench.hostile_caches import CACHE_ATTACKS
+from bench.hostile_local import LOCAL_ATTACKS, cookie_other_port
 from bench.hostile_peers import PEER_ATTACKS
 from bench.report import REPORT, table
 
@@ -59,7 +63,7 @@ API_ATTACKS = (
     "stalled_followers",
     "handoff_squat",
 )
-ATTACKS = (*API_ATTACKS, *PEER_ATTACKS, *CACHE_ATTACKS)
+ATTACKS = (*API_ATTACKS, *PEER_ATTACKS, *CACHE_ATTACKS, *LOCAL_ATTACKS)
 GAP = "output_gap"  # not an attack on the API: what the server writes while daemon and keeper are gone
 GAP_REQUESTS = 200
 PROBE_EVERY_S = 0.2
@@ -372,7 +376,7 @@ def journal_counts(state_dir: Path) -> dict[str, int]:
     the main file's launch records."""
     import json
 
-    out = {"login_records": 0, "login_refusals": 0, "launch_records": 0}
+    out = {"login_records": 0, "login_refusals": 0, "launch_records": 0, "incident_records": 0}
     for path in sorted(state_dir.glob("events*.jsonl*")):
         for line in path.read_text(errors="replace").splitlines():
             try:
@@ -384,11 +388,28 @@ def journal_counts(state_dir: Path) -> dict[str, int]:
                 out["login_refusals"] += int(rec.get("count", 1))
             elif rec.get("event") == "server_launched" and path.name.startswith("events.jsonl"):
                 out["launch_records"] += 1
+            elif rec.get("event") == "incident" and path.name.startswith("events.jsonl"):
+                out["incident_records"] += 1
     return out
+
+
+def manual_restart(api: str, token: str) -> None:
+    """`POST /restart` (an incident of cause `manual` in the journal), then ready again."""
+    bearer = {"Authorization": f"Bearer {token}"}
+    r = httpx.post(f"{api}/restart", json={"reason": "hostile bench"}, headers=bearer, timeout=30, trust_env=False)
+    r.raise_for_status()
+    deadline = time.monotonic() + 120
+    time.sleep(1.0)
+    while readyz_state(api) != "ready":
+        if time.monotonic() > deadline:
+            raise TimeoutError("the daemon was not ready again within 120 s of the manual restart")
+        time.sleep(0.5)
 
 
 def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: float) -> dict[str, Any]:
     """One attack for about `seconds`, with figures at rest before it and after it."""
+    if name == "login_flood":  # an incident record for the flood to leave alone: a manual restart
+        manual_restart(api, LOGIN_TOKEN)
     if name == "giant_line":  # the log holds the line before the attack: the daemon's own reader is done with it
         write_giant_line(log, 300 << 20)
         time.sleep(8)
@@ -410,8 +431,20 @@ def run_attack(name: str, api: str, pid: int, port: int, log: Path, seconds: flo
                 asked = status_answers(api, seconds)
             extra = {**c, "status_200": f"{asked.count(200)} of {len(asked)}"}
         elif name == "login_flood":
+            # The records the flood must not rotate out, counted before and after (issue 50: 475,701
+            # refused logins left /events with 0 incidents).
+            kept = journal_counts(log.parent.parent)
             got = login_flood(api, seconds)
-            extra = {**got, **journal_counts(log.parent.parent)}
+            left = journal_counts(log.parent.parent)
+            extra = {
+                **got,
+                "login_records": left["login_records"],
+                "login_refusals": left["login_refusals"],
+                "launch_records": f"{kept['launch_records']} -> {left['launch_records']}",
+                "incident_records": f"{kept['incident_records']} -> {left['incident_records']}",
+            }
+        elif name == "cookie_other_port":
+            extra = cookie_other_port(api, port)
         elif name == "follow_streams":
             with following(port, 260, "/events?follow=true", read=lambda _: True) as c:
                 time.sleep(seconds)
@@ -588,17 +621,23 @@ def output_gap() -> dict[str, Any]:
 
 
 def rows_of(results: list[dict[str, Any]]) -> list[list[object]]:
+    """A row per attack; a phase with no daemon to watch (the CLI's row has none; the state files'
+    row watches only the start on the planted files) is `-`."""
     rows: list[list[object]] = []
     for r in results:
         rest, d, after = r["rest"], r["attack_figures"], r["after"]
+
+        def fig(x: dict[str, Any] | None, key: str, form: str = "{:.0f}") -> str:
+            return "-" if x is None else form.format(x[key])
+
         rows.append(
             [
                 r["attack"],
-                f"{rest['rss_peak_mb']:.0f} / {d['rss_peak_mb']:.0f} / {after['rss_peak_mb']:.0f}",
-                f"{rest['fds_peak']} / {d['fds_peak']} / {after['fds_peak']}",
-                f"{rest['livez_p50_ms']:.1f} / {rest['livez_p99_ms']:.1f}",
-                f"{d['livez_p50_ms']:.1f} / {d['livez_p99_ms']:.1f}",
-                f"{d['livez_failed']} of {d['livez_ok'] + d['livez_failed']}",
+                " / ".join(fig(x, "rss_peak_mb") for x in (rest, d, after)),
+                " / ".join(fig(x, "fds_peak", "{}") for x in (rest, d, after)),
+                " / ".join(fig(rest, k, "{:.1f}") for k in ("livez_p50_ms", "livez_p99_ms")),
+                " / ".join(fig(d, k, "{:.1f}") for k in ("livez_p50_ms", "livez_p99_ms")),
+                "-" if d is None else f"{d['livez_failed']} of {d['livez_ok'] + d['livez_failed']}",
                 ", ".join(f"{k} {v}" for k, v in r["extra"].items()),
             ]
         )
@@ -698,8 +737,9 @@ def render(
         "it from 71 MB to 2,146 MB in 20 s, and `/status` answered 503 from the third second on; 475,701 "
         "refused logins in 407 s (no throttle) each wrote a journal record and rotated the incident and "
         "launch records out (`login_flood`: `tries` and what answered them, `login_records` the journal's "
-        "records of refused logins and `login_refusals` the refusals they stand for, `launch_records` the "
-        "`server_launched` records left in events.jsonl). "
+        "records of refused logins and `login_refusals` the refusals they stand for, `launch_records` and "
+        "`incident_records` the `server_launched` and `incident` records in events.jsonl before -> after the "
+        "flood, a manual restart before it having left one incident). "
         "The two `peer_` rows are the leader of a real two-node group (simulator, tp 2 a node; "
         "bench/hostile_peers.py) whose member "
         "address is a fake served by the benchmark: at rest and after, the fake relays to node 1's real "
@@ -710,7 +750,27 @@ def render(
         "it got in the whole run carried the leader's operator token, `group` the leader's group status "
         "at rest / under attack / after (before the fix: a forged report made the leader stop and "
         "relaunch the group twice, leaving it `failed`; 1.5 GB took it from 69 MB to 1,651 MB, never "
-        "given back)."
+        "given back). "
+        "The last three rows are issue 50's attacks from beside the daemon (bench/hostile_local.py): "
+        "`bundles_get_traversal` runs the real CLI `sglang-supervisor bundles get B` against a fake daemon "
+        "(no daemon to watch: `-`) that lists `../../x`, `../escaped` and an absolute name, redirects the "
+        "download to another port, or finds a dangling symlink planted at `./B` (`cli_exit` for each, "
+        "`written_outside_id` the files that appeared outside `./B` or at the absolute name, "
+        "`token_to_other_port` the requests carrying the token that the other port got; before the fix: "
+        "written wherever the names pointed, the token sent with each); `state_file_nan` starts the daemon "
+        "with FIFOs named `launches.json` and `state.json` (`livez_s_with_fifos`/`ready_s_with_fifos` "
+        "after its start; before: "
+        "never), then on a book whose learned quiet intervals were replaced by NaN, inf, 1e308 and -5 "
+        "(`window_in_force` every start-up stall window `/status` showed during that start, against "
+        "`configured`; `quiet_intervals_poisoned` how many were replaced, `journal_dropped` the journal's "
+        "`launch_book_unreadable` records of the entries dropped; before: a NaN "
+        "window, no stall verdict but the backstop), its RSS and `/livez` watched during that start only; "
+        "`cookie_other_port` logs in to `/ui/login`, takes the session cookie and the page's CSRF token, "
+        "and posts the page's confirmed `stop` form through a relay on another loopback port (forwarding "
+        "its own Host and Origin), with another port's Origin (`127.0.0.1` and `localhost`), and with "
+        "another port's Host (`answers` in that order; `state_changing_accepted` those that stopped "
+        "anything; `same_origin_control` the same cookie and token on the API's own origin opening the "
+        "form's confirmation; before: a relay on another port stopped the server)."
     )
     from bench.hostile_caches import INTRO as CACHE_INTRO
 
@@ -737,6 +797,7 @@ def render(
 
 def main(argv: list[str] | None = None) -> int:
     from bench.common import Daemon, publish, save_result, sim_settings, workdir
+    from bench.hostile_local import COOKIE_TOKEN, bundles_get_traversal, state_file_nan
     from bench.hostile_peers import run_peer_attack
     from supervisor.common.waiting import wait_for
 
@@ -765,10 +826,20 @@ def main(argv: list[str] | None = None) -> int:
             print(res, flush=True)
             continue
         wd = workdir(f"hostile-{name}")
+        if name == "bundles_get_traversal":
+            res = {"attack": name, "rest": None, "attack_figures": None, "after": None}
+            results.append({**res, "extra": bundles_get_traversal(wd)})
+            print(results[-1], flush=True)
+            continue
+        if name == "state_file_nan":
+            got = state_file_nan(wd, Watch, a.seconds)
+            results.append({"attack": name, "rest": None, "attack_figures": got["summary"], "after": None, **got})
+            print(results[-1], flush=True)
+            continue
         settings = sim_settings(wd, "ok", tp=1)
-        if name in ("login_flood", "handoff_squat"):  # a page login needs a token to refuse; a squatter, to steal
+        if name in ("login_flood", "handoff_squat", "cookie_other_port"):  # a login needs a token; a squatter, to steal
             token = wd / "token"
-            token.write_text(LOGIN_TOKEN + "\n")
+            token.write_text((COOKIE_TOKEN if name == "cookie_other_port" else LOGIN_TOKEN) + "\n")
             token.chmod(0o600)
             settings = settings.model_copy(update={"api": settings.api.model_copy(update={"token_file": str(token)})})
         with Daemon(settings, wd) as d:

@@ -38,6 +38,12 @@ STARVED_CEILING_WINDOWS = 4.0
 # (issue 32's first cut made the serving stall 1 s late under the benchmark's load).
 STARVED_MIN_SHARE = 0.1  # of the poll's wall time spent waiting for a CPU
 LATE_MIN_POLLS = 0.5  # of a poll interval the daemon's own poll started late
+# A gap between two polls beyond the larger of these is time the daemon did not watch: its clock
+# jumped, or it (or its host) was stopped. No window counts it against the server (issue 50: a +1 h
+# jump of the clock during a start tripped the 3,600 s backstop at once). A slow poll on a loaded host
+# takes a few seconds, not ten intervals (20 s at the default 2 s).
+UNWATCHED_MIN_S = 5.0
+UNWATCHED_POLLS = 10.0
 
 # Progress channels while starting. "cpu" alone is weak evidence: a spinning collective burns
 # CPU too, so CPU-only movement postpones a stall verdict only up to `cpu_only_stall_s`.
@@ -83,19 +89,31 @@ class Starved:
     cpu_ref: float | None = None  # its summed on-CPU time then
     at: float | None = None  # that poll's time
     spun_s: float = 0.0  # run-queue wait while the tree spun: not credited
+    unwatched_s: float = 0.0  # poll gaps the daemon did not watch (`unwatched`): not counted, no ceiling
 
     @property
     def total_s(self) -> float:
         return self.waited_s + self.late_s
 
     def reset(self) -> Starved:
-        return replace(self, waited_s=0.0, late_s=0.0, spun_s=0.0)
+        return replace(self, waited_s=0.0, late_s=0.0, spun_s=0.0, unwatched_s=0.0)
 
 
-def _starved_step(st: Starved, obs: Observation, s: WatchdogSettings, *, spinning: bool = False) -> Starved:
+def unwatched(dt: float, s: WatchdogSettings) -> float:
+    """The part of a gap between two polls (monotonic seconds) that the daemon did not watch."""
+    return max(0.0, dt - max(UNWATCHED_MIN_S, UNWATCHED_POLLS * s.poll_interval_s))
+
+
+def _starved_step(
+    st: Starved, obs: Observation, s: WatchdogSettings, *, spinning: bool = False, gap: float | None = None
+) -> Starved:
     """Fold one poll's wanted, unused CPU and loop lag into the accumulated starved time (each only
-    when it is more than jitter: `STARVED_MIN_SHARE`, `LATE_MIN_POLLS`)."""
-    dt = max(0.0, obs.at - st.at) if st.at is not None else 0.0
+    when it is more than jitter: `STARVED_MIN_SHARE`, `LATE_MIN_POLLS`), and the poll's unwatched gap
+    (`gap`, else from the time since the previous poll) apart from them."""
+    raw = max(0.0, obs.at - st.at) if st.at is not None else 0.0
+    if gap is None:
+        gap = unwatched(raw, s)
+    dt = max(0.0, raw - gap)
     sched = obs.sched
     wait = spun = 0.0
     wait_ref, cpu_ref = st.wait_ref, st.cpu_ref
@@ -110,10 +128,16 @@ def _starved_step(st: Starved, obs: Observation, s: WatchdogSettings, *, spinnin
             if spinning:
                 wait, spun = 0.0, wait
         wait_ref, cpu_ref = sched.run_wait_s, sched.on_cpu_s
-    lag = max(0.0, obs.loop_lag_s)
+    lag = max(0.0, obs.loop_lag_s - gap)
     late = min(max(0.0, dt - wait), lag) if lag >= LATE_MIN_POLLS * s.poll_interval_s else 0.0
     return Starved(
-        st.waited_s + wait, st.late_s + late, wait_ref=wait_ref, cpu_ref=cpu_ref, at=obs.at, spun_s=st.spun_s + spun
+        st.waited_s + wait,
+        st.late_s + late,
+        wait_ref=wait_ref,
+        cpu_ref=cpu_ref,
+        at=obs.at,
+        spun_s=st.spun_s + spun,
+        unwatched_s=st.unwatched_s + gap,
     )
 
 
@@ -134,10 +158,12 @@ def extension(st: Starved, window_s: float) -> float:
 
 
 def extended_why(st: Starved, window_s: float) -> str:
-    """The sentence a verdict carries when starvation extended its window ("" when it did not)."""
+    """The sentence a verdict carries when starvation extended its window, or time the daemon did not
+    watch was left out of it ("" when neither)."""
     ext = extension(st, window_s)
+    blind = f"{st.unwatched_s:.0f} s the daemon did not watch not counted (its clock jumped, or it was stopped)"
     if ext <= 0.05:
-        return ""
+        return blind if st.unwatched_s > 0.05 else ""
     parts = []
     if st.waited_s > 0.05:
         parts.append(f"the tree waited {st.waited_s:.1f} s for a CPU")
@@ -146,7 +172,7 @@ def extended_why(st: Starved, window_s: float) -> str:
     why = f"window extended by {ext:.1f} s: " + " and ".join(parts)
     if ext < st.total_s:
         why += f" (capped at {STARVED_CEILING_WINDOWS:g} windows)"
-    return why
+    return f"{why}; {blind}" if st.unwatched_s > 0.05 else why
 
 
 @dataclass(frozen=True)
@@ -171,6 +197,11 @@ class History:
     starved: Starved = field(default_factory=Starved)  # since the last progress (starting) or token (serving)
     # pid -> the poll that first saw it stopped (state T), for the processes stopped at every poll since
     stopped_since: Mapping[int, float] = field(default_factory=dict)
+    unwatched_s: float = 0.0  # since the launch, the poll gaps the daemon did not watch (`unwatched`)
+
+    def watched_since_launch(self, now: float) -> float:
+        """Monotonic seconds since the launch that the daemon watched: what the backstop counts."""
+        return now - self.launched_at - self.unwatched_s
 
     @property
     def last_progress_at(self) -> float:
@@ -297,7 +328,8 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
     gone = _exited(obs)
     if gone is not None:
         return gone, h
-    dt = obs.at - h.base.at
+    gap = unwatched(obs.at - h.base.at, s)
+    dt = obs.at - h.base.at - gap  # rates over the time watched: a jump's gap would zero them
     moved, cpu_rate, base = _moved_channels(h.base, obs, dt, s)
     moved_at = dict(h.moved_at)
     line_at = obs.logs.last_line_at
@@ -308,13 +340,16 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         moved_at[ch] = line_at if from_log and line_at is not None else now
     strong = any(c in STRONG_CHANNELS for c in moved)
     busy = fold_busy(h.busy, obs, now, strong, s)
-    starved = _starved_step(h.starved, obs, s, spinning=spins(busy, obs, s))
+    starved = _starved_step(h.starved, obs, s, spinning=spins(busy, obs, s), gap=gap)
     if strong:  # starved time counts from the last progress
         starved = starved.reset()
-    h = replace(h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=busy, starved=starved)
+    h = replace(
+        h, base=base, moved_at=moved_at, cpu_rate=cpu_rate, busy=busy, starved=starved, unwatched_s=h.unwatched_s + gap
+    )
     phase = obs.logs.phase
     quiet = now - h.last_progress_at
-    ext = extension(starved, s.startup_stall_s)
+    # Starvation extends the windows up to a ceiling; time the daemon did not watch is never counted.
+    ext = extension(starved, s.startup_stall_s) + starved.unwatched_s
     # The tree spent most of its quiet time waiting for a CPU (a late daemon says nothing of the tree).
     is_starved = quiet > 0 and starved.waited_s >= 0.5 * quiet
     figures = (
@@ -332,7 +367,7 @@ def assess_starting(h: History, obs: Observation, now: float, s: WatchdogSetting
         h = replace(h, ready_at=now, starved=h.starved.reset())
         why = "port bound by the tree and health answered"
         return Verdict(status="ready", reason=why, phase="serving", moved=tuple(moved)), h
-    if now - h.launched_at >= s.startup_timeout_s:
+    if h.watched_since_launch(now) >= s.startup_timeout_s:
         return (
             Verdict(
                 status="incident",
@@ -385,6 +420,8 @@ def _sched_figures(st: Starved, obs: Observation, ext: float) -> tuple[tuple[str
     ]
     if st.spun_s > 0:
         figs.append(("spin_wait_s", round(st.spun_s, 3)))  # run-queue wait of a spinning tree: not credited
+    if st.unwatched_s > 0:
+        figs.append(("unwatched_s", round(st.unwatched_s, 3)))  # poll gaps the daemon did not watch
     if sched.available:
         figs.append(("tree_run_wait_s", round(sched.run_wait_s, 3)))
     if sched.psi_some_avg10 is not None:
@@ -489,7 +526,7 @@ def assess_serving(
     if not busy:
         starved = starved.reset()
     h = replace(h, starved=starved)
-    ext = extension(starved, s.serving_stall_s)
+    ext = extension(starved, s.serving_stall_s) + starved.unwatched_s
     if not busy:
         # Idle (or no metrics): an idle server's frozen gauges are not a stall.
         h = replace(h, tokens_moved_at=now if tokens is not None else h.tokens_moved_at)

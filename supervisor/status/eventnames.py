@@ -79,6 +79,8 @@ EventName = Literal[
     "stayed_stopped",
     "weights_residency",
     "xid_watch",
+    # issue 50: a launches.json entry dropped for a number that is not one is said where /events shows it
+    "launch_book_unreadable",
 ]
 
 EVENT_NAMES: frozenset[str] = frozenset(get_args(EventName))
@@ -87,7 +89,6 @@ EVENT_NAMES: frozenset[str] = frozenset(get_args(EventName))
 LogEventName = Literal[
     "bundle",
     "incident_interrupted",
-    "launch_book_unreadable",
     "launch_book_unwritable",
     "observation_unknown",
     "selfcheck",

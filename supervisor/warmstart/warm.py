@@ -123,7 +123,7 @@ class WarmStart:
         self.host = host or host_name()
         self.book = LaunchBook(settings.state_dir / BOOK).load()
         if self.book.load_error:
-            record("launch_book_unreadable", "warning", only="log", error=self.book.load_error)
+            record("launch_book_unreadable", "warning", error=self.book.load_error)
         self.current: _Launch | None = None
         self.window_now: Window | None = None
         self.outage: OutageClock | None = None

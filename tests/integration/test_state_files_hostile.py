@@ -45,6 +45,31 @@ def test_fifos_named_launches_json_and_state_json_do_not_hang_the_start(sim, tmp
         cleanup(proc, str(state_dir))
 
 
+def test_a_symlinked_launches_json_is_not_followed_and_said_in_the_journal(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A real symlink named `launches.json` to a book someone else writes (here one that would make every
+    phase's window 0.5 s): the daemon starts on the configured windows and its journal says why."""
+    s = sim("ok", tp=1)
+    state_dir = Path(s.paths.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    elsewhere = tmp_path / "someone-elses-book.json"
+    elsewhere.write_text(json.dumps({"version": 1, "entries": {}}))
+    (state_dir / "launches.json").symlink_to(elsewhere)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(to_toml(s))
+    api = f"http://127.0.0.1:{s.api.port}"
+    proc = start(cfg, dict(os.environ))
+    try:
+        wait_status(api, lambda st: st.get("state") == "ready", 120, proc)
+        journal = (state_dir / "events.jsonl").read_text().splitlines()
+        said = [json.loads(x) for x in journal if '"launch_book_unreadable"' in x]
+        assert said and "symbolic link" in said[0]["error"], said
+        # The book the good start wrote replaced the link (a rename over it); nothing went through it.
+        wait_status(api, lambda st: not (state_dir / "launches.json").is_symlink(), 30, proc)
+        assert json.loads(elsewhere.read_text()) == {"version": 1, "entries": {}}, "nothing written through it"
+    finally:
+        cleanup(proc, str(state_dir))
+
+
 async def test_nan_in_launches_json_leaves_the_configured_stall_window_on(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     configured = 20.0
     wd = {"startup_stall_s": configured, "cpu_only_stall_s": 60.0, "startup_timeout_s": 600.0}
@@ -78,3 +103,8 @@ async def test_nan_in_launches_json_leaves_the_configured_stall_window_on(daemon
     assert all(w.source == "configured" for w in seen), seen  # the poisoned entry was dropped
     snap = await r2.wait_for(lambda x: x.last_incident is not None, 30, "the incident")
     assert snap.last_incident is not None and snap.last_incident.cause == "startup_stall"
+    # The dropped entry is said in the journal (what `/events` shows), not only in the log.
+    journal = (Path(bad.paths.state_dir) / "events.jsonl").read_text().splitlines()
+    dropped = [json.loads(x) for x in journal if '"launch_book_unreadable"' in x]
+    assert dropped, "no launch_book_unreadable record in the journal"
+    assert "nan" in dropped[-1]["error"].lower(), dropped

@@ -459,3 +459,32 @@ async def test_the_py_spy_look_waits_for_half_the_window_the_verdict_uses(tmp_pa
     finally:
         for c in control.children:
             c.exit(0)
+
+
+@pytest.mark.parametrize("jump", ["both+1h", "wall+1h", "wall-1h"])
+async def test_a_clock_jump_during_a_start_is_no_verdict(rig, jump: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 50: a +1 h jump of both clocks during a start tripped the `startup_timeout` backstop (3,600 s)
+    at once. The windows count time the daemon watched, on the monotonic clock: a jump of the wall clock
+    alone moves nothing, and a poll whose monotonic gap is far past any poll interval (the daemon's clock
+    jumped, or it was stopped) does not count that gap against the server."""
+    sup, clock, control, observer = rig
+    assert sup.settings.watchdog.startup_timeout_s == 3600
+    await sup.startup(True)
+    lines = iter(range(10, 10_000))
+    observer.script = lambda t, now: tree_of(t, now, phase="loading_weights", lines=next(lines))  # the log moves
+    await ticks(sup, clock, 3)
+    if jump == "both+1h":
+        clock.advance(3600.0)
+    else:
+        clock.jump_wall(3600.0 if jump == "wall+1h" else -3600.0)
+    await ticks(sup, clock, 3)
+    snap = sup.snapshot()
+    assert snap.state == "starting" and snap.last_incident is None, (snap.state, snap.reason)
+    assert control.stops == 0 and len(control.spawned) == 1
+    # The backstop still stands on watched time: an hour of polls that each move the log ends the start.
+    for _ in range(1900):
+        await ticks(sup, clock, 1)
+        if sup.snapshot().last_incident is not None:
+            break
+    inc = sup.snapshot().last_incident
+    assert inc is not None and inc.cause == "startup_timeout"

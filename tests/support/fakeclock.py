@@ -21,6 +21,10 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
+    def jump_wall(self, seconds: float) -> None:
+        """The wall clock alone is set (an operator's `date -s`, NTP stepping): monotonic time holds."""
+        self._wall_offset += seconds
+
     async def sleep(self, seconds: float) -> None:
         self.now += max(0.0, seconds)
         await asyncio.sleep(0)

@@ -451,3 +451,42 @@ def test_requests_accepted_and_never_started_are_a_serving_stall_with_health_200
     assert v.cause == "serving_stall" and i == at + 1, (engine, case, i, v)  # 60 s after the first poll
     assert "3 accepted requests wait and none runs" in v.reason, v.reason
     assert dict(v.figures)["queue_reqs"] == 3.0
+
+
+def test_a_clock_jump_between_polls_counts_against_no_window() -> None:
+    """Issue 50: a poll gap far past any poll interval (the clock jumped +1 h, or the daemon was stopped)
+    is time the daemon did not watch. A quiet start is judged after a window of watched quiet, the
+    backstop after `startup_timeout_s` watched, and the rates of the poll after the gap stay rates."""
+    quiet = [obs(2.0 * i) for i in range(1, 6)] + [obs(3610.0 + 2.0 * i) for i in range(0, 40)]
+    h = new_history(0.0)
+    verdicts = []
+    for o in quiet:
+        v, h = assess(h, o, o.at, S, mode="starting")
+        verdicts.append((o.at, v))
+        if v.is_incident:
+            break
+    at, v = verdicts[-1]
+    assert v.cause == "startup_stall", v
+    # Not at once: the window (60 s) less the 10 s watched before and the 20 s of the gap counted as a
+    # slow poll (ten poll intervals) is left after the jump.
+    assert at - 3610.0 >= S.startup_stall_s - 10 - 20 - 2, at
+    assert dict(v.figures)["unwatched_s"] > 3500
+    assert "the daemon did not watch not counted (its clock jumped, or it was stopped)" in v.reason, v.reason
+    assert h.watched_since_launch(at) < 200
+    # The CPU the tree used across the gap is a rate over the time watched, not over the hour.
+    h = new_history(0.0)
+    _, h = assess(h, obs(2.0, cpu=1.0), 2.0, S, mode="starting")
+    v, h = assess(h, obs(3602.0, cpu=40.0), 3602.0, S, mode="starting")
+    assert "cpu" in v.moved and v.status == "starting"
+
+
+def test_a_clock_jump_while_serving_is_no_serving_stall() -> None:
+    h = new_history(0.0)
+    seq = [obs(2.0 * i, health=health(2.0 * i, True), serving=sv(2.0 * i, 4, 1000 + i)) for i in range(1, 5)]
+    seq += [obs(3608.0, health=health(3608.0, True), serving=sv(3608.0, 4, 1004))]  # the jump, no token yet
+    v, h = run(h, seq, mode="serving")
+    assert not v.is_incident, v
+    at = [3608.0 + 2 * i for i in range(1, 60)]
+    later = [obs(t, health=health(t, True), serving=sv(t, 4, 1004)) for t in at]
+    v, _ = run(h, later, mode="serving")
+    assert v.cause == "serving_stall" and dict(v.figures)["since_tokens_s"] >= 3600
