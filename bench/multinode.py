@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -496,7 +497,15 @@ def render(runs: list[Run], reps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    args_in = list(argv if argv is not None else sys.argv[1:])
+    if args_in[:1] == ["--recovery"]:  # issue 54's cases: the group recovers as one (bench/group_recovery.py)
+        from bench import group_recovery
+
+        return group_recovery.main(args_in[1:])
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog="`--recovery [ARGS]` (first) runs bench.group_recovery, issue 54's cases, with ARGS.",
+    )
     p.add_argument("--reps", type=int, default=1, help="runs per fault")
     p.add_argument("--only", choices=FAULTS, action="append", help="only these faults (repeatable)")
     p.add_argument("--no-write", action="store_true", help="print the table, leave docs/BENCHMARKS.md alone")

@@ -8,7 +8,9 @@ Parts run in order; `peers` reads the detection and recovery results of the same
 $SGLANG_BENCH_OUT, default /tmp/sglang-supervisor-bench). A part that fails is reported and the
 suite goes on. Two parts are opt-in, run only when named (`--only` or `--with`), because each
 would add minutes to the default run: `hostile` (issue 33's attacks on the API, about 4 minutes)
-and `multinode` (ten trials of a two-node group, roughly 10 minutes). The README's `## Benchmarks`
+`multinode` (ten trials of a two-node group, roughly 10 minutes), `group_recovery` (issue 54's
+group recovery cases, about 8 minutes a run of each) and `poll_cost` (the daemon's own CPU and RSS,
+about 9 minutes). The README's `## Benchmarks`
 section (the file's last) is rewritten from the results of the latest run of each part.
 """
 
@@ -26,7 +28,7 @@ from bench.common import OUT, ROOT, W, load_result, median, met, percentile, pub
 from bench.report import machine, stamp, table
 
 PARTS = ("detection", "false_positives", "evidence", "recovery", "outage", "overhead", "peers", "adoption", "readers")
-OPT_IN = ("hostile", "multinode")  # run only when named: each adds minutes (module docstring)
+OPT_IN = ("hostile", "multinode", "group_recovery", "poll_cost")  # run only when named: each adds minutes
 README = ROOT / "README.md"
 README_HEADING = "## Benchmarks"
 
