@@ -4,6 +4,7 @@ real process trees (deadlock_prog.py), with a real RAS server (tests/support/fak
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -115,9 +116,15 @@ async def test_every_rank_stopped_asks_no_flight_recorder_dump(
     for pid in tree.children:
         os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(
-        psutil.Process(p).status() != psutil.STATUS_STOPPED for p in tree.children
-    ):
+
+    def every_thread_stopped(pid: int) -> bool:  # the main thread stops first; on a loaded machine the rest later
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        return bool(states) and all(x == "T" for x in states)
+
+    while time.monotonic() < deadline and not all(every_thread_stopped(p) for p in tree.children):
         await asyncio.sleep(0.01)
     fr_env = launch_env({}, tmp_path / "fr", 100)
     req = _request(tree.infos(), env=fr_env, flight_recorder_wait_s=5.0)
