@@ -3,13 +3,11 @@ with its own state directory, API port and simulated node, on one machine (docs/
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from groupdaemons import Load, group_of, group_ready, twin_of
+from groupdaemons import Load, cut_off, group_of, group_ready, twin_of
 
 from supervisor.common.waiting import wait_for
 from supervisor.policy.recovery import GROUP_SAME_RUNG
@@ -39,29 +37,18 @@ def test_node_0s_readyz_is_503_while_its_own_server_fails_and_the_group_waits(no
     the truth: `/readyz` 503, not 200 while its own server fails."""
     leader, worker = nodes_of(group={"absent_wait_s": 45.0})
     leader.wait(group_ready, 60, "the group ready")
-    wst = worker.status()
-    assert wst is not None and worker.proc is not None
-    frozen = [p["pid"] for p in wst["processes"] if p["role"] == "scheduler"]
-    load = Load(leader.settings.server.port)
-    try:
+    with Load(leader.settings.server.port):
         leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
-        worker.proc.send_signal(signal.SIGSTOP)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        st = leader.wait(lambda s: "waiting for node 1" in s["reason"], 60, "node 0 holding its incident for node 1")
-        answers = []
-        for _ in range(5):
-            answers.append(leader.get("/readyz", auth=False).status_code)
-            time.sleep(0.5)
-        st = leader.status()
-        assert st is not None and "waiting for node 1" in st["reason"], st["reason"]  # still the wait
-        assert answers == [503] * 5, (answers, st["state"], st["reason"])
-        assert st["group"]["serves"] is False
-    finally:
-        load.close()
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-        worker.proc.send_signal(signal.SIGCONT)
+        with cut_off(worker):
+            leader.wait(lambda s: "waiting for node 1" in s["reason"], 60, "node 0 holding its incident for node 1")
+            answers = []
+            for _ in range(5):
+                answers.append(leader.get("/readyz", auth=False).status_code)
+                time.sleep(0.5)
+            st = leader.status()
+            assert st is not None and "waiting for node 1" in st["reason"], st["reason"]  # still the wait
+            assert answers == [503] * 5, (answers, st["state"], st["reason"])
+            assert st["group"]["serves"] is False
     leader.wait(group_ready, 120, "the group ready again")
     assert leader.get("/readyz", auth=False).status_code == 200
 
@@ -155,21 +142,12 @@ def test_a_partition_that_heals_within_the_wait_is_named_and_relaunches_nothing(
     )
     leader.wait(group_ready, 60, "the group ready")
     wst = worker.status()
-    assert wst is not None and worker.proc is not None
-    frozen = [p["pid"] for p in wst["processes"] if p["role"] == "scheduler"]
-    load = Load(leader.settings.server.port)
-    try:
+    assert wst is not None
+    with Load(leader.settings.server.port):
         leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
-        worker.proc.send_signal(signal.SIGSTOP)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        leader.wait(lambda s: "partitioned" in s["reason"], 60, "node 0 naming the partition")
-        time.sleep(5)
-    finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-        worker.proc.send_signal(signal.SIGCONT)
-        load.close()
+        with cut_off(worker):
+            leader.wait(lambda s: "partitioned" in s["reason"], 60, "node 0 naming the partition")
+            time.sleep(5)
     st = leader.wait(lambda s: group_ready(s) and s["group"]["status"] == "ok", 60, "the group whole again")
     waiting = leader.events("group_waiting")
     assert waiting and waiting[0]["condition"] == "partition", waiting
@@ -192,21 +170,13 @@ def test_a_partition_longer_than_the_wait_relaunches_on_the_rung_names_the_node_
     )
     leader.wait(group_ready, 60, "the group ready")
     wst = worker.status()
-    assert wst is not None and worker.proc is not None
-    frozen = [p["pid"] for p in wst["processes"] if p["role"] == "scheduler"]
-    load = Load(leader.settings.server.port)
-    try:
+    assert wst is not None
+    with Load(leader.settings.server.port):
         leader.wait(lambda s: (s["serving"]["running_reqs"] or 0) > 0, 20, "requests running")
-        worker.proc.send_signal(signal.SIGSTOP)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        leader.wait(lambda s: "partitioned" in s["reason"], 60, "node 0 naming the partition")
-        wait_for(leader.events, lambda evs: any(e["event"] == "ladder_decision" for e in evs), 90, what="the relaunch")
-    finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-        worker.proc.send_signal(signal.SIGCONT)
-        load.close()
+        with cut_off(worker):
+            leader.wait(lambda s: "partitioned" in s["reason"], 60, "node 0 naming the partition")
+            relaunched = lambda evs: any(e["event"] == "ladder_decision" for e in evs)  # noqa: E731
+            wait_for(leader.events, relaunched, 90, what="the relaunch")
     st = leader.wait(
         lambda s: group_ready(s) and s["group"]["status"] == "ok", 150, "the group whole again after the partition"
     )

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,30 @@ class Load:
 
     def close(self) -> None:
         self.stop.set()
+
+    def __enter__(self) -> Load:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def cut_off(node: Node) -> Iterator[list[int]]:
+    """`node` cut off whole for the block: its daemon and its ranks SIGSTOPped (nothing of it answers),
+    then all let go again, ranks first; the frozen ranks' pids."""
+    st = node.status()
+    assert st is not None and node.proc is not None
+    ranks = [p["pid"] for p in st["processes"] if p["role"] == "scheduler"]
+    node.proc.send_signal(signal.SIGSTOP)
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield ranks
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+        node.proc.send_signal(signal.SIGCONT)
 
 
 def twin_of(node: Node, where: Path) -> Node:
