@@ -35,6 +35,7 @@ import pytest
 from fake_ras import FakeRas, comm, report
 from notifyhook import hook, hook_calls, with_notify
 from serving import SPEC, ready, traffic
+from simconfig import QUICK_RESTART
 
 from supervisor.client.format import format_answer
 from supervisor.config.alerting import NotifyTarget
@@ -91,13 +92,6 @@ def check_first_line(r: Any, inc: Any, thread: str, frame: str, doing: str) -> t
     return text, doc
 
 
-QUICK = {
-    "retries_per_rung": 0,
-    "backoff_initial_s": 0.1,
-    "backoff_max_s": 0.2,
-    "backoff_jitter": 0.0,
-    "max_restarts_per_hour": 50,
-}
 START = [  # (rung, scenario, extra rung keys, cause, hang class, culprit thread, frame, what it does)
     (
         "deadlock",
@@ -155,7 +149,7 @@ async def test_every_start_up_hang_names_its_culprit_first(daemon, sim) -> None:
         tp=1,
         env={"TORCH_FR_BUFFER_SIZE": "64"},  # the operator's own Flight Recorder buffer: kept
         fallback=[rung(name, scenario, **more) for name, scenario, more, *_ in rest] + [rung("ok", "ok")],
-        restart=QUICK,
+        restart=QUICK_RESTART,
         # A health probe's request in flight when the scheduler blocks freezes `num_running_reqs` at 1:
         # the serving-stall window stays out of the health channel's way (no traffic here otherwise).
         watchdog={"serving_stall_s": 30.0},
@@ -208,7 +202,7 @@ async def test_every_serving_hang_names_its_culprit_first(daemon, sim, tmp_path:
             rung("segfault", "rank_dies", on=["serving_stall"]),
             rung("ok", "ok", on=["rank_died"]),
         ],
-        restart=QUICK,
+        restart=QUICK_RESTART,
     )
     r = await daemon(with_notify(s, NotifyTarget(name="hook", kind="exec", argv=argv)))
     seen = Seen()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from simconfig import QUICK_RESTART
 
 from supervisor.config.settings import BASE_RUNG
 from supervisor.diagnostics.tools import find_py_spy
@@ -28,13 +29,6 @@ pytestmark = [
     pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed: no stack, no culprit"),
 ]
 
-QUICK = {
-    "retries_per_rung": 0,
-    "backoff_initial_s": 0.1,
-    "backoff_max_s": 0.2,
-    "backoff_jitter": 0.0,
-    "max_restarts_per_hour": 50,
-}
 # (rung, scenario, tp, whose process, line 1's head, the short why that line 1 carries, its standing)
 ROLES = [
     (
@@ -92,7 +86,7 @@ def rung(name: str, scenario: str, tp: int) -> dict[str, Any]:
 @pytest.mark.timeout(600)
 async def test_each_roles_hang_is_named_on_line_1_with_why(daemon, sim) -> None:  # type: ignore[no-untyped-def]
     rest = [rung(name, scenario, tp) for name, scenario, tp, *_ in ROLES[1:]]
-    s = sim(ROLES[0][1], tp=ROLES[0][2], fallback=[*rest, rung("ok", "ok", 2)], restart=QUICK)
+    s = sim(ROLES[0][1], tp=ROLES[0][2], fallback=[*rest, rung("ok", "ok", 2)], restart=QUICK_RESTART)
     r = await daemon(s)
     state_dir = Path(r.settings.paths.state_dir)
     seen: set[str] = set()

@@ -19,18 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from simconfig import QUICK_RESTART
 
 from supervisor.config.settings import BASE_RUNG
 
 pytestmark = pytest.mark.integration
 
-QUICK = {
-    "retries_per_rung": 0,
-    "backoff_initial_s": 0.1,
-    "backoff_max_s": 0.2,
-    "backoff_jitter": 0.0,
-    "max_restarts_per_hour": 50,
-}
 # (rung, which process to stop, the head of line 1 of summary.txt, the name in the verdict's reason)
 ROLES = [
     (
@@ -62,7 +56,7 @@ async def test_each_role_stopped_is_named_first_and_judged_at_the_first_failed_h
     # role's rung (issue 49: a fault after serving that no rung answers is relaunched on the same rung).
     ok = {"env": {"SGLANG_SIM_SCENARIO": "ok"}, "on": ["unhealthy"]}
     rest = [{"name": name, **ok} for name, *_ in ROLES[1:]]
-    s = sim("ok", tp=2, fallback=[*rest, {"name": "ok", **ok}], restart=QUICK)
+    s = sim("ok", tp=2, fallback=[*rest, {"name": "ok", **ok}], restart=QUICK_RESTART)
     r = await daemon(s)
     state_dir = Path(r.settings.paths.state_dir)
     seen: set[str] = set()

@@ -39,6 +39,16 @@ TEST_WINDOWS = SimWindows(
 )
 
 
+# `[restart]` for tests that judge one incident: no retry, a relaunch at once, no hourly limit in reach.
+QUICK_RESTART = {
+    "retries_per_rung": 0,
+    "backoff_initial_s": 0.1,
+    "backoff_max_s": 0.2,
+    "backoff_jitter": 0.0,
+    "max_restarts_per_hour": 50,
+}
+
+
 def sim_settings(
     tmp_path: Path,
     scenario: str = "ok",
