@@ -62,9 +62,10 @@ def test_a_stranger_with_no_marker_at_all_is_refused(marker: str) -> None:
 
 
 def test_a_gone_or_exited_server_is_refused(spawn: SpawnFn, marker: str) -> None:
-    child = spawn([sys.executable, "-c", "pass"])
+    child = spawn(SLEEP)  # alive until killed: a child that exits at once may be a zombie already (loaded CI)
     starttime = starttime_of(child.pid)
     assert starttime is not None
+    os.kill(child.pid, 9)
     child._popen.wait(10)  # reaped: gone
     why = refusal(record_of(child.pid, starttime), marker)
     assert why is not None and "gone" in why
