@@ -41,6 +41,7 @@ from bench.common import (
 )
 from bench.report import table
 from supervisor.config.settings import settings_from_mapping
+from supervisor.policy.recovery import GROUP_SAME_RUNG
 from supervisor.process import kill_marked
 
 FAULTS = (
@@ -68,7 +69,8 @@ LADDER_FAULTS = ("rank_sigkill", "rank_sigstop", *LEADER_KILLED)
 RELAUNCHED = ("node_loss_return", *LEADER_KILLED)  # restarts expected, but no ladder step for the node's loss
 AWAY_S = 10.0  # node_loss_return: node 1 (daemon and server) away this long, under absent_wait_s
 LOSS_WAIT_S = 30.0
-# Relaunches the ladder did not judge: forced on the same rung (a node away) or asked for by hand.
+# Relaunches the ladder did not judge: forced on the same rung by the group (GROUP_SAME_RUNG, then
+# which node and why) or asked for by hand.
 NOT_STEPS = ("rung chosen by request", "manual restart")
 FALLBACK = [{"name": "second", "args": {"disable-custom-all-reduce": True}}]  # a step down would show
 
@@ -268,7 +270,13 @@ def restarts(d: Daemon) -> int:
 def ladder_steps(leader: Daemon) -> int:
     """The leader's ladder decisions that the ladder judged: not a relaunch forced on the same rung
     (a node away or late) nor a manual one."""
-    return sum(1 for e in leader.events() if e.get("event") == "ladder_decision" and e.get("reason") not in NOT_STEPS)
+    return sum(
+        1
+        for e in leader.events()
+        if e.get("event") == "ladder_decision"
+        and e.get("reason") not in NOT_STEPS
+        and not str(e.get("reason")).startswith(GROUP_SAME_RUNG)
+    )
 
 
 def end_check(fault: str, run: Run, leader: Daemon, worker: Daemon) -> None:
