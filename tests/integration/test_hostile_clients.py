@@ -214,24 +214,33 @@ def test_followers_that_stall_during_a_flood_then_go_do_not_balloon_the_daemon(r
     assert r.status_code == 200
 
 
-def test_a_flood_of_refused_logins_is_throttled_and_leaves_the_launch_records(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Issue 50: 475,701 wrong `POST /ui/login` in 407 s (no throttle) each wrote a journal record and
-    rotated the incident and launch records out. Now an address has a few tries, then 429 unchecked;
-    refusals are one journal record per address per minute, in a file of their own."""
+def _ready_with_token(sim, tmp_path: Path, secret: str):  # type: ignore[no-untyped-def]
+    """A daemon on the simulator whose API wants `secret`, ready (`/readyz` needs no token): its
+    settings, API address and process; the caller cleans it up."""
     s = sim("ok", tp=1)
     token = tmp_path / "token"
-    token.write_text(hostile.LOGIN_TOKEN + "\n")
+    token.write_text(secret + "\n")
     token.chmod(0o600)
     s = s.model_copy(update={"api": s.api.model_copy(update={"token_file": str(token)})})
     cfg = tmp_path / "c.toml"
     cfg.write_text(to_toml(s))
     api = f"http://127.0.0.1:{s.api.port}"
     proc = start(cfg, dict(os.environ))
+    deadline = time.monotonic() + 120
+    while hostile.readyz_state(api) != "ready":
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            cleanup(proc, str(s.paths.state_dir))
+            raise AssertionError("the daemon never became ready")
+        time.sleep(0.5)
+    return s, api, proc
+
+
+def test_a_flood_of_refused_logins_is_throttled_and_leaves_the_launch_records(sim, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 50: 475,701 wrong `POST /ui/login` in 407 s (no throttle) each wrote a journal record and
+    rotated the incident and launch records out. Now an address has a few tries, then 429 unchecked;
+    refusals are one journal record per address per minute, in a file of their own."""
+    s, api, proc = _ready_with_token(sim, tmp_path, hostile.LOGIN_TOKEN)
     try:
-        deadline = time.monotonic() + 120
-        while hostile.readyz_state(api) != "ready":
-            assert proc.poll() is None and time.monotonic() < deadline, "the daemon never became ready"
-            time.sleep(0.5)
         hostile.manual_restart(api, hostile.LOGIN_TOKEN)  # an incident record for the flood to leave alone
         got = hostile.login_flood(api, 6.0)
         assert got["tries"] > 100 and got["other"] == 0, got
@@ -281,20 +290,8 @@ def test_a_session_cookie_posted_from_another_port_changes_nothing(sim, tmp_path
     same cookie and token do open the form (the control)."""
     from bench.hostile_local import COOKIE_TOKEN, cookie_other_port
 
-    s = sim("ok", tp=1)
-    token = tmp_path / "token"
-    token.write_text(COOKIE_TOKEN + "\n")
-    token.chmod(0o600)
-    s = s.model_copy(update={"api": s.api.model_copy(update={"token_file": str(token)})})
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(to_toml(s))
-    api = f"http://127.0.0.1:{s.api.port}"
-    proc = start(cfg, dict(os.environ))
+    s, api, proc = _ready_with_token(sim, tmp_path, COOKIE_TOKEN)
     try:
-        deadline = time.monotonic() + 120
-        while hostile.readyz_state(api) != "ready":
-            assert proc.poll() is None and time.monotonic() < deadline, "the daemon never became ready"
-            time.sleep(0.5)
         got = cookie_other_port(api, s.api.port)
         assert got["logged_in"] == "yes" and got["same_origin_control"] == 200, got
         assert got["state_changing_accepted"] == 0, got
