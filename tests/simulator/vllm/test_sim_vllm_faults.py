@@ -7,14 +7,13 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from simrequests import in_background, sample
 
 from probes.starvation import StarvationProbe
 
@@ -29,16 +28,6 @@ SPEC = '{"method": "eagle3", "model": "/models/draft", "num_speculative_tokens":
 FAST = {"SGLANG_SIM_FAULT_AFTER_S": "0.3"}
 
 
-def sample(s: Sim, name: str) -> float:
-    status, body = s.request("/metrics")
-    assert status == 200
-    for family in text_string_to_metric_families(body.decode()):
-        for x in family.samples:
-            if x.name == name:
-                return float(x.value)
-    raise AssertionError(f"{name} not exposed")
-
-
 def cpu_s(s: Sim) -> float:
     total = 0.0
     for proc in s.marked():
@@ -46,18 +35,6 @@ def cpu_s(s: Sim) -> float:
             times = proc.cpu_times()
             total += times.user + times.system
     return total
-
-
-def in_background(s: Sim, body: dict[str, object], timeout: float) -> dict[str, object]:
-    """Send a completion on a thread; the dict gets its status (or stays empty while it hangs)."""
-    result: dict[str, object] = {}
-
-    def run() -> None:
-        with contextlib.suppress(OSError):
-            result["status"], result["body"] = s.request("/v1/completions", body, timeout)
-
-    threading.Thread(target=run, daemon=True).start()
-    return result
 
 
 @pytest.mark.parametrize(

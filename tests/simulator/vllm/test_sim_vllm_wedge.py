@@ -4,42 +4,19 @@ is printed."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from typing import TYPE_CHECKING
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from simrequests import in_background, sample
 
 if TYPE_CHECKING:
-    from conftest import Sim, SimStarter
+    from conftest import SimStarter
 
 pytestmark = pytest.mark.integration
 
 READY = "Application startup complete."
 FAST = {"SGLANG_SIM_FAULT_AFTER_S": "0.3"}
-
-
-def sample(s: Sim, name: str) -> float:
-    status, body = s.request("/metrics")
-    assert status == 200
-    for family in text_string_to_metric_families(body.decode()):
-        for x in family.samples:
-            if x.name == name:
-                return float(x.value)
-    raise AssertionError(f"{name} not exposed")
-
-
-def in_background(s: Sim, body: dict[str, object], timeout: float) -> dict[str, object]:
-    result: dict[str, object] = {}
-
-    def run() -> None:
-        with contextlib.suppress(OSError):
-            result["status"], result["body"] = s.request("/v1/completions", body, timeout)
-
-    threading.Thread(target=run, daemon=True).start()
-    return result
 
 
 def test_queue_wedge_queues_requests_health_200_and_prints_nothing(vsim: SimStarter) -> None:
