@@ -13,14 +13,6 @@ from typing import Any
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def hostile(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT))  # `python -m bench.hostile` runs from the repository root
-    return importlib.import_module("bench.hostile")
-
 
 @pytest.fixture
 def local(hostile: ModuleType) -> ModuleType:
